@@ -1,0 +1,48 @@
+/*
+ * dataset.h - opening a dataset from its spec string and building batches.
+ *
+ * Position in the data flow: inside the worker loop, which calls
+ * ferry__dataset_get_batch for each TASK. Specs:
+ *   synthetic:KEY=VAL,...   built-in, item i's bytes are a function of i
+ *   npy:PATH[,PATH...]      .npy files mapped read-only, one field per file
+ *   plugin:PATH[?ARGS]      a shared object exporting ferry_dataset_plugin()
+ * Each kind is a ferry_dataset_ops table (the plugin ABI in
+ * include/ferry_dataset.h); built-ins use the same table shape.
+ *
+ * Thread safety: a ferry__dataset belongs to one worker.
+ */
+#ifndef FERRY_CORE_DATASET_H
+#define FERRY_CORE_DATASET_H
+
+#include "ferry_dataset.h"
+
+typedef struct ferry__dataset {
+    const ferry_dataset_ops *ops;
+    void *handle;
+    void *dl;                                /* dlopen handle of a plugin, or NULL */
+    uint64_t length;
+    ferry_dataset_schema schema;
+    size_t item_bytes[FERRY_MAX_FIELDS];     /* bytes of one item of each field */
+} ferry__dataset;
+
+/* Opens `spec`. On failure returns a negative code (FERRY_EDATASET for a spec
+ * or data problem, FERRY_EFORMAT for a malformed file, FERRY_EVERSION for a
+ * plugin ABI mismatch, FERRY_ENOMEM) with a message in errbuf, and *ds is
+ * left zeroed. Validates the schema (1..FERRY_MAX_FIELDS fields, known
+ * dtypes, unique non-empty names, positive dims, item sizes that fit). */
+int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
+                        char *errbuf, size_t errlen);
+
+/* Checks every index < length (FERRY_ERANGE naming the index otherwise), then
+ * has the dataset fill dst[]. On failure fills *err. */
+int ferry__dataset_get_batch(ferry__dataset *ds, const ferry_batch_request *req,
+                             void *const dst[], ferry_dataset_error *err);
+
+/* Closes and zeroes *ds; safe on a zeroed or already closed struct. */
+void ferry__dataset_close(ferry__dataset *ds);
+
+/* The synthetic dataset's content, for tests and checkers: byte j of item i
+ * of field "x" (without augmentation). Field "y" of item i is the int64 i. */
+uint8_t ferry__synthetic_byte(uint64_t i, uint64_t j);
+
+#endif

@@ -1,0 +1,105 @@
+/*
+ * error.c - error codes to text, and the per-thread detail of the last
+ * failure. The table lives in ferry.h (FERRY_ERRNO_MAP) so the enum and the
+ * text cannot drift apart.
+ */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static __thread char last_error[FERRY__ERRMSG_MAX];
+
+const char *ferry_strerror(int err)
+{
+    switch (err) {
+#define FERRY__ERR_MSG(name, value, msg)                                                           \
+    case FERRY_##name:                                                                             \
+        return msg;
+        FERRY_ERRNO_MAP(FERRY__ERR_MSG)
+#undef FERRY__ERR_MSG
+    }
+    return "unknown error";
+}
+
+const char *ferry_err_name(int err)
+{
+    switch (err) {
+#define FERRY__ERR_NAME(name, value, msg)                                                          \
+    case FERRY_##name:                                                                             \
+        return "FERRY_" #name;
+        FERRY_ERRNO_MAP(FERRY__ERR_NAME)
+#undef FERRY__ERR_NAME
+    }
+    return "FERRY_UNKNOWN";
+}
+
+const char *ferry_last_error(void)
+{
+    return last_error;
+}
+
+const char *ferry_version(void)
+{
+#define FERRY__STR2(x) #x
+#define FERRY__STR(x) FERRY__STR2(x)
+    return FERRY__STR(FERRY_VERSION_MAJOR) "." FERRY__STR(FERRY_VERSION_MINOR) "." FERRY__STR(
+        FERRY_VERSION_PATCH);
+}
+
+int ferry__seterr(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int ferry__seterr_str(int code, const char *msg)
+{
+    snprintf(last_error, sizeof last_error, "%s", msg ? msg : "");
+    return code;
+}
+
+void ferry__clearerr(void)
+{
+    last_error[0] = '\0';
+}
+
+size_t ferry_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case FERRY_DTYPE_U8:
+    case FERRY_DTYPE_I8:
+    case FERRY_DTYPE_BOOL:
+        return 1;
+    case FERRY_DTYPE_U16:
+    case FERRY_DTYPE_I16:
+    case FERRY_DTYPE_F16:
+        return 2;
+    case FERRY_DTYPE_U32:
+    case FERRY_DTYPE_I32:
+    case FERRY_DTYPE_F32:
+        return 4;
+    case FERRY_DTYPE_U64:
+    case FERRY_DTYPE_I64:
+    case FERRY_DTYPE_F64:
+        return 8;
+    }
+    return 0;
+}
+
+const char *ferry_dtype_name(int dtype)
+{
+    static const char *const names[] = {
+        [FERRY_DTYPE_U8] = "u1",  [FERRY_DTYPE_I8] = "i1",  [FERRY_DTYPE_U16] = "u2",
+        [FERRY_DTYPE_I16] = "i2", [FERRY_DTYPE_U32] = "u4", [FERRY_DTYPE_I32] = "i4",
+        [FERRY_DTYPE_U64] = "u8", [FERRY_DTYPE_I64] = "i8", [FERRY_DTYPE_F16] = "f2",
+        [FERRY_DTYPE_F32] = "f4", [FERRY_DTYPE_F64] = "f8", [FERRY_DTYPE_BOOL] = "b1",
+    };
+    if (dtype <= 0 || dtype >= (int)(sizeof names / sizeof names[0]))
+        return NULL;
+    return names[dtype];
+}

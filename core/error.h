@@ -1,0 +1,25 @@
+/*
+ * error.h - the per-thread error detail behind ferry_last_error().
+ *
+ * Any module that fails records a sentence with ferry__seterr() and returns
+ * its code; the public layer passes both on. Touched by every thread, each
+ * its own copy (thread-local storage).
+ */
+#ifndef FERRY_CORE_ERROR_H
+#define FERRY_CORE_ERROR_H
+
+#include "ferry.h"
+
+#define FERRY__ERRMSG_MAX 1024
+
+/* Records the detail for `code` and returns `code`, so a failure reads
+ * `return ferry__seterr(FERRY_EINVAL, "batch_size must be > 0");`. */
+int ferry__seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Records a detail already formatted (e.g. from an error buffer). */
+int ferry__seterr_str(int code, const char *msg);
+
+/* Clears the detail (after a successful call that must not leave a stale one). */
+void ferry__clearerr(void);
+
+#endif

@@ -1,0 +1,211 @@
+/*
+ * ferry.h - the public API of ferry, a data loader for machine-learning
+ * training.
+ *
+ * A loader owns a pool of workers (processes started from the ferry-worker
+ * program, or threads) for its whole lifetime. It hands the workers batches of
+ * sample indices drawn from one endless, deterministic stream that runs
+ * straight across epoch boundaries, keeps at most `prefetch` batches in flight,
+ * and gives the trainer the finished batches in order.
+ *
+ * Conventions:
+ *  - Every fallible call returns an int: FERRY_OK (0) or a negative FERRY_E*
+ *    code. Results come back through out-parameters, which are left untouched
+ *    on failure.
+ *  - After a failed call, ferry_last_error() gives a sentence with the detail
+ *    (which option, which worker, which index, the dataset's own message). It
+ *    is per thread and stays until the next failing call on that thread.
+ *  - Handles are opaque. A loader is used from one thread at a time; its
+ *    batches may be released from any thread.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FERRY_BUILDING) && defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+
+/* The error table: name, value, message. One place makes the enum,
+ * ferry_strerror() and ferry_err_name(). */
+#define FERRY_ERRNO_MAP(X)                                                     \
+    X(OK, 0, "success")                                                        \
+    X(EINVAL, -1, "invalid argument")                                          \
+    X(ENOMEM, -2, "out of memory")                                             \
+    X(EOPTION, -3, "unknown option")                                           \
+    X(EDATASET, -4, "dataset could not be opened")                             \
+    X(EBATCH, -5, "dataset failed to produce a batch")                         \
+    X(ERANGE, -6, "index out of range")                                        \
+    X(EPROTO, -7, "malformed protocol message")                                \
+    X(ESPAWN, -8, "worker could not be started")                               \
+    X(EWORKER, -9, "worker died")                                              \
+    X(ETIMEDOUT, -10, "timed out")                                             \
+    X(EOF, -11, "end of stream")                                               \
+    X(ECLOSED, -12, "loader has failed and can only be closed")                \
+    X(ESTATE, -13, "resume state is invalid or does not match")                \
+    X(ESYS, -14, "system call failed")                                         \
+    X(ELIMIT, -15, "resource limit reached")                                   \
+    X(EFORMAT, -16, "malformed file")                                          \
+    X(EVERSION, -17, "version mismatch")                                       \
+    X(EMISMATCH, -18, "workers disagree about the dataset")
+
+typedef enum ferry_err {
+#define FERRY__ERR_ENUM(name, value, msg) FERRY_##name = value,
+    FERRY_ERRNO_MAP(FERRY__ERR_ENUM)
+#undef FERRY__ERR_ENUM
+} ferry_err;
+
+/* The fixed description of an error code ("invalid argument"). */
+FERRY_API const char *ferry_strerror(int err);
+/* The code's name ("FERRY_EINVAL"), or "FERRY_UNKNOWN". */
+FERRY_API const char *ferry_err_name(int err);
+/* The detail of the last failed call on this thread; "" if none. */
+FERRY_API const char *ferry_last_error(void);
+FERRY_API const char *ferry_version(void);
+
+/* Element types. The values are part of the wire protocol: never renumber. */
+typedef enum ferry_dtype {
+    FERRY_DTYPE_U8 = 1,
+    FERRY_DTYPE_I8 = 2,
+    FERRY_DTYPE_U16 = 3,
+    FERRY_DTYPE_I16 = 4,
+    FERRY_DTYPE_U32 = 5,
+    FERRY_DTYPE_I32 = 6,
+    FERRY_DTYPE_U64 = 7,
+    FERRY_DTYPE_I64 = 8,
+    FERRY_DTYPE_F16 = 9,
+    FERRY_DTYPE_F32 = 10,
+    FERRY_DTYPE_F64 = 11,
+    FERRY_DTYPE_BOOL = 12,
+} ferry_dtype;
+
+/* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
+FERRY_API size_t ferry_dtype_size(int dtype);
+/* numpy-style short name ("u1", "f4", ...), or NULL for an unknown dtype. */
+FERRY_API const char *ferry_dtype_name(int dtype);
+
+#define FERRY_MAX_DIMS 8
+#define FERRY_MAX_FIELDS 16
+#define FERRY_NAME_MAX 64
+
+/* A view of one field of a batch. shape[0] is the number of items in the
+ * batch. `data` is aligned to at least 16 bytes and stays valid until the
+ * batch is released. */
+typedef struct ferry_tensor {
+    const char *name;
+    ferry_dtype dtype;
+    int ndim;
+    int64_t shape[FERRY_MAX_DIMS];
+    const void *data;
+    size_t nbytes;
+} ferry_tensor;
+
+/* ----------------------------------------------------------------------------
+ * Configuration. Options are set by name; see README.md for the list.
+ */
+typedef struct ferry_config ferry_config;
+
+/* A config with every option at its default, or NULL when out of memory. */
+FERRY_API ferry_config *ferry_config_new(void);
+FERRY_API void ferry_config_free(ferry_config *cfg);
+/* Sets option `key` from its text form ("256", "true", "process", ...).
+ * FERRY_EOPTION for an unknown key, FERRY_EINVAL for a bad value; the config
+ * is unchanged on failure. */
+FERRY_API int ferry_config_set(ferry_config *cfg, const char *key, const char *value);
+/* Sets an integer or boolean option. Same errors as ferry_config_set. */
+FERRY_API int ferry_config_set_int(ferry_config *cfg, const char *key, int64_t value);
+/* Resume from a blob saved by ferry_loader_state(): the loader then starts
+ * with the batch after the last one delivered when the state was saved. The
+ * blob is copied. Checked against the dataset and options at open
+ * (FERRY_ESTATE on mismatch). */
+FERRY_API int ferry_config_set_state(ferry_config *cfg, const void *state, size_t len);
+
+/* ----------------------------------------------------------------------------
+ * The loader.
+ */
+typedef struct ferry_loader ferry_loader;
+typedef struct ferry_batch ferry_batch;
+
+/* Starts the workers and returns once every one has opened the dataset.
+ * On failure nothing is left running and *out is untouched. */
+FERRY_API int ferry_loader_open(ferry_loader **out, const ferry_config *cfg);
+
+/* The next batch, in sampler order unless in_order is off. Blocks until one
+ * is ready. Returns:
+ *  FERRY_OK       *out is a batch the caller must ferry_batch_release();
+ *  FERRY_EBATCH   the dataset failed on this batch (ferry_last_error() names
+ *                 the worker, the first failing index and the dataset's
+ *                 message); the next call goes on with the following batch;
+ *  FERRY_EOF      the stream has ended (epochs or max_batches reached);
+ *  FERRY_EWORKER, FERRY_ETIMEDOUT, ...: the loader cannot go on; close it. */
+FERRY_API int ferry_loader_next(ferry_loader *ld, ferry_batch **out);
+
+/* Size of the dataset in items and the number of batches in one epoch of
+ * this rank. */
+FERRY_API int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *batches_per_epoch);
+
+/* Saves the stream position after the last batch delivered, as a blob of at
+ * most FERRY_STATE_MAX bytes. Only in in_order mode (FERRY_EINVAL otherwise).
+ * FERRY_ELIMIT if `cap` is too small (*len says how much is needed). */
+#define FERRY_STATE_MAX 128
+FERRY_API int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len);
+
+typedef struct ferry_stats {
+    uint64_t dispatched;  /* tasks sent to workers */
+    uint64_t completed;   /* batches (or failures) received from workers */
+    uint64_t delivered;   /* batches handed to the trainer by next() */
+    uint64_t failed;      /* batches the dataset failed on */
+    uint64_t realigned;   /* batches copied to meet the alignment promise */
+    uint64_t malformed;   /* messages dropped as malformed */
+    uint32_t workers;     /* workers alive and ready */
+    uint32_t in_flight;   /* dispatched, not yet delivered */
+} ferry_stats;
+
+/* A snapshot of the loader's counters; safe while another thread is in
+ * ferry_loader_next(). */
+FERRY_API int ferry_loader_stats(ferry_loader *ld, ferry_stats *st);
+
+/* Stops every worker (STOP, a grace period, then SIGTERM and SIGKILL),
+ * reaps them and frees everything. Always returns within a bounded time.
+ * Batches not yet released stay valid until released. */
+FERRY_API int ferry_loader_close(ferry_loader *ld);
+
+/* ----------------------------------------------------------------------------
+ * Batches.
+ */
+typedef struct ferry_batch_info {
+    uint64_t epoch;
+    uint64_t batch_in_epoch;
+    uint64_t seq;          /* position in the whole stream, from 0 */
+    uint32_t size;         /* items in this batch */
+    int last_in_epoch;     /* 1 for the last batch of its epoch */
+    uint32_t worker;       /* index of the worker that built it */
+} ferry_batch_info;
+
+FERRY_API void ferry_batch_get_info(const ferry_batch *b, ferry_batch_info *info);
+/* The sample indices the batch was built from (size entries). */
+FERRY_API const uint64_t *ferry_batch_indices(const ferry_batch *b);
+FERRY_API int ferry_batch_nfields(const ferry_batch *b);
+/* A view of field `name` (FERRY_EINVAL if there is none) or of field number
+ * `i` (0 <= i < nfields). No copy is made. */
+FERRY_API int ferry_batch_field(const ferry_batch *b, const char *name, ferry_tensor *t);
+FERRY_API int ferry_batch_field_at(const ferry_batch *b, int i, ferry_tensor *t);
+/* Gives the batch's memory back. NULL is ignored. */
+FERRY_API void ferry_batch_release(ferry_batch *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_H */

@@ -1,0 +1,84 @@
+/*
+ * sampler.h - the index stream: which sample indices make up batch `seq`.
+ *
+ * Position in the data flow: first. The scheduler asks for task `seq`, then
+ * for its indices, and sends them to a worker. The stream is a pure function
+ * of (dataset length, options, seq): no I/O, no state that changes, so the
+ * whole position of a loader is one integer and resume is exact.
+ *
+ * Order within an epoch: a keyed bijection on [0, n) (a Feistel network with
+ * cycle-walking), keyed by (seed, epoch); identity when shuffle is off.
+ * Sharding: rank r of world_size w takes positions r, r+w, r+2w, ... of the
+ * epoch's order, per_rank = n / w of them (the n % w left over are dropped, so
+ * every rank has the same number of batches and no index is shared).
+ * Batching: per_rank items cut into batches of batch_size; the last one is
+ * short unless drop_last.
+ *
+ * Thread safety: a sampler is immutable after ferry__sampler_init; any thread
+ * may call the const functions at once.
+ */
+#ifndef FERRY_SAMPLER_H
+#define FERRY_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct ferry__sampler_opts {
+    uint64_t batch_size;   /* >= 1 */
+    int drop_last;
+    int shuffle;
+    uint64_t seed;
+    uint32_t rank;         /* < world_size */
+    uint32_t world_size;   /* >= 1 */
+    uint64_t epochs;       /* 0 = no limit */
+    uint64_t max_batches;  /* 0 = no limit */
+} ferry__sampler_opts;
+
+typedef struct ferry__sampler {
+    uint64_t n;
+    ferry__sampler_opts o;
+    /* derived at init */
+    uint64_t per_rank;            /* items this rank sees per epoch */
+    uint64_t batches_per_epoch;   /* >= 1 */
+    uint64_t end_seq;             /* first seq past the end; UINT64_MAX if endless */
+    unsigned half_bits;           /* Feistel half width; domain is 2^(2*half_bits) */
+} ferry__sampler;
+
+/* One batch's place in the stream. */
+typedef struct ferry__sampler_task {
+    uint64_t seq;
+    uint64_t epoch;
+    uint64_t batch_in_epoch;
+    uint32_t count;         /* items in the batch, 1..batch_size */
+    int last_in_epoch;
+} ferry__sampler_task;
+
+/* Validates the options against n and fills *s. FERRY_EINVAL with a detail
+ * (ferry__seterr) when n == 0, batch_size == 0, batch_size > UINT32_MAX,
+ * world_size == 0, rank >= world_size, n < world_size, or drop_last leaves no
+ * batch. *s is untouched on failure. */
+int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts *o);
+
+/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq. */
+int ferry__sampler_task(const ferry__sampler *s, uint64_t seq, ferry__sampler_task *t);
+
+/* Writes t->count indices of task t into out[]. */
+void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *t, uint64_t *out);
+
+/* The epoch's permutation: position i (< n) of `epoch` -> a sample index < n.
+ * A bijection on [0, n) for every (seed, epoch); the identity without shuffle. */
+uint64_t ferry__sampler_permute(const ferry__sampler *s, uint64_t epoch, uint64_t i);
+
+/* Position blobs: at most FERRY_STATE_MAX bytes. The blob holds next_seq and a
+ * fingerprint of n and every option that shapes the stream (not epochs or
+ * max_batches, which only say where it ends). */
+int ferry__sampler_save(const ferry__sampler *s, uint64_t next_seq, void *buf, size_t cap,
+                        size_t *len);
+/* FERRY_ESTATE (with detail) if the blob is malformed or was saved with a
+ * different dataset length or options; *next_seq untouched on failure. */
+int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len,
+                           uint64_t *next_seq);
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * harness.c - leak and hang checks shared by the tests (see harness.h).
+ */
+#include "harness.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+uint64_t ft_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int count_prefixed(const char *path, const char *prefix)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+            strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+int ft_count_entries(const char *path)
+{
+    return count_prefixed(path, "");
+}
+
+int ft_count_fds(void)
+{
+    /* opendir holds one fd of its own while counting; it is the same in
+     * every call, so comparisons are unaffected. */
+    return ft_count_entries("/proc/self/fd");
+}
+
+int ft_count_threads(void)
+{
+    return ft_count_entries("/proc/self/task");
+}
+
+void ft_begin(ft_snapshot *s, unsigned limit_s)
+{
+    alarm(limit_s);
+    snprintf(s->tmpdir, sizeof s->tmpdir, "/tmp/ferry-test-XXXXXX");
+    assert_non_null(mkdtemp(s->tmpdir));
+    setenv("TMPDIR", s->tmpdir, 1);
+    s->nfds = ft_count_fds();
+    s->nthreads = ft_count_threads();
+    /* Only ferry's own shm objects: other programs on the machine may come
+     * and go while a test runs. */
+    s->nshm = count_prefixed("/dev/shm", "ferry");
+}
+
+void ft_end(ft_snapshot *s)
+{
+    int st;
+    pid_t left = waitpid(-1, &st, WNOHANG);
+    if (left != -1) {
+        print_error("a child process was left behind (waitpid -> %d)\n", (int)left);
+        fail();
+    }
+    assert_int_equal(errno, ECHILD);
+    assert_int_equal(ft_count_fds(), s->nfds);
+    assert_int_equal(ft_count_threads(), s->nthreads);
+    assert_int_equal(ft_count_entries(s->tmpdir), 0);
+    int nshm = count_prefixed("/dev/shm", "ferry");
+    assert_int_equal(nshm, s->nshm);
+    assert_int_equal(rmdir(s->tmpdir), 0);
+    unsetenv("TMPDIR");
+    alarm(0);
+}

@@ -1,0 +1,145 @@
+/*
+ * protocol.h - the wire protocol between a loader and its workers.
+ *
+ * Position in the data flow: between the scheduler (loader side) and the
+ * worker loop. A message is a multipart ZeroMQ message: one msgpack header
+ * frame (a map with a "type" key, see docs/protocol.md), then, for TASK and
+ * BATCH only, one raw payload frame. This module only encodes and decodes; it
+ * knows nothing of sockets or epochs' meaning.
+ *
+ * Decoding is strict: every key must be known and present once, every value
+ * must have the expected msgpack type and lie in its range, strings must fit
+ * their buffers. Nothing in a message drives an allocation: the decoded
+ * message is a fixed-size struct. Any violation returns FERRY_EPROTO with a
+ * detail (ferry__seterr), and *out is then unspecified.
+ *
+ * Thread safety: pure functions over caller-owned buffers.
+ */
+#ifndef FERRY_PROTOCOL_H
+#define FERRY_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+#define FERRY_PROTOCOL_VERSION 1
+
+/* Largest header frame accepted or produced. */
+#define FERRY__HDR_MAX 8192
+#define FERRY__SPEC_MAX 4096   /* dataset spec, including the NUL */
+#define FERRY__TEXT_MAX 1024   /* error messages, including the NUL */
+#define FERRY__HOST_MAX 256
+#define FERRY__PROGRAM_MAX 64
+#define FERRY__MAX_CREDITS 64
+#define FERRY__MAX_BATCH 1048576u /* items in one batch */
+
+typedef enum ferry__msg_type {
+    FERRY__MSG_HELLO = 1,
+    FERRY__MSG_CONFIG = 2,
+    FERRY__MSG_READY = 3,
+    FERRY__MSG_TASK = 4,
+    FERRY__MSG_BATCH = 5,
+    FERRY__MSG_FAIL = 6,
+    FERRY__MSG_HEARTBEAT = 7,
+    FERRY__MSG_STOP = 8,
+    FERRY__MSG_BYE = 9,
+} ferry__msg_type;
+
+/* worker -> loader, first message. slot: the index the loader gave a local
+ * worker when starting it, -1 for a worker that came by itself. */
+typedef struct ferry__hello {
+    uint32_t version;
+    uint32_t pid;
+    int32_t slot;
+    char host[FERRY__HOST_MAX];
+    char program[FERRY__PROGRAM_MAX];
+} ferry__hello;
+
+/* loader -> worker, answer to HELLO. */
+typedef struct ferry__config_msg {
+    char dataset[FERRY__SPEC_MAX];
+    uint32_t worker_index;
+    uint32_t num_workers;
+    uint64_t seed;
+    uint32_t credits;       /* 1..FERRY__MAX_CREDITS */
+    uint32_t heartbeat_ms;  /* 0 = off */
+} ferry__config_msg;
+
+/* worker -> loader, after CONFIG. code == 0: the dataset opened and has
+ * `length` items; otherwise code is a FERRY_E* code and error says why. */
+typedef struct ferry__ready {
+    uint64_t length;
+    int32_t code;
+    char error[FERRY__TEXT_MAX];
+} ferry__ready;
+
+/* loader -> worker. The payload frame holds `count` little-endian uint64
+ * sample indices. */
+typedef struct ferry__task {
+    uint64_t id;
+    uint64_t epoch;
+    uint64_t batch_in_epoch;
+    uint64_t seq;
+    uint32_t count;  /* 1..FERRY__MAX_BATCH */
+} ferry__task;
+
+/* One field of a BATCH: where its bytes lie in the payload frame. */
+typedef struct ferry__field_desc {
+    char name[FERRY_NAME_MAX];
+    ferry_dtype dtype;
+    int ndim;                        /* 1..FERRY_MAX_DIMS, shape[0] == count */
+    int64_t shape[FERRY_MAX_DIMS];
+    uint64_t offset;                 /* from the start of the payload frame */
+    uint64_t nbytes;                 /* == product(shape) * dtype size */
+} ferry__field_desc;
+
+/* worker -> loader. */
+typedef struct ferry__batch_hdr {
+    uint64_t id;
+    uint32_t count;
+    uint32_t nfields;  /* 1..FERRY_MAX_FIELDS */
+    ferry__field_desc fields[FERRY_MAX_FIELDS];
+} ferry__batch_hdr;
+
+/* worker -> loader: the dataset failed on task id. */
+typedef struct ferry__fail {
+    uint64_t id;
+    int32_t code;      /* negative FERRY_E* */
+    uint64_t index;    /* first failing sample index */
+    char message[FERRY__TEXT_MAX];
+} ferry__fail;
+
+typedef struct ferry__msg {
+    ferry__msg_type type;
+    union {
+        ferry__hello hello;
+        ferry__config_msg config;
+        ferry__ready ready;
+        ferry__task task;
+        ferry__batch_hdr batch;
+        ferry__fail fail;
+    } u;  /* HEARTBEAT, STOP and BYE carry nothing */
+} ferry__msg;
+
+/* Encodes m's header into buf (cap bytes; FERRY__HDR_MAX always suffices).
+ * FERRY_EINVAL if m is not valid by the same rules the decoder applies (so an
+ * encoder bug cannot put a message on the wire that its peer would reject),
+ * FERRY_ELIMIT if cap is too small. No allocation. */
+int ferry__msg_encode(const ferry__msg *m, void *buf, size_t cap, size_t *len);
+
+/* Decodes a header frame. FERRY_EPROTO on any violation. */
+int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out);
+
+/* Whether message type `type` has a payload frame (TASK, BATCH). */
+int ferry__msg_has_payload(ferry__msg_type type);
+
+/* Checks a decoded TASK or BATCH against its payload frame's length: TASK
+ * needs exactly count * 8 bytes; BATCH needs every field inside the frame,
+ * fields not overlapping. FERRY_EPROTO otherwise. */
+int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len);
+
+/* Name of a message type for logs ("TASK"), "?" if unknown. */
+const char *ferry__msg_name(int type);
+
+#endif
