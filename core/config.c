@@ -1,0 +1,206 @@
+/*
+ * config.c - ferry_config: option names, types, ranges and defaults.
+ *
+ * One table describes every option; ferry_config_set() and
+ * ferry_config_set_int() both go through it, so a value is range-checked the
+ * same way whichever call sets it, and an error names the option and its
+ * allowed range. A failed set leaves the config unchanged.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "error.h"
+
+typedef enum opt_kind { OPT_INT, OPT_BOOL, OPT_STR, OPT_ENUM } opt_kind;
+
+typedef struct opt_def {
+    const char *name;
+    opt_kind kind;
+    size_t offset;
+    int64_t min, max;      /* OPT_INT; for OPT_STR, max is the buffer size */
+    const char *const *choices; /* OPT_ENUM, NULL-terminated; value = position */
+    const char *help;
+} opt_def;
+
+static const char *const placement_names[] = {"process", "thread", NULL};
+
+#define OFF(f) offsetof(struct ferry_config, f)
+static const opt_def options[] = {
+    {"dataset", OPT_STR, OFF(dataset), 0, FERRY__SPEC_MAX, NULL, "dataset spec"},
+    {"batch_size", OPT_INT, OFF(batch_size), 1, FERRY__MAX_BATCH, NULL, "items per batch"},
+    {"drop_last", OPT_BOOL, OFF(drop_last), 0, 1, NULL, "drop a short last batch"},
+    {"shuffle", OPT_BOOL, OFF(shuffle), 0, 1, NULL, "shuffle each epoch"},
+    {"seed", OPT_INT, OFF(seed), 0, INT64_MAX, NULL, "shuffle and augmentation seed"},
+    {"rank", OPT_INT, OFF(rank), 0, UINT32_MAX - 1, NULL, "this trainer's shard"},
+    {"world_size", OPT_INT, OFF(world_size), 1, UINT32_MAX, NULL, "number of shards"},
+    {"workers", OPT_INT, OFF(workers), 1, 256, NULL, "worker processes or threads"},
+    {"worker_mode", OPT_ENUM, OFF(worker_mode), 0, 0, placement_names, "process or thread"},
+    {"prefetch", OPT_INT, OFF(prefetch), 0, 1024, NULL, "batches in flight (0: auto)"},
+    {"credits", OPT_INT, OFF(credits), 1, FERRY__MAX_CREDITS, NULL, "tasks queued per worker"},
+    {"in_order", OPT_BOOL, OFF(in_order), 0, 1, NULL, "deliver in sampler order"},
+    {"epochs", OPT_INT, OFF(epochs), 0, INT64_MAX, NULL, "stop after this many epochs"},
+    {"max_batches", OPT_INT, OFF(max_batches), 0, INT64_MAX, NULL, "stop after this many batches"},
+    {"timeout_ms", OPT_INT, OFF(timeout_ms), 0, 86400000, NULL, "per-batch deadline"},
+    {"start_timeout_ms", OPT_INT, OFF(start_timeout_ms), 1, 86400000, NULL, "open deadline"},
+    {"close_grace_ms", OPT_INT, OFF(close_grace_ms), 0, 600000, NULL, "STOP to SIGTERM"},
+    {"epoch_barrier", OPT_BOOL, OFF(epoch_barrier), 0, 1, NULL, "no prefetch across epochs"},
+    {"max_message", OPT_INT, OFF(max_message), 4096, INT64_MAX, NULL, "largest message"},
+    {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
+};
+#undef OFF
+
+ferry_config *ferry_config_new(void)
+{
+    ferry_config *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    strcpy(c->dataset, "synthetic:n=60000,dim=784");
+    c->batch_size = 256;
+    c->shuffle = -1;
+    c->world_size = 1;
+    c->workers = 2;
+    c->worker_mode = FERRY__PLACE_PROCESS;
+    c->credits = 2;
+    c->in_order = 1;
+    c->start_timeout_ms = 30000;
+    c->close_grace_ms = 2000;
+    c->max_message = (int64_t)1 << 31;
+    return c;
+}
+
+void ferry_config_free(ferry_config *cfg)
+{
+    free(cfg);
+}
+
+int64_t ferry__config_prefetch(const ferry_config *cfg)
+{
+    return cfg->prefetch > 0 ? cfg->prefetch : 2 * cfg->workers * cfg->credits;
+}
+
+static const opt_def *find_option(const char *key)
+{
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
+        if (strcmp(options[i].name, key) == 0)
+            return &options[i];
+    }
+    return NULL;
+}
+
+static int64_t *int_field(ferry_config *cfg, const opt_def *d)
+{
+    return (int64_t *)((char *)cfg + d->offset);
+}
+
+/* Stores an integer after the range check; the one place values land. */
+static int store_int(ferry_config *cfg, const opt_def *d, int64_t v)
+{
+    if (v < d->min || v > d->max) {
+        if (d->kind == OPT_BOOL)
+            return ferry__seterr(FERRY_EINVAL, "option '%s' is a boolean (0 or 1), got %lld",
+                                 d->name, (long long)v);
+        return ferry__seterr(FERRY_EINVAL, "option '%s' must be between %lld and %lld, got %lld",
+                             d->name, (long long)d->min, (long long)d->max, (long long)v);
+    }
+    *int_field(cfg, d) = v;
+    if (strcmp(d->name, "seed") == 0)
+        cfg->seed_set = 1;
+    return FERRY_OK;
+}
+
+static const opt_def *lookup(const ferry_config *cfg, const char *key, int *rc)
+{
+    if (!cfg || !key) {
+        *rc = ferry__seterr(FERRY_EINVAL, "config and key must not be NULL");
+        return NULL;
+    }
+    const opt_def *d = find_option(key);
+    if (!d)
+        *rc = ferry__seterr(FERRY_EOPTION, "unknown option '%s'", key);
+    return d;
+}
+
+int ferry_config_set(ferry_config *cfg, const char *key, const char *value)
+{
+    int rc;
+    const opt_def *d = lookup(cfg, key, &rc);
+    if (!d)
+        return rc;
+    if (!value)
+        return ferry__seterr(FERRY_EINVAL, "option '%s': value must not be NULL", key);
+
+    switch (d->kind) {
+    case OPT_STR: {
+        size_t len = strlen(value);
+        if (len >= (size_t)d->max)
+            return ferry__seterr(FERRY_EINVAL, "option '%s' is too long (%zu bytes, limit %lld)",
+                                 key, len, (long long)d->max - 1);
+        memcpy((char *)cfg + d->offset, value, len + 1);
+        return FERRY_OK;
+    }
+    case OPT_ENUM:
+        for (int i = 0; d->choices[i]; i++) {
+            if (strcmp(d->choices[i], value) == 0) {
+                *int_field(cfg, d) = i;
+                return FERRY_OK;
+            }
+        }
+        return ferry__seterr(FERRY_EINVAL, "option '%s' must be one of process, thread; got '%s'",
+                             key, value);
+    case OPT_BOOL:
+        if (!strcasecmp(value, "true") || !strcasecmp(value, "yes") || !strcasecmp(value, "on"))
+            return store_int(cfg, d, 1);
+        if (!strcasecmp(value, "false") || !strcasecmp(value, "no") || !strcasecmp(value, "off"))
+            return store_int(cfg, d, 0);
+        __attribute__((fallthrough)); /* 0 / 1 */
+    case OPT_INT: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || end == value || *end != '\0')
+            return ferry__seterr(FERRY_EINVAL, "option '%s' needs an integer, got '%s'", key,
+                                 value);
+        return store_int(cfg, d, v);
+    }
+    }
+    return ferry__seterr(FERRY_EINVAL, "option '%s' cannot be set", key);
+}
+
+int ferry_config_set_int(ferry_config *cfg, const char *key, int64_t value)
+{
+    int rc;
+    const opt_def *d = lookup(cfg, key, &rc);
+    if (!d)
+        return rc;
+    if (d->kind == OPT_STR)
+        return ferry__seterr(FERRY_EINVAL, "option '%s' takes a string", key);
+    if (d->kind == OPT_ENUM) {
+        int n = 0;
+        while (d->choices[n])
+            n++;
+        if (value < 0 || value >= n)
+            return ferry__seterr(FERRY_EINVAL, "option '%s' must be 0..%d, got %lld", key, n - 1,
+                                 (long long)value);
+        *int_field(cfg, d) = value;
+        return FERRY_OK;
+    }
+    return store_int(cfg, d, value);
+}
+
+int ferry_config_set_state(ferry_config *cfg, const void *state, size_t len)
+{
+    if (!cfg || (!state && len))
+        return ferry__seterr(FERRY_EINVAL, "config and state must not be NULL");
+    if (len > FERRY_STATE_MAX)
+        return ferry__seterr(FERRY_ESTATE, "state blob is %zu bytes, at most %d are valid", len,
+                             FERRY_STATE_MAX);
+    if (len)
+        memcpy(cfg->state, state, len);
+    cfg->state_len = len;
+    return FERRY_OK;
+}

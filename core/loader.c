@@ -1,0 +1,1133 @@
+/*
+ * loader.c - the loader: public API, the scheduler thread, and worker pool
+ * supervision.
+ *
+ * Data flow: the scheduler thread pulls tasks from the sampler while the
+ * prefetch window has room, sends each to a ready worker with a free credit,
+ * and files the replies in the task table; ferry_loader_next() (the trainer's
+ * thread) takes them out in sampler order (or completion order). The
+ * scheduler never looks at epoch boundaries, which is why prefetch runs
+ * straight across them (unless epoch_barrier asks it to wait, to measure
+ * what that costs).
+ *
+ * Threads and ownership:
+ *  - The scheduler thread owns the ROUTER socket, the worker table and every
+ *    child process (it spawns them, so PR_SET_PDEATHSIG in the workers is tied
+ *    to it, and it lives exactly as long as the loader). It sleeps in
+ *    zmq_poll on the socket, an eventfd (the trainer's "a slot is free" and
+ *    close's "stop"), and each worker's pidfd, so a worker's death is seen at
+ *    once, whatever the trainer is doing.
+ *  - The trainer thread calls next(); it only touches the shared part below,
+ *    under `mu`.
+ *  - Task table entries: free -> PENDING (scheduler, under mu) -> DONE
+ *    (scheduler, under mu) -> free (trainer, under mu). Only the scheduler
+ *    reads or writes a PENDING entry's fields; only DONE entries are read by
+ *    the trainer.
+ *
+ * Invariant: in_flight (entries in use) <= prefetch; every used entry's seq is
+ * in [start_seq, next_seq); delivered + in_flight == next_seq - start_seq.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/pidfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "batch.h"
+#include "config.h"
+#include "error.h"
+#include "sampler.h"
+#include "process.h"
+#include "worker.h"
+#include "zsock.h"
+
+#define TICK_MS 100
+
+/* ------------------------------------------------------------------------
+ * State
+ */
+
+typedef enum wstate {
+    W_EMPTY = 0,  /* slot not started */
+    W_SPAWNED,    /* process or thread started, no HELLO yet */
+    W_CONFIGURED, /* HELLO answered with CONFIG, waiting for READY */
+    W_READY,      /* taking tasks */
+    W_GONE,       /* said BYE or died; process reaped */
+} wstate;
+
+typedef struct wslot {
+    int index;
+    wstate state;
+    pid_t pid;          /* 0 for a thread */
+    int pidfd;          /* -1 when none */
+    pthread_t thread;
+    int thread_live;
+    ferry__ident ident;
+    uint32_t outstanding;
+} wslot;
+
+typedef enum tstate { T_FREE = 0, T_PENDING, T_DONE } tstate;
+
+typedef struct task_ent {
+    tstate state;
+    ferry__sampler_task t;
+    int worker;
+    uint64_t sent_ms;
+    uint64_t done_order;
+    uint64_t *indices;   /* capacity batch_size, allocated at open */
+    ferry_batch *batch;  /* DONE and ok */
+    int err;             /* DONE and failed: the code */
+    char *errmsg;        /* DONE and failed: the sentence */
+} task_ent;
+
+typedef enum phase { P_STARTING, P_RUNNING, P_FAILED } phase;
+
+struct ferry_loader {
+    ferry_config cfg;
+    uint32_t prefetch;
+    uint32_t nworkers;
+    void *zctx;
+    void *router;
+    int wake_fd;
+    char ipc_dir[PATH_MAX];
+    char endpoint[PATH_MAX + 32];
+    char worker_path[PATH_MAX];
+    pthread_t sched;
+    int sched_live;
+    atomic_int cancel_threads;
+    int ctx_leaked;
+
+    /* --- scheduler thread only --- */
+    wslot *w;
+    uint32_t rr;                 /* round-robin start for picking workers */
+    uint64_t start_deadline_ms;
+    ferry__msg in, out;          /* message scratch, too big for the stack */
+
+    /* --- shared, under mu --- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    phase ph;
+    int stop;
+    int fatal_code;
+    char fatal_msg[FERRY__ERRMSG_MAX];
+    ferry__sampler sampler;
+    uint64_t n;
+    uint64_t start_seq;
+    uint64_t next_seq;
+    uint64_t done_counter;
+    uint32_t in_flight;
+    task_ent *tasks;
+    ferry_stats st;
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void wake(ferry_loader *ld)
+{
+    uint64_t one = 1;
+    ssize_t r;
+    do
+        r = write(ld->wake_fd, &one, sizeof one);
+    while (r < 0 && errno == EINTR);
+}
+
+/* Marks the loader failed with `code` and the current thread's error detail
+ * (or `msg`), unless it already failed: the first cause is the one reported.
+ * Caller holds mu. */
+static void fail_locked(ferry_loader *ld, int code, const char *msg)
+{
+    if (ld->ph == P_FAILED)
+        return;
+    ld->ph = P_FAILED;
+    ld->fatal_code = code;
+    snprintf(ld->fatal_msg, sizeof ld->fatal_msg, "%s", msg ? msg : ferry_last_error());
+    pthread_cond_broadcast(&ld->cv);
+}
+
+static void fail(ferry_loader *ld, int code, const char *msg)
+{
+    pthread_mutex_lock(&ld->mu);
+    fail_locked(ld, code, msg);
+    pthread_mutex_unlock(&ld->mu);
+}
+
+static void describe_worker(const ferry_loader *ld, const wslot *w, char *buf, size_t cap)
+{
+    if (w->pid)
+        snprintf(buf, cap, "worker %d (pid %d)", w->index, (int)w->pid);
+    else
+        snprintf(buf, cap, "worker %d (thread)", w->index);
+}
+
+/* ------------------------------------------------------------------------
+ * Starting workers
+ */
+
+static void *thread_worker_main(void *arg);
+
+typedef struct thread_arg {
+    ferry_loader *ld;
+    int slot;
+} thread_arg;
+
+static int start_worker(ferry_loader *ld, wslot *w)
+{
+    w->ident.len = 0;
+    w->outstanding = 0;
+    if (ld->cfg.worker_mode == FERRY__PLACE_THREAD) {
+        thread_arg *a = malloc(sizeof *a);
+        if (!a)
+            return ferry__seterr(FERRY_ENOMEM, "out of memory starting worker %d", w->index);
+        a->ld = ld;
+        a->slot = w->index;
+        int e = pthread_create(&w->thread, NULL, thread_worker_main, a);
+        if (e) {
+            free(a);
+            return ferry__seterr(e == EAGAIN ? FERRY_ELIMIT : FERRY_ESPAWN,
+                                 "could not start worker thread %d: %s", w->index, strerror(e));
+        }
+        w->thread_live = 1;
+    } else {
+        int rc = ferry__spawn_worker(ld->worker_path, ld->endpoint, w->index, &w->pid, &w->pidfd);
+        if (rc != FERRY_OK)
+            return rc;
+    }
+    w->state = W_SPAWNED;
+    return FERRY_OK;
+}
+
+static void *thread_worker_main(void *arg)
+{
+    thread_arg a = *(thread_arg *)arg;
+    free(arg);
+    ferry__worker_opts o = {.endpoint = a.ld->endpoint,
+                            .slot = a.slot,
+                            .zctx = a.ld->zctx,
+                            .cancel = &a.ld->cancel_threads,
+                            .handshake_ms = (int)a.ld->cfg.start_timeout_ms};
+    int rc = ferry__worker_run(&o);
+    if (rc != FERRY_OK && !atomic_load(&a.ld->cancel_threads))
+        fprintf(stderr, "ferry: worker thread %d stopped: %s\n", a.slot, ferry_last_error());
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Dispatch
+ */
+
+static wslot *pick_worker(ferry_loader *ld)
+{
+    wslot *best = NULL;
+    for (uint32_t k = 0; k < ld->nworkers; k++) {
+        wslot *w = &ld->w[(ld->rr + k) % ld->nworkers];
+        if (w->state == W_READY && w->outstanding < (uint32_t)ld->cfg.credits &&
+            (!best || w->outstanding < best->outstanding))
+            best = w;
+    }
+    if (best)
+        ld->rr = (uint32_t)(best->index + 1) % ld->nworkers;
+    return best;
+}
+
+static task_ent *free_entry(ferry_loader *ld)
+{
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        if (ld->tasks[i].state == T_FREE)
+            return &ld->tasks[i];
+    }
+    return NULL;
+}
+
+/* Sends entry e's task to worker w. */
+static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
+{
+    zmq_msg_t p;
+    size_t n = e->t.count;
+    if (zmq_msg_init_size(&p, n * 8) != 0)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory for a task");
+    unsigned char *raw = zmq_msg_data(&p);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = e->indices[i];
+        for (int b = 0; b < 8; b++)
+            raw[i * 8 + (size_t)b] = (unsigned char)(v >> (8 * b));
+    }
+    ld->out.type = FERRY__MSG_TASK;
+    ld->out.u.task = (ferry__task){.id = e->t.seq,
+                                   .epoch = e->t.epoch,
+                                   .batch_in_epoch = e->t.batch_in_epoch,
+                                   .seq = e->t.seq,
+                                   .count = e->t.count};
+    int rc = ferry__zsock_send(ld->router, &w->ident, &ld->out, &p, ZMQ_DONTWAIT);
+    if (rc != FERRY_OK) {
+        zmq_msg_close(&p);
+        return rc;
+    }
+    e->worker = w->index;
+    e->sent_ms = now_ms();
+    w->outstanding++;
+    return FERRY_OK;
+}
+
+/* Fills the window: while there is room, a task left and a worker with a
+ * free credit, take the next task and send it. */
+static void dispatch(ferry_loader *ld)
+{
+    for (;;) {
+        pthread_mutex_lock(&ld->mu);
+        if (ld->ph != P_RUNNING || ld->stop || ld->in_flight >= ld->prefetch) {
+            pthread_mutex_unlock(&ld->mu);
+            return;
+        }
+        ferry__sampler_task t;
+        if (ferry__sampler_at(&ld->sampler, ld->next_seq, &t) != FERRY_OK) {
+            pthread_mutex_unlock(&ld->mu);
+            return;
+        }
+        /* The barrier (PyTorch's behaviour, for comparison): an epoch's first
+         * batch waits until every earlier batch has been delivered. */
+        if (ld->cfg.epoch_barrier && t.batch_in_epoch == 0 &&
+            ld->st.delivered < t.seq - ld->start_seq) {
+            pthread_mutex_unlock(&ld->mu);
+            return;
+        }
+        wslot *w = pick_worker(ld);
+        task_ent *e = w ? free_entry(ld) : NULL;
+        if (!e) {
+            pthread_mutex_unlock(&ld->mu);
+            return;
+        }
+        e->state = T_PENDING;
+        e->t = t;
+        ld->in_flight++;
+        ld->next_seq++;
+        ld->st.dispatched++;
+        pthread_mutex_unlock(&ld->mu);
+
+        ferry__sampler_indices(&ld->sampler, &t, e->indices);
+        if (send_task(ld, e, w) != FERRY_OK) {
+            char who[64];
+            describe_worker(ld, w, who, sizeof who);
+            char msg[FERRY__ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "could not send a task to %s: %s", who,
+                     ferry_last_error());
+            fail(ld, FERRY_EWORKER, msg);
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Messages from workers
+ */
+
+static wslot *find_by_ident(ferry_loader *ld, const ferry__ident *id)
+{
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        wslot *w = &ld->w[i];
+        if (w->ident.len == id->len && w->state != W_GONE && w->state != W_EMPTY &&
+            memcmp(w->ident.id, id->id, id->len) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+static void count_malformed(ferry_loader *ld)
+{
+    pthread_mutex_lock(&ld->mu);
+    ld->st.malformed++;
+    pthread_mutex_unlock(&ld->mu);
+}
+
+static void on_hello(ferry_loader *ld, const ferry__ident *id)
+{
+    const ferry__hello *h = &ld->in.u.hello;
+    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 ||
+        (uint32_t)h->slot >= ld->nworkers) {
+        fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n",
+                h->version, h->slot, h->host);
+        count_malformed(ld);
+        return;
+    }
+    wslot *w = &ld->w[h->slot];
+    pid_t expect = w->pid ? w->pid : getpid();
+    if (w->state != W_SPAWNED || (pid_t)h->pid != expect) {
+        count_malformed(ld);
+        return;
+    }
+    w->ident = *id;
+    ferry__config_msg *c = &ld->out.u.config;
+    memset(c, 0, sizeof *c);
+    ld->out.type = FERRY__MSG_CONFIG;
+    snprintf(c->dataset, sizeof c->dataset, "%s", ld->cfg.dataset);
+    c->worker_index = (uint32_t)w->index;
+    c->num_workers = ld->nworkers;
+    c->seed = (uint64_t)ld->cfg.seed;
+    c->credits = (uint32_t)ld->cfg.credits;
+    if (ferry__zsock_send(ld->router, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK)
+        w->state = W_CONFIGURED;
+}
+
+/* Once every worker is ready: the dataset length is known, so the sampler
+ * can be built (and the resume state checked against it). */
+static void all_ready_locked(ferry_loader *ld)
+{
+    ferry__sampler_opts so = {
+        .batch_size = (uint64_t)ld->cfg.batch_size,
+        .drop_last = (int)ld->cfg.drop_last,
+        .shuffle = ld->cfg.shuffle < 0 ? (int)ld->cfg.seed_set : (int)ld->cfg.shuffle,
+        .seed = (uint64_t)ld->cfg.seed,
+        .rank = (uint32_t)ld->cfg.rank,
+        .world_size = (uint32_t)ld->cfg.world_size,
+        .epochs = (uint64_t)ld->cfg.epochs,
+        .max_batches = (uint64_t)ld->cfg.max_batches,
+    };
+    int rc = ferry__sampler_init(&ld->sampler, ld->n, &so);
+    if (rc == FERRY_OK && ld->cfg.state_len)
+        rc = ferry__sampler_restore(&ld->sampler, ld->cfg.state, ld->cfg.state_len,
+                                    &ld->start_seq);
+    if (rc != FERRY_OK) {
+        fail_locked(ld, rc, NULL);
+        return;
+    }
+    ld->next_seq = ld->start_seq;
+    ld->ph = P_RUNNING;
+    pthread_cond_broadcast(&ld->cv);
+}
+
+static void on_ready(ferry_loader *ld, wslot *w)
+{
+    const ferry__ready *r = &ld->in.u.ready;
+    char who[64], msg[FERRY__ERRMSG_MAX];
+    describe_worker(ld, w, who, sizeof who);
+    if (w->state != W_CONFIGURED) {
+        count_malformed(ld);
+        return;
+    }
+    pthread_mutex_lock(&ld->mu);
+    if (r->code != 0) {
+        snprintf(msg, sizeof msg, "%s could not open dataset '%s': %s", who, ld->cfg.dataset,
+                 r->error);
+        fail_locked(ld, r->code, msg);
+    } else if (ld->n && r->length != ld->n) {
+        snprintf(msg, sizeof msg, "%s sees %llu items in dataset '%s', others see %llu", who,
+                 (unsigned long long)r->length, ld->cfg.dataset, (unsigned long long)ld->n);
+        fail_locked(ld, FERRY_EMISMATCH, msg);
+    } else {
+        ld->n = r->length;
+        w->state = W_READY;
+        ld->st.workers++;
+        if (ld->ph == P_STARTING && ld->st.workers == ld->nworkers)
+            all_ready_locked(ld);
+    }
+    pthread_mutex_unlock(&ld->mu);
+}
+
+/* The PENDING entry for task `id` if worker w owns it: a reply for anything
+ * else (a task given up on, or one that was never sent) is dropped. */
+static task_ent *owned_task(ferry_loader *ld, wslot *w, uint64_t id)
+{
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        task_ent *e = &ld->tasks[i];
+        if (e->state == T_PENDING && e->t.seq == id && e->worker == w->index)
+            return e;
+    }
+    return NULL;
+}
+
+static void complete_locked(ferry_loader *ld, task_ent *e, wslot *w)
+{
+    e->state = T_DONE;
+    e->done_order = ld->done_counter++;
+    ld->st.completed++;
+    if (w->outstanding)
+        w->outstanding--;
+    pthread_cond_broadcast(&ld->cv);
+}
+
+static void on_batch(ferry_loader *ld, wslot *w, zmq_msg_t *payload)
+{
+    const ferry__batch_hdr *h = &ld->in.u.batch;
+    task_ent *e = owned_task(ld, w, h->id);
+    if (!e || h->count != e->t.count) {
+        count_malformed(ld);
+        return;
+    }
+    ferry_batch_info info = {.epoch = e->t.epoch,
+                             .batch_in_epoch = e->t.batch_in_epoch,
+                             .seq = e->t.seq,
+                             .size = e->t.count,
+                             .last_in_epoch = e->t.last_in_epoch,
+                             .worker = (uint32_t)w->index};
+    ferry_batch *b = NULL;
+    int rc = ferry__batch_new(&b, h, payload, &info, e->indices);
+    pthread_mutex_lock(&ld->mu);
+    if (rc != FERRY_OK) {
+        fail_locked(ld, FERRY_ENOMEM, "out of memory receiving a batch");
+    } else {
+        e->batch = b;
+        ld->st.realigned += (uint64_t)b->realigned;
+        complete_locked(ld, e, w);
+    }
+    pthread_mutex_unlock(&ld->mu);
+}
+
+static void on_fail(ferry_loader *ld, wslot *w)
+{
+    const ferry__fail *f = &ld->in.u.fail;
+    task_ent *e = owned_task(ld, w, f->id);
+    if (!e) {
+        count_malformed(ld);
+        return;
+    }
+    char who[64];
+    describe_worker(ld, w, who, sizeof who);
+    char *msg = malloc(FERRY__ERRMSG_MAX);
+    if (msg)
+        snprintf(msg, FERRY__ERRMSG_MAX,
+                 "%s failed on index %llu (epoch %llu, batch %llu): %s", who,
+                 (unsigned long long)f->index, (unsigned long long)e->t.epoch,
+                 (unsigned long long)e->t.batch_in_epoch, f->message);
+    pthread_mutex_lock(&ld->mu);
+    e->err = f->code == FERRY_ERANGE ? FERRY_ERANGE : FERRY_EBATCH;
+    e->errmsg = msg;
+    complete_locked(ld, e, w);
+    pthread_mutex_unlock(&ld->mu);
+}
+
+static void on_message(ferry_loader *ld, const ferry__ident *id, zmq_msg_t *payload)
+{
+    if (ld->in.type == FERRY__MSG_HELLO) {
+        on_hello(ld, id);
+        return;
+    }
+    wslot *w = find_by_ident(ld, id);
+    if (!w) {
+        count_malformed(ld);
+        return;
+    }
+    switch (ld->in.type) {
+    case FERRY__MSG_READY:
+        on_ready(ld, w);
+        break;
+    case FERRY__MSG_BATCH:
+        if (w->state == W_READY)
+            on_batch(ld, w, payload);
+        else
+            count_malformed(ld);
+        break;
+    case FERRY__MSG_FAIL:
+        if (w->state == W_READY)
+            on_fail(ld, w);
+        else
+            count_malformed(ld);
+        break;
+    case FERRY__MSG_BYE:
+        w->state = W_GONE;
+        break;
+    case FERRY__MSG_HEARTBEAT:
+        break;
+    default:
+        count_malformed(ld);
+        break;
+    }
+}
+
+/* Reads what is waiting on the socket, at most `budget` messages so the
+ * loop also gets round to dispatching and to the pidfds. */
+static void drain_socket(ferry_loader *ld, int budget)
+{
+    while (budget-- > 0) {
+        ferry__ident id;
+        zmq_msg_t payload;
+        int rc = ferry__zsock_recv(ld->router, &id, &ld->in, &payload, ZMQ_DONTWAIT);
+        if (rc == FERRY_EPROTO) {
+            count_malformed(ld);
+            continue;
+        }
+        if (rc != FERRY_OK)
+            return; /* EAGAIN: nothing more */
+        on_message(ld, &id, &payload);
+        zmq_msg_close(&payload);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Supervision
+ */
+
+/* Reaps worker w's process if it has exited; returns 1 if it did, with the
+ * wait status in *status. */
+static int reap(wslot *w, int *status)
+{
+    if (!w->pid)
+        return 0;
+    pid_t r;
+    do
+        r = waitpid(w->pid, status, WNOHANG);
+    while (r < 0 && errno == EINTR);
+    if (r != w->pid)
+        return 0;
+    close(w->pidfd);
+    w->pidfd = -1;
+    w->pid = 0;
+    return 1;
+}
+
+static void on_worker_exit(ferry_loader *ld, wslot *w)
+{
+    int status;
+    pid_t pid = w->pid;
+    if (!reap(w, &status))
+        return;
+    wstate was = w->state;
+    w->state = W_GONE;
+    char how[256], msg[FERRY__ERRMSG_MAX];
+    ferry__describe_status(status, how, sizeof how);
+    snprintf(msg, sizeof msg, "worker %d (pid %d) %s%s", w->index, (int)pid, how,
+             was == W_SPAWNED || was == W_CONFIGURED ? " while starting" : "");
+    pthread_mutex_lock(&ld->mu);
+    if (was == W_READY && ld->st.workers)
+        ld->st.workers--;
+    fail_locked(ld, FERRY_EWORKER, msg);
+    pthread_mutex_unlock(&ld->mu);
+}
+
+static void check_deadlines(ferry_loader *ld)
+{
+    uint64_t now = now_ms();
+    pthread_mutex_lock(&ld->mu);
+    if (ld->ph == P_STARTING && now >= ld->start_deadline_ms) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms",
+                 ld->st.workers, ld->nworkers, (long long)ld->cfg.start_timeout_ms);
+        fail_locked(ld, FERRY_ETIMEDOUT, msg);
+    }
+    if (ld->ph == P_RUNNING && ld->cfg.timeout_ms > 0) {
+        for (uint32_t i = 0; i < ld->prefetch; i++) {
+            task_ent *e = &ld->tasks[i];
+            if (e->state == T_PENDING && now - e->sent_ms >= (uint64_t)ld->cfg.timeout_ms) {
+                char who[64], msg[FERRY__ERRMSG_MAX];
+                describe_worker(ld, &ld->w[e->worker], who, sizeof who);
+                snprintf(msg, sizeof msg,
+                         "%s did not deliver batch %llu (epoch %llu, batch %llu) within %lld ms",
+                         who, (unsigned long long)e->t.seq, (unsigned long long)e->t.epoch,
+                         (unsigned long long)e->t.batch_in_epoch,
+                         (long long)ld->cfg.timeout_ms);
+                fail_locked(ld, FERRY_ETIMEDOUT, msg);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&ld->mu);
+}
+
+/* One round of waiting: the socket, the wake fd and every live pidfd. */
+static void poll_once(ferry_loader *ld, int timeout_ms)
+{
+    zmq_pollitem_t items[2 + 256];
+    wslot *owner[2 + 256];
+    int n = 0;
+    items[n++] = (zmq_pollitem_t){.socket = ld->router, .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = ld->wake_fd, .events = ZMQ_POLLIN};
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        if (ld->w[i].pidfd >= 0) {
+            owner[n] = &ld->w[i];
+            items[n++] = (zmq_pollitem_t){.fd = ld->w[i].pidfd, .events = ZMQ_POLLIN};
+        }
+    }
+    if (zmq_poll(items, n, timeout_ms) <= 0)
+        return;
+    if (items[1].revents & ZMQ_POLLIN) {
+        uint64_t v;
+        while (read(ld->wake_fd, &v, sizeof v) < 0 && errno == EINTR)
+            ;
+    }
+    if (items[0].revents & ZMQ_POLLIN)
+        drain_socket(ld, 64);
+    for (int i = 2; i < n; i++) {
+        if (items[i].revents & ZMQ_POLLIN)
+            on_worker_exit(ld, owner[i]);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Shutdown: STOP, grace period, SIGTERM, SIGKILL; every child reaped.
+ */
+
+static int workers_left(ferry_loader *ld)
+{
+    int left = 0;
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        wslot *w = &ld->w[i];
+        if (w->pid || (w->thread_live && w->state != W_GONE))
+            left++;
+    }
+    return left;
+}
+
+/* Waits until every process has exited and been reaped (threads: said BYE),
+ * or the deadline passes. */
+static void wait_workers(ferry_loader *ld, uint64_t deadline)
+{
+    for (;;) {
+        for (uint32_t i = 0; i < ld->nworkers; i++) {
+            int status;
+            reap(&ld->w[i], &status);
+        }
+        if (!workers_left(ld))
+            return;
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            return;
+        uint64_t left = deadline - now;
+        poll_once(ld, (int)(left < TICK_MS ? left : TICK_MS));
+    }
+}
+
+static void signal_workers(ferry_loader *ld, int sig)
+{
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        if (ld->w[i].pidfd >= 0)
+            pidfd_send_signal(ld->w[i].pidfd, sig, NULL, 0);
+    }
+}
+
+static void shutdown_workers(ferry_loader *ld)
+{
+    uint64_t grace = (uint64_t)ld->cfg.close_grace_ms;
+    ld->out.type = FERRY__MSG_STOP;
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        wslot *w = &ld->w[i];
+        if (w->ident.len && w->state != W_GONE)
+            ferry__zsock_send(ld->router, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT);
+    }
+    /* While waiting, poll_once still files replies: they are dropped with the
+     * loader, but reading them lets the workers finish their sends. */
+    pthread_mutex_lock(&ld->mu);
+    fail_locked(ld, FERRY_ECLOSED, "the loader is closing");
+    pthread_mutex_unlock(&ld->mu);
+    wait_workers(ld, now_ms() + grace);
+    atomic_store(&ld->cancel_threads, 1);
+    if (workers_left(ld)) {
+        signal_workers(ld, SIGTERM);
+        wait_workers(ld, now_ms() + (grace / 2 > 200 ? grace / 2 : 200));
+    }
+    if (workers_left(ld)) {
+        signal_workers(ld, SIGKILL);
+        for (uint32_t i = 0; i < ld->nworkers; i++) {
+            wslot *w = &ld->w[i];
+            if (w->pid) {
+                while (waitpid(w->pid, NULL, 0) < 0 && errno == EINTR)
+                    ;
+                close(w->pidfd);
+                w->pidfd = -1;
+                w->pid = 0;
+            }
+        }
+    }
+    /* Thread workers see cancel_threads within one poll period. */
+    uint64_t deadline = now_ms() + (grace > 1000 ? grace : 1000);
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        wslot *w = &ld->w[i];
+        if (!w->thread_live)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t left = deadline > now_ms() ? deadline - now_ms() : 0;
+        ts.tv_sec += (time_t)(left / 1000);
+        ts.tv_nsec += (long)(left % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_timedjoin_np(w->thread, NULL, &ts) != 0) {
+            /* A thread stuck inside dataset code cannot be stopped safely; it
+             * keeps the ZeroMQ context, which is then left alive. */
+            fprintf(stderr, "ferry: worker thread %d did not stop; leaving it\n", w->index);
+            pthread_detach(w->thread);
+            ld->ctx_leaked = 1;
+        }
+        w->thread_live = 0;
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * The scheduler thread
+ */
+
+static void *scheduler_main(void *arg)
+{
+    ferry_loader *ld = arg;
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        int rc = start_worker(ld, &ld->w[i]);
+        if (rc != FERRY_OK) {
+            fail(ld, rc, NULL);
+            break;
+        }
+    }
+    for (;;) {
+        pthread_mutex_lock(&ld->mu);
+        int stop = ld->stop;
+        pthread_mutex_unlock(&ld->mu);
+        if (stop)
+            break;
+        dispatch(ld);
+        poll_once(ld, TICK_MS);
+        check_deadlines(ld);
+    }
+    shutdown_workers(ld);
+    zmq_close(ld->router);
+    ld->router = NULL;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Public API
+ */
+
+static int check_config(const ferry_config *cfg)
+{
+    if (!cfg->dataset[0])
+        return ferry__seterr(FERRY_EINVAL, "option 'dataset' is empty");
+    if (cfg->rank >= cfg->world_size)
+        return ferry__seterr(FERRY_EINVAL, "rank %lld must be below world_size %lld",
+                             (long long)cfg->rank, (long long)cfg->world_size);
+    if (ferry__config_prefetch(cfg) > 1024)
+        return ferry__seterr(FERRY_EINVAL, "prefetch %lld is more than 1024",
+                             (long long)ferry__config_prefetch(cfg));
+    return FERRY_OK;
+}
+
+/* Frees everything of a loader whose scheduler thread has ended (or never
+ * started). */
+static void destroy(ferry_loader *ld)
+{
+    if (ld->tasks) {
+        for (uint32_t i = 0; i < ld->prefetch; i++) {
+            ferry_batch_release(ld->tasks[i].batch);
+            free(ld->tasks[i].errmsg);
+            free(ld->tasks[i].indices);
+        }
+    }
+    if (ld->router)
+        zmq_close(ld->router);
+    if (ld->zctx && !ld->ctx_leaked)
+        zmq_ctx_term(ld->zctx);
+    if (ld->wake_fd >= 0)
+        close(ld->wake_fd);
+    if (ld->ipc_dir[0]) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/loader", ld->ipc_dir);
+        unlink(path);
+        rmdir(ld->ipc_dir);
+    }
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+    free(ld->tasks);
+    free(ld->w);
+    free(ld);
+}
+
+/* Stops the scheduler thread, which shuts the workers down, and waits for it. */
+static void stop_scheduler(ferry_loader *ld)
+{
+    if (!ld->sched_live)
+        return;
+    pthread_mutex_lock(&ld->mu);
+    ld->stop = 1;
+    pthread_mutex_unlock(&ld->mu);
+    wake(ld);
+    pthread_join(ld->sched, NULL);
+    ld->sched_live = 0;
+}
+
+static int make_endpoint(ferry_loader *ld)
+{
+    if (ld->cfg.worker_mode == FERRY__PLACE_THREAD) {
+        snprintf(ld->endpoint, sizeof ld->endpoint, "inproc://ferry-%p", (void *)ld);
+        return FERRY_OK;
+    }
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0])
+        tmp = "/tmp";
+    int n = snprintf(ld->ipc_dir, sizeof ld->ipc_dir, "%s/ferry-XXXXXX", tmp);
+    if (n < 0 || (size_t)n >= sizeof ld->ipc_dir || n > 90) {
+        ld->ipc_dir[0] = '\0';
+        return ferry__seterr(FERRY_EINVAL, "TMPDIR '%s' is too long for a socket path", tmp);
+    }
+    /* mkdtemp creates the directory 0700: only this user reaches the socket. */
+    if (!mkdtemp(ld->ipc_dir)) {
+        int e = errno;
+        ld->ipc_dir[0] = '\0';
+        return ferry__seterr(FERRY_ESYS, "could not create a private directory in %s: %s", tmp,
+                             strerror(e));
+    }
+    snprintf(ld->endpoint, sizeof ld->endpoint, "ipc://%s/loader", ld->ipc_dir);
+    return FERRY_OK;
+}
+
+static int setup_sockets(ferry_loader *ld)
+{
+    ld->zctx = zmq_ctx_new();
+    if (!ld->zctx)
+        return ferry__seterr(FERRY_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
+    int zero = 0, one = 1;
+    zmq_ctx_set(ld->zctx, ZMQ_BLOCKY, zero);
+    ld->router = zmq_socket(ld->zctx, ZMQ_ROUTER);
+    if (!ld->router) {
+        int e = errno;
+        return ferry__seterr(e == EMFILE ? FERRY_ELIMIT : FERRY_ESYS, "zmq_socket: %s",
+                             zmq_strerror(e));
+    }
+    int rc = ferry__zsock_setup(ld->router, ld->cfg.max_message);
+    if (rc != FERRY_OK)
+        return rc;
+    if (zmq_setsockopt(ld->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0)
+        return ferry__seterr(FERRY_ESYS, "ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(errno));
+    if (zmq_bind(ld->router, ld->endpoint) != 0) {
+        int e = errno;
+        return ferry__seterr(e == EMFILE ? FERRY_ELIMIT : FERRY_ESYS, "binding %s: %s",
+                             ld->endpoint, zmq_strerror(e));
+    }
+    ld->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ld->wake_fd < 0)
+        return ferry__seterr(errno == EMFILE ? FERRY_ELIMIT : FERRY_ESYS, "eventfd: %s",
+                             strerror(errno));
+    return FERRY_OK;
+}
+
+static ferry_loader *alloc_loader(const ferry_config *cfg)
+{
+    ferry_loader *ld = calloc(1, sizeof *ld);
+    if (!ld)
+        return NULL;
+    ld->wake_fd = -1;
+    ld->cfg = *cfg;
+    ld->prefetch = (uint32_t)ferry__config_prefetch(cfg);
+    ld->nworkers = (uint32_t)cfg->workers;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ld->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&ld->mu, NULL);
+    ld->tasks = calloc(ld->prefetch, sizeof *ld->tasks);
+    ld->w = calloc(ld->nworkers, sizeof *ld->w);
+    if (!ld->tasks || !ld->w)
+        goto fail;
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        ld->tasks[i].indices = malloc((size_t)cfg->batch_size * sizeof(uint64_t));
+        if (!ld->tasks[i].indices)
+            goto fail;
+    }
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        ld->w[i].index = (int)i;
+        ld->w[i].pidfd = -1;
+    }
+    return ld;
+fail:
+    destroy(ld);
+    return NULL;
+}
+
+/* Waits on the condition variable for at most `ms`. Caller holds mu. */
+static void wait_cv(ferry_loader *ld, int ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&ld->cv, &ld->mu, &ts);
+}
+
+int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
+{
+    if (!out || !cfg)
+        return ferry__seterr(FERRY_EINVAL, "out and cfg must not be NULL");
+    int rc = check_config(cfg);
+    if (rc != FERRY_OK)
+        return rc;
+    ferry_loader *ld = alloc_loader(cfg);
+    if (!ld)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
+
+    if (cfg->worker_mode == FERRY__PLACE_PROCESS) {
+        rc = ferry__find_worker(cfg->worker_path, ld->worker_path, sizeof ld->worker_path);
+        if (rc != FERRY_OK)
+            goto fail;
+    }
+    rc = make_endpoint(ld);
+    if (rc != FERRY_OK)
+        goto fail;
+    rc = setup_sockets(ld);
+    if (rc != FERRY_OK)
+        goto fail;
+
+    ld->start_deadline_ms = now_ms() + (uint64_t)cfg->start_timeout_ms;
+    /* The scheduler thread takes no signals: they stay the trainer's. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int e = pthread_create(&ld->sched, NULL, scheduler_main, ld);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
+        rc = ferry__seterr(e == EAGAIN ? FERRY_ELIMIT : FERRY_ESYS,
+                           "could not start the scheduler thread: %s", strerror(e));
+        goto fail;
+    }
+    ld->sched_live = 1;
+
+    pthread_mutex_lock(&ld->mu);
+    while (ld->ph == P_STARTING)
+        wait_cv(ld, TICK_MS);
+    rc = ld->ph == P_RUNNING ? FERRY_OK : ld->fatal_code;
+    char msg[FERRY__ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", ld->fatal_msg);
+    pthread_mutex_unlock(&ld->mu);
+    if (rc != FERRY_OK) {
+        stop_scheduler(ld);
+        destroy(ld);
+        return ferry__seterr_str(rc, msg);
+    }
+    *out = ld;
+    return FERRY_OK;
+
+fail:
+    destroy(ld);
+    return rc;
+}
+
+/* The entry to deliver next, or NULL: in order, the one with the next seq
+ * once it is done; otherwise the earliest completed. Caller holds mu. */
+static task_ent *deliverable(ferry_loader *ld)
+{
+    task_ent *best = NULL;
+    uint64_t want = ld->start_seq + ld->st.delivered;
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        task_ent *e = &ld->tasks[i];
+        if (e->state != T_DONE)
+            continue;
+        if (ld->cfg.in_order) {
+            if (e->t.seq == want)
+                return e;
+        } else if (!best || e->done_order < best->done_order) {
+            best = e;
+        }
+    }
+    return best;
+}
+
+int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
+{
+    if (!ld || !out)
+        return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
+    pthread_mutex_lock(&ld->mu);
+    for (;;) {
+        if (ld->ph == P_FAILED) {
+            int rc = ld->fatal_code;
+            char msg[FERRY__ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "%s", ld->fatal_msg);
+            pthread_mutex_unlock(&ld->mu);
+            return ferry__seterr_str(rc, msg);
+        }
+        task_ent *e = deliverable(ld);
+        if (e) {
+            ferry_batch *b = e->batch;
+            int err = e->err;
+            char *msg = e->errmsg;
+            e->batch = NULL;
+            e->errmsg = NULL;
+            e->err = 0;
+            e->state = T_FREE;
+            ld->in_flight--;
+            ld->st.delivered++;
+            if (err)
+                ld->st.failed++;
+            pthread_mutex_unlock(&ld->mu);
+            wake(ld);
+            if (err) {
+                ferry__seterr_str(err, msg ? msg : "a worker failed on a batch (no memory "
+                                                   "for the detail)");
+                free(msg);
+                return err;
+            }
+            *out = b;
+            return FERRY_OK;
+        }
+        if (ld->start_seq + ld->st.delivered >= ld->sampler.end_seq) {
+            pthread_mutex_unlock(&ld->mu);
+            return ferry__seterr(FERRY_EOF, "the stream has ended");
+        }
+        wait_cv(ld, TICK_MS * 10);
+    }
+}
+
+int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *batches_per_epoch)
+{
+    if (!ld)
+        return ferry__seterr(FERRY_EINVAL, "loader must not be NULL");
+    pthread_mutex_lock(&ld->mu);
+    if (items)
+        *items = ld->n;
+    if (batches_per_epoch)
+        *batches_per_epoch = ld->sampler.batches_per_epoch;
+    pthread_mutex_unlock(&ld->mu);
+    return FERRY_OK;
+}
+
+int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len)
+{
+    if (!ld || !len)
+        return ferry__seterr(FERRY_EINVAL, "loader and len must not be NULL");
+    if (!ld->cfg.in_order)
+        return ferry__seterr(FERRY_EINVAL, "the stream position is only defined with in_order on");
+    pthread_mutex_lock(&ld->mu);
+    uint64_t next = ld->start_seq + ld->st.delivered;
+    int rc = ferry__sampler_save(&ld->sampler, next, buf, cap, len);
+    pthread_mutex_unlock(&ld->mu);
+    return rc;
+}
+
+int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
+{
+    if (!ld || !st)
+        return ferry__seterr(FERRY_EINVAL, "loader and stats must not be NULL");
+    pthread_mutex_lock(&ld->mu);
+    *st = ld->st;
+    st->in_flight = ld->in_flight;
+    pthread_mutex_unlock(&ld->mu);
+    return FERRY_OK;
+}
+
+int ferry_loader_close(ferry_loader *ld)
+{
+    if (!ld)
+        return FERRY_OK;
+    stop_scheduler(ld);
+    int leaked = ld->ctx_leaked;
+    destroy(ld);
+    if (leaked)
+        return ferry__seterr(FERRY_ETIMEDOUT, "a worker thread did not stop; its resources "
+                                              "were left behind");
+    return FERRY_OK;
+}

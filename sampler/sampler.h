@@ -61,8 +61,9 @@ typedef struct ferry__sampler_task {
  * batch. *s is untouched on failure. */
 int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts *o);
 
-/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq. */
-int ferry__sampler_task(const ferry__sampler *s, uint64_t seq, ferry__sampler_task *t);
+/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq.
+ * (Named _at, not _task: ferry__sampler_task is the struct's typedef.) */
+int ferry__sampler_at(const ferry__sampler *s, uint64_t seq, ferry__sampler_task *t);
 
 /* Writes t->count indices of task t into out[]. */
 void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *t, uint64_t *out);

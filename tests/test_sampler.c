@@ -1,4 +1,706 @@
+/*
+ * test_sampler.c - unit tests of the index stream (sampler/sampler.c).
+ *
+ * The sampler is pure computation, so these tests start no process and need
+ * no harness: each builds samplers from options and checks the stream's
+ * promises directly. Permutations are checked exhaustively with a bitmap
+ * (every index hit exactly once); shards and batches by collecting indices
+ * over whole epochs; resume by comparing a restored stream with an
+ * uninterrupted one, task by task.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "sampler.h"
+
+/* ------------------------------------------------------------------------
+ * Helpers
+ */
+
+static ferry__sampler_opts opts(uint64_t batch_size, int shuffle, uint64_t seed)
+{
+    ferry__sampler_opts o;
+
+    memset(&o, 0, sizeof o);
+    o.batch_size = batch_size;
+    o.shuffle = shuffle;
+    o.seed = seed;
+    o.rank = 0;
+    o.world_size = 1;
+    return o;
+}
+
+static ferry__sampler make(uint64_t n, const ferry__sampler_opts *o)
+{
+    ferry__sampler s;
+
+    assert_int_equal(ferry__sampler_init(&s, n, o), FERRY_OK);
+    return s;
+}
+
+/* A bitmap of n bits; mark() returns the bit's previous value. */
+static uint8_t *bitmap_new(uint64_t n)
+{
+    uint8_t *m = calloc((size_t)(n / 8 + 1), 1);
+    assert_non_null(m);
+    return m;
+}
+
+static int mark(uint8_t *m, uint64_t i)
+{
+    int was = (m[i / 8] >> (i % 8)) & 1;
+    m[i / 8] |= (uint8_t)(1u << (i % 8));
+    return was;
+}
+
+static int marked(const uint8_t *m, uint64_t i)
+{
+    return (m[i / 8] >> (i % 8)) & 1;
+}
+
+/* The indices of the whole stream from `seq` for `count` tasks, flattened. */
+static uint64_t collect(const ferry__sampler *s, uint64_t seq, uint64_t count, uint64_t *out)
+{
+    uint64_t total = 0, i;
+    ferry__sampler_task t;
+
+    for (i = 0; i < count; i++) {
+        assert_int_equal(ferry__sampler_at(s, seq + i, &t), FERRY_OK);
+        ferry__sampler_indices(s, &t, out + total);
+        total += t.count;
+    }
+    return total;
+}
+
+/* ------------------------------------------------------------------------
+ * The permutation
+ */
+
+static void test_permutation_is_bijection(void **state)
+{
+    static const uint64_t sizes[] = {1,    2,    3,     4,     5,     15,    16,   17,
+                                     255,  256,  257,   1000,  4095,  4096,  4097, 60000,
+                                     65535, 65536, 65537, 1000003};
+    static const uint64_t seeds[] = {0, 1, 0xdeadbeefcafef00dULL};
+    size_t a, b;
+    uint64_t epoch, i;
+
+    for (a = 0; a < sizeof sizes / sizeof sizes[0]; a++) {
+        uint64_t n = sizes[a];
+        for (b = 0; b < sizeof seeds / sizeof seeds[0]; b++) {
+            ferry__sampler_opts o = opts(1, 1, seeds[b]);
+            ferry__sampler s = make(n, &o);
+            for (epoch = 0; epoch < 3; epoch++) {
+                uint8_t *m = bitmap_new(n);
+                for (i = 0; i < n; i++) {
+                    uint64_t v = ferry__sampler_permute(&s, epoch, i);
+                    assert_true(v < n);
+                    assert_false(mark(m, v)); /* hit only once */
+                }
+                /* n values < n, none twice: every value was hit */
+                free(m);
+            }
+        }
+    }
+}
+
+/* n so large that no bitmap fits: values stay in range and a sample of
+ * positions still maps to distinct values (injective where we can look). */
+static void test_permutation_stays_in_range_for_huge_n(void **state)
+{
+    static const uint64_t sizes[] = {(UINT64_C(1) << 32) + 1, (UINT64_C(1) << 62) + 7,
+                                     (UINT64_C(1) << 63) + 1, UINT64_MAX};
+    enum { SAMPLE = 4096 };
+    uint64_t *v = malloc(SAMPLE * sizeof *v);
+    size_t a, i, j;
+
+    assert_non_null(v);
+    for (a = 0; a < sizeof sizes / sizeof sizes[0]; a++) {
+        ferry__sampler_opts o = opts(1, 1, 42);
+        ferry__sampler s = make(sizes[a], &o);
+        assert_true(s.half_bits >= 17 && s.half_bits <= 32);
+        for (i = 0; i < SAMPLE; i++) {
+            /* first positions and the very last ones */
+            uint64_t pos = i < SAMPLE / 2 ? i : sizes[a] - 1 - (i - SAMPLE / 2);
+            v[i] = ferry__sampler_permute(&s, 3, pos);
+            assert_true(v[i] < sizes[a]);
+        }
+        for (i = 0; i < SAMPLE; i++)
+            for (j = i + 1; j < SAMPLE; j++)
+                assert_true(v[i] != v[j]);
+    }
+    free(v);
+}
+
+static void test_half_bits_is_smallest_covering_domain(void **state)
+{
+    static const struct {
+        uint64_t n;
+        unsigned h;
+    } cases[] = {
+        {1, 1}, {4, 1}, {5, 2}, {16, 2}, {17, 3}, {65536, 8}, {65537, 9},
+        {(UINT64_C(1) << 62), 31}, {(UINT64_C(1) << 62) + 1, 32}, {UINT64_MAX, 32},
+    };
+    size_t i;
+
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ferry__sampler_opts o = opts(1, 1, 0);
+        ferry__sampler s = make(cases[i].n, &o);
+        assert_int_equal(s.half_bits, cases[i].h);
+    }
+}
+
+static uint64_t agreements(const ferry__sampler *a, uint64_t ea, const ferry__sampler *b,
+                           uint64_t eb)
+{
+    uint64_t i, same = 0;
+
+    for (i = 0; i < a->n; i++)
+        same += ferry__sampler_permute(a, ea, i) == ferry__sampler_permute(b, eb, i);
+    return same;
+}
+
+static void test_permutation_differs_per_epoch_and_seed(void **state)
+{
+    const uint64_t n = 1000;
+    ferry__sampler_opts o1 = opts(1, 1, 7), o2 = opts(1, 1, 8);
+    ferry__sampler s1 = make(n, &o1), s1b = make(n, &o1), s2 = make(n, &o2);
+    /* Another rank and batch size: the epoch's order must not depend on them,
+     * or shards of different ranks would overlap. */
+    ferry__sampler_opts o3 = opts(32, 1, 7);
+    ferry__sampler s3;
+
+    o3.world_size = 4;
+    o3.rank = 3;
+    s3 = make(n, &o3);
+
+    /* same (seed, epoch): the same order, from a separately built sampler */
+    assert_int_equal(agreements(&s1, 5, &s1b, 5), n);
+    assert_int_equal(agreements(&s1, 5, &s3, 5), n);
+    /* A random pair of permutations agrees at ~1 position; 5% is generous. */
+    assert_true(agreements(&s1, 0, &s1, 1) < n / 20);
+    assert_true(agreements(&s1, 1, &s1, 2) < n / 20);
+    assert_true(agreements(&s1, 0, &s2, 0) < n / 20);
+    assert_true(agreements(&s1, 3, &s2, 3) < n / 20);
+}
+
+static void test_no_shuffle_is_identity(void **state)
+{
+    ferry__sampler_opts o = opts(10, 0, 1234);
+    ferry__sampler s = make(1003, &o);
+    uint64_t i, epoch;
+
+    for (epoch = 0; epoch < 3; epoch++)
+        for (i = 0; i < 1003; i++)
+            assert_int_equal(ferry__sampler_permute(&s, epoch, i), i);
+}
+
+static void test_shuffle_is_not_close_to_identity(void **state)
+{
+    const uint64_t n = 60000;
+    ferry__sampler_opts o = opts(1, 1, 99);
+    ferry__sampler s = make(n, &o);
+    uint64_t i, fixed = 0, adjacent = 0, prev = ferry__sampler_permute(&s, 0, 0);
+
+    for (i = 0; i < n; i++) {
+        uint64_t v = ferry__sampler_permute(&s, 0, i);
+        fixed += v == i;
+        if (i > 0)
+            adjacent += v == prev + 1 || prev == v + 1;
+        prev = v;
+    }
+    /* a random permutation has ~1 fixed point and ~2 adjacent steps */
+    assert_true(fixed < n / 20);
+    assert_true(adjacent < n / 20);
+}
+
+/* Where position 0 lands, over many epochs, is close to uniform: the key
+ * schedule spreads epochs, even on a tiny domain (n = 10, 2-bit halves). */
+static void test_first_position_is_spread_over_epochs(void **state)
+{
+    enum { N = 10, EPOCHS = 20000 };
+    ferry__sampler_opts o = opts(1, 1, 5);
+    ferry__sampler s = make(N, &o);
+    uint64_t hits[N] = {0}, e;
+    int v;
+
+    for (e = 0; e < EPOCHS; e++)
+        hits[ferry__sampler_permute(&s, e, 0)]++;
+    for (v = 0; v < N; v++) {
+        /* expected 2000 each; +-15% is over 10 standard deviations */
+        assert_true(hits[v] > 1700);
+        assert_true(hits[v] < 2300);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Sharding and batching
+ */
+
+/* Collects one epoch of rank r into m, asserting no index repeats across
+ * every rank marked so far; returns the number of indices. */
+static uint64_t mark_rank_epoch(uint64_t n, ferry__sampler_opts o, uint64_t epoch, uint8_t *m)
+{
+    ferry__sampler s = make(n, &o);
+    uint64_t *idx = malloc(s.o.batch_size * sizeof *idx);
+    uint64_t b, total = 0;
+    uint32_t j;
+    ferry__sampler_task t;
+
+    assert_non_null(idx);
+    for (b = 0; b < s.batches_per_epoch; b++) {
+        assert_int_equal(ferry__sampler_at(&s, epoch * s.batches_per_epoch + b, &t), FERRY_OK);
+        assert_int_equal(t.epoch, epoch);
+        assert_int_equal(t.batch_in_epoch, b);
+        ferry__sampler_indices(&s, &t, idx);
+        for (j = 0; j < t.count; j++) {
+            assert_true(idx[j] < n);
+            assert_false(mark(m, idx[j]));
+        }
+        total += t.count;
+    }
+    free(idx);
+    return total;
+}
+
+static void test_shards_are_disjoint_and_cover_epoch(void **state)
+{
+    static const struct {
+        uint64_t n;
+        uint32_t w;
+        uint64_t bs;
+    } cases[] = {
+        {1000, 4, 32}, {1000, 8, 7}, {1003, 4, 32}, {1001, 7, 10}, {10, 3, 4}, {5, 5, 1},
+    };
+    size_t c;
+    uint64_t epoch, i;
+
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (epoch = 0; epoch < 2; epoch++) {
+            for (int shuffle = 0; shuffle <= 1; shuffle++) {
+                uint64_t n = cases[c].n;
+                uint8_t *m = bitmap_new(n);
+                uint64_t covered = 0, missing = 0;
+                uint32_t r;
+                for (r = 0; r < cases[c].w; r++) {
+                    ferry__sampler_opts o = opts(cases[c].bs, shuffle, 77);
+                    o.world_size = cases[c].w;
+                    o.rank = r;
+                    /* every rank sees exactly n / w items */
+                    assert_int_equal(mark_rank_epoch(n, o, epoch, m), n / cases[c].w);
+                    covered += n / cases[c].w;
+                }
+                for (i = 0; i < n; i++)
+                    missing += !marked(m, i);
+                /* union is everything but the n % w dropped items */
+                assert_int_equal(missing, n % cases[c].w);
+                assert_int_equal(covered + missing, n);
+                if (!shuffle) {
+                    /* without shuffle the dropped ones are the tail */
+                    for (i = 0; i < n; i++)
+                        assert_int_equal(marked(m, i), i < n - n % cases[c].w);
+                }
+                free(m);
+            }
+        }
+    }
+}
+
+static void test_rank_takes_strided_positions(void **state)
+{
+    ferry__sampler_opts o = opts(4, 0, 0);
+    ferry__sampler s;
+    ferry__sampler_task t;
+    uint64_t idx[4];
+
+    o.world_size = 3;
+    o.rank = 2;
+    s = make(30, &o);
+    assert_int_equal(s.per_rank, 10);
+    assert_int_equal(ferry__sampler_at(&s, 1, &t), FERRY_OK);
+    ferry__sampler_indices(&s, &t, idx);
+    /* rank 2 positions 4..7 -> 4*3+2, ... */
+    assert_int_equal(idx[0], 14);
+    assert_int_equal(idx[1], 17);
+    assert_int_equal(idx[2], 20);
+    assert_int_equal(idx[3], 23);
+}
+
+static void test_batches_per_epoch_and_drop_last(void **state)
+{
+    static const struct {
+        uint64_t n;
+        uint32_t w;
+        uint64_t bs;
+        int drop_last;
+        uint64_t per_rank, bpe;
+    } cases[] = {
+        {100, 1, 10, 0, 100, 10}, {100, 1, 10, 1, 100, 10}, {101, 1, 10, 0, 101, 11},
+        {101, 1, 10, 1, 101, 10}, {109, 1, 10, 1, 109, 10}, {7, 1, 10, 0, 7, 1},
+        {1, 1, 1, 0, 1, 1},       {103, 4, 5, 0, 25, 5},    {103, 4, 6, 0, 25, 5},
+        {103, 4, 6, 1, 25, 4},    {UINT64_MAX, 1, UINT32_MAX, 0, UINT64_MAX,
+                                   UINT64_MAX / UINT32_MAX + (UINT64_MAX % UINT32_MAX != 0)},
+    };
+    size_t c;
+
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ferry__sampler_opts o = opts(cases[c].bs, 1, 0);
+        ferry__sampler s;
+        o.world_size = cases[c].w;
+        o.drop_last = cases[c].drop_last;
+        s = make(cases[c].n, &o);
+        assert_int_equal(s.per_rank, cases[c].per_rank);
+        assert_int_equal(s.batches_per_epoch, cases[c].bpe);
+    }
+}
+
+static void test_last_batch_short_without_drop_last(void **state)
+{
+    ferry__sampler_opts o = opts(10, 1, 3);
+    ferry__sampler s = make(95, &o);
+    ferry__sampler_task t;
+    uint64_t seq;
+
+    assert_int_equal(s.batches_per_epoch, 10);
+    for (seq = 0; seq < 30; seq++) {
+        assert_int_equal(ferry__sampler_at(&s, seq, &t), FERRY_OK);
+        assert_int_equal(t.seq, seq);
+        assert_int_equal(t.epoch, seq / 10);
+        assert_int_equal(t.batch_in_epoch, seq % 10);
+        assert_int_equal(t.count, seq % 10 == 9 ? 5 : 10);
+        assert_int_equal(t.last_in_epoch, seq % 10 == 9);
+    }
+
+    /* with drop_last the 5 left over are never served: full batches only */
+    o.drop_last = 1;
+    s = make(95, &o);
+    assert_int_equal(s.batches_per_epoch, 9);
+    for (seq = 0; seq < 27; seq++) {
+        assert_int_equal(ferry__sampler_at(&s, seq, &t), FERRY_OK);
+        assert_int_equal(t.count, 10);
+        assert_int_equal(t.last_in_epoch, seq % 9 == 8);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Where the stream ends
+ */
+
+static void test_stream_ends_after_epochs(void **state)
+{
+    ferry__sampler_opts o = opts(10, 1, 0);
+    ferry__sampler s;
+    ferry__sampler_task t;
+
+    o.epochs = 3;
+    s = make(95, &o);
+    assert_int_equal(s.end_seq, 30);
+    assert_int_equal(ferry__sampler_at(&s, 29, &t), FERRY_OK);
+    assert_int_equal(t.epoch, 2);
+    assert_true(t.last_in_epoch);
+    memset(&t, 0xab, sizeof t);
+    assert_int_equal(ferry__sampler_at(&s, 30, &t), FERRY_EOF);
+    assert_int_equal(t.seq, 0xababababababababULL); /* untouched at EOF */
+    assert_int_equal(ferry__sampler_at(&s, UINT64_MAX, &t), FERRY_EOF);
+}
+
+static void test_stream_ends_after_max_batches(void **state)
+{
+    ferry__sampler_opts o = opts(10, 1, 0);
+    ferry__sampler s;
+    ferry__sampler_task t;
+
+    o.max_batches = 25; /* mid-epoch */
+    s = make(95, &o);
+    assert_int_equal(s.end_seq, 25);
+    assert_int_equal(ferry__sampler_at(&s, 24, &t), FERRY_OK);
+    assert_int_equal(ferry__sampler_at(&s, 25, &t), FERRY_EOF);
+
+    /* both set: the smaller limit wins, whichever it is */
+    o.epochs = 2;
+    s = make(95, &o);
+    assert_int_equal(s.end_seq, 20);
+    o.epochs = 3;
+    o.max_batches = 22;
+    s = make(95, &o);
+    assert_int_equal(s.end_seq, 22);
+    assert_int_equal(ferry__sampler_at(&s, 22, &t), FERRY_EOF);
+}
+
+static void test_stream_is_endless_without_limits(void **state)
+{
+    ferry__sampler_opts o = opts(10, 1, 0);
+    ferry__sampler s = make(95, &o);
+    ferry__sampler_task t;
+    uint64_t idx[10];
+
+    assert_int_equal(s.end_seq, UINT64_MAX);
+    assert_int_equal(ferry__sampler_at(&s, UINT64_MAX - 1, &t), FERRY_OK);
+    assert_int_equal(t.epoch, (UINT64_MAX - 1) / 10);
+    assert_int_equal(t.batch_in_epoch, (UINT64_MAX - 1) % 10);
+    ferry__sampler_indices(&s, &t, idx);
+    assert_true(idx[0] < 95);
+
+    /* epochs * batches_per_epoch past 2^64 is endless, not a wrapped small end */
+    o.epochs = UINT64_MAX / 2;
+    s = make(95, &o);
+    assert_int_equal(s.end_seq, UINT64_MAX);
+}
+
+/* ------------------------------------------------------------------------
+ * Save and restore
+ */
+
+static void test_resume_reproduces_stream(void **state)
+{
+    enum { K = 37, AFTER = 400, BS = 16 };
+    ferry__sampler_opts o = opts(BS, 1, 0x5eed);
+    ferry__sampler a, b;
+    uint64_t *want = malloc(AFTER * BS * sizeof *want);
+    uint64_t *got = malloc(AFTER * BS * sizeof *got);
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len = 0;
+    uint64_t next = 0, nw, ng;
+
+    assert_non_null(want);
+    assert_non_null(got);
+    o.world_size = 3;
+    o.rank = 1;
+    o.drop_last = 0;
+    a = make(1000, &o); /* per_rank 333: 21 batches, last one short */
+
+    /* tasks 0..K delivered; the blob says the next one is K+1 */
+    assert_int_equal(ferry__sampler_save(&a, K + 1, blob, sizeof blob, &len), FERRY_OK);
+    assert_true(len > 0 && len <= FERRY_STATE_MAX);
+
+    b = make(1000, &o);
+    assert_int_equal(ferry__sampler_restore(&b, blob, len, &next), FERRY_OK);
+    assert_int_equal(next, K + 1);
+
+    /* several hundred tasks, across many epoch boundaries */
+    nw = collect(&a, K + 1, AFTER, want);
+    ng = collect(&b, next, AFTER, got);
+    assert_int_equal(nw, ng);
+    assert_memory_equal(want, got, nw * sizeof *want);
+    free(want);
+    free(got);
+}
+
+/* epochs and max_batches are not part of the fingerprint: a run may be
+ * extended; a position past the new end just means the stream is over. */
+static void test_restore_ignores_limits_and_allows_past_end(void **state)
+{
+    ferry__sampler_opts o = opts(10, 1, 1);
+    ferry__sampler a, b;
+    ferry__sampler_task t;
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len;
+    uint64_t next = 0;
+
+    o.epochs = 2;
+    a = make(100, &o);
+    assert_int_equal(ferry__sampler_save(&a, 50, blob, sizeof blob, &len), FERRY_OK);
+
+    o.epochs = 0;
+    o.max_batches = 1000;
+    b = make(100, &o);
+    assert_int_equal(ferry__sampler_restore(&b, blob, len, &next), FERRY_OK);
+    assert_int_equal(next, 50);
+    assert_int_equal(ferry__sampler_at(&b, next, &t), FERRY_OK);
+
+    o.max_batches = 20;
+    b = make(100, &o);
+    next = 0;
+    assert_int_equal(ferry__sampler_restore(&b, blob, len, &next), FERRY_OK);
+    assert_int_equal(next, 50);
+    assert_int_equal(ferry__sampler_at(&b, next, &t), FERRY_EOF);
+}
+
+static void test_save_reports_needed_size(void **state)
+{
+    ferry__sampler_opts o = opts(10, 1, 1);
+    ferry__sampler s = make(100, &o);
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t need = 0, len = 0;
+
+    memset(blob, 0xee, sizeof blob);
+    assert_int_equal(ferry__sampler_save(&s, 5, blob, 0, &need), FERRY_ELIMIT);
+    assert_true(need > 0 && need <= FERRY_STATE_MAX);
+    assert_non_null(strstr(ferry_last_error(), "bytes"));
+    assert_int_equal(ferry__sampler_save(&s, 5, blob, need - 1, &len), FERRY_ELIMIT);
+    assert_int_equal(blob[0], 0xee); /* nothing written on failure */
+    assert_int_equal(ferry__sampler_save(&s, 5, blob, need, &len), FERRY_OK);
+    assert_int_equal(len, need);
+}
+
+/* Restores blob into a sampler with options o and expects FERRY_ESTATE, a
+ * detail containing `word`, and next_seq untouched. */
+static void expect_rejected(uint64_t n, const ferry__sampler_opts *o, const void *blob,
+                            size_t len, const char *word)
+{
+    ferry__sampler s = make(n, o);
+    uint64_t next = 12345;
+
+    assert_int_equal(ferry__sampler_restore(&s, blob, len, &next), FERRY_ESTATE);
+    assert_int_equal(next, 12345);
+    if (strstr(ferry_last_error(), word) == NULL)
+        fail_msg("detail \"%s\" does not mention \"%s\"", ferry_last_error(), word);
+}
+
+static void test_restore_rejects_mismatch_and_corruption(void **state)
+{
+    ferry__sampler_opts o = opts(64, 1, 9), x;
+    ferry__sampler s;
+    unsigned char blob[FERRY_STATE_MAX], bad[FERRY_STATE_MAX];
+    size_t len, i;
+    uint64_t next = 0;
+
+    o.world_size = 2;
+    o.rank = 1;
+    s = make(1000, &o);
+    assert_int_equal(ferry__sampler_save(&s, 7, blob, sizeof blob, &len), FERRY_OK);
+    /* the baseline is accepted, so each rejection below is the change's doing */
+    assert_int_equal(ferry__sampler_restore(&s, blob, len, &next), FERRY_OK);
+    assert_int_equal(next, 7);
+
+    /* each fingerprint field */
+    expect_rejected(999, &o, blob, len, "1000");
+    x = o;
+    x.batch_size = 128;
+    expect_rejected(1000, &x, blob, len, "batch_size 64, loader has 128");
+    x = o;
+    x.drop_last = 1;
+    expect_rejected(1000, &x, blob, len, "drop_last");
+    x = o;
+    x.shuffle = 0;
+    expect_rejected(1000, &x, blob, len, "shuffle");
+    x = o;
+    x.seed = 10;
+    expect_rejected(1000, &x, blob, len, "seed");
+    x = o;
+    x.rank = 0;
+    expect_rejected(1000, &x, blob, len, "rank");
+    x = o;
+    x.world_size = 4;
+    expect_rejected(1000, &x, blob, len, "world_size");
+
+    /* every single flipped byte, magic and checksum included */
+    for (i = 0; i < len; i++) {
+        memcpy(bad, blob, len);
+        bad[i] ^= 0x01;
+        expect_rejected(1000, &o, bad, len, "state");
+        bad[i] ^= 0xff;
+        expect_rejected(1000, &o, bad, len, "state");
+    }
+
+    /* truncated at every length, and one byte too long */
+    for (i = 0; i < len; i++)
+        expect_rejected(1000, &o, blob, i, "bytes");
+    memcpy(bad, blob, len);
+    bad[len] = 0;
+    expect_rejected(1000, &o, bad, len + 1, "bytes");
+    expect_rejected(1000, &o, NULL, 0, "bytes");
+
+    /* wrong magic, wrong version */
+    memcpy(bad, blob, len);
+    memcpy(bad, "FRYZ", 4);
+    expect_rejected(1000, &o, bad, len, "FRYS");
+    memcpy(bad, blob, len);
+    bad[4] = 2;
+    expect_rejected(1000, &o, bad, len, "version 2");
+}
+
+/* ------------------------------------------------------------------------
+ * Option validation
+ */
+
+/* Init must fail with FERRY_EINVAL, a detail naming `word`, and *s untouched. */
+static void expect_bad(uint64_t n, const ferry__sampler_opts *o, const char *word)
+{
+    ferry__sampler s, before;
+
+    memset(&s, 0x5a, sizeof s);
+    memcpy(&before, &s, sizeof s);
+    assert_int_equal(ferry__sampler_init(&s, n, o), FERRY_EINVAL);
+    assert_memory_equal(&s, &before, sizeof s);
+    if (strstr(ferry_last_error(), word) == NULL)
+        fail_msg("detail \"%s\" does not mention \"%s\"", ferry_last_error(), word);
+}
+
+static void test_init_rejects_bad_options(void **state)
+{
+    ferry__sampler_opts good = opts(32, 1, 1), o;
+    ferry__sampler s;
+
+    expect_bad(0, &good, "empty");
+    o = good;
+    o.batch_size = 0;
+    expect_bad(100, &o, "batch_size");
+    o.batch_size = (uint64_t)UINT32_MAX + 1;
+    expect_bad(100, &o, "batch_size 4294967296");
+    o = good;
+    o.world_size = 0;
+    o.rank = 0;
+    expect_bad(100, &o, "world_size");
+    o = good;
+    o.world_size = 4;
+    o.rank = 4;
+    expect_bad(100, &o, "rank 4");
+    o = good;
+    o.world_size = 8;
+    o.rank = 0;
+    expect_bad(7, &o, "world_size 8");
+    o = good;
+    o.drop_last = 1;
+    o.world_size = 4;
+    expect_bad(127, &o, "drop_last"); /* 31 per rank < 32 */
+
+    /* the edges of each rule are accepted */
+    o.batch_size = UINT32_MAX;
+    o.drop_last = 0;
+    o.world_size = 1;
+    assert_int_equal(ferry__sampler_init(&s, 100, &o), FERRY_OK);
+    o = good;
+    o.world_size = 4;
+    o.rank = 3;
+    o.drop_last = 1;
+    assert_int_equal(ferry__sampler_init(&s, 128, &o), FERRY_OK);
+    assert_int_equal(s.batches_per_epoch, 1);
+    o.world_size = 128;
+    o.rank = 127;
+    o.batch_size = 1;
+    assert_int_equal(ferry__sampler_init(&s, 128, &o), FERRY_OK);
+}
+
 int main(void)
 {
-    return 0;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_permutation_is_bijection),
+        cmocka_unit_test(test_permutation_stays_in_range_for_huge_n),
+        cmocka_unit_test(test_half_bits_is_smallest_covering_domain),
+        cmocka_unit_test(test_permutation_differs_per_epoch_and_seed),
+        cmocka_unit_test(test_no_shuffle_is_identity),
+        cmocka_unit_test(test_shuffle_is_not_close_to_identity),
+        cmocka_unit_test(test_first_position_is_spread_over_epochs),
+        cmocka_unit_test(test_shards_are_disjoint_and_cover_epoch),
+        cmocka_unit_test(test_rank_takes_strided_positions),
+        cmocka_unit_test(test_batches_per_epoch_and_drop_last),
+        cmocka_unit_test(test_last_batch_short_without_drop_last),
+        cmocka_unit_test(test_stream_ends_after_epochs),
+        cmocka_unit_test(test_stream_ends_after_max_batches),
+        cmocka_unit_test(test_stream_is_endless_without_limits),
+        cmocka_unit_test(test_resume_reproduces_stream),
+        cmocka_unit_test(test_restore_ignores_limits_and_allows_past_end),
+        cmocka_unit_test(test_save_reports_needed_size),
+        cmocka_unit_test(test_restore_rejects_mismatch_and_corruption),
+        cmocka_unit_test(test_init_rejects_bad_options),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

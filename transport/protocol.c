@@ -1,0 +1,819 @@
+/*
+ * protocol.c - encoding and strict decoding of the loader <-> worker header
+ * frames (the contract is transport/protocol.h, the wire format is
+ * docs/protocol.md).
+ *
+ * Position in the data flow: the scheduler encodes CONFIG, TASK and STOP and
+ * decodes what workers send; the worker loop does the reverse. Nothing here
+ * knows about sockets, epochs or datasets.
+ *
+ * One table per message type drives everything. A key_spec names a key, its
+ * kind (unsigned, signed, string, or one of the two nested shapes of BATCH),
+ * where the value lives in the message's struct and the range it may take.
+ * The encoder packs from the table, the decoder unpacks into it, and
+ * validate() checks a struct against it plus the few rules that tie keys
+ * together (READY, CONFIG, BATCH). Encoder and decoder both call validate(),
+ * so the two sides of the wire cannot disagree about what is legal.
+ *
+ * The decoder works in two steps on purpose. Unpacking only checks that each
+ * value has the expected msgpack type and can be stored in its C member (5e9
+ * cannot land in a uint32, a string must fit its buffer); every rule about
+ * what a value means lives in validate(), written once.
+ *
+ * Invariants: the encoder never allocates and never writes past the caller's
+ * capacity. The decoder's only allocation is msgpack-c's zone for one frame,
+ * freed before it returns; that zone stays proportional to the frame because
+ * scan_frame() first refuses any container that declares more elements than
+ * the bytes left could hold (msgpack-c sizes its allocation by the declared
+ * count, so a 5-byte frame could otherwise ask for about 100 GB).
+ *
+ * Threads: no state of its own; every function works on caller-owned memory,
+ * so any thread may call any function at any time.
+ */
+#include "protocol.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "error.h"
+
+/* The dtype member is stored through a uint32_t like any other unsigned key. */
+_Static_assert(sizeof(ferry_dtype) == sizeof(uint32_t), "ferry_dtype must be 32 bits wide");
+
+/* ---------------------------------------------------------------------------
+ * Key tables
+ */
+
+typedef enum key_kind {
+    K_UINT,   /* msgpack positive int, stored as uint32_t or uint64_t */
+    K_INT,    /* msgpack positive or negative int, stored as int32_t or int64_t */
+    K_STR,    /* msgpack str, stored NUL-terminated in a char array */
+    K_SHAPE,  /* BATCH field: array of dims into shape[] and ndim */
+    K_FIELDS, /* BATCH: array of field maps into fields[] and nfields */
+} key_kind;
+
+typedef struct key_spec {
+    const char *name;
+    key_kind kind;
+    size_t off;   /* of the member within the message's struct */
+    size_t size;  /* of the member: 4 or 8 for integers, the buffer for strings */
+    union {
+        struct {
+            uint64_t lo, hi;  /* K_UINT: values allowed; K_STR: lengths allowed */
+        } u;
+        struct {
+            int64_t lo, hi;   /* K_INT: values allowed */
+        } s;
+    } range;
+} key_spec;
+
+#define MEMBER_SIZE(T, m) sizeof(((T *)0)->m)
+#define KEY(T, m, kind_) .name = #m, .kind = kind_, .off = offsetof(T, m), .size = MEMBER_SIZE(T, m)
+#define KEY_UINT(T, m, lo, hi) { KEY(T, m, K_UINT), .range.u = { (lo), (hi) } }
+#define KEY_INT(T, m, lo, hi) { KEY(T, m, K_INT), .range.s = { (lo), (hi) } }
+#define KEY_STR(T, m, minlen) { KEY(T, m, K_STR), .range.u = { (minlen), MEMBER_SIZE(T, m) - 1 } }
+#define KEY_NESTED(name_, kind_) { .name = name_, .kind = kind_ }
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const key_spec hello_keys[] = {
+    KEY_UINT(ferry__hello, version, 0, UINT32_MAX),
+    KEY_UINT(ferry__hello, pid, 0, UINT32_MAX),
+    KEY_INT(ferry__hello, slot, -1, INT32_MAX),
+    KEY_STR(ferry__hello, host, 0),
+    KEY_STR(ferry__hello, program, 0),
+};
+
+static const key_spec config_keys[] = {
+    KEY_STR(ferry__config_msg, dataset, 1),
+    KEY_UINT(ferry__config_msg, worker_index, 0, UINT32_MAX),
+    KEY_UINT(ferry__config_msg, num_workers, 1, UINT32_MAX),
+    KEY_UINT(ferry__config_msg, seed, 0, UINT64_MAX),
+    KEY_UINT(ferry__config_msg, credits, 1, FERRY__MAX_CREDITS),
+    KEY_UINT(ferry__config_msg, heartbeat_ms, 0, UINT32_MAX),
+};
+
+static const key_spec ready_keys[] = {
+    KEY_UINT(ferry__ready, length, 0, UINT64_MAX),
+    KEY_INT(ferry__ready, code, INT32_MIN, 0),
+    KEY_STR(ferry__ready, error, 0),
+};
+
+static const key_spec task_keys[] = {
+    KEY_UINT(ferry__task, id, 0, UINT64_MAX),
+    KEY_UINT(ferry__task, epoch, 0, UINT64_MAX),
+    KEY_UINT(ferry__task, batch_in_epoch, 0, UINT64_MAX),
+    KEY_UINT(ferry__task, seq, 0, UINT64_MAX),
+    KEY_UINT(ferry__task, count, 1, FERRY__MAX_BATCH),
+};
+
+static const key_spec batch_keys[] = {
+    KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX),
+    KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH),
+    KEY_NESTED("fields", K_FIELDS),
+};
+
+/* dtype takes any uint32 here; check_field() asks ferry_dtype_size(), the one
+ * authority on which dtypes exist. */
+static const key_spec field_keys[] = {
+    KEY_STR(ferry__field_desc, name, 1),
+    KEY_UINT(ferry__field_desc, dtype, 0, UINT32_MAX),
+    KEY_NESTED("shape", K_SHAPE),
+    KEY_UINT(ferry__field_desc, offset, 0, UINT64_MAX),
+    KEY_UINT(ferry__field_desc, nbytes, 0, UINT64_MAX),
+};
+
+static const key_spec fail_keys[] = {
+    KEY_UINT(ferry__fail, id, 0, UINT64_MAX),
+    KEY_INT(ferry__fail, code, INT32_MIN, -1),
+    KEY_UINT(ferry__fail, index, 0, UINT64_MAX),
+    KEY_STR(ferry__fail, message, 0),
+};
+
+static int check_config(const void *body);
+static int check_ready(const void *body);
+static int check_batch(const void *body);
+
+typedef struct msg_spec {
+    const char *name;
+    const key_spec *keys;  /* every key but "type", which all messages share */
+    size_t nkeys;
+    int (*check)(const void *body);  /* rules across keys, NULL if none */
+    int has_payload;
+} msg_spec;
+
+static const msg_spec msg_specs[] = {
+    [FERRY__MSG_HELLO] = { "HELLO", hello_keys, COUNT_OF(hello_keys), NULL, 0 },
+    [FERRY__MSG_CONFIG] = { "CONFIG", config_keys, COUNT_OF(config_keys), check_config, 0 },
+    [FERRY__MSG_READY] = { "READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0 },
+    [FERRY__MSG_TASK] = { "TASK", task_keys, COUNT_OF(task_keys), NULL, 1 },
+    [FERRY__MSG_BATCH] = { "BATCH", batch_keys, COUNT_OF(batch_keys), check_batch, 1 },
+    [FERRY__MSG_FAIL] = { "FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0 },
+    [FERRY__MSG_HEARTBEAT] = { "HEARTBEAT", NULL, 0, NULL, 0 },
+    [FERRY__MSG_STOP] = { "STOP", NULL, 0, NULL, 0 },
+    [FERRY__MSG_BYE] = { "BYE", NULL, 0, NULL, 0 },
+};
+
+/* The spec of message type `type`, NULL if there is no such type. */
+static const msg_spec *spec_of(uint64_t type)
+{
+    if (type >= COUNT_OF(msg_specs) || msg_specs[type].name == NULL)
+        return NULL;
+    return &msg_specs[type];
+}
+
+/* Integer members are reached through memcpy so one table entry serves both
+ * widths without aliasing games. */
+static uint64_t load_uint(const void *body, const key_spec *k)
+{
+    const char *p = (const char *)body + k->off;
+    if (k->size == sizeof(uint32_t)) {
+        uint32_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static int64_t load_int(const void *body, const key_spec *k)
+{
+    const char *p = (const char *)body + k->off;
+    if (k->size == sizeof(int32_t)) {
+        int32_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* ---------------------------------------------------------------------------
+ * Validation: the single statement of what a legal message is
+ */
+
+/* Checks every scalar and string member named in `keys` against its range.
+ * Strings must end within their buffer (an encoder could be handed one that
+ * does not). Returns FERRY_OK or FERRY_EPROTO with a detail. */
+static int check_keys(const key_spec *keys, size_t nkeys, const void *body, const char *where)
+{
+    for (size_t i = 0; i < nkeys; i++) {
+        const key_spec *k = &keys[i];
+        if (k->kind == K_UINT) {
+            uint64_t v = load_uint(body, k);
+            if (v < k->range.u.lo || v > k->range.u.hi)
+                return ferry__seterr(FERRY_EPROTO,
+                                     "%s: key '%s' is %" PRIu64 ", must be %" PRIu64 "..%" PRIu64,
+                                     where, k->name, v, k->range.u.lo, k->range.u.hi);
+        } else if (k->kind == K_INT) {
+            int64_t v = load_int(body, k);
+            if (v < k->range.s.lo || v > k->range.s.hi)
+                return ferry__seterr(FERRY_EPROTO,
+                                     "%s: key '%s' is %" PRId64 ", must be %" PRId64 "..%" PRId64,
+                                     where, k->name, v, k->range.s.lo, k->range.s.hi);
+        } else if (k->kind == K_STR) {
+            size_t n = strnlen((const char *)body + k->off, k->size);
+            if (n == k->size)
+                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is not NUL-terminated within %zu bytes",
+                                     where, k->name, k->size);
+            if (n < k->range.u.lo)
+                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %zu bytes long, must be at least %" PRIu64,
+                                     where, k->name, n, k->range.u.lo);
+        }
+        /* K_SHAPE and K_FIELDS belong to BATCH and are checked by check_batch(). */
+    }
+    return FERRY_OK;
+}
+
+static int check_config(const void *body)
+{
+    const ferry__config_msg *c = body;
+    if (c->worker_index >= c->num_workers)
+        return ferry__seterr(FERRY_EPROTO, "CONFIG: key 'worker_index' is %" PRIu32 ", must be below num_workers %" PRIu32,
+                             c->worker_index, c->num_workers);
+    return FERRY_OK;
+}
+
+/* A READY either reports a dataset (code 0, no error text) or an error
+ * (code < 0, no length): never a mix the loader would have to interpret. */
+static int check_ready(const void *body)
+{
+    const ferry__ready *r = body;
+    if (r->code == 0 && r->error[0] != '\0')
+        return ferry__seterr(FERRY_EPROTO, "READY: code is 0 but key 'error' is not empty");
+    if (r->code < 0 && r->length != 0)
+        return ferry__seterr(FERRY_EPROTO, "READY: code is %" PRId32 " but key 'length' is %" PRIu64 ", must be 0",
+                             r->code, r->length);
+    return FERRY_OK;
+}
+
+/* One field of a batch of `count` items: known dtype, 1..FERRY_MAX_DIMS dims
+ * of at least 1, shape[0] == count, and nbytes exactly what shape and dtype
+ * give (computed so that an overflowing shape is an error, not a wrap). */
+static int check_field(const ferry__field_desc *f, uint32_t count, const char *where)
+{
+    int rc = check_keys(field_keys, COUNT_OF(field_keys), f, where);
+    if (rc != FERRY_OK)
+        return rc;
+    uint64_t total = ferry_dtype_size((int)f->dtype);
+    if (total == 0)
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'dtype' is %u, not a known dtype", where, (unsigned)f->dtype);
+    if (f->ndim < 1 || f->ndim > FERRY_MAX_DIMS)
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %d dims, must be 1..%d", where, f->ndim,
+                             FERRY_MAX_DIMS);
+    for (int d = 0; d < f->ndim; d++) {
+        if (f->shape[d] < 1)
+            return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' dim %d is %" PRId64 ", must be >= 1", where, d,
+                                 f->shape[d]);
+        if (total > UINT64_MAX / (uint64_t)f->shape[d])
+            return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' gives a size that overflows 64 bits", where);
+        total *= (uint64_t)f->shape[d];
+    }
+    if ((uint64_t)f->shape[0] != count)
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' starts with %" PRId64 ", must equal count %" PRIu32,
+                             where, f->shape[0], count);
+    if (f->nbytes != total)
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'nbytes' is %" PRIu64 ", shape and dtype give %" PRIu64,
+                             where, f->nbytes, total);
+    return FERRY_OK;
+}
+
+static int check_batch(const void *body)
+{
+    const ferry__batch_hdr *b = body;
+    if (b->nfields < 1 || b->nfields > FERRY_MAX_FIELDS)
+        return ferry__seterr(FERRY_EPROTO, "BATCH: key 'fields' has %" PRIu32 " entries, must be 1..%d",
+                             b->nfields, FERRY_MAX_FIELDS);
+    for (uint32_t i = 0; i < b->nfields; i++) {
+        char where[32];
+        snprintf(where, sizeof where, "BATCH field %" PRIu32, i);
+        int rc = check_field(&b->fields[i], b->count, where);
+        if (rc != FERRY_OK)
+            return rc;
+        /* Names before i are already known to be terminated. */
+        for (uint32_t j = 0; j < i; j++) {
+            if (strcmp(b->fields[j].name, b->fields[i].name) == 0)
+                return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32, where,
+                                     b->fields[i].name, j);
+        }
+    }
+    return FERRY_OK;
+}
+
+/* The rules for one message body. FERRY_OK or FERRY_EPROTO with a detail. */
+static int validate(const msg_spec *spec, const void *body)
+{
+    int rc = check_keys(spec->keys, spec->nkeys, body, spec->name);
+    if (rc == FERRY_OK && spec->check != NULL)
+        rc = spec->check(body);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * Encoding
+ */
+
+/* A packer sink over the caller's buffer. Once a write does not fit, every
+ * later one is refused too, so a short write can never be followed by a
+ * smaller one that fits and leaves a corrupt frame behind. */
+typedef struct sink {
+    char *buf;
+    size_t cap;
+    size_t len;
+    int full;
+} sink;
+
+static int sink_write(void *data, const char *bytes, size_t n)
+{
+    sink *s = data;
+    if (s->full || n > s->cap - s->len) {
+        s->full = 1;
+        return -1;
+    }
+    memcpy(s->buf + s->len, bytes, n);
+    s->len += n;
+    return 0;
+}
+
+static void pack_cstr(msgpack_packer *pk, const char *str)
+{
+    size_t n = strlen(str);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, str, n);
+}
+
+/* Packs the key/value pairs of `keys` (no map header: the caller adds it,
+ * since the top level also carries "type"). The body is already validated. */
+static void pack_entries(msgpack_packer *pk, const key_spec *keys, size_t nkeys, const void *body)
+{
+    for (size_t i = 0; i < nkeys; i++) {
+        const key_spec *k = &keys[i];
+        pack_cstr(pk, k->name);
+        switch (k->kind) {
+        case K_UINT:
+            msgpack_pack_uint64(pk, load_uint(body, k));
+            break;
+        case K_INT:
+            msgpack_pack_int64(pk, load_int(body, k));
+            break;
+        case K_STR:
+            pack_cstr(pk, (const char *)body + k->off);
+            break;
+        case K_SHAPE: {
+            const ferry__field_desc *f = body;
+            msgpack_pack_array(pk, (size_t)f->ndim);
+            for (int d = 0; d < f->ndim; d++)
+                msgpack_pack_int64(pk, f->shape[d]);
+            break;
+        }
+        case K_FIELDS: {
+            const ferry__batch_hdr *b = body;
+            msgpack_pack_array(pk, b->nfields);
+            for (uint32_t j = 0; j < b->nfields; j++) {
+                msgpack_pack_map(pk, COUNT_OF(field_keys));
+                pack_entries(pk, field_keys, COUNT_OF(field_keys), &b->fields[j]);
+            }
+            break;
+        }
+        }
+    }
+}
+
+int ferry__msg_encode(const ferry__msg *m, void *buf, size_t cap, size_t *len)
+{
+    if (m == NULL || buf == NULL || len == NULL)
+        return ferry__seterr(FERRY_EINVAL, "ferry__msg_encode: NULL argument");
+    const msg_spec *spec = spec_of((uint64_t)m->type);
+    if (spec == NULL)
+        return ferry__seterr(FERRY_EINVAL, "cannot encode unknown message type %d", (int)m->type);
+    /* The decoder's rules, reported as the caller's bug; the detail stays. */
+    if (validate(spec, &m->u) != FERRY_OK)
+        return FERRY_EINVAL;
+
+    /* Never produce a frame the peer would refuse for its size. */
+    sink s = { .buf = buf, .cap = cap < FERRY__HDR_MAX ? cap : FERRY__HDR_MAX, .len = 0, .full = 0 };
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &s, sink_write);
+    msgpack_pack_map(&pk, spec->nkeys + 1);
+    pack_cstr(&pk, "type");
+    msgpack_pack_uint32(&pk, (uint32_t)m->type);
+    pack_entries(&pk, spec->keys, spec->nkeys, &m->u);
+    if (s.full)
+        return ferry__seterr(FERRY_ELIMIT, "%s header does not fit in %zu bytes", spec->name, s.cap);
+    *len = s.len;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Framing scan: bound what msgpack-c will allocate
+ */
+
+enum { F_SCALAR, F_BYTES, F_ARRAY, F_MAP, F_BAD };
+
+/* How a lead byte 0xc0..0xdf is followed: a big-endian length or count of
+ * `lenbytes`, then `fixed` bytes, then (F_BYTES) `length` bytes of data. */
+typedef struct lead_form {
+    unsigned char lenbytes;
+    unsigned char fixed;
+    unsigned char what;
+} lead_form;
+
+static const lead_form lead_forms[32] = {
+    [0x00] = { 0, 0, F_SCALAR },  /* nil */
+    [0x01] = { 0, 0, F_BAD },     /* never used by msgpack */
+    [0x02] = { 0, 0, F_SCALAR },  /* false */
+    [0x03] = { 0, 0, F_SCALAR },  /* true */
+    [0x04] = { 1, 0, F_BYTES },   /* bin 8/16/32 */
+    [0x05] = { 2, 0, F_BYTES },
+    [0x06] = { 4, 0, F_BYTES },
+    [0x07] = { 1, 1, F_BYTES },   /* ext 8/16/32: length, type byte, data */
+    [0x08] = { 2, 1, F_BYTES },
+    [0x09] = { 4, 1, F_BYTES },
+    [0x0a] = { 0, 4, F_SCALAR },  /* float 32/64 */
+    [0x0b] = { 0, 8, F_SCALAR },
+    [0x0c] = { 0, 1, F_SCALAR },  /* uint 8/16/32/64 */
+    [0x0d] = { 0, 2, F_SCALAR },
+    [0x0e] = { 0, 4, F_SCALAR },
+    [0x0f] = { 0, 8, F_SCALAR },
+    [0x10] = { 0, 1, F_SCALAR },  /* int 8/16/32/64 */
+    [0x11] = { 0, 2, F_SCALAR },
+    [0x12] = { 0, 4, F_SCALAR },
+    [0x13] = { 0, 8, F_SCALAR },
+    [0x14] = { 0, 2, F_SCALAR },  /* fixext 1/2/4/8/16: type byte, data */
+    [0x15] = { 0, 3, F_SCALAR },
+    [0x16] = { 0, 5, F_SCALAR },
+    [0x17] = { 0, 9, F_SCALAR },
+    [0x18] = { 0, 17, F_SCALAR },
+    [0x19] = { 1, 0, F_BYTES },   /* str 8/16/32 */
+    [0x1a] = { 2, 0, F_BYTES },
+    [0x1b] = { 4, 0, F_BYTES },
+    [0x1c] = { 2, 0, F_ARRAY },   /* array 16/32 */
+    [0x1d] = { 4, 0, F_ARRAY },
+    [0x1e] = { 2, 0, F_MAP },     /* map 16/32 */
+    [0x1f] = { 4, 0, F_MAP },
+};
+
+/* Walks the framing of the first msgpack object in p[0..len) without building
+ * it, and sets *end to where it stops. Fails (FERRY_EPROTO) if the data ends
+ * early, uses the reserved byte 0xc1, or any array or map declares more
+ * elements than the remaining bytes could hold: every element takes at least
+ * one byte, so objects still expected can never outnumber bytes left. */
+static int scan_frame(const unsigned char *p, size_t len, size_t *end)
+{
+    size_t pos = 0;
+    uint64_t pending = 1;  /* objects announced but not yet read */
+    while (pending > 0) {
+        if (pos >= len)
+            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside the map", len);
+        unsigned lead = p[pos++];
+        pending--;
+        lead_form f = { 0, 0, F_SCALAR };
+        uint64_t n = 0;
+        if (lead >= 0x80 && lead <= 0x8f) {
+            f.what = F_MAP;
+            n = lead & 0x0f;
+        } else if (lead >= 0x90 && lead <= 0x9f) {
+            f.what = F_ARRAY;
+            n = lead & 0x0f;
+        } else if (lead >= 0xa0 && lead <= 0xbf) {
+            f.what = F_BYTES;
+            n = lead & 0x1f;
+        } else if (lead >= 0xc0 && lead <= 0xdf) {
+            f = lead_forms[lead - 0xc0];
+        }
+        if (f.what == F_BAD)
+            return ferry__seterr(FERRY_EPROTO, "header frame: byte 0x%02x at offset %zu is not msgpack", lead,
+                                 pos - 1);
+        if (len - pos < f.lenbytes)
+            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside a length", len);
+        for (unsigned i = 0; i < f.lenbytes; i++)
+            n = (n << 8) | p[pos++];
+        uint64_t skip = f.fixed + (f.what == F_BYTES ? n : 0);
+        if (skip > len - pos)
+            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside a value", len);
+        pos += (size_t)skip;
+        uint64_t children = f.what == F_MAP ? 2 * n : f.what == F_ARRAY ? n : 0;
+        if (pending + children > len - pos) {
+            if (children > 0)
+                return ferry__seterr(FERRY_EPROTO,
+                                     "header frame: a container declares %" PRIu64
+                                     " elements, more than the %zu bytes left can hold",
+                                     children, len - pos);
+            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside the map", len);
+        }
+        pending += children;
+    }
+    *end = pos;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Decoding: msgpack objects into the fixed structs
+ */
+
+static const char *mp_type_name(msgpack_object_type t)
+{
+    switch (t) {
+    case MSGPACK_OBJECT_NIL:
+        return "nil";
+    case MSGPACK_OBJECT_BOOLEAN:
+        return "bool";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return "positive int";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return "negative int";
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        return "float";
+    case MSGPACK_OBJECT_STR:
+        return "str";
+    case MSGPACK_OBJECT_ARRAY:
+        return "array";
+    case MSGPACK_OBJECT_MAP:
+        return "map";
+    case MSGPACK_OBJECT_BIN:
+        return "bin";
+    case MSGPACK_OBJECT_EXT:
+        return "ext";
+    }
+    return "unknown";
+}
+
+static int wrong_type(const char *where, const char *key, const char *want, const msgpack_object *v)
+{
+    return ferry__seterr(FERRY_EPROTO, "%s: key '%s' must be %s, got %s", where, key, want,
+                         mp_type_name(v->type));
+}
+
+static int key_is(const msgpack_object *key, const char *name)
+{
+    size_t n = strlen(name);
+    return key->type == MSGPACK_OBJECT_STR && key->via.str.size == n && memcmp(key->via.str.ptr, name, n) == 0;
+}
+
+static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nkeys, void *body,
+                      const char *where, const char *skip);
+
+/* shape: an array of integers. Only what storage demands is checked here (at
+ * most FERRY_MAX_DIMS entries, each an int64); check_field() judges values. */
+static int decode_shape(const msgpack_object *v, ferry__field_desc *f, const char *where)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY)
+        return wrong_type(where, "shape", "an array", v);
+    const msgpack_object_array *a = &v->via.array;
+    if (a->size > FERRY_MAX_DIMS)
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %" PRIu32 " dims, must be 1..%d", where, a->size,
+                             FERRY_MAX_DIMS);
+    for (uint32_t d = 0; d < a->size; d++) {
+        const msgpack_object *e = &a->ptr[d];
+        if (e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+            f->shape[d] = e->via.i64;
+        else if (e->type == MSGPACK_OBJECT_POSITIVE_INTEGER && e->via.u64 <= INT64_MAX)
+            f->shape[d] = (int64_t)e->via.u64;
+        else
+            return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' dim %" PRIu32 " must be an int64, got %s", where,
+                                 d, mp_type_name(e->type));
+    }
+    f->ndim = (int)a->size;
+    return FERRY_OK;
+}
+
+/* fields: an array of maps, each decoded with field_keys. */
+static int decode_fields(const msgpack_object *v, ferry__batch_hdr *b, const char *where)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY)
+        return wrong_type(where, "fields", "an array", v);
+    const msgpack_object_array *a = &v->via.array;
+    if (a->size > FERRY_MAX_FIELDS)
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'fields' has %" PRIu32 " entries, must be 1..%d", where,
+                             a->size, FERRY_MAX_FIELDS);
+    for (uint32_t i = 0; i < a->size; i++) {
+        char fwhere[32];
+        snprintf(fwhere, sizeof fwhere, "%s field %" PRIu32, where, i);
+        if (a->ptr[i].type != MSGPACK_OBJECT_MAP)
+            return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", fwhere, mp_type_name(a->ptr[i].type));
+        int rc = decode_map(&a->ptr[i], field_keys, COUNT_OF(field_keys), &b->fields[i], fwhere, NULL);
+        if (rc != FERRY_OK)
+            return rc;
+    }
+    b->nfields = a->size;
+    return FERRY_OK;
+}
+
+/* Stores one value into its member after checking its msgpack type and that
+ * it fits the member. */
+static int decode_value(const key_spec *k, const msgpack_object *v, void *body, const char *where)
+{
+    char *dst = (char *)body + k->off;
+    switch (k->kind) {
+    case K_UINT: {
+        if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+            return wrong_type(where, k->name, "a non-negative integer", v);
+        uint64_t u = v->via.u64;
+        if (k->size == sizeof(uint32_t)) {
+            if (u > UINT32_MAX)
+                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %" PRIu64 ", does not fit 32 bits", where,
+                                     k->name, u);
+            uint32_t u32 = (uint32_t)u;
+            memcpy(dst, &u32, sizeof u32);
+        } else {
+            memcpy(dst, &u, sizeof u);
+        }
+        return FERRY_OK;
+    }
+    case K_INT: {
+        int64_t s;
+        if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+            s = v->via.i64;
+        else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= INT64_MAX)
+            s = (int64_t)v->via.u64;
+        else
+            return wrong_type(where, k->name, "an int64", v);
+        if (k->size == sizeof(int32_t)) {
+            if (s < INT32_MIN || s > INT32_MAX)
+                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %" PRId64 ", does not fit 32 bits", where,
+                                     k->name, s);
+            int32_t s32 = (int32_t)s;
+            memcpy(dst, &s32, sizeof s32);
+        } else {
+            memcpy(dst, &s, sizeof s);
+        }
+        return FERRY_OK;
+    }
+    case K_STR:
+        if (v->type != MSGPACK_OBJECT_STR)
+            return wrong_type(where, k->name, "a string", v);
+        if (v->via.str.size >= k->size)
+            return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %" PRIu32 " bytes long, at most %zu allowed", where,
+                                 k->name, v->via.str.size, k->size - 1);
+        if (memchr(v->via.str.ptr, '\0', v->via.str.size) != NULL)
+            return ferry__seterr(FERRY_EPROTO, "%s: key '%s' contains a NUL byte", where, k->name);
+        memcpy(dst, v->via.str.ptr, v->via.str.size);
+        dst[v->via.str.size] = '\0';
+        return FERRY_OK;
+    case K_SHAPE:
+        return decode_shape(v, body, where);
+    case K_FIELDS:
+        return decode_fields(v, body, where);
+    }
+    return ferry__seterr(FERRY_EPROTO, "%s: key '%s' has no decoder", where, k->name);
+}
+
+/* Decodes a map whose keys must be exactly `keys`, each once. A key equal to
+ * `skip` (the top level's "type", already read) is passed over. */
+static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nkeys, void *body,
+                      const char *where, const char *skip)
+{
+    uint32_t seen = 0;  /* bit i: keys[i] was present; no table has 32 keys */
+    const msgpack_object_map *map = &obj->via.map;
+    for (uint32_t i = 0; i < map->size; i++) {
+        const msgpack_object *key = &map->ptr[i].key;
+        if (key->type != MSGPACK_OBJECT_STR)
+            return ferry__seterr(FERRY_EPROTO, "%s: a key is a %s, keys must be strings", where,
+                                 mp_type_name(key->type));
+        if (skip != NULL && key_is(key, skip))
+            continue;
+        size_t k = 0;
+        while (k < nkeys && !key_is(key, keys[k].name))
+            k++;
+        if (k == nkeys) {
+            int shown = key->via.str.size > 64 ? 64 : (int)key->via.str.size;
+            return ferry__seterr(FERRY_EPROTO, "%s: unknown key '%.*s'", where, shown, key->via.str.ptr);
+        }
+        if (seen & (UINT32_C(1) << k))
+            return ferry__seterr(FERRY_EPROTO, "%s: key '%s' appears twice", where, keys[k].name);
+        seen |= UINT32_C(1) << k;
+        int rc = decode_value(&keys[k], &map->ptr[i].val, body, where);
+        if (rc != FERRY_OK)
+            return rc;
+    }
+    for (size_t k = 0; k < nkeys; k++) {
+        if (!(seen & (UINT32_C(1) << k)))
+            return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is missing", where, keys[k].name);
+    }
+    return FERRY_OK;
+}
+
+/* The top level: a map with one "type" naming a known message, then that
+ * message's keys, then its rules. */
+static int decode_header(const msgpack_object *root, ferry__msg *out)
+{
+    if (root->type != MSGPACK_OBJECT_MAP)
+        return ferry__seterr(FERRY_EPROTO, "header frame is a msgpack %s, must be a map", mp_type_name(root->type));
+    const msgpack_object *type = NULL;
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        if (!key_is(&root->via.map.ptr[i].key, "type"))
+            continue;
+        if (type != NULL)
+            return ferry__seterr(FERRY_EPROTO, "header: key 'type' appears twice");
+        type = &root->via.map.ptr[i].val;
+    }
+    if (type == NULL)
+        return ferry__seterr(FERRY_EPROTO, "header: key 'type' is missing");
+    if (type->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return wrong_type("header", "type", "a non-negative integer", type);
+    const msg_spec *spec = spec_of(type->via.u64);
+    if (spec == NULL)
+        return ferry__seterr(FERRY_EPROTO, "header: key 'type' is %" PRIu64 ", not a known message type",
+                             type->via.u64);
+
+    /* Zeroed so that unused dims, fields and string tails are predictable. */
+    memset(out, 0, sizeof *out);
+    out->type = (ferry__msg_type)type->via.u64;
+    int rc = decode_map(root, spec->keys, spec->nkeys, &out->u, spec->name, "type");
+    if (rc != FERRY_OK)
+        return rc;
+    return validate(spec, &out->u);
+}
+
+int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out)
+{
+    if (buf == NULL || out == NULL)
+        return ferry__seterr(FERRY_EINVAL, "ferry__msg_decode: NULL argument");
+    if (len == 0)
+        return ferry__seterr(FERRY_EPROTO, "header frame is empty");
+    if (len > FERRY__HDR_MAX)
+        return ferry__seterr(FERRY_EPROTO, "header frame is %zu bytes, larger than the %d allowed", len,
+                             FERRY__HDR_MAX);
+    size_t end = 0;
+    int rc = scan_frame(buf, len, &end);
+    if (rc != FERRY_OK)
+        return rc;
+    if (end != len)
+        return ferry__seterr(FERRY_EPROTO, "header frame has %zu trailing bytes after the map", len - end);
+
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack_next(&u, buf, len, &off);
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
+        rc = ferry__seterr(FERRY_ENOMEM, "out of memory unpacking a %zu-byte header frame", len);
+    else if (ur != MSGPACK_UNPACK_SUCCESS || off != len)
+        rc = ferry__seterr(FERRY_EPROTO, "header frame is not valid msgpack (nested too deep?)");
+    else
+        rc = decode_header(&u.data, out);
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * Payload frames and names
+ */
+
+int ferry__msg_has_payload(ferry__msg_type type)
+{
+    const msg_spec *spec = spec_of((uint64_t)type);
+    return spec != NULL && spec->has_payload;
+}
+
+/* Every field must lie inside the frame and no two may share a byte. The
+ * bound is taken as `nbytes <= len - offset` after `offset <= len`, so no sum
+ * can wrap however close to UINT64_MAX the header's numbers are. */
+static int check_batch_payload(const ferry__batch_hdr *b, size_t payload_len)
+{
+    uint64_t len = payload_len;
+    if (b->nfields > FERRY_MAX_FIELDS)
+        return ferry__seterr(FERRY_EINVAL, "BATCH: %" PRIu32 " fields, not a decoded message", b->nfields);
+    for (uint32_t i = 0; i < b->nfields; i++) {
+        const ferry__field_desc *f = &b->fields[i];
+        if (f->offset > len || f->nbytes > len - f->offset)
+            return ferry__seterr(FERRY_EPROTO,
+                                 "BATCH field %" PRIu32 ": bytes at offset %" PRIu64 " size %" PRIu64
+                                 " lie outside the %zu-byte payload",
+                                 i, f->offset, f->nbytes, payload_len);
+        /* Both ends are now <= len, so the sums below cannot wrap. */
+        for (uint32_t j = 0; j < i; j++) {
+            const ferry__field_desc *g = &b->fields[j];
+            if (f->offset < g->offset + g->nbytes && g->offset < f->offset + f->nbytes)
+                return ferry__seterr(FERRY_EPROTO, "BATCH field %" PRIu32 ": bytes overlap field %" PRIu32, i, j);
+        }
+    }
+    return FERRY_OK;
+}
+
+int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len)
+{
+    if (m == NULL)
+        return ferry__seterr(FERRY_EINVAL, "ferry__msg_check_payload: NULL message");
+    if (m->type == FERRY__MSG_TASK) {
+        uint64_t want = (uint64_t)m->u.task.count * sizeof(uint64_t);
+        if ((uint64_t)payload_len != want)
+            return ferry__seterr(FERRY_EPROTO, "TASK: payload is %zu bytes, count %" PRIu32 " needs %" PRIu64,
+                                 payload_len, m->u.task.count, want);
+        return FERRY_OK;
+    }
+    if (m->type == FERRY__MSG_BATCH)
+        return check_batch_payload(&m->u.batch, payload_len);
+    return ferry__seterr(FERRY_EINVAL, "%s messages have no payload frame", ferry__msg_name((int)m->type));
+}
+
+const char *ferry__msg_name(int type)
+{
+    const msg_spec *spec = type < 0 ? NULL : spec_of((uint64_t)type);
+    return spec != NULL ? spec->name : "?";
+}

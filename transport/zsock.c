@@ -1,0 +1,131 @@
+/*
+ * zsock.c - protocol messages on ZeroMQ sockets (see zsock.h).
+ */
+#include "zsock.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "error.h"
+
+int ferry__zsock_setup(void *sock, int64_t max_message)
+{
+    int zero = 0;
+    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message) != 0)
+        return ferry__seterr(FERRY_ESYS, "zmq_setsockopt: %s", zmq_strerror(errno));
+    return FERRY_OK;
+}
+
+int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m,
+                      zmq_msg_t *payload, int flags)
+{
+    unsigned char hdr[FERRY__HDR_MAX];
+    size_t len;
+    int rc = ferry__msg_encode(m, hdr, sizeof hdr, &len);
+    if (rc != FERRY_OK)
+        return rc;
+    int more = ferry__msg_has_payload(m->type) ? ZMQ_SNDMORE : 0;
+
+    /* Routing id and header are copied by zmq_send; if a later frame fails,
+     * ZeroMQ discards the partial message, so nothing half-sent remains. */
+    if (ident && zmq_send(sock, ident->id, ident->len, flags | ZMQ_SNDMORE) < 0)
+        goto fail;
+    if (zmq_send(sock, hdr, len, flags | more) < 0)
+        goto fail;
+    if (more && zmq_msg_send(payload, sock, flags) < 0)
+        goto fail;
+    return FERRY_OK;
+fail:
+    return ferry__seterr(FERRY_ESYS, "sending %s: %s", ferry__msg_name(m->type),
+                         zmq_strerror(errno));
+}
+
+static int has_more(void *sock)
+{
+    int more = 0;
+    size_t sz = sizeof more;
+    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz);
+    return more;
+}
+
+/* Reads and drops the rest of a message. */
+static void drain(void *sock)
+{
+    while (has_more(sock)) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        zmq_msg_recv(&f, sock, 0);
+        zmq_msg_close(&f);
+    }
+}
+
+int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload,
+                      int flags)
+{
+    zmq_msg_t f;
+    int rc;
+
+    if (ident) {
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, sock, flags) < 0) {
+            int e = errno;
+            zmq_msg_close(&f);
+            errno = e;
+            return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(e));
+        }
+        ident->len = zmq_msg_size(&f) < FERRY__IDENT_MAX ? zmq_msg_size(&f) : FERRY__IDENT_MAX;
+        memcpy(ident->id, zmq_msg_data(&f), ident->len);
+        zmq_msg_close(&f);
+        /* Once the first frame is in, the rest of the message is too. */
+        flags = 0;
+        if (!has_more(sock))
+            return ferry__seterr(FERRY_EPROTO, "message has no header frame");
+    }
+
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, sock, flags) < 0) {
+        int e = errno;
+        zmq_msg_close(&f);
+        errno = e;
+        return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(e));
+    }
+    size_t hlen = zmq_msg_size(&f);
+    if (hlen > FERRY__HDR_MAX) {
+        zmq_msg_close(&f);
+        drain(sock);
+        return ferry__seterr(FERRY_EPROTO, "header frame of %zu bytes exceeds %d", hlen,
+                             FERRY__HDR_MAX);
+    }
+    rc = ferry__msg_decode(zmq_msg_data(&f), zmq_msg_size(&f), m);
+    zmq_msg_close(&f);
+    if (rc != FERRY_OK) {
+        drain(sock);
+        return rc;
+    }
+
+    int want = ferry__msg_has_payload(m->type);
+    zmq_msg_init(payload);
+    if (want) {
+        if (!has_more(sock) || zmq_msg_recv(payload, sock, 0) < 0) {
+            zmq_msg_close(payload);
+            return ferry__seterr(FERRY_EPROTO, "%s without its payload frame",
+                                 ferry__msg_name(m->type));
+        }
+        rc = ferry__msg_check_payload(m, zmq_msg_size(payload));
+        if (rc != FERRY_OK) {
+            zmq_msg_close(payload);
+            drain(sock);
+            return rc;
+        }
+    }
+    if (has_more(sock)) {
+        zmq_msg_close(payload);
+        drain(sock);
+        return ferry__seterr(FERRY_EPROTO, "%s has more frames than it should",
+                             ferry__msg_name(m->type));
+    }
+    return FERRY_OK;
+}

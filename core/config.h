@@ -1,0 +1,51 @@
+/*
+ * config.h - the loader's options, as one plain struct.
+ *
+ * The public ferry_config is this struct; ferry_config_set() fills it through
+ * a table of option names, types and ranges (config.c), so every option is
+ * checked in one place and the loader reads plain fields.
+ */
+#ifndef FERRY_CORE_CONFIG_H
+#define FERRY_CORE_CONFIG_H
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "protocol.h"
+
+typedef enum ferry__placement {
+    FERRY__PLACE_PROCESS = 0,
+    FERRY__PLACE_THREAD = 1,
+} ferry__placement;
+
+struct ferry_config {
+    char dataset[FERRY__SPEC_MAX];
+    int64_t batch_size;
+    int64_t drop_last;
+    int64_t shuffle;        /* -1: on when a seed was set */
+    int64_t seed;
+    int64_t seed_set;
+    int64_t rank;
+    int64_t world_size;
+    int64_t workers;
+    int64_t worker_mode;    /* ferry__placement */
+    int64_t prefetch;       /* 0: 2 * workers * credits */
+    int64_t credits;
+    int64_t in_order;
+    int64_t epochs;
+    int64_t max_batches;
+    int64_t timeout_ms;     /* a batch not delivered within this: error; 0 = off */
+    int64_t start_timeout_ms;
+    int64_t close_grace_ms;
+    int64_t epoch_barrier;
+    int64_t max_message;    /* ZMQ_MAXMSGSIZE for the loader's socket */
+    char worker_path[PATH_MAX];
+    unsigned char state[FERRY_STATE_MAX];
+    size_t state_len;
+};
+
+/* The effective prefetch window of a config. */
+int64_t ferry__config_prefetch(const ferry_config *cfg);
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * process.c - local worker processes: find, start, explain (see process.h).
+ */
+#include "process.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+
+extern char **environ;
+
+#ifndef FERRY_INSTALL_BINDIR
+#define FERRY_INSTALL_BINDIR "/usr/local/bin"
+#endif
+
+static int executable(const char *path)
+{
+    return access(path, X_OK) == 0;
+}
+
+int ferry__find_worker(const char *configured, char *out, size_t cap)
+{
+    const char *env = getenv("FERRY_WORKER");
+    const char *chosen = NULL;
+    char here[PATH_MAX];
+
+    if (configured && configured[0]) {
+        chosen = configured;
+    } else if (env && env[0]) {
+        chosen = env;
+    } else {
+        /* Beside the object that holds this function: libferry.so in the
+         * build tree or a program linked statically against ferry. */
+        Dl_info info;
+        if (dladdr((void *)ferry__find_worker, &info) && info.dli_fname &&
+            realpath(info.dli_fname, here)) {
+            char *slash = strrchr(here, '/');
+            if (slash && (size_t)(slash - here) + sizeof "/ferry-worker" <= sizeof here) {
+                strcpy(slash, "/ferry-worker");
+                if (executable(here))
+                    chosen = here;
+            }
+        }
+        if (!chosen)
+            chosen = FERRY_INSTALL_BINDIR "/ferry-worker";
+    }
+    if (!executable(chosen))
+        return ferry__seterr(FERRY_ESPAWN, "worker program '%s' is not executable: %s "
+                             "(set option worker_path or FERRY_WORKER)", chosen, strerror(errno));
+    if (strlen(chosen) >= cap)
+        return ferry__seterr(FERRY_ESPAWN, "worker program path is too long");
+    strcpy(out, chosen);
+    return FERRY_OK;
+}
+
+static int limit_error(const char *what, int e)
+{
+    struct rlimit rl;
+    getrlimit(e == EAGAIN ? RLIMIT_NPROC : RLIMIT_NOFILE, &rl);
+    return ferry__seterr(FERRY_ELIMIT, "%s: %s (the %s limit is %llu)", what, strerror(e),
+                         e == EAGAIN ? "process (RLIMIT_NPROC)" : "open file (RLIMIT_NOFILE)",
+                         (unsigned long long)rl.rlim_cur);
+}
+
+int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid_out,
+                        int *pidfd_out)
+{
+    char slot_s[16], parent_s[24];
+    snprintf(slot_s, sizeof slot_s, "%d", slot);
+    snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
+    char *argv[] = {(char *)path,   "--connect", (char *)endpoint, "--slot", slot_s,
+                    "--parent", parent_s, NULL};
+
+    /* The child starts with no blocked signals and default dispositions, so
+     * whatever the trainer did to its own signals does not leak in. */
+    posix_spawnattr_t attr;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    sigdelset(&all, SIGKILL);
+    sigdelset(&all, SIGSTOP);
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+
+    pid_t pid;
+    /* glibc's posix_spawn reports an exec failure as its return value. */
+    int e = posix_spawn(&pid, path, NULL, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
+    if (e == EAGAIN || e == EMFILE || e == ENFILE)
+        return limit_error("starting a worker", e);
+    if (e != 0)
+        return ferry__seterr(FERRY_ESPAWN, "could not start worker program '%s': %s", path,
+                             strerror(e));
+
+    int fd = pidfd_open(pid, 0);
+    if (fd < 0) {
+        e = errno;
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        if (e == EMFILE || e == ENFILE)
+            return limit_error("watching a worker", e);
+        return ferry__seterr(FERRY_ESPAWN, "pidfd_open: %s", strerror(e));
+    }
+    *pid_out = pid;
+    *pidfd_out = fd;
+    return FERRY_OK;
+}
+
+const char *ferry__signal_name(int sig, char *buf, size_t cap)
+{
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev) {
+        snprintf(buf, cap, "SIG%s", abbrev);
+        return buf;
+    }
+    snprintf(buf, cap, "signal %d", sig);
+    return buf;
+}
+
+void ferry__describe_status(int status, char *buf, size_t cap)
+{
+    char name[32];
+    if (WIFEXITED(status)) {
+        snprintf(buf, cap, "exited with code %d", WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char *hint = "";
+        if (sig == SIGBUS)
+            hint = " (a bus error usually means a memory-mapped file shrank or /dev/shm "
+                   "is full)";
+        else if (sig == SIGSEGV)
+            hint = " (the dataset code crashed)";
+        else if (sig == SIGKILL)
+            hint = " (killed from outside: the OOM killer, or a user)";
+        snprintf(buf, cap, "was killed by signal %s%s%s", ferry__signal_name(sig, name, sizeof name),
+                 WCOREDUMP(status) ? ", core dumped" : "", hint);
+    } else {
+        snprintf(buf, cap, "ended with status 0x%x", status);
+    }
+}

@@ -1,0 +1,38 @@
+/*
+ * process.h - starting and explaining local worker processes.
+ *
+ * Workers are always a fresh process image (posix_spawn of ferry-worker,
+ * never fork without exec): no inherited OpenMP/BLAS/CUDA thread pools that
+ * deadlock after fork, and no copy-on-write share of the trainer's heap.
+ * Each child is watched through a pidfd, which the scheduler polls beside
+ * its socket, so a death is noticed at once.
+ *
+ * Thread safety: call from the scheduler thread (it is the children's
+ * parent thread, which matters for PR_SET_PDEATHSIG).
+ */
+#ifndef FERRY_CORE_PROCESS_H
+#define FERRY_CORE_PROCESS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Finds the worker program: `configured` if non-empty, else $FERRY_WORKER,
+ * else ferry-worker beside the object holding this code (the build tree or
+ * the install's bin), else the install bindir. FERRY_ESPAWN with detail if
+ * the chosen file is not executable. */
+int ferry__find_worker(const char *configured, char *out, size_t cap);
+
+/* Starts `path --connect endpoint --slot slot --parent <our pid>`, returns
+ * its pid and a pidfd (close-on-exec). On failure nothing is left running:
+ * FERRY_ESPAWN (exec failed: errno detail), FERRY_ELIMIT (EMFILE/ENFILE/
+ * EAGAIN: the limit is named). */
+int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid,
+                        int *pidfd);
+
+/* "SIGKILL" for 9, "signal 77" for unknown ones (buf used then). */
+const char *ferry__signal_name(int sig, char *buf, size_t cap);
+
+/* "exited with code 3" / "was killed by signal SIGSEGV (...hint...)". */
+void ferry__describe_status(int status, char *buf, size_t cap);
+
+#endif

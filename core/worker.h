@@ -1,0 +1,36 @@
+/*
+ * worker.h - the worker loop: one loop for every placement.
+ *
+ * Position in the data flow: between the transport and the dataset. A worker
+ * connects a DEALER socket to the loader, says HELLO, gets CONFIG (which
+ * names the dataset), opens the dataset and says READY; then for each TASK
+ * it builds the batch straight into the message it will send and replies
+ * BATCH, or FAIL when the dataset fails; STOP ends the session with BYE.
+ * Threads (inproc://), local processes (ipc://) and remote hosts (tcp://)
+ * run this same function.
+ *
+ * Every wait is bounded: the loop polls with a timeout and checks, each time
+ * round, whether it was told to stop and whether its parent process is
+ * still there.
+ */
+#ifndef FERRY_CORE_WORKER_H
+#define FERRY_CORE_WORKER_H
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+typedef struct ferry__worker_opts {
+    const char *endpoint;
+    int slot;                 /* the loader's index for a local worker, -1 otherwise */
+    void *zctx;               /* a ZeroMQ context to share (threads), or NULL */
+    pid_t parent;             /* exit when getppid() differs; 0: no check */
+    const atomic_int *cancel; /* exit when it becomes non-zero; NULL: none */
+    int handshake_ms;         /* give up when no CONFIG comes within this */
+} ferry__worker_opts;
+
+/* Runs one session. Returns FERRY_OK after STOP, or a negative code when the
+ * loader went away, the handshake timed out or a socket failed (with
+ * detail). Never exits the process. */
+int ferry__worker_run(const ferry__worker_opts *o);
+
+#endif

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# ferry's one set-up script: installs what is missing (Debian packages),
+# configures and builds, then runs the job asked for.
+#
+#   tools/setup.sh bench [ferry-bench args...]   build, then run ferry-bench
+#   tools/setup.sh test                          build, then run the test suite
+#   tools/setup.sh build                         build only
+#
+# Environment: BUILD_DIR (default build), FERRY_SANITIZE (e.g.
+# address,undefined), JOBS (default: number of cores).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+job=${1:-build}
+[ $# -gt 0 ] && shift
+build=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+
+# Debian packages ferry needs: compiler and build tools, the three libraries
+# (ZeroMQ transport, msgpack wire encoding, cmocka tests), and clang for the
+# fuzz target.
+packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFERRY_SANITIZE="${FERRY_SANITIZE:-}" >/dev/null
+cmake --build "$build" -j "$jobs"
+
+case "$job" in
+    build) ;;
+    bench) exec "$build/ferry-bench" "$@" ;;
+    test) cd "$build" && exec ctest --output-on-failure --timeout 600 "$@" ;;
+    *) echo "usage: tools/setup.sh [build|bench|test] [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,50 @@
+/*
+ * zsock.h - ZeroMQ framing of protocol messages, shared by the loader's
+ * ROUTER socket and the worker's DEALER socket.
+ *
+ * A message on the wire: [routing id, on the ROUTER side only] [header]
+ * [payload, for TASK and BATCH]. Sending encodes the header into a stack
+ * buffer (no allocation) and moves the payload message; receiving always
+ * drains every frame of a message, even a malformed one, so one bad message
+ * never desynchronises the stream of frames that follows.
+ *
+ * Thread safety: as ZeroMQ sockets: one thread at a time per socket.
+ */
+#ifndef FERRY_ZSOCK_H
+#define FERRY_ZSOCK_H
+
+#include <stddef.h>
+#include <zmq.h>
+
+#include "protocol.h"
+
+#define FERRY__IDENT_MAX 255
+
+typedef struct ferry__ident {
+    unsigned char id[FERRY__IDENT_MAX];
+    size_t len;
+} ferry__ident;
+
+/* Options every ferry socket gets: LINGER 0 (close never waits on a dead
+ * peer), the largest message accepted, no HWM drops (credits bound the
+ * queues instead). */
+int ferry__zsock_setup(void *sock, int64_t max_message);
+
+/* Sends m (and *payload if m's type has one; the payload message is moved
+ * out on success and left intact on failure). ident: the ROUTER routing id,
+ * NULL on a DEALER. flags: ZMQ_DONTWAIT or 0. Returns FERRY_OK, FERRY_EINVAL
+ * (m invalid), or FERRY_ESYS with errno from ZeroMQ (EHOSTUNREACH for a peer
+ * that went away on a ROUTER_MANDATORY socket, EAGAIN). */
+int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m,
+                      zmq_msg_t *payload, int flags);
+
+/* Receives one whole message. ident: filled on a ROUTER, NULL on a DEALER.
+ * *payload is initialised (empty if the message has none) only on FERRY_OK
+ * and is then the caller's to close. Returns FERRY_OK; FERRY_EPROTO for a
+ * malformed message (wrong frame count, bad header, payload not matching the
+ * header; all frames consumed, ident still filled when there was one);
+ * FERRY_ESYS with errno (EAGAIN with ZMQ_DONTWAIT when nothing is waiting). */
+int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload,
+                      int flags);
+
+#endif
