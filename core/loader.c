@@ -126,6 +126,7 @@ struct ferry_loader {
     uint64_t start_seq;
     uint64_t next_seq;
     uint64_t done_counter;
+    uint64_t asked;              /* next() calls so far: the trainer wants batch asked-1 */
     uint32_t in_flight;
     task_ent *tasks;
     ferry_stats st;
@@ -300,9 +301,10 @@ static void dispatch(ferry_loader *ld)
             return;
         }
         /* The barrier (PyTorch's behaviour, for comparison): an epoch's first
-         * batch waits until every earlier batch has been delivered. */
+         * batch is not started until the trainer asks for it, i.e. until it
+         * has finished with the whole previous epoch. */
         if (ld->cfg.epoch_barrier && t.batch_in_epoch == 0 &&
-            ld->st.delivered < t.seq - ld->start_seq) {
+            ld->asked < t.seq - ld->start_seq + 1) {
             pthread_mutex_unlock(&ld->mu);
             return;
         }
@@ -1042,6 +1044,8 @@ int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
     if (!ld || !out)
         return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
     pthread_mutex_lock(&ld->mu);
+    ld->asked = ld->st.delivered + 1;
+    int woke = 0;
     for (;;) {
         if (ld->ph == P_FAILED) {
             int rc = ld->fatal_code;
@@ -1077,6 +1081,12 @@ int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
         if (ld->start_seq + ld->st.delivered >= ld->sampler.end_seq) {
             pthread_mutex_unlock(&ld->mu);
             return ferry__seterr(FERRY_EOF, "the stream has ended");
+        }
+        if (ld->cfg.epoch_barrier && !woke) {
+            /* The scheduler may be holding an epoch's first batch for this
+             * very request. */
+            woke = 1;
+            wake(ld);
         }
         wait_cv(ld, TICK_MS * 10);
     }

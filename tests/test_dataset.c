@@ -9,20 +9,21 @@
  * documented formula. Every failed open must leave the struct zeroed, no fd
  * open and nothing mapped.
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <setjmp.h>
-#include <cmocka.h>
-
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* cmocka.h needs the headers above first. */
+#include <cmocka.h>
 
 #include "dataset.h"
 #include "harness.h"
@@ -132,11 +133,13 @@ static void expect_open_fails(const char *spec, int code, ...)
     va_end(ap);
 }
 
-static uint64_t thread_cpu_ns(void)
+/* CPU seconds used by this thread: what cost_us promises, unlike wall time,
+ * which a busy machine stretches. */
+static double thread_cpu_seconds(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    struct timespec now;
+    assert_int_equal(clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now), 0);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
 /* --- Spec and generic checks --- */
@@ -186,6 +189,75 @@ static void test_index_out_of_range_names_the_index(void **state)
     assert_string_equal(ferry_last_error(), err.message);
     bufs_free(&b);
     ferry__dataset_close(&ds);
+}
+
+/* A dataset that breaks the rules ferry__dataset_get_batch must repair:
+ * it returns `rc` and writes `fill` over the whole message (0: leaves it
+ * empty), without a terminating NUL. */
+typedef struct rogue {
+    int rc;
+    char fill;
+    int closes;
+} rogue;
+
+static int rogue_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
+                           ferry_dataset_error *err)
+{
+    const rogue *r = handle;
+    if (r->fill)
+        memset(err->message, r->fill, sizeof err->message);
+    err->index = req->indices[0];
+    return r->rc;
+}
+
+static void rogue_close(void *handle)
+{
+    ((rogue *)handle)->closes++;
+}
+
+static const ferry_dataset_ops rogue_ops = {
+    .abi_version = FERRY_DATASET_ABI,
+    .name = "rogue",
+    .get_batch = rogue_get_batch,
+    .close = rogue_close,
+};
+
+static void test_get_batch_repairs_a_misbehaving_dataset(void **state)
+{
+    ferry__dataset ds;
+    ferry_dataset_error err;
+    rogue r = {0};
+    const uint64_t idx[] = {2};
+    bufs b;
+
+    memset(&ds, 0, sizeof ds);
+    ds.ops = &rogue_ops;
+    ds.handle = &r;
+    ds.length = 5;
+    ds.schema.nfields = 1;
+    ds.item_bytes[0] = 1;
+
+    /* A positive code must not read as success; the message gets its NUL. */
+    r = (rogue){.rc = 7, .fill = 'z'};
+    assert_int_equal(get_batch(&ds, 0, 0, idx, 1, &b, &err), FERRY_EBATCH);
+    assert_int_equal(strlen(err.message), sizeof err.message - 1);
+    assert_int_equal(err.index, 2);
+    bufs_free(&b);
+
+    /* An unknown code and no message: ferry's code, a message naming it. */
+    r = (rogue){.rc = -999};
+    assert_int_equal(get_batch(&ds, 0, 0, idx, 1, &b, &err), FERRY_EBATCH);
+    assert_string_equal(err.message, "dataset rogue failed (code -999) without a message");
+    bufs_free(&b);
+
+    /* One of ferry's own codes passes through. */
+    r = (rogue){.rc = FERRY_ENOMEM, .fill = 'q'};
+    assert_int_equal(get_batch(&ds, 0, 0, idx, 1, &b, &err), FERRY_ENOMEM);
+    bufs_free(&b);
+
+    ferry__dataset_close(&ds);
+    ferry__dataset_close(&ds);
+    assert_int_equal(r.closes, 1);
 }
 
 /* --- synthetic --- */
@@ -268,8 +340,7 @@ static void test_synthetic_augment_depends_on_seed_epoch_index_only(void **state
     char errbuf[256];
     const uint64_t idx[] = {4, 17, 99};
     const uint64_t rev[] = {99, 17, 4};
-    uint8_t all[3 * DIM], one[DIM], twice[3 * DIM], epoch4[3 * DIM], seed8[3 * DIM],
-        base[3 * DIM];
+    uint8_t all[3 * DIM], one[DIM], twice[3 * DIM], epoch4[3 * DIM], seed8[3 * DIM], base[3 * DIM];
 
     open_ok(&ds, "synthetic:n=100,dim=21,augment=1");
     assert_int_equal(ferry__dataset_open(&other, "synthetic:n=100,dim=21,augment=1", &ctx, errbuf,
@@ -304,16 +375,17 @@ static void test_synthetic_cost_us_consumes_cpu_time(void **state)
 {
     enum { COUNT = 30, COST_US = 1000 };
     ferry__dataset ds;
-    uint64_t idx[COUNT], t0, used;
+    uint64_t idx[COUNT];
+    double t0, used;
     bufs b;
 
     for (int k = 0; k < COUNT; k++)
         idx[k] = (uint64_t)k;
     open_ok(&ds, "synthetic:n=100,dim=8,cost_us=1000");
-    t0 = thread_cpu_ns();
+    t0 = thread_cpu_seconds();
     get_ok(&ds, 0, 0, idx, COUNT, &b);
-    used = thread_cpu_ns() - t0;
-    assert_true(used >= (uint64_t)COUNT * COST_US * 1000 * 8 / 10);
+    used = thread_cpu_seconds() - t0;
+    assert_true(used >= COUNT * COST_US * 1e-6 * 0.8);
     bufs_free(&b);
     ferry__dataset_close(&ds);
 }
@@ -375,11 +447,11 @@ static void test_synthetic_builds_mnist_sized_epoch_fast(void **state)
 {
     enum { BATCH = 500 };
     ferry__dataset ds;
-    uint64_t idx[BATCH], t0, ns;
-    double mbps;
+    uint64_t idx[BATCH];
+    double t0, mbps;
 
     open_ok(&ds, "synthetic");
-    t0 = thread_cpu_ns();
+    t0 = thread_cpu_seconds();
     for (uint64_t start = 0; start < ds.length; start += BATCH) {
         bufs b;
         for (int k = 0; k < BATCH; k++)
@@ -387,8 +459,8 @@ static void test_synthetic_builds_mnist_sized_epoch_fast(void **state)
         get_ok(&ds, 0, 0, idx, BATCH, &b);
         bufs_free(&b);
     }
-    ns = thread_cpu_ns() - t0;
-    mbps = (double)ds.length * (double)(ds.item_bytes[0] + ds.item_bytes[1]) / ((double)ns / 1e3);
+    mbps = (double)ds.length * (double)(ds.item_bytes[0] + ds.item_bytes[1]) /
+           (thread_cpu_seconds() - t0) / 1e6;
     print_message("synthetic: 60000 x 784 built at %.0f MB/s of CPU time\n", mbps);
     /* Hundreds of MB/s in a plain build; the bound leaves room for sanitizers. */
     assert_true(mbps > 30.0);
@@ -400,8 +472,7 @@ static void test_synthetic_builds_mnist_sized_epoch_fast(void **state)
 /* Writes a .npy file as numpy does: preamble of `version` (1, 2 or 3), the
  * header dict padded with spaces and a '\n' so the data starts at a multiple
  * of 64, then the data. */
-static void write_npy(const char *path, int version, const char *dict, const void *data,
-                      size_t len)
+static void write_npy(const char *path, int version, const char *dict, const void *data, size_t len)
 {
     unsigned char pre[12] = {0x93, 'N', 'U', 'M', 'P', 'Y', (unsigned char)version, 0};
     size_t pre_len = version == 1 ? 10 : 12;
@@ -524,8 +595,8 @@ static void test_npy_accepts_every_supported_dtype(void **state)
 
 /* One corrupt file per case: how it is written, and what open must say. */
 typedef struct bad_npy {
-    const char *dict;       /* header dict, or NULL: write `raw` as the whole file */
-    size_t data_len;        /* bytes of data after the header */
+    const char *dict; /* header dict, or NULL: write `raw` as the whole file */
+    size_t data_len;  /* bytes of data after the header */
     const char *raw;
     size_t raw_len;
     int code;
@@ -543,22 +614,21 @@ static void test_npy_corrupt_files_fail_with_code_and_path(void **state)
          "header length 65535 runs past the end"},
         {NULL, 0, "\x93NUMPY\x02\x00\x00\x00\x01\x00{}", 14, FERRY_EFORMAT, "runs past the end"},
         {NULL, 0, "\x93NUMPY\x04\x00\x02\x00{}", 12, FERRY_EFORMAT, "version 4.0"},
-        {"{" GOOD_HEAD ", 'shape': (4, 3), }", 47, NULL, 0, FERRY_EFORMAT,
-         "truncated: file has"},
+        {"{" GOOD_HEAD ", 'shape': (4, 3), }", 47, NULL, 0, FERRY_EFORMAT, "truncated: file has"},
         {"{" GOOD_HEAD ", 'shape': (4, 3), }", 49, NULL, 0, FERRY_EFORMAT,
          "trailing bytes after the data"},
-        {"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", 16, NULL, 0,
-         FERRY_EFORMAT, "big-endian dtype '>f4'"},
+        {"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", 16, NULL, 0, FERRY_EFORMAT,
+         "big-endian dtype '>f4'"},
         {"{'descr': '<f4', 'fortran_order': True, 'shape': (4,), }", 16, NULL, 0, FERRY_EFORMAT,
          "fortran_order is True"},
-        {"{'descr': '<c8', 'fortran_order': False, 'shape': (4,), }", 32, NULL, 0,
-         FERRY_EFORMAT, "unsupported dtype '<c8'"},
+        {"{'descr': '<c8', 'fortran_order': False, 'shape': (4,), }", 32, NULL, 0, FERRY_EFORMAT,
+         "unsupported dtype '<c8'"},
         {"{'descr': '|O', 'fortran_order': False, 'shape': (4,), }", 32, NULL, 0, FERRY_EFORMAT,
          "unsupported dtype '|O'"},
-        {"{'descr': '<U10', 'fortran_order': False, 'shape': (4,), }", 160, NULL, 0,
-         FERRY_EFORMAT, "unsupported dtype '<U10'"},
-        {"{'descr': '|f4', 'fortran_order': False, 'shape': (4,), }", 16, NULL, 0,
-         FERRY_EFORMAT, "unsupported dtype '|f4'"},
+        {"{'descr': '<U10', 'fortran_order': False, 'shape': (4,), }", 160, NULL, 0, FERRY_EFORMAT,
+         "unsupported dtype '<U10'"},
+        {"{'descr': '|f4', 'fortran_order': False, 'shape': (4,), }", 16, NULL, 0, FERRY_EFORMAT,
+         "unsupported dtype '|f4'"},
         {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (4,), }", 16, NULL, 0,
          FERRY_EFORMAT, "structured"},
         {"{" GOOD_HEAD ", 'shape': (4, x), }", 16, NULL, 0, FERRY_EFORMAT, "malformed shape"},
@@ -624,10 +694,45 @@ static void test_npy_files_must_agree_and_exist(void **state)
     snprintf(spec, sizeof spec, "npy:%s", s.tmpdir);
     expect_open_fails(spec, FERRY_EDATASET, s.tmpdir, "not a regular file", NULL);
     expect_open_fails("npy:", FERRY_EDATASET, "no files given", NULL);
+
+    /* One field per file, at most FERRY_MAX_FIELDS of them. */
+    snprintf(spec, sizeof spec, "npy:");
+    for (int k = 0; k <= FERRY_MAX_FIELDS; k++)
+        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%sf%d=%s", k ? "," : "", k, pa);
+    expect_open_fails(spec, FERRY_EDATASET, "more than 16 files", NULL);
     assert_int_equal(count_maps(s.tmpdir), 0);
 
     unlink(pa);
     unlink(pb);
+    ft_end(&s);
+}
+
+static void test_npy_item_shape_is_validated(void **state)
+{
+    ft_snapshot s;
+    char path[300], spec[320];
+    FILE *f;
+
+    ft_begin(&s, 30);
+    snprintf(path, sizeof path, "%s/wide.npy", s.tmpdir);
+    snprintf(spec, sizeof spec, "npy:%s", path);
+
+    /* Consistent as a file, but an item with a zero dim has no bytes. */
+    write_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 0), }", NULL, 0);
+    expect_open_fails(spec, FERRY_EDATASET, "field 'wide' has dim 0 of size 0", NULL);
+
+    /* 2 items of 1 GiB + 4 bytes: a sparse file, so nothing is really written. */
+    write_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 268435457), }", NULL,
+              0);
+    f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    assert_int_equal(ftruncate(fileno(f), ftell(f) + 2 * 4 * 268435457L), 0);
+    fclose(f);
+    expect_open_fails(spec, FERRY_EDATASET, "one item of field 'wide' is larger than 1 GiB", NULL);
+    assert_int_equal(count_maps(s.tmpdir), 0);
+
+    unlink(path);
     ft_end(&s);
 }
 
@@ -728,13 +833,16 @@ static void test_plugin_load_failures_are_explained(void **state)
     expect_open_fails(PLUGIN_SPEC("n=abc"), FERRY_EDATASET, "plugin " FERRY_TEST_PLUGIN ": ",
                       "n must be", "'abc'", NULL);
     expect_open_fails(PLUGIN_SPEC("dim=0"), FERRY_EDATASET, "dim must be", NULL);
-    expect_open_fails(PLUGIN_SPEC("n=5,colour=red"), FERRY_EDATASET, "unknown key 'colour'",
-                      NULL);
+    expect_open_fails(PLUGIN_SPEC("n=5,colour=red"), FERRY_EDATASET, "unknown key 'colour'", NULL);
     expect_open_fails(PLUGIN_SPEC("n"), FERRY_EDATASET, "'n'", NULL);
-    expect_open_fails("plugin:/nonexistent/libnope.so", FERRY_EDATASET,
-                      "/nonexistent/libnope.so", "cannot open shared object file", NULL);
-    expect_open_fails("plugin:libm.so.6", FERRY_EDATASET, "libm.so.6",
-                      FERRY_DATASET_PLUGIN_SYMBOL, "undefined symbol", NULL);
+    expect_open_fails("plugin:/nonexistent/libnope.so", FERRY_EDATASET, "/nonexistent/libnope.so",
+                      "cannot open shared object file", NULL);
+    expect_open_fails("plugin:libm.so.6", FERRY_EDATASET, "libm.so.6", FERRY_DATASET_PLUGIN_SYMBOL,
+                      "undefined symbol", NULL);
+    /* glibc's stub libanl is loaded by nothing else here, so the map count
+     * shows whether the failed load was undone. */
+    expect_open_fails("plugin:libanl.so.1", FERRY_EDATASET, "undefined symbol", NULL);
+    assert_int_equal(count_maps("libanl"), 0);
     expect_open_fails("plugin:", FERRY_EDATASET, "no path given", NULL);
     expect_open_fails("plugin:?n=3", FERRY_EDATASET, "no path given", NULL);
     /* Every failure unloaded the plugin again. */
@@ -764,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_close_is_safe_on_zeroed_and_twice),
         cmocka_unit_test(test_get_batch_on_closed_dataset_is_einval),
         cmocka_unit_test(test_index_out_of_range_names_the_index),
+        cmocka_unit_test(test_get_batch_repairs_a_misbehaving_dataset),
         cmocka_unit_test(test_synthetic_content_is_the_byte_function_and_y_is_the_index),
         cmocka_unit_test(test_synthetic_bytes_differ_between_neighbours),
         cmocka_unit_test(test_synthetic_defaults_and_bare_kind),
@@ -776,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_npy_accepts_every_supported_dtype),
         cmocka_unit_test(test_npy_corrupt_files_fail_with_code_and_path),
         cmocka_unit_test(test_npy_files_must_agree_and_exist),
+        cmocka_unit_test(test_npy_item_shape_is_validated),
         cmocka_unit_test(test_plugin_values_follow_the_formula),
         cmocka_unit_test(test_plugin_noise_changes_per_epoch_but_not_per_batch),
         cmocka_unit_test(test_plugin_defaults_without_args),

@@ -1,4 +1,549 @@
+/*
+ * test_loader.c - the loader end to end: real workers (processes and
+ * threads), real sockets, the synthetic dataset whose bytes are a function of
+ * the index, so every batch can be checked for exactly-once, in-order and
+ * intact delivery.
+ *
+ * Every case runs between ft_begin() and ft_end() (tests/harness.h): a hard
+ * time limit, and afterwards no child process, no extra fd or thread, and
+ * nothing left in the private TMPDIR where the loader puts its ipc directory.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dataset.h"
+#include "ferry.h"
+#include "harness.h"
+#include "sampler.h"
+
+#define N_ITEMS 1000
+#define DIM 40
+
+/* ------------------------------------------------------------------------
+ * Helpers
+ */
+
+static ferry_config *make_cfg(const char *mode, int workers, int prefetch, int batch,
+                              const char *dataset)
+{
+    ferry_config *cfg = ferry_config_new();
+    assert_non_null(cfg);
+    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_WORKER), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "worker_mode", mode), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "dataset", dataset), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "workers", workers), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "prefetch", prefetch), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "batch_size", batch), FERRY_OK);
+    return cfg;
+}
+
+static const char *synthetic_spec(void)
+{
+    static char spec[128];
+    snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d", N_ITEMS, DIM);
+    return spec;
+}
+
+/* The stream the loader should deliver, from a sampler built the same way. */
+static void expected_sampler(ferry__sampler *s, int batch, uint64_t seed, uint64_t epochs)
+{
+    ferry__sampler_opts o = {.batch_size = (uint64_t)batch,
+                             .shuffle = 1,
+                             .seed = seed,
+                             .world_size = 1,
+                             .epochs = epochs};
+    assert_int_equal(ferry__sampler_init(s, N_ITEMS, &o), FERRY_OK);
+}
+
+/* Checks a batch's fields against the synthetic dataset: dtype, shape,
+ * 16-byte alignment, y == the index, x's bytes == the index's bytes. */
+static void check_content(const ferry_batch *b)
+{
+    ferry_batch_info info;
+    ferry_batch_get_info(b, &info);
+    const uint64_t *idx = ferry_batch_indices(b);
+    ferry_tensor x, y;
+    assert_int_equal(ferry_batch_nfields(b), 2);
+    assert_int_equal(ferry_batch_field(b, "x", &x), FERRY_OK);
+    assert_int_equal(ferry_batch_field(b, "y", &y), FERRY_OK);
+    assert_int_equal(x.dtype, FERRY_DTYPE_U8);
+    assert_int_equal(x.ndim, 2);
+    assert_int_equal(x.shape[0], info.size);
+    assert_int_equal(x.shape[1], DIM);
+    assert_int_equal(y.dtype, FERRY_DTYPE_I64);
+    assert_int_equal(y.ndim, 1);
+    assert_int_equal(y.shape[0], info.size);
+    assert_int_equal((uintptr_t)x.data % 16, 0);
+    assert_int_equal((uintptr_t)y.data % 16, 0);
+    const unsigned char *xb = x.data;
+    const int64_t *yv = y.data;
+    for (uint32_t i = 0; i < info.size; i++) {
+        assert_int_equal((uint64_t)yv[i], idx[i]);
+        for (int j = 0; j < DIM; j++)
+            assert_int_equal(xb[(size_t)i * DIM + (size_t)j], ferry__synthetic_byte(idx[i], (uint64_t)j));
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Exactly once, in order, intact
+ */
+
+/* One full run: `epochs` epochs, every batch compared with the expected
+ * stream, every index seen exactly once per epoch. */
+static void run_exactly_once(const char *mode, int workers, int prefetch)
+{
+    const int batch = 64;
+    const uint64_t epochs = 10, seed = 7;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+
+    ferry_config *cfg = make_cfg(mode, workers, prefetch, batch, synthetic_spec());
+    assert_int_equal(ferry_config_set_int(cfg, "seed", (int64_t)seed), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", (int64_t)epochs), FERRY_OK);
+    ferry_loader *ld;
+    int rc = ferry_loader_open(&ld, cfg);
+    if (rc != FERRY_OK)
+        print_error("open: %s\n", ferry_last_error());
+    assert_int_equal(rc, FERRY_OK);
+    ferry_config_free(cfg);
+
+    ferry__sampler s;
+    expected_sampler(&s, batch, seed, epochs);
+    uint64_t items, bpe;
+    assert_int_equal(ferry_loader_length(ld, &items, &bpe), FERRY_OK);
+    assert_int_equal(items, N_ITEMS);
+    assert_int_equal(bpe, s.batches_per_epoch);
+
+    unsigned char seen[N_ITEMS];
+    uint64_t want[64];
+    uint64_t seq = 0;
+    ferry_batch *b;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        ferry__sampler_task t;
+        assert_int_equal(ferry__sampler_at(&s, seq, &t), FERRY_OK);
+        assert_int_equal(info.seq, seq);
+        assert_int_equal(info.epoch, t.epoch);
+        assert_int_equal(info.batch_in_epoch, t.batch_in_epoch);
+        assert_int_equal(info.size, t.count);
+        assert_int_equal(info.last_in_epoch, t.last_in_epoch);
+        assert_true(info.worker < (uint32_t)workers);
+        ferry__sampler_indices(&s, &t, want);
+        assert_memory_equal(ferry_batch_indices(b), want, t.count * sizeof(uint64_t));
+        if (t.batch_in_epoch == 0)
+            memset(seen, 0, sizeof seen);
+        for (uint32_t i = 0; i < info.size; i++) {
+            assert_int_equal(seen[want[i]], 0);
+            seen[want[i]] = 1;
+        }
+        if (info.last_in_epoch) {
+            for (int i = 0; i < N_ITEMS; i++)
+                assert_int_equal(seen[i], 1);
+        }
+        check_content(b);
+        ferry_batch_release(b);
+        seq++;
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    assert_int_equal(seq, epochs * bpe);
+    /* After the end, next keeps saying so. */
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+
+    ferry_stats st;
+    assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
+    assert_int_equal(st.delivered, seq);
+    assert_int_equal(st.dispatched, seq);
+    assert_int_equal(st.malformed, 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
+static void exactly_once_matrix(const char *mode)
+{
+    static const int prefetches[] = {1, 2, 4, 8, 16};
+    for (int w = 1; w <= 4; w++) {
+        for (size_t p = 0; p < sizeof prefetches / sizeof prefetches[0]; p++)
+            run_exactly_once(mode, w, prefetches[p]);
+    }
+}
+
+static void test_every_index_once_in_order_with_processes(void **state)
+{
+    (void)state;
+    exactly_once_matrix("process");
+}
+
+static void test_every_index_once_in_order_with_threads(void **state)
+{
+    (void)state;
+    exactly_once_matrix("thread");
+}
+
+static void test_out_of_order_delivers_each_batch_once(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    /* Items cost CPU so that workers finish in a varying order. */
+    ferry_config *cfg = make_cfg("process", 3, 9, 50, "synthetic:n=1000,dim=40,cost_us=20");
+    assert_int_equal(ferry_config_set_int(cfg, "in_order", 0), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    ferry_loader *ld;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    ferry_config_free(cfg);
+
+    unsigned char got[60] = {0};
+    unsigned seen[3][N_ITEMS];
+    memset(seen, 0, sizeof seen);
+    ferry_batch *b;
+    int rc, n = 0;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_true(info.seq < 60);
+        assert_int_equal(got[info.seq], 0);
+        got[info.seq] = 1;
+        const uint64_t *idx = ferry_batch_indices(b);
+        for (uint32_t i = 0; i < info.size; i++)
+            seen[info.epoch][idx[i]]++;
+        check_content(b);
+        ferry_batch_release(b);
+        n++;
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    assert_int_equal(n, 60);
+    for (int e = 0; e < 3; e++)
+        for (int i = 0; i < N_ITEMS; i++)
+            assert_int_equal(seen[e][i], 1);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
+/* ------------------------------------------------------------------------
+ * Prefetch across the epoch boundary
+ */
+
+/* Consumes up to and including the last batch of epoch 0 and returns it
+ * (held, not released). */
+static ferry_batch *take_epoch0(ferry_loader *ld)
+{
+    for (;;) {
+        ferry_batch *b;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.epoch, 0);
+        if (info.last_in_epoch)
+            return b;
+        ferry_batch_release(b);
+    }
+}
+
+/* Waits (bounded) until the loader has received more than `count` batches. */
+static int wait_completed_above(ferry_loader *ld, uint64_t count, uint64_t ms)
+{
+    uint64_t deadline = ft_now_ms() + ms;
+    ferry_stats st;
+    do {
+        assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
+        if (st.completed > count)
+            return 1;
+    } while (ft_now_ms() < deadline);
+    return 0;
+}
+
+static void test_next_epoch_is_built_while_trainer_holds_last_batch(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_config *cfg = make_cfg("process", 2, 4, 100, synthetic_spec());
+    ferry_loader *ld;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    ferry_config_free(cfg);
+    uint64_t bpe;
+    ferry_loader_length(ld, NULL, &bpe);
+
+    ferry_batch *last = take_epoch0(ld);
+    /* The trainer is "busy" with epoch 0's last batch and has not asked for
+     * more; epoch 1's batches must arrive anyway. */
+    assert_true(wait_completed_above(ld, bpe + 1, 10000));
+    ferry_stats st;
+    ferry_loader_stats(ld, &st);
+    assert_int_equal(st.delivered, bpe);
+    assert_true(st.dispatched >= bpe + 2);
+    ferry_batch_release(last);
+
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_info info;
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.epoch, 1);
+    assert_int_equal(info.batch_in_epoch, 0);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
+/* The comparison mode really does hold the next epoch back: nothing of
+ * epoch 1 is dispatched until the trainer asks for it. */
+static void test_epoch_barrier_holds_next_epoch_until_asked(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_config *cfg = make_cfg("thread", 2, 4, 100, synthetic_spec());
+    assert_int_equal(ferry_config_set_int(cfg, "epoch_barrier", 1), FERRY_OK);
+    ferry_loader *ld;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    ferry_config_free(cfg);
+    uint64_t bpe;
+    ferry_loader_length(ld, NULL, &bpe);
+
+    ferry_batch *last = take_epoch0(ld);
+    /* Bounded wait for something that must not happen. */
+    assert_false(wait_completed_above(ld, bpe, 300));
+    ferry_stats st;
+    ferry_loader_stats(ld, &st);
+    assert_int_equal(st.dispatched, bpe);
+    ferry_batch_release(last);
+
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_info info;
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.epoch, 1);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
+/* ------------------------------------------------------------------------
+ * Errors
+ */
+
+static void test_dataset_error_is_reported_and_run_continues(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_config *cfg = make_cfg("process", 2, 4, 16, "synthetic:n=160,dim=8,fail_at=37");
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    ferry_loader *ld;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    ferry_config_free(cfg);
+
+    int ok = 0, failed = 0, rc;
+    ferry_batch *b = NULL;
+    while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
+        if (rc == FERRY_EBATCH) {
+            const char *msg = ferry_last_error();
+            assert_non_null(strstr(msg, "worker "));
+            assert_non_null(strstr(msg, "(pid "));
+            assert_non_null(strstr(msg, "index 37"));
+            assert_non_null(strstr(msg, "injected failure"));
+            assert_non_null(strstr(msg, "batch 2")); /* 37 / 16 */
+            failed++;
+            continue;
+        }
+        assert_int_equal(rc, FERRY_OK);
+        const uint64_t *idx = ferry_batch_indices(b);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        for (uint32_t i = 0; i < info.size; i++)
+            assert_int_not_equal(idx[i], 37);
+        ferry_batch_release(b);
+        ok++;
+    }
+    assert_int_equal(failed, 2);
+    assert_int_equal(ok, 2 * 10 - 2);
+    ferry_stats st;
+    ferry_loader_stats(ld, &st);
+    assert_int_equal(st.failed, 2);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
+static void test_open_fails_clearly_when_dataset_does_not_open(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_config *cfg = make_cfg("process", 2, 4, 16, "npy:/nonexistent/train_x.npy");
+    ferry_loader *ld = NULL;
+    int rc = ferry_loader_open(&ld, cfg);
+    ferry_config_free(cfg);
+    assert_int_equal(rc, FERRY_EDATASET);
+    assert_null(ld);
+    assert_non_null(strstr(ferry_last_error(), "worker "));
+    assert_non_null(strstr(ferry_last_error(), "/nonexistent/train_x.npy"));
+    ft_end(&snap);
+}
+
+static void test_open_fails_when_worker_program_is_missing(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_config *cfg = make_cfg("process", 2, 4, 16, synthetic_spec());
+    assert_int_equal(ferry_config_set(cfg, "worker_path", "/nonexistent/ferry-worker"), FERRY_OK);
+    ferry_loader *ld = NULL;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_ESPAWN);
+    ferry_config_free(cfg);
+    assert_null(ld);
+    assert_non_null(strstr(ferry_last_error(), "/nonexistent/ferry-worker"));
+    ft_end(&snap);
+}
+
+static void test_bad_options_are_rejected_by_name(void **state)
+{
+    (void)state;
+    ferry_config *cfg = ferry_config_new();
+    assert_int_equal(ferry_config_set_int(cfg, "bach_size", 3), FERRY_EOPTION);
+    assert_non_null(strstr(ferry_last_error(), "bach_size"));
+    assert_int_equal(ferry_config_set_int(cfg, "batch_size", 0), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "batch_size"));
+    assert_int_equal(ferry_config_set(cfg, "workers", "two"), FERRY_EINVAL);
+    assert_int_equal(ferry_config_set(cfg, "worker_mode", "fiber"), FERRY_EINVAL);
+    assert_int_equal(ferry_config_set(cfg, "in_order", "maybe"), FERRY_EINVAL);
+    assert_int_equal(ferry_config_set(cfg, "in_order", "false"), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "rank", 2), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "world_size", 2), FERRY_OK);
+    ferry_loader *ld = NULL;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "rank"));
+    assert_null(ld);
+    ferry_config_free(cfg);
+}
+
+/* ------------------------------------------------------------------------
+ * Shutdown
+ */
+
+static void test_close_mid_epoch_leaves_nothing_behind(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"process", "thread"};
+    for (int m = 0; m < 2; m++) {
+        for (int consumed = 0; consumed <= 5; consumed += 5) {
+            ft_snapshot snap;
+            ft_begin(&snap, 30);
+            ferry_config *cfg = make_cfg(modes[m], 3, 8, 32, synthetic_spec());
+            ferry_loader *ld;
+            assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+            ferry_config_free(cfg);
+            ferry_batch *held = NULL;
+            for (int i = 0; i < consumed; i++) {
+                ferry_batch *b;
+                assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+                ferry_batch_release(held);
+                held = b;
+            }
+            /* Batches in flight, one still held by the trainer. */
+            uint64_t t0 = ft_now_ms();
+            assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+            assert_true(ft_now_ms() - t0 < 5000);
+            if (held) {
+                check_content(held); /* still valid after close */
+                ferry_batch_release(held);
+            }
+            ft_end(&snap);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Resume
+ */
+
+static void test_resume_after_batch_k_reproduces_the_stream(void **state)
+{
+    (void)state;
+    const int k = 23, total = 60;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    const char *spec = "synthetic:n=1000,dim=40,augment=1";
+    uint64_t ref[60][3];   /* seq, first index, a content byte */
+
+    ferry_config *cfg = make_cfg("process", 2, 6, 50, spec);
+    ferry_config_set_int(cfg, "seed", 99);
+    ferry_config_set_int(cfg, "max_batches", total);
+    ferry_loader *ld;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    ferry_batch *b;
+    for (int i = 0; i < total; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        ferry_tensor x;
+        ferry_batch_field(b, "x", &x);
+        ref[i][0] = info.seq;
+        ref[i][1] = ferry_batch_indices(b)[0];
+        ref[i][2] = ((const unsigned char *)x.data)[x.nbytes - 1];
+        ferry_batch_release(b);
+    }
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    /* Interrupted run: stop after batch k-1 (k batches), save. */
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len = 0;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    for (int i = 0; i < k; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_release(b);
+    }
+    assert_int_equal(ferry_loader_state(ld, blob, sizeof blob, &len), FERRY_OK);
+    assert_true(len > 0 && len <= FERRY_STATE_MAX);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    /* Resumed run: identical from batch k on, and it ends in the same place. */
+    assert_int_equal(ferry_config_set_state(cfg, blob, len), FERRY_OK);
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    for (int i = k; i < total; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        ferry_tensor x;
+        ferry_batch_field(b, "x", &x);
+        assert_int_equal(info.seq, ref[i][0]);
+        assert_int_equal(ferry_batch_indices(b)[0], ref[i][1]);
+        assert_int_equal(((const unsigned char *)x.data)[x.nbytes - 1], ref[i][2]);
+        ferry_batch_release(b);
+    }
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    /* A state saved with other options is refused at open, by name. */
+    ferry_config_set_int(cfg, "batch_size", 64);
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "batch_size"));
+    ferry_config_free(cfg);
+    ft_end(&snap);
+}
+
 int main(void)
 {
-    return 0;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_options_are_rejected_by_name),
+        cmocka_unit_test(test_every_index_once_in_order_with_processes),
+        cmocka_unit_test(test_every_index_once_in_order_with_threads),
+        cmocka_unit_test(test_out_of_order_delivers_each_batch_once),
+        cmocka_unit_test(test_next_epoch_is_built_while_trainer_holds_last_batch),
+        cmocka_unit_test(test_epoch_barrier_holds_next_epoch_until_asked),
+        cmocka_unit_test(test_dataset_error_is_reported_and_run_continues),
+        cmocka_unit_test(test_open_fails_clearly_when_dataset_does_not_open),
+        cmocka_unit_test(test_open_fails_when_worker_program_is_missing),
+        cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),
+        cmocka_unit_test(test_resume_after_batch_k_reproduces_the_stream),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

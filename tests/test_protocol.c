@@ -1,4 +1,1163 @@
+/*
+ * test_protocol.c - the wire protocol's encoder and strict decoder
+ * (transport/protocol.c).
+ *
+ * What is proved: every message type survives encode -> decode unchanged,
+ * including the largest legal values; every decoding rule rejects the one
+ * thing it is about (the bad frames are built by re-packing a valid message
+ * with one change, or by packing a map by hand); the encoder refuses what the
+ * decoder would refuse and never writes past its buffer; payload checks
+ * cannot be fooled by arithmetic that wraps; and the decoder survives random
+ * and mutated input. Every decode reads from a heap buffer of exactly the
+ * frame's size, so an overread shows up under ASan or valgrind.
+ *
+ * No processes, sockets or threads: pure functions over buffers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "error.h"
+#include "protocol.h"
+
+static const ferry__msg_type all_types[] = {
+    FERRY__MSG_HELLO, FERRY__MSG_CONFIG,    FERRY__MSG_READY, FERRY__MSG_TASK, FERRY__MSG_BATCH,
+    FERRY__MSG_FAIL,  FERRY__MSG_HEARTBEAT, FERRY__MSG_STOP,  FERRY__MSG_BYE,
+};
+#define NTYPES (sizeof all_types / sizeof all_types[0])
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+/* A byte-string literal and its length, without the terminating NUL. */
+#define BYTES(s) (s), sizeof(s) - 1
+
+/* ---------------------------------------------------------------------------
+ * Helpers
+ */
+
+/* Fails unless rc == code and ferry_last_error() contains `word`. */
+#define expect_error(rc, code, word, ctx) expect_error_at((rc), (code), (word), (ctx), __FILE__, __LINE__)
+
+static void expect_error_at(int rc, int code, const char *word, const char *ctx, const char *file, int line)
+{
+    if (rc == code && strstr(ferry_last_error(), word) != NULL)
+        return;
+    print_error("%s: got %s \"%s\", want %s mentioning \"%s\"\n", ctx, ferry_err_name(rc), ferry_last_error(),
+                ferry_err_name(code), word);
+    _fail(file, line);
+}
+
+/* Decodes from a heap copy of exactly `len` bytes so reading past the frame
+ * is caught by the sanitizers. */
+static int decode_exact(const void *bytes, size_t len, ferry__msg *out)
+{
+    char *copy = malloc(len > 0 ? len : 1);
+    assert_non_null(copy);
+    if (len > 0)
+        memcpy(copy, bytes, len);
+    int rc = ferry__msg_decode(copy, len, out);
+    free(copy);
+    return rc;
+}
+
+static size_t encode_ok(const ferry__msg *m, char *buf, size_t cap)
+{
+    size_t len = 0;
+    int rc = ferry__msg_encode(m, buf, cap, &len);
+    if (rc != FERRY_OK)
+        print_error("encode %s: %s\n", ferry__msg_name((int)m->type), ferry_last_error());
+    assert_int_equal(rc, FERRY_OK);
+    assert_true(len > 0 && len <= cap && len <= FERRY__HDR_MAX);
+    return len;
+}
+
+static void set_str(char *dst, size_t len, char c)
+{
+    memset(dst, c, len);
+    dst[len] = '\0';
+}
+
+/* What shape and dtype say a field's size is (the test's own arithmetic). */
+static uint64_t field_size(const ferry__field_desc *f)
+{
+    uint64_t n = ferry_dtype_size((int)f->dtype);
+    for (int d = 0; d < f->ndim; d++)
+        n *= (uint64_t)f->shape[d];
+    return n;
+}
+
+static void set_field(ferry__field_desc *f, const char *name, ferry_dtype dtype, const int64_t *shape, int ndim,
+                      uint64_t offset)
+{
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->dtype = dtype;
+    f->ndim = ndim;
+    memcpy(f->shape, shape, (size_t)ndim * sizeof shape[0]);
+    f->offset = offset;
+    f->nbytes = field_size(f);
+}
+
+/* ---------------------------------------------------------------------------
+ * Sample messages: TYPICAL has ordinary non-trivial values; EXTREME has the
+ * largest and smallest legal ones (uint64 max, slot -1, strings one byte
+ * short of their buffers, 16 fields of 8 dims).
+ */
+
+enum { TYPICAL, EXTREME };
+
+static void sample_batch(ferry__batch_hdr *b, int variant)
+{
+    if (variant == TYPICAL) {
+        static const int64_t xs[] = { 4, 3, 2 }, ys[] = { 4 };
+        b->id = 9;
+        b->count = 4;
+        b->nfields = 2;
+        set_field(&b->fields[0], "x", FERRY_DTYPE_F32, xs, 3, 0);     /* 96 bytes */
+        set_field(&b->fields[1], "y", FERRY_DTYPE_I64, ys, 1, 128);   /* 32 bytes */
+        return;
+    }
+    b->id = UINT64_MAX;
+    b->count = FERRY__MAX_BATCH;
+    b->nfields = FERRY_MAX_FIELDS;
+    for (int i = 0; i < FERRY_MAX_FIELDS; i++) {
+        /* 2^20 * 64^6 * 1 * 8 bytes = 2^59: large but no overflow. */
+        const int64_t shape[FERRY_MAX_DIMS] = { FERRY__MAX_BATCH, 64, 64, 64, 64, 64, 64, 1 };
+        char name[FERRY_NAME_MAX];
+        set_str(name, FERRY_NAME_MAX - 1, 'n');
+        name[0] = (char)('a' + i);
+        set_field(&b->fields[i], name, (ferry_dtype)(1 + i % 12), shape, FERRY_MAX_DIMS,
+                  UINT64_MAX - (uint64_t)(i + 1) * (UINT64_C(1) << 60));
+    }
+}
+
+static void sample(ferry__msg *m, ferry__msg_type type, int variant)
+{
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    int ext = variant == EXTREME;
+    switch (type) {
+    case FERRY__MSG_HELLO:
+        m->u.hello.version = ext ? UINT32_MAX : FERRY_PROTOCOL_VERSION;
+        m->u.hello.pid = ext ? UINT32_MAX : 4242;
+        m->u.hello.slot = ext ? INT32_MAX : -1;
+        if (ext) {
+            set_str(m->u.hello.host, FERRY__HOST_MAX - 1, 'h');
+            set_str(m->u.hello.program, FERRY__PROGRAM_MAX - 1, 'p');
+        } else {
+            strcpy(m->u.hello.host, "node-17.cluster");
+            strcpy(m->u.hello.program, "ferry-worker 0.1.0");
+        }
+        break;
+    case FERRY__MSG_CONFIG:
+        if (ext)
+            set_str(m->u.config.dataset, FERRY__SPEC_MAX - 1, 'd');
+        else
+            strcpy(m->u.config.dataset, "npy:train_x.npy,train_y.npy");
+        m->u.config.worker_index = ext ? UINT32_MAX - 1 : 2;
+        m->u.config.num_workers = ext ? UINT32_MAX : 4;
+        m->u.config.seed = ext ? UINT64_MAX : 1234;
+        m->u.config.credits = ext ? FERRY__MAX_CREDITS : 2;
+        m->u.config.heartbeat_ms = ext ? UINT32_MAX : 500;
+        break;
+    case FERRY__MSG_READY:
+        if (ext) {
+            m->u.ready.code = INT32_MIN;
+            set_str(m->u.ready.error, FERRY__TEXT_MAX - 1, 'e');
+        } else {
+            m->u.ready.length = UINT64_MAX;
+        }
+        break;
+    case FERRY__MSG_TASK:
+        m->u.task.id = UINT64_MAX;
+        m->u.task.epoch = ext ? UINT64_MAX : 3;
+        m->u.task.batch_in_epoch = ext ? UINT64_MAX : 17;
+        m->u.task.seq = ext ? UINT64_MAX : UINT64_MAX - 1;
+        m->u.task.count = ext ? FERRY__MAX_BATCH : 256;
+        break;
+    case FERRY__MSG_BATCH:
+        sample_batch(&m->u.batch, variant);
+        break;
+    case FERRY__MSG_FAIL:
+        m->u.fail.id = ext ? UINT64_MAX : 5;
+        m->u.fail.code = ext ? INT32_MIN : FERRY_EBATCH;
+        m->u.fail.index = UINT64_MAX;
+        if (ext)
+            set_str(m->u.fail.message, FERRY__TEXT_MAX - 1, 'm');
+        else
+            strcpy(m->u.fail.message, "cannot read item 7: Input/output error");
+        break;
+    case FERRY__MSG_HEARTBEAT:
+    case FERRY__MSG_STOP:
+    case FERRY__MSG_BYE:
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Crafting bad frames: re-pack a valid message with one change
+ */
+
+typedef enum { M_REPLACE, M_DROP, M_DUP, M_ADD } mut_op;
+
+/* `path` names a value by keys and array indices ("fields.1.shape.0"). For
+ * M_ADD it names the new key ("fields.0.bogus" adds "bogus" to field 0). */
+typedef struct mutation {
+    const char *path;
+    mut_op op;
+    msgpack_object val;  /* M_REPLACE, M_ADD */
+} mutation;
+
+static void child_path(char *out, size_t cap, const char *parent, const char *name, size_t n)
+{
+    if (parent[0] == '\0')
+        snprintf(out, cap, "%.*s", (int)n, name);
+    else
+        snprintf(out, cap, "%s.%.*s", parent, (int)n, name);
+}
+
+/* Whether `path` is the map that M_ADD's path adds to. */
+static int is_add_target(const mutation *mu, const char *path)
+{
+    if (mu->op != M_ADD)
+        return 0;
+    const char *dot = strrchr(mu->path, '.');
+    size_t plen = dot ? (size_t)(dot - mu->path) : 0;
+    return strlen(path) == plen && strncmp(path, mu->path, plen) == 0;
+}
+
+static void repack(msgpack_packer *pk, const msgpack_object *o, const char *path, const mutation *mu, int *applied)
+{
+    char sub[160];
+    if (mu->op == M_REPLACE && strcmp(path, mu->path) == 0) {
+        msgpack_pack_object(pk, mu->val);
+        (*applied)++;
+        return;
+    }
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        msgpack_pack_array(pk, o->via.array.size);
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            char idx[16];
+            snprintf(idx, sizeof idx, "%u", (unsigned)i);
+            child_path(sub, sizeof sub, path, idx, strlen(idx));
+            repack(pk, &o->via.array.ptr[i], sub, mu, applied);
+        }
+        return;
+    }
+    if (o->type != MSGPACK_OBJECT_MAP) {
+        msgpack_pack_object(pk, *o);
+        return;
+    }
+    const msgpack_object_map *map = &o->via.map;
+    size_t n = map->size + (size_t)is_add_target(mu, path);
+    for (uint32_t i = 0; i < map->size; i++) {
+        child_path(sub, sizeof sub, path, map->ptr[i].key.via.str.ptr, map->ptr[i].key.via.str.size);
+        if (strcmp(sub, mu->path) == 0)
+            n += mu->op == M_DUP ? 1 : mu->op == M_DROP ? (size_t)-1 : 0;
+    }
+    msgpack_pack_map(pk, n);
+    for (uint32_t i = 0; i < map->size; i++) {
+        child_path(sub, sizeof sub, path, map->ptr[i].key.via.str.ptr, map->ptr[i].key.via.str.size);
+        int match = strcmp(sub, mu->path) == 0;
+        if (match && mu->op == M_DROP) {
+            (*applied)++;
+            continue;
+        }
+        int copies = match && mu->op == M_DUP ? 2 : 1;
+        for (int c = 0; c < copies; c++) {
+            msgpack_pack_object(pk, map->ptr[i].key);
+            repack(pk, &map->ptr[i].val, sub, mu, applied);
+        }
+        if (copies == 2)
+            (*applied)++;
+    }
+    if (is_add_target(mu, path)) {
+        const char *dot = strrchr(mu->path, '.');
+        const char *key = dot ? dot + 1 : mu->path;
+        msgpack_pack_str(pk, strlen(key));
+        msgpack_pack_str_body(pk, key, strlen(key));
+        msgpack_pack_object(pk, mu->val);
+        (*applied)++;
+    }
+}
+
+/* Encodes `base`, applies `mu` exactly once and copies the frame to out. */
+static size_t craft(const ferry__msg *base, const mutation *mu, char *out, size_t cap)
+{
+    char enc[FERRY__HDR_MAX];
+    size_t len = encode_ok(base, enc, sizeof enc);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack_next(&u, enc, len, &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int applied = 0;
+    repack(&pk, &u.data, "", mu, &applied);
+    if (applied != 1)
+        print_error("mutation of '%s' applied %d times\n", mu->path, applied);
+    assert_int_equal(applied, 1);
+    assert_true(sb.size <= cap);
+    memcpy(out, sb.data, sb.size);
+    size_t n = sb.size;
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
+    return n;
+}
+
+/* Decodes the typical sample of `type` with `mu` applied. */
+static int decode_mutated(ferry__msg_type type, mutation mu)
+{
+    ferry__msg base, out;
+    sample(&base, type, TYPICAL);
+    char frame[2 * FERRY__HDR_MAX];
+    size_t n = craft(&base, &mu, frame, sizeof frame);
+    return decode_exact(frame, n, &out);
+}
+
+/* msgpack_object values to put where they do not belong. */
+static msgpack_object mp_of(msgpack_object_type t)
+{
+    msgpack_object o;
+    memset(&o, 0, sizeof o);
+    o.type = t;
+    return o;
+}
+
+static msgpack_object mp_uint(uint64_t v)
+{
+    msgpack_object o = mp_of(MSGPACK_OBJECT_POSITIVE_INTEGER);
+    o.via.u64 = v;
+    return o;
+}
+
+static msgpack_object mp_int(int64_t v)
+{
+    if (v >= 0)
+        return mp_uint((uint64_t)v);
+    msgpack_object o = mp_of(MSGPACK_OBJECT_NEGATIVE_INTEGER);
+    o.via.i64 = v;
+    return o;
+}
+
+static msgpack_object mp_strn(const char *s, size_t n)
+{
+    msgpack_object o = mp_of(MSGPACK_OBJECT_STR);
+    o.via.str.ptr = s;
+    o.via.str.size = (uint32_t)n;
+    return o;
+}
+
+static msgpack_object mp_str(const char *s)
+{
+    return mp_strn(s, strlen(s));
+}
+
+static msgpack_object mp_array(msgpack_object *items, uint32_t n)
+{
+    msgpack_object o = mp_of(MSGPACK_OBJECT_ARRAY);
+    o.via.array.ptr = items;
+    o.via.array.size = n;
+    return o;
+}
+
+/* ---------------------------------------------------------------------------
+ * Round trips
+ */
+
+static void roundtrip(ferry__msg_type type, int variant)
+{
+    ferry__msg m, out, again;
+    char buf[FERRY__HDR_MAX], buf2[FERRY__HDR_MAX];
+    sample(&m, type, variant);
+    size_t len = encode_ok(&m, buf, sizeof buf);
+    int rc = decode_exact(buf, len, &out);
+    if (rc != FERRY_OK)
+        print_error("decode %s: %s\n", ferry__msg_name((int)type), ferry_last_error());
+    assert_int_equal(rc, FERRY_OK);
+    assert_int_equal(out.type, type);
+    assert_memory_equal(&m, &out, sizeof m);
+    /* Encoding is a function of the message: the same bytes come out again. */
+    assert_int_equal(decode_exact(buf, len, &again), FERRY_OK);
+    size_t len2 = encode_ok(&again, buf2, sizeof buf2);
+    assert_int_equal(len2, len);
+    assert_memory_equal(buf, buf2, len);
+}
+
+static void test_every_message_type_round_trips_typical_values(void **state)
+{
+    for (size_t i = 0; i < NTYPES; i++)
+        roundtrip(all_types[i], TYPICAL);
+}
+
+static void test_every_message_type_round_trips_extreme_values_within_hdr_max(void **state)
+{
+    for (size_t i = 0; i < NTYPES; i++)
+        roundtrip(all_types[i], EXTREME);
+}
+
+static void test_ready_with_error_and_slot_minus_one_round_trip(void **state)
+{
+    ferry__msg m, out;
+    char buf[FERRY__HDR_MAX];
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    m.u.ready.length = 0;
+    m.u.ready.code = FERRY_EDATASET;
+    strcpy(m.u.ready.error, "cannot open train_x.npy: No such file or directory");
+    size_t len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_memory_equal(&m, &out, sizeof m);
+
+    sample(&m, FERRY__MSG_HELLO, EXTREME);
+    m.u.hello.slot = -1;
+    memset(m.u.hello.host, 0, sizeof m.u.hello.host);  /* an empty host is legal */
+    len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_int_equal(out.u.hello.slot, -1);
+    assert_memory_equal(&m, &out, sizeof m);
+}
+
+static void test_names_and_payload_flags(void **state)
+{
+    static const char *const names[] = { "HELLO", "CONFIG", "READY",     "TASK", "BATCH",
+                                         "FAIL",  "HEARTBEAT", "STOP", "BYE" };
+    for (size_t i = 0; i < NTYPES; i++) {
+        assert_string_equal(ferry__msg_name((int)all_types[i]), names[i]);
+        int want = all_types[i] == FERRY__MSG_TASK || all_types[i] == FERRY__MSG_BATCH;
+        assert_int_equal(ferry__msg_has_payload(all_types[i]), want);
+    }
+    assert_string_equal(ferry__msg_name(0), "?");
+    assert_string_equal(ferry__msg_name(10), "?");
+    assert_string_equal(ferry__msg_name(-1), "?");
+    assert_int_equal(ferry__msg_has_payload((ferry__msg_type)0), 0);
+    assert_int_equal(ferry__msg_has_payload((ferry__msg_type)99), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Decoder: keys
+ */
+
+/* Every key of every message, by class: U unsigned, I signed, S string,
+ * A array, M a field map (array element), D a shape dim (array element). */
+static const struct key_path {
+    ferry__msg_type type;
+    const char *path;
+    char cls;
+    const char *word;  /* what the error must mention */
+} key_paths[] = {
+    { FERRY__MSG_HELLO, "type", 'U', "type" },
+    { FERRY__MSG_HELLO, "version", 'U', "version" },
+    { FERRY__MSG_HELLO, "pid", 'U', "pid" },
+    { FERRY__MSG_HELLO, "slot", 'I', "slot" },
+    { FERRY__MSG_HELLO, "host", 'S', "host" },
+    { FERRY__MSG_HELLO, "program", 'S', "program" },
+    { FERRY__MSG_CONFIG, "dataset", 'S', "dataset" },
+    { FERRY__MSG_CONFIG, "worker_index", 'U', "worker_index" },
+    { FERRY__MSG_CONFIG, "num_workers", 'U', "num_workers" },
+    { FERRY__MSG_CONFIG, "seed", 'U', "seed" },
+    { FERRY__MSG_CONFIG, "credits", 'U', "credits" },
+    { FERRY__MSG_CONFIG, "heartbeat_ms", 'U', "heartbeat_ms" },
+    { FERRY__MSG_READY, "length", 'U', "length" },
+    { FERRY__MSG_READY, "code", 'I', "code" },
+    { FERRY__MSG_READY, "error", 'S', "error" },
+    { FERRY__MSG_TASK, "id", 'U', "id" },
+    { FERRY__MSG_TASK, "epoch", 'U', "epoch" },
+    { FERRY__MSG_TASK, "batch_in_epoch", 'U', "batch_in_epoch" },
+    { FERRY__MSG_TASK, "seq", 'U', "seq" },
+    { FERRY__MSG_TASK, "count", 'U', "count" },
+    { FERRY__MSG_BATCH, "id", 'U', "id" },
+    { FERRY__MSG_BATCH, "count", 'U', "count" },
+    { FERRY__MSG_BATCH, "fields", 'A', "fields" },
+    { FERRY__MSG_BATCH, "fields.1", 'M', "field 1" },
+    { FERRY__MSG_BATCH, "fields.1.name", 'S', "name" },
+    { FERRY__MSG_BATCH, "fields.1.dtype", 'U', "dtype" },
+    { FERRY__MSG_BATCH, "fields.1.shape", 'A', "shape" },
+    { FERRY__MSG_BATCH, "fields.0.shape.1", 'D', "shape" },
+    { FERRY__MSG_BATCH, "fields.0.offset", 'U', "offset" },
+    { FERRY__MSG_BATCH, "fields.0.nbytes", 'U', "nbytes" },
+    { FERRY__MSG_FAIL, "id", 'U', "id" },
+    { FERRY__MSG_FAIL, "code", 'I', "code" },
+    { FERRY__MSG_FAIL, "index", 'U', "index" },
+    { FERRY__MSG_FAIL, "message", 'S', "message" },
+    { FERRY__MSG_STOP, "type", 'U', "type" },
+};
+
+/* Whether a value of msgpack type t is of the right type for class cls. */
+static int right_type(char cls, msgpack_object_type t)
+{
+    switch (cls) {
+    case 'U':
+    case 'D':
+        return t == MSGPACK_OBJECT_POSITIVE_INTEGER;
+    case 'I':
+        return t == MSGPACK_OBJECT_POSITIVE_INTEGER || t == MSGPACK_OBJECT_NEGATIVE_INTEGER;
+    case 'S':
+        return t == MSGPACK_OBJECT_STR;
+    case 'A':
+        return t == MSGPACK_OBJECT_ARRAY;
+    case 'M':
+        return t == MSGPACK_OBJECT_MAP;
+    }
+    return 0;
+}
+
+static void test_decode_rejects_wrong_msgpack_type_for_every_key(void **state)
+{
+    static const char three[] = "abc";
+    msgpack_object probes[] = {
+        mp_of(MSGPACK_OBJECT_NIL), mp_of(MSGPACK_OBJECT_BOOLEAN), mp_of(MSGPACK_OBJECT_FLOAT64),
+        mp_of(MSGPACK_OBJECT_FLOAT32), mp_str("7"), mp_of(MSGPACK_OBJECT_BIN), mp_of(MSGPACK_OBJECT_EXT),
+        mp_array(NULL, 0), mp_of(MSGPACK_OBJECT_MAP), mp_int(-1), mp_uint(7),
+    };
+    probes[1].via.boolean = true;
+    probes[2].via.f64 = 1.5;
+    probes[3].via.f64 = 2.5;
+    probes[5].via.bin.ptr = three;
+    probes[5].via.bin.size = 3;
+    probes[6].via.ext.type = 1;
+    probes[6].via.ext.ptr = three;
+    probes[6].via.ext.size = 3;
+
+    for (size_t k = 0; k < COUNT_OF(key_paths); k++) {
+        for (size_t p = 0; p < COUNT_OF(probes); p++) {
+            if (right_type(key_paths[k].cls, probes[p].type))
+                continue;
+            mutation mu = { key_paths[k].path, M_REPLACE, probes[p] };
+            char ctx[96];
+            snprintf(ctx, sizeof ctx, "%s.%s = msgpack type %d", ferry__msg_name((int)key_paths[k].type),
+                     key_paths[k].path, (int)probes[p].type);
+            expect_error(decode_mutated(key_paths[k].type, mu), FERRY_EPROTO, key_paths[k].word, ctx);
+        }
+    }
+}
+
+static void test_decode_rejects_missing_and_duplicate_keys(void **state)
+{
+    for (size_t k = 0; k < COUNT_OF(key_paths); k++) {
+        if (key_paths[k].cls == 'M' || key_paths[k].cls == 'D')
+            continue;  /* array elements, not keys */
+        const char *dot = strrchr(key_paths[k].path, '.');
+        const char *key = dot ? dot + 1 : key_paths[k].path;
+        char want[64], ctx[64];
+        snprintf(ctx, sizeof ctx, "%s.%s", ferry__msg_name((int)key_paths[k].type), key_paths[k].path);
+
+        mutation drop = { key_paths[k].path, M_DROP, mp_of(MSGPACK_OBJECT_NIL) };
+        snprintf(want, sizeof want, "'%s' is missing", key);
+        expect_error(decode_mutated(key_paths[k].type, drop), FERRY_EPROTO, want, ctx);
+
+        mutation dup = { key_paths[k].path, M_DUP, mp_of(MSGPACK_OBJECT_NIL) };
+        snprintf(want, sizeof want, "'%s' appears twice", key);
+        expect_error(decode_mutated(key_paths[k].type, dup), FERRY_EPROTO, want, ctx);
+    }
+}
+
+static void test_decode_rejects_unknown_keys(void **state)
+{
+    static const char long_key[] = "an_unexpectedly_long_key_name_that_goes_on_and_on_and_on_past_sixty_four_bytes";
+    for (size_t i = 0; i < NTYPES; i++) {
+        mutation mu = { "bogus", M_ADD, mp_uint(1) };
+        expect_error(decode_mutated(all_types[i], mu), FERRY_EPROTO, "unknown key 'bogus'",
+                     ferry__msg_name((int)all_types[i]));
+    }
+    mutation in_field = { "fields.1.stride", M_ADD, mp_uint(8) };
+    expect_error(decode_mutated(FERRY__MSG_BATCH, in_field), FERRY_EPROTO, "field 1: unknown key 'stride'",
+                 "field key");
+    /* Keys are matched exactly: no case folding. */
+    mutation upper = { "Count", M_ADD, mp_uint(8) };
+    expect_error(decode_mutated(FERRY__MSG_TASK, upper), FERRY_EPROTO, "unknown key 'Count'", "Count");
+    mutation longk = { long_key, M_ADD, mp_uint(8) };
+    expect_error(decode_mutated(FERRY__MSG_TASK, longk), FERRY_EPROTO, "unknown key 'an_unexpectedly", "long");
+}
+
+/* ---------------------------------------------------------------------------
+ * Decoder: values
+ */
+
+static void test_decode_rejects_out_of_range_scalars(void **state)
+{
+    const struct {
+        ferry__msg_type type;
+        const char *path;
+        msgpack_object val;
+        const char *word;
+    } cases[] = {
+        { FERRY__MSG_HELLO, "version", mp_uint(UINT64_C(1) << 32), "'version' is 4294967296" },
+        { FERRY__MSG_HELLO, "pid", mp_uint(UINT64_C(1) << 32), "'pid'" },
+        { FERRY__MSG_HELLO, "slot", mp_int(-2), "'slot' is -2, must be -1.." },
+        { FERRY__MSG_HELLO, "slot", mp_uint(UINT64_C(1) << 31), "'slot'" },
+        { FERRY__MSG_HELLO, "slot", mp_int(INT64_MIN), "'slot'" },
+        { FERRY__MSG_CONFIG, "credits", mp_uint(0), "'credits' is 0, must be 1..64" },
+        { FERRY__MSG_CONFIG, "credits", mp_uint(FERRY__MAX_CREDITS + 1), "'credits' is 65" },
+        { FERRY__MSG_CONFIG, "num_workers", mp_uint(0), "'num_workers'" },
+        { FERRY__MSG_CONFIG, "worker_index", mp_uint(4), "'worker_index' is 4" },
+        { FERRY__MSG_CONFIG, "heartbeat_ms", mp_uint(UINT64_C(1) << 32), "'heartbeat_ms'" },
+        { FERRY__MSG_READY, "code", mp_int(1), "'code' is 1" },
+        { FERRY__MSG_READY, "code", mp_int((int64_t)INT32_MIN - 1), "'code'" },
+        { FERRY__MSG_READY, "code", mp_int(FERRY_EDATASET), "'length'" },
+        { FERRY__MSG_READY, "error", mp_str("boom"), "'error'" },
+        { FERRY__MSG_TASK, "count", mp_uint(FERRY__MAX_BATCH + 1), "'count' is 1048577" },
+        { FERRY__MSG_TASK, "count", mp_uint(UINT64_MAX), "'count'" },
+        { FERRY__MSG_BATCH, "count", mp_uint(0), "'count' is 0" },
+        { FERRY__MSG_FAIL, "code", mp_int(0), "'code' is 0, must be" },
+        { FERRY__MSG_FAIL, "code", mp_int(3), "'code' is 3" },
+        { FERRY__MSG_FAIL, "code", mp_int((int64_t)INT32_MIN - 1), "'code'" },
+        { FERRY__MSG_STOP, "type", mp_uint(0), "not a known message type" },
+        { FERRY__MSG_STOP, "type", mp_uint(10), "not a known message type" },
+        { FERRY__MSG_STOP, "type", mp_uint(UINT64_MAX), "not a known message type" },
+    };
+    for (size_t i = 0; i < COUNT_OF(cases); i++) {
+        mutation mu = { cases[i].path, M_REPLACE, cases[i].val };
+        expect_error(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
+    }
+}
+
+static void test_decode_detail_names_message_key_value_and_range(void **state)
+{
+    mutation mu = { "count", M_REPLACE, mp_uint(0) };
+    assert_int_equal(decode_mutated(FERRY__MSG_TASK, mu), FERRY_EPROTO);
+    assert_string_equal(ferry_last_error(), "TASK: key 'count' is 0, must be 1..1048576");
+}
+
+static void test_decode_rejects_inconsistent_batch_fields(void **state)
+{
+    /* The typical batch has count 4; field 1 is "y", i64 of shape [4]. */
+    msgpack_object empty[1], short0[1] = { mp_uint(3) }, zero[2] = { mp_uint(4), mp_uint(0) },
+                             neg[2] = { mp_uint(4), mp_int(-3) }, wide[2] = { mp_uint(4), mp_uint(UINT64_MAX) },
+                             huge[3] = { mp_uint(4), mp_uint(UINT64_C(1) << 62), mp_uint(UINT64_C(1) << 62) },
+                             nine[FERRY_MAX_DIMS + 1];
+    for (int d = 0; d <= FERRY_MAX_DIMS; d++)
+        nine[d] = mp_uint(d == 0 ? 4 : 1);
+    const struct {
+        const char *path;
+        msgpack_object val;
+        const char *word;
+    } cases[] = {
+        { "fields.1.shape", mp_array(empty, 0), "field 1: key 'shape' has 0 dims" },
+        { "fields.1.shape", mp_array(nine, FERRY_MAX_DIMS + 1), "'shape' has 9 dims" },
+        { "fields.1.shape", mp_array(short0, 1), "must equal count 4" },
+        { "fields.1.shape", mp_array(zero, 2), "dim 1 is 0" },
+        { "fields.1.shape", mp_array(neg, 2), "dim 1 is -3" },
+        { "fields.1.shape", mp_array(wide, 2), "must be an int64" },
+        { "fields.1.shape", mp_array(huge, 3), "overflows" },
+        { "fields.1.nbytes", mp_uint(31), "field 1: key 'nbytes' is 31, shape and dtype give 32" },
+        { "fields.1.nbytes", mp_uint(33), "'nbytes' is 33" },
+        { "fields.1.dtype", mp_uint(0), "'dtype' is 0, not a known dtype" },
+        { "fields.1.dtype", mp_uint(13), "'dtype' is 13" },
+        { "fields.1.dtype", mp_uint(UINT64_C(1) << 32), "'dtype'" },
+        { "fields.1.name", mp_str("x"), "'name' 'x' repeats field 0" },
+        { "fields.1.name", mp_str(""), "'name' is 0 bytes long" },
+        { "fields", mp_array(empty, 0), "'fields' has 0 entries" },
+        { "count", mp_uint(5), "must equal count 5" },
+    };
+    for (size_t i = 0; i < COUNT_OF(cases); i++) {
+        mutation mu = { cases[i].path, M_REPLACE, cases[i].val };
+        expect_error(decode_mutated(FERRY__MSG_BATCH, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
+    }
+    /* For contrast: i64 -> f64 keeps the element size, so nbytes still holds. */
+    mutation same_size = { "fields.1.dtype", M_REPLACE, mp_uint(FERRY_DTYPE_F64) };
+    assert_int_equal(decode_mutated(FERRY__MSG_BATCH, same_size), FERRY_OK);
+}
+
+/* {type: BATCH, id: 1, count: 4, fields: [nfields x {name, u8 [4], 4 bytes}]},
+ * packed by hand since the encoder refuses more than FERRY_MAX_FIELDS. */
+static size_t pack_batch_of(unsigned nfields, char *out, size_t cap)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 4);
+    msgpack_pack_str_with_body(&pk, "type", 4);
+    msgpack_pack_uint32(&pk, FERRY__MSG_BATCH);
+    msgpack_pack_str_with_body(&pk, "id", 2);
+    msgpack_pack_uint32(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "count", 5);
+    msgpack_pack_uint32(&pk, 4);
+    msgpack_pack_str_with_body(&pk, "fields", 6);
+    msgpack_pack_array(&pk, nfields);
+    for (unsigned i = 0; i < nfields; i++) {
+        char name[16];
+        int n = snprintf(name, sizeof name, "f%u", i);
+        msgpack_pack_map(&pk, 5);
+        msgpack_pack_str_with_body(&pk, "name", 4);
+        msgpack_pack_str_with_body(&pk, name, (size_t)n);
+        msgpack_pack_str_with_body(&pk, "dtype", 5);
+        msgpack_pack_uint32(&pk, FERRY_DTYPE_U8);
+        msgpack_pack_str_with_body(&pk, "shape", 5);
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_uint32(&pk, 4);
+        msgpack_pack_str_with_body(&pk, "offset", 6);
+        msgpack_pack_uint32(&pk, 4 * i);
+        msgpack_pack_str_with_body(&pk, "nbytes", 6);
+        msgpack_pack_uint32(&pk, 4);
+    }
+    assert_true(sb.size <= cap);
+    memcpy(out, sb.data, sb.size);
+    size_t len = sb.size;
+    msgpack_sbuffer_destroy(&sb);
+    return len;
+}
+
+static void test_decode_accepts_16_fields_and_rejects_17(void **state)
+{
+    char buf[FERRY__HDR_MAX];
+    ferry__msg out;
+    size_t len = pack_batch_of(FERRY_MAX_FIELDS, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_int_equal(out.u.batch.nfields, FERRY_MAX_FIELDS);
+    assert_string_equal(out.u.batch.fields[15].name, "f15");
+    assert_int_equal(ferry__msg_check_payload(&out, 4 * FERRY_MAX_FIELDS), FERRY_OK);
+
+    len = pack_batch_of(FERRY_MAX_FIELDS + 1, buf, sizeof buf);
+    expect_error(decode_exact(buf, len, &out), FERRY_EPROTO, "'fields' has 17 entries", "17 fields");
+}
+
+static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
+{
+    static char big[FERRY__SPEC_MAX + 1];
+    memset(big, 'a', sizeof big);
+    const struct {
+        ferry__msg_type type;
+        const char *path;
+        msgpack_object val;
+        const char *word;
+    } cases[] = {
+        { FERRY__MSG_HELLO, "host", mp_strn(big, FERRY__HOST_MAX), "'host' is 256 bytes long, at most 255" },
+        { FERRY__MSG_HELLO, "program", mp_strn(big, FERRY__PROGRAM_MAX), "'program' is 64 bytes" },
+        { FERRY__MSG_CONFIG, "dataset", mp_strn(big, FERRY__SPEC_MAX), "'dataset' is 4096 bytes" },
+        { FERRY__MSG_CONFIG, "dataset", mp_str(""), "'dataset' is 0 bytes long, must be at least 1" },
+        { FERRY__MSG_READY, "error", mp_strn(big, FERRY__TEXT_MAX), "'error' is 1024 bytes" },
+        { FERRY__MSG_FAIL, "message", mp_strn(big, FERRY__TEXT_MAX), "'message' is 1024 bytes" },
+        { FERRY__MSG_BATCH, "fields.0.name", mp_strn(big, FERRY_NAME_MAX), "'name' is 64 bytes" },
+        { FERRY__MSG_HELLO, "host", mp_strn("node\0evil", 9), "'host' contains a NUL byte" },
+        { FERRY__MSG_FAIL, "message", mp_strn("\0", 1), "'message' contains a NUL byte" },
+        { FERRY__MSG_BATCH, "fields.0.name", mp_strn("x\0", 2), "'name' contains a NUL byte" },
+    };
+    for (size_t i = 0; i < COUNT_OF(cases); i++) {
+        mutation mu = { cases[i].path, M_REPLACE, cases[i].val };
+        expect_error(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Decoder: framing
+ */
+
+static void test_decode_rejects_what_is_not_a_header_map(void **state)
+{
+    static const struct {
+        const char *bytes;
+        size_t len;
+        const char *word;
+    } cases[] = {
+        { BYTES("\x92\x04\x01"), "is a msgpack array, must be a map" },
+        { BYTES("\x05"), "is a msgpack positive int, must be a map" },
+        { BYTES("\xa4TASK"), "must be a map" },
+        { BYTES("\xc0"), "must be a map" },
+        { BYTES("\x80"), "'type' is missing" },
+        { BYTES("\x81\xa2id\x01"), "'type' is missing" },
+        { BYTES("\x81\xa4type\xff"), "'type' must be a non-negative integer, got negative int" },
+        { BYTES("\x81\xa4type\xa4TASK"), "'type' must be a non-negative integer, got str" },
+        { BYTES("\x82\xa4type\x07\xa4type\x07"), "'type' appears twice" },
+        { BYTES("\x82\xa4type\x07\x01\x02"), "a key is a positive int, keys must be strings" },
+        { BYTES("\x82\xa4type\x07\xc4\x01x\x02"), "a key is a bin" },
+        { BYTES("\x81\xa4type\xc1"), "byte 0xc1 at offset 6 is not msgpack" },
+    };
+    ferry__msg out;
+    for (size_t i = 0; i < COUNT_OF(cases); i++)
+        expect_error(decode_exact(cases[i].bytes, cases[i].len, &out), FERRY_EPROTO, cases[i].word,
+                     cases[i].word);
+    /* The smallest legal frame, for contrast. */
+    assert_int_equal(decode_exact(BYTES("\x81\xa4type\x07"), &out), FERRY_OK);
+    assert_int_equal(out.type, FERRY__MSG_HEARTBEAT);
+}
+
+static void test_decode_rejects_trailing_bytes(void **state)
+{
+    ferry__msg m, out;
+    char buf[2 * FERRY__HDR_MAX];
+    for (size_t i = 0; i < NTYPES; i++) {
+        sample(&m, all_types[i], TYPICAL);
+        size_t len = encode_ok(&m, buf, FERRY__HDR_MAX);
+        buf[len] = '\0';  /* one positive fixint */
+        expect_error(decode_exact(buf, len + 1, &out), FERRY_EPROTO, "trailing bytes: 1 after",
+                     ferry__msg_name((int)all_types[i]));
+        /* Two whole messages in one frame are not one message either. */
+        memcpy(buf + len, buf, len);
+        expect_error(decode_exact(buf, 2 * len, &out), FERRY_EPROTO, "trailing", "doubled");
+    }
+}
+
+static void test_decode_rejects_every_truncation_of_valid_messages(void **state)
+{
+    ferry__msg m, out;
+    char buf[FERRY__HDR_MAX];
+    for (int variant = TYPICAL; variant <= EXTREME; variant++) {
+        for (size_t i = 0; i < NTYPES; i++) {
+            sample(&m, all_types[i], variant);
+            size_t len = encode_ok(&m, buf, sizeof buf);
+            for (size_t n = 0; n < len; n++) {
+                int rc = decode_exact(buf, n, &out);
+                if (rc != FERRY_EPROTO)
+                    print_error("%s cut at %zu of %zu: %s\n", ferry__msg_name((int)all_types[i]), n, len,
+                                ferry_err_name(rc));
+                assert_int_equal(rc, FERRY_EPROTO);
+            }
+        }
+    }
+    sample(&m, FERRY__MSG_TASK, TYPICAL);
+    size_t len = encode_ok(&m, buf, sizeof buf);
+    expect_error(decode_exact(buf, 0, &out), FERRY_EPROTO, "empty", "empty");
+    expect_error(decode_exact(buf, len - 1, &out), FERRY_EPROTO, "truncated", "last byte cut");
+}
+
+static void test_decode_rejects_frames_over_hdr_max(void **state)
+{
+    ferry__msg m, out;
+    static char buf[FERRY__HDR_MAX + 1];
+    sample(&m, FERRY__MSG_CONFIG, EXTREME);
+    size_t len = encode_ok(&m, buf, FERRY__HDR_MAX);
+    memset(buf + len, 0xc0, sizeof buf - len);
+    expect_error(decode_exact(buf, sizeof buf, &out), FERRY_EPROTO, "8193 bytes, larger than the 8192",
+                 "oversized");
+    /* A dataset string long enough to push the frame past the limit. */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    msgpack_pack_str_with_body(&pk, "type", 4);
+    msgpack_pack_uint32(&pk, FERRY__MSG_HELLO);
+    msgpack_pack_str_with_body(&pk, "host", 4);
+    static char host[FERRY__HDR_MAX];
+    memset(host, 'h', sizeof host);
+    msgpack_pack_str_with_body(&pk, host, sizeof host);
+    expect_error(decode_exact(sb.data, sb.size, &out), FERRY_EPROTO, "larger than", "big host");
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* msgpack-c allocates a container's storage from its declared size before
+ * reading any element; these frames declare billions in a few bytes. */
+static void test_decode_refuses_containers_bigger_than_the_frame(void **state)
+{
+    static const struct {
+        const char *bytes;
+        size_t len;
+        const char *word;
+    } cases[] = {
+        { BYTES("\xdf\xff\xff\xff\xff"), "declares 8589934590 elements" },
+        { BYTES("\xdd\xff\xff\xff\xff"), "declares 4294967295 elements" },
+        { BYTES("\x81\xa4type\xdd\xff\xff\xff\xff"), "declares 4294967295" },
+        { BYTES("\x82\xa4type\x07\xa1x\xdc\xff\xff"), "declares 65535" },
+        { BYTES("\x82\xa4type\x07\xa1x\x9f\x01"), "declares 15" },
+        { BYTES("\x81\xa4type\xdb\xff\xff\xff\xff"), "truncated" },
+        { BYTES("\x81\xa4type\xc6\xff\xff\xff\xff"), "truncated" },
+        { BYTES("\x81\xa4type\xc9\x00\x00\x00\x01\x01"), "truncated" },
+    };
+    ferry__msg out;
+    for (size_t i = 0; i < COUNT_OF(cases); i++)
+        expect_error(decode_exact(cases[i].bytes, cases[i].len, &out), FERRY_EPROTO, cases[i].word,
+                     cases[i].word);
+}
+
+static void test_decode_rejects_deep_nesting(void **state)
+{
+    char buf[256];
+    size_t n;
+    memcpy(buf, "\x82\xa4type\x07\xa1x", 9);
+    n = 9;
+    for (int d = 0; d < 100; d++)
+        buf[n++] = (char)0x91;  /* [ [ [ ... */
+    buf[n++] = 0x00;
+    ferry__msg out;
+    expect_error(decode_exact(buf, n, &out), FERRY_EPROTO, "nests deeper than 7 levels", "100 deep");
+    /* Eight levels are already too many; the legal maximum is four. */
+    expect_error(decode_exact(buf, 9 + 7, &out), FERRY_EPROTO, "nests deeper", "8 deep");
+}
+
+/* ---------------------------------------------------------------------------
+ * Encoder
+ */
+
+static void expect_encode_refused(const ferry__msg *m, const char *word)
+{
+    char buf[FERRY__HDR_MAX];
+    size_t len = 777;
+    expect_error(ferry__msg_encode(m, buf, sizeof buf, &len), FERRY_EINVAL, word, word);
+    assert_int_equal(len, 777);
+}
+
+static void test_encode_refuses_what_the_decoder_would_refuse(void **state)
+{
+    ferry__msg m;
+    sample(&m, FERRY__MSG_CONFIG, TYPICAL);
+    m.u.config.credits = 0;
+    expect_encode_refused(&m, "CONFIG: key 'credits' is 0, must be 1..64");
+    sample(&m, FERRY__MSG_CONFIG, TYPICAL);
+    m.u.config.worker_index = m.u.config.num_workers;
+    expect_encode_refused(&m, "worker_index");
+    sample(&m, FERRY__MSG_HELLO, TYPICAL);
+    memset(m.u.hello.host, 'h', sizeof m.u.hello.host);  /* no NUL */
+    expect_encode_refused(&m, "'host' is not NUL-terminated");
+    sample(&m, FERRY__MSG_HELLO, TYPICAL);
+    m.u.hello.slot = -2;
+    expect_encode_refused(&m, "'slot' is -2");
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    strcpy(m.u.ready.error, "stale");
+    expect_encode_refused(&m, "'error' is not empty");
+    sample(&m, FERRY__MSG_FAIL, TYPICAL);
+    m.u.fail.code = 0;
+    expect_encode_refused(&m, "FAIL: key 'code' is 0");
+    sample(&m, FERRY__MSG_TASK, TYPICAL);
+    m.u.task.count = FERRY__MAX_BATCH + 1;
+    expect_encode_refused(&m, "'count' is 1048577");
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    m.u.batch.fields[1].nbytes++;
+    expect_encode_refused(&m, "'nbytes' is 33");
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    strcpy(m.u.batch.fields[1].name, "x");
+    expect_encode_refused(&m, "repeats field 0");
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    m.u.batch.fields[0].ndim = FERRY_MAX_DIMS + 1;
+    expect_encode_refused(&m, "'shape' has 9 dims");
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    m.u.batch.nfields = FERRY_MAX_FIELDS + 1;
+    expect_encode_refused(&m, "'fields' has 17 entries");
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    m.u.batch.fields[0].dtype = (ferry_dtype)99;
+    expect_encode_refused(&m, "'dtype' is 99");
+    sample(&m, FERRY__MSG_STOP, TYPICAL);
+    m.type = (ferry__msg_type)0;
+    expect_encode_refused(&m, "unknown message type 0");
+    m.type = (ferry__msg_type)42;
+    expect_encode_refused(&m, "unknown message type 42");
+
+    char buf[16];
+    size_t len;
+    sample(&m, FERRY__MSG_STOP, TYPICAL);
+    expect_error(ferry__msg_encode(NULL, buf, sizeof buf, &len), FERRY_EINVAL, "NULL", "NULL m");
+    expect_error(ferry__msg_encode(&m, NULL, sizeof buf, &len), FERRY_EINVAL, "NULL", "NULL buf");
+    expect_error(ferry__msg_encode(&m, buf, sizeof buf, NULL), FERRY_EINVAL, "NULL", "NULL len");
+    ferry__msg out;
+    expect_error(ferry__msg_decode(NULL, 4, &out), FERRY_EINVAL, "NULL", "decode NULL buf");
+    expect_error(ferry__msg_decode(buf, 4, NULL), FERRY_EINVAL, "NULL", "decode NULL out");
+}
+
+/* Every capacity short of the frame fails with FERRY_ELIMIT, leaves *len
+ * alone and writes nothing past the capacity. */
+static void test_encode_reports_elimit_for_every_short_buffer_without_overrun(void **state)
+{
+    ferry__msg m;
+    char want[FERRY__HDR_MAX];
+    static char buf[FERRY__HDR_MAX + 64];
+    for (int variant = TYPICAL; variant <= EXTREME; variant++) {
+        for (size_t i = 0; i < NTYPES; i++) {
+            sample(&m, all_types[i], variant);
+            size_t full = encode_ok(&m, want, sizeof want);
+            for (size_t cap = 0; cap < full; cap++) {
+                memset(buf, 0xAA, full + 64);
+                size_t len = 777;
+                int rc = ferry__msg_encode(&m, buf, cap, &len);
+                assert_int_equal(rc, FERRY_ELIMIT);
+                assert_int_equal(len, 777);
+                for (size_t b = cap; b < full + 64; b++)
+                    assert_int_equal((unsigned char)buf[b], 0xAA);
+            }
+            size_t len = 0;
+            assert_int_equal(ferry__msg_encode(&m, buf, full, &len), FERRY_OK);
+            assert_int_equal(len, full);
+        }
+    }
+    sample(&m, FERRY__MSG_TASK, TYPICAL);
+    size_t len;
+    expect_error(ferry__msg_encode(&m, buf, 3, &len), FERRY_ELIMIT, "TASK header does not fit in 3 bytes",
+                 "short");
+}
+
+/* ---------------------------------------------------------------------------
+ * Payload frames
+ */
+
+static void test_check_payload_task_needs_exactly_count_indices(void **state)
+{
+    ferry__msg m;
+    sample(&m, FERRY__MSG_TASK, TYPICAL);  /* count 256 */
+    assert_int_equal(ferry__msg_check_payload(&m, 256 * 8), FERRY_OK);
+    expect_error(ferry__msg_check_payload(&m, 256 * 8 - 1), FERRY_EPROTO, "payload is 2047 bytes, count 256 needs 2048",
+                 "short");
+    expect_error(ferry__msg_check_payload(&m, 256 * 8 + 1), FERRY_EPROTO, "2049", "long");
+    expect_error(ferry__msg_check_payload(&m, 0), FERRY_EPROTO, "payload", "empty");
+    m.u.task.count = FERRY__MAX_BATCH;
+    assert_int_equal(ferry__msg_check_payload(&m, (size_t)FERRY__MAX_BATCH * 8), FERRY_OK);
+}
+
+static void test_check_payload_batch_fields_inside_and_disjoint(void **state)
+{
+    ferry__msg m;
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);  /* x: [0, 96), y: [128, 160) */
+    assert_int_equal(ferry__msg_check_payload(&m, 160), FERRY_OK);
+    assert_int_equal(ferry__msg_check_payload(&m, 4096), FERRY_OK);
+    expect_error(ferry__msg_check_payload(&m, 159), FERRY_EPROTO, "field 1: bytes at offset 128 size 32 lie outside",
+                 "one short");
+    expect_error(ferry__msg_check_payload(&m, 0), FERRY_EPROTO, "field 0", "empty");
+
+    m.u.batch.fields[1].offset = 96;  /* touching is fine */
+    assert_int_equal(ferry__msg_check_payload(&m, 128), FERRY_OK);
+    m.u.batch.fields[1].offset = 95;  /* one shared byte is not */
+    expect_error(ferry__msg_check_payload(&m, 128), FERRY_EPROTO, "field 1: bytes overlap field 0", "overlap");
+    m.u.batch.fields[1].offset = 0;
+    expect_error(ferry__msg_check_payload(&m, 128), FERRY_EPROTO, "overlap", "same offset");
+    m.u.batch.fields[0].offset = 100;  /* x: [100, 196) */
+    m.u.batch.fields[1].offset = 96;   /* y: [96, 128) starts before x and runs into it */
+    expect_error(ferry__msg_check_payload(&m, 196), FERRY_EPROTO, "overlap", "x after y");
+    m.u.batch.fields[1].offset = 200;
+    assert_int_equal(ferry__msg_check_payload(&m, 232), FERRY_OK);
+}
+
+/* offset + nbytes computed naively would wrap to a small number and pass. */
+static void test_check_payload_survives_offsets_near_uint64_max(void **state)
+{
+    ferry__msg m;
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    m.u.batch.fields[1].offset = UINT64_MAX - 10;  /* + 32 wraps to 21 */
+    expect_error(ferry__msg_check_payload(&m, 160), FERRY_EPROTO, "outside", "wrap");
+    m.u.batch.fields[1].offset = 128;
+    m.u.batch.fields[1].nbytes = UINT64_MAX;
+    expect_error(ferry__msg_check_payload(&m, 160), FERRY_EPROTO, "outside", "huge nbytes");
+    m.u.batch.fields[1].offset = UINT64_MAX;
+    m.u.batch.fields[1].nbytes = UINT64_MAX;
+    expect_error(ferry__msg_check_payload(&m, SIZE_MAX), FERRY_EPROTO, "outside", "both max");
+
+    /* With a frame as large as size_t allows, fields at the very top are
+     * inside, and the overlap test must not wrap either. */
+    m.u.batch.fields[1].offset = (uint64_t)SIZE_MAX - 32;
+    m.u.batch.fields[1].nbytes = 32;
+    assert_int_equal(ferry__msg_check_payload(&m, SIZE_MAX), FERRY_OK);
+    m.u.batch.fields[0].offset = (uint64_t)SIZE_MAX - 96 - 16;
+    expect_error(ferry__msg_check_payload(&m, SIZE_MAX), FERRY_EPROTO, "overlap", "overlap at top");
+}
+
+static void test_check_payload_refuses_messages_without_payload(void **state)
+{
+    ferry__msg m;
+    for (size_t i = 0; i < NTYPES; i++) {
+        if (ferry__msg_has_payload(all_types[i]))
+            continue;
+        sample(&m, all_types[i], TYPICAL);
+        expect_error(ferry__msg_check_payload(&m, 0), FERRY_EINVAL, "have no payload",
+                     ferry__msg_name((int)all_types[i]));
+    }
+    expect_error(ferry__msg_check_payload(NULL, 0), FERRY_EINVAL, "NULL", "NULL");
+}
+
+/* ---------------------------------------------------------------------------
+ * Robustness
+ */
+
+static uint64_t rng_state = UINT64_C(0x9e3779b97f4a7c15);
+
+static uint64_t rng(void)
+{
+    /* xorshift64*: deterministic, so a failure replays. */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * UINT64_C(2685821657736338717);
+}
+
+/* Whatever the decoder accepts, the encoder accepts too and reproduces. */
+static void check_outcome(int rc, const ferry__msg *out)
+{
+    if (rc != FERRY_OK && rc != FERRY_EPROTO) {
+        print_error("decoder returned %s: %s\n", ferry_err_name(rc), ferry_last_error());
+        fail();
+    }
+    if (rc != FERRY_OK)
+        return;
+    char buf[FERRY__HDR_MAX];
+    ferry__msg again;
+    size_t len = encode_ok(out, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &again), FERRY_OK);
+    assert_memory_equal(out, &again, sizeof again);
+}
+
+static void test_decoder_survives_random_bytes(void **state)
+{
+    unsigned char buf[1024];
+    ferry__msg out;
+    for (int iter = 0; iter < 60000; iter++) {
+        size_t len = (size_t)(rng() % (iter % 10 == 0 ? sizeof buf : 48));
+        for (size_t i = 0; i < len; i++)
+            buf[i] = (unsigned char)rng();
+        /* Half of them start like a small map, to get past the first check. */
+        if (len > 0 && iter % 2 == 0)
+            buf[0] = (unsigned char)(0x80 | (rng() % 8));
+        check_outcome(decode_exact(buf, len, &out), &out);
+    }
+}
+
+static void test_decoder_survives_mutations_of_valid_messages(void **state)
+{
+    ferry__msg m, out;
+    char valid[FERRY__HDR_MAX], buf[FERRY__HDR_MAX];
+    int accepted = 0;
+    for (int variant = TYPICAL; variant <= EXTREME; variant++) {
+        for (size_t i = 0; i < NTYPES; i++) {
+            sample(&m, all_types[i], variant);
+            size_t len = encode_ok(&m, valid, sizeof valid);
+            for (int iter = 0; iter < 3000; iter++) {
+                memcpy(buf, valid, len);
+                size_t pos = (size_t)(rng() % len);
+                buf[pos] = (char)rng();
+                int rc = decode_exact(buf, len, &out);
+                accepted += rc == FERRY_OK;
+                check_outcome(rc, &out);
+                /* And the same mutation on a frame cut short. */
+                size_t cut = pos + 1 + (size_t)(rng() % (len - pos));
+                if (cut < len)
+                    check_outcome(decode_exact(buf, cut, &out), &out);
+            }
+        }
+    }
+    /* Some mutations only change a value (a digit of an id): those decode. */
+    assert_true(accepted > 0);
+}
+
 int main(void)
 {
-    return 0;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_message_type_round_trips_typical_values),
+        cmocka_unit_test(test_every_message_type_round_trips_extreme_values_within_hdr_max),
+        cmocka_unit_test(test_ready_with_error_and_slot_minus_one_round_trip),
+        cmocka_unit_test(test_names_and_payload_flags),
+        cmocka_unit_test(test_decode_rejects_wrong_msgpack_type_for_every_key),
+        cmocka_unit_test(test_decode_rejects_missing_and_duplicate_keys),
+        cmocka_unit_test(test_decode_rejects_unknown_keys),
+        cmocka_unit_test(test_decode_rejects_out_of_range_scalars),
+        cmocka_unit_test(test_decode_detail_names_message_key_value_and_range),
+        cmocka_unit_test(test_decode_rejects_inconsistent_batch_fields),
+        cmocka_unit_test(test_decode_accepts_16_fields_and_rejects_17),
+        cmocka_unit_test(test_decode_rejects_strings_too_long_or_with_nul),
+        cmocka_unit_test(test_decode_rejects_what_is_not_a_header_map),
+        cmocka_unit_test(test_decode_rejects_trailing_bytes),
+        cmocka_unit_test(test_decode_rejects_every_truncation_of_valid_messages),
+        cmocka_unit_test(test_decode_rejects_frames_over_hdr_max),
+        cmocka_unit_test(test_decode_refuses_containers_bigger_than_the_frame),
+        cmocka_unit_test(test_decode_rejects_deep_nesting),
+        cmocka_unit_test(test_encode_refuses_what_the_decoder_would_refuse),
+        cmocka_unit_test(test_encode_reports_elimit_for_every_short_buffer_without_overrun),
+        cmocka_unit_test(test_check_payload_task_needs_exactly_count_indices),
+        cmocka_unit_test(test_check_payload_batch_fields_inside_and_disjoint),
+        cmocka_unit_test(test_check_payload_survives_offsets_near_uint64_max),
+        cmocka_unit_test(test_check_payload_refuses_messages_without_payload),
+        cmocka_unit_test(test_decoder_survives_random_bytes),
+        cmocka_unit_test(test_decoder_survives_mutations_of_valid_messages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

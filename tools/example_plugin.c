@@ -70,8 +70,8 @@ static int example_open(void **handle, const char *args, const ferry_dataset_ctx
         int rc;
 
         if (eq == NULL) {
-            snprintf(errbuf, errlen, "example: expected n=N or dim=D, got '%.*s'",
-                     (int)(stop - p), p);
+            snprintf(errbuf, errlen, "example: expected n=N or dim=D, got '%.*s'", (int)(stop - p),
+                     p);
             return FERRY_EDATASET;
         }
         if (eq - p == 1 && p[0] == 'n') {
@@ -79,8 +79,8 @@ static int example_open(void **handle, const char *args, const ferry_dataset_ctx
         } else if (eq - p == 3 && memcmp(p, "dim", 3) == 0) {
             rc = example_number("dim", eq + 1, stop, EXAMPLE_MAX_DIM, &cfg.dim, errbuf, errlen);
         } else {
-            snprintf(errbuf, errlen, "example: unknown key '%.*s' (expected n, dim)",
-                     (int)(eq - p), p);
+            snprintf(errbuf, errlen, "example: unknown key '%.*s' (expected n, dim)", (int)(eq - p),
+                     p);
             return FERRY_EDATASET;
         }
         if (rc != FERRY_OK)

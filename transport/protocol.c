@@ -458,19 +458,31 @@ static const lead_form lead_forms[32] = {
     [0x1f] = { 4, 0, F_MAP },
 };
 
+/* The deepest legal header nests four containers (the map, "fields", a field
+ * map, "shape"); anything far deeper is refused before msgpack-c sees it,
+ * which would otherwise report its own depth limit as out of memory. */
+#define SCAN_MAX_DEPTH 8
+
 /* Walks the framing of the first msgpack object in p[0..len) without building
  * it, and sets *end to where it stops. Fails (FERRY_EPROTO) if the data ends
- * early, uses the reserved byte 0xc1, or any array or map declares more
- * elements than the remaining bytes could hold: every element takes at least
- * one byte, so objects still expected can never outnumber bytes left. */
+ * early, uses the reserved byte 0xc1, nests deeper than SCAN_MAX_DEPTH, or
+ * any array or map declares more elements than the remaining bytes could
+ * hold: every element takes at least one byte, so the objects still expected
+ * can never outnumber the bytes left. */
 static int scan_frame(const unsigned char *p, size_t len, size_t *end)
 {
+    uint64_t left[SCAN_MAX_DEPTH];  /* per open level: elements still to read */
+    int depth = 1;
+    left[0] = 1;                    /* the root object */
+    uint64_t pending = 1;           /* sum of left[]: objects announced, not read */
     size_t pos = 0;
-    uint64_t pending = 1;  /* objects announced but not yet read */
     while (pending > 0) {
+        while (left[depth - 1] == 0)
+            depth--;  /* that container is complete: back to its parent */
         if (pos >= len)
             return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside the map", len);
         unsigned lead = p[pos++];
+        left[depth - 1]--;
         pending--;
         lead_form f = { 0, 0, F_SCALAR };
         uint64_t n = 0;
@@ -498,6 +510,8 @@ static int scan_frame(const unsigned char *p, size_t len, size_t *end)
             return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside a value", len);
         pos += (size_t)skip;
         uint64_t children = f.what == F_MAP ? 2 * n : f.what == F_ARRAY ? n : 0;
+        if (children > 0 && depth == SCAN_MAX_DEPTH)
+            return ferry__seterr(FERRY_EPROTO, "header frame nests deeper than %d levels", SCAN_MAX_DEPTH - 1);
         if (pending + children > len - pos) {
             if (children > 0)
                 return ferry__seterr(FERRY_EPROTO,
@@ -506,7 +520,10 @@ static int scan_frame(const unsigned char *p, size_t len, size_t *end)
                                      children, len - pos);
             return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside the map", len);
         }
-        pending += children;
+        if (children > 0) {
+            left[depth++] = children;
+            pending += children;
+        }
     }
     *end = pos;
     return FERRY_OK;
@@ -745,7 +762,7 @@ int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out)
     if (rc != FERRY_OK)
         return rc;
     if (end != len)
-        return ferry__seterr(FERRY_EPROTO, "header frame has %zu trailing bytes after the map", len - end);
+        return ferry__seterr(FERRY_EPROTO, "header frame has trailing bytes: %zu after the map", len - end);
 
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
@@ -754,7 +771,7 @@ int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out)
     if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
         rc = ferry__seterr(FERRY_ENOMEM, "out of memory unpacking a %zu-byte header frame", len);
     else if (ur != MSGPACK_UNPACK_SUCCESS || off != len)
-        rc = ferry__seterr(FERRY_EPROTO, "header frame is not valid msgpack (nested too deep?)");
+        rc = ferry__seterr(FERRY_EPROTO, "header frame is not valid msgpack");
     else
         rc = decode_header(&u.data, out);
     msgpack_unpacked_destroy(&u);
