@@ -28,6 +28,7 @@ typedef struct opt_def {
 } opt_def;
 
 static const char *const placement_names[] = {"process", "thread", NULL};
+static const char *const failure_names[] = {"restart", "fail", NULL};
 
 #define OFF(f) offsetof(struct ferry_config, f)
 static const opt_def options[] = {
@@ -50,6 +51,9 @@ static const opt_def options[] = {
     {"close_grace_ms", OPT_INT, OFF(close_grace_ms), 0, 600000, NULL, "STOP to SIGTERM"},
     {"epoch_barrier", OPT_BOOL, OFF(epoch_barrier), 0, 1, NULL, "no prefetch across epochs"},
     {"max_message", OPT_INT, OFF(max_message), 4096, INT64_MAX, NULL, "largest message"},
+    {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names,
+     "restart or fail"},
+    {"max_attempts", OPT_INT, OFF(max_attempts), 1, 100, NULL, "tries of a batch that kills"},
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
 };
 #undef OFF
@@ -70,6 +74,8 @@ ferry_config *ferry_config_new(void)
     c->start_timeout_ms = 30000;
     c->close_grace_ms = 2000;
     c->max_message = (int64_t)1 << 31;
+    c->on_worker_failure = FERRY__ON_FAILURE_RESTART;
+    c->max_attempts = 3;
     return c;
 }
 
@@ -150,8 +156,8 @@ int ferry_config_set(ferry_config *cfg, const char *key, const char *value)
                 return FERRY_OK;
             }
         }
-        return ferry__seterr(FERRY_EINVAL, "option '%s' must be one of process, thread; got '%s'",
-                             key, value);
+        return ferry__seterr(FERRY_EINVAL, "option '%s' must be %s or %s; got '%s'", key,
+                             d->choices[0], d->choices[1], value);
     case OPT_BOOL:
         if (!strcasecmp(value, "true") || !strcasecmp(value, "yes") || !strcasecmp(value, "on"))
             return store_int(cfg, d, 1);

@@ -14,6 +14,11 @@
 #include "ferry.h"
 #include "protocol.h"
 
+typedef enum ferry__on_failure {
+    FERRY__ON_FAILURE_RESTART = 0,
+    FERRY__ON_FAILURE_FAIL = 1,
+} ferry__on_failure;
+
 typedef enum ferry__placement {
     FERRY__PLACE_PROCESS = 0,
     FERRY__PLACE_THREAD = 1,
@@ -40,6 +45,8 @@ struct ferry_config {
     int64_t close_grace_ms;
     int64_t epoch_barrier;
     int64_t max_message;    /* ZMQ_MAXMSGSIZE for the loader's socket */
+    int64_t on_worker_failure; /* ferry__on_failure */
+    int64_t max_attempts;   /* workers a batch may take down before it is given up */
     char worker_path[PATH_MAX];
     unsigned char state[FERRY_STATE_MAX];
     size_t state_len;

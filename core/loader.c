@@ -75,6 +75,15 @@ typedef struct wslot {
     int thread_live;
     ferry__ident ident;
     uint32_t outstanding;
+    uint64_t busy_since_ms;   /* when its oldest outstanding task became its current one */
+    uint32_t failed_starts;   /* deaths in a row without delivering anything */
+    int delivered_any;
+    int killing;              /* the loader has sent it SIGKILL */
+    int unreachable;          /* a send failed: no more tasks until it is replaced */
+    char kill_reason[256];    /* why the loader killed it, or "" */
+    int errfd;                /* read end of its stderr, -1 when none */
+    char tail[512];           /* the end of what it wrote to stderr */
+    size_t tail_len;
 } wslot;
 
 typedef enum tstate { T_FREE = 0, T_PENDING, T_DONE } tstate;
@@ -82,7 +91,9 @@ typedef enum tstate { T_FREE = 0, T_PENDING, T_DONE } tstate;
 typedef struct task_ent {
     tstate state;
     ferry__sampler_task t;
-    int worker;
+    int worker;          /* -1: PENDING but waiting to be sent again */
+    uint32_t attempts;   /* workers that died while working on it */
+    uint64_t sent_order;
     uint64_t sent_ms;
     uint64_t done_order;
     uint64_t *indices;   /* capacity batch_size, allocated at open */
@@ -111,6 +122,8 @@ struct ferry_loader {
     /* --- scheduler thread only --- */
     wslot *w;
     uint32_t rr;                 /* round-robin start for picking workers */
+    uint64_t send_counter;
+    int closing;                 /* shutdown has begun: deaths are expected */
     uint64_t start_deadline_ms;
     ferry__msg in, out;          /* message scratch, too big for the stack */
 
@@ -187,10 +200,21 @@ typedef struct thread_arg {
     int slot;
 } thread_arg;
 
+static void set_pid(ferry_loader *ld, wslot *w, pid_t pid)
+{
+    pthread_mutex_lock(&ld->mu);
+    w->pid = pid;
+    pthread_mutex_unlock(&ld->mu);
+}
+
 static int start_worker(ferry_loader *ld, wslot *w)
 {
     w->ident.len = 0;
     w->outstanding = 0;
+    w->killing = 0;
+    w->unreachable = 0;
+    w->kill_reason[0] = '\0';
+    w->tail_len = 0;
     if (ld->cfg.worker_mode == FERRY__PLACE_THREAD) {
         thread_arg *a = malloc(sizeof *a);
         if (!a)
@@ -205,9 +229,12 @@ static int start_worker(ferry_loader *ld, wslot *w)
         }
         w->thread_live = 1;
     } else {
-        int rc = ferry__spawn_worker(ld->worker_path, ld->endpoint, w->index, &w->pid, &w->pidfd);
+        pid_t pid;
+        int rc = ferry__spawn_worker(ld->worker_path, ld->endpoint, w->index, &pid, &w->pidfd,
+                                     &w->errfd);
         if (rc != FERRY_OK)
             return rc;
+        set_pid(ld, w, pid);
     }
     w->state = W_SPAWNED;
     return FERRY_OK;
@@ -237,12 +264,25 @@ static wslot *pick_worker(ferry_loader *ld)
     wslot *best = NULL;
     for (uint32_t k = 0; k < ld->nworkers; k++) {
         wslot *w = &ld->w[(ld->rr + k) % ld->nworkers];
-        if (w->state == W_READY && w->outstanding < (uint32_t)ld->cfg.credits &&
+        if (w->state == W_READY && !w->unreachable &&
+            w->outstanding < (uint32_t)ld->cfg.credits &&
             (!best || w->outstanding < best->outstanding))
             best = w;
     }
     if (best)
         ld->rr = (uint32_t)(best->index + 1) % ld->nworkers;
+    return best;
+}
+
+/* The lowest-seq task waiting to be sent again after its worker died. */
+static task_ent *requeued_entry(ferry_loader *ld)
+{
+    task_ent *best = NULL;
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        task_ent *e = &ld->tasks[i];
+        if (e->state == T_PENDING && e->worker < 0 && (!best || e->t.seq < best->t.seq))
+            best = e;
+    }
     return best;
 }
 
@@ -281,17 +321,51 @@ static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
     }
     e->worker = w->index;
     e->sent_ms = now_ms();
-    w->outstanding++;
+    e->sent_order = ld->send_counter++;
+    if (w->outstanding++ == 0)
+        w->busy_since_ms = e->sent_ms;
     return FERRY_OK;
 }
 
-/* Fills the window: while there is room, a task left and a worker with a
- * free credit, take the next task and send it. */
+/* A task could not be sent to w (it has just gone away, before its pidfd
+ * said so). Under restart the task stays queued and w takes no more work
+ * until its death is handled; returns 1 to go on dispatching. Under fail
+ * the loader fails. */
+static int send_failed(ferry_loader *ld, wslot *w)
+{
+    char who[64], msg[FERRY__ERRMSG_MAX];
+    describe_worker(ld, w, who, sizeof who);
+    snprintf(msg, sizeof msg, "could not send a task to %s: %s", who, ferry_last_error());
+    if (ld->cfg.on_worker_failure == FERRY__ON_FAILURE_RESTART && w->pid) {
+        w->unreachable = 1;
+        return 1;
+    }
+    fail(ld, FERRY_EWORKER, msg);
+    return 0;
+}
+
+/* Fills the window: tasks whose worker died go out again first; then,
+ * while there is room, a task left and a worker with a free credit, take
+ * the next task and send it. */
 static void dispatch(ferry_loader *ld)
 {
     for (;;) {
         pthread_mutex_lock(&ld->mu);
-        if (ld->ph != P_RUNNING || ld->stop || ld->in_flight >= ld->prefetch) {
+        if (ld->ph != P_RUNNING || ld->stop) {
+            pthread_mutex_unlock(&ld->mu);
+            return;
+        }
+        task_ent *again = requeued_entry(ld);
+        if (again) {
+            wslot *w = pick_worker(ld);
+            pthread_mutex_unlock(&ld->mu);
+            if (!w)
+                return;
+            if (send_task(ld, again, w) != FERRY_OK && !send_failed(ld, w))
+                return;
+            continue;
+        }
+        if (ld->in_flight >= ld->prefetch) {
             pthread_mutex_unlock(&ld->mu);
             return;
         }
@@ -316,21 +390,16 @@ static void dispatch(ferry_loader *ld)
         }
         e->state = T_PENDING;
         e->t = t;
+        e->worker = -1; /* until the send succeeds */
+        e->attempts = 0;
         ld->in_flight++;
         ld->next_seq++;
         ld->st.dispatched++;
         pthread_mutex_unlock(&ld->mu);
 
         ferry__sampler_indices(&ld->sampler, &t, e->indices);
-        if (send_task(ld, e, w) != FERRY_OK) {
-            char who[64];
-            describe_worker(ld, w, who, sizeof who);
-            char msg[FERRY__ERRMSG_MAX];
-            snprintf(msg, sizeof msg, "could not send a task to %s: %s", who,
-                     ferry_last_error());
-            fail(ld, FERRY_EWORKER, msg);
+        if (send_task(ld, e, w) != FERRY_OK && !send_failed(ld, w))
             return;
-        }
     }
 }
 
@@ -353,6 +422,16 @@ static void count_malformed(ferry_loader *ld)
 {
     pthread_mutex_lock(&ld->mu);
     ld->st.malformed++;
+    pthread_mutex_unlock(&ld->mu);
+}
+
+/* A well-formed reply nobody is waiting for: from a worker given up on, or
+ * for a task already re-sent elsewhere. Dropped, so nothing is delivered
+ * twice. */
+static void count_stale(ferry_loader *ld)
+{
+    pthread_mutex_lock(&ld->mu);
+    ld->st.stale++;
     pthread_mutex_unlock(&ld->mu);
 }
 
@@ -452,13 +531,19 @@ static task_ent *owned_task(ferry_loader *ld, wslot *w, uint64_t id)
     return NULL;
 }
 
+/* Files entry e as done. w: the worker that answered, NULL when the loader
+ * gave the batch up itself. */
 static void complete_locked(ferry_loader *ld, task_ent *e, wslot *w)
 {
     e->state = T_DONE;
     e->done_order = ld->done_counter++;
     ld->st.completed++;
-    if (w->outstanding)
-        w->outstanding--;
+    if (w) {
+        w->delivered_any = 1;
+        w->failed_starts = 0;
+        if (w->outstanding && --w->outstanding)
+            w->busy_since_ms = now_ms();
+    }
     pthread_cond_broadcast(&ld->cv);
 }
 
@@ -467,7 +552,7 @@ static void on_batch(ferry_loader *ld, wslot *w, zmq_msg_t *payload)
     const ferry__batch_hdr *h = &ld->in.u.batch;
     task_ent *e = owned_task(ld, w, h->id);
     if (!e || h->count != e->t.count) {
-        count_malformed(ld);
+        count_stale(ld);
         return;
     }
     ferry_batch_info info = {.epoch = e->t.epoch,
@@ -494,7 +579,7 @@ static void on_fail(ferry_loader *ld, wslot *w)
     const ferry__fail *f = &ld->in.u.fail;
     task_ent *e = owned_task(ld, w, f->id);
     if (!e) {
-        count_malformed(ld);
+        count_stale(ld);
         return;
     }
     char who[64];
@@ -520,7 +605,7 @@ static void on_message(ferry_loader *ld, const ferry__ident *id, zmq_msg_t *payl
     }
     wslot *w = find_by_ident(ld, id);
     if (!w) {
-        count_malformed(ld);
+        count_stale(ld);
         return;
     }
     switch (ld->in.type) {
@@ -573,9 +658,53 @@ static void drain_socket(ferry_loader *ld, int budget)
  * Supervision
  */
 
+/* Passes whatever worker w wrote to stderr on to ours, keeping the end of it
+ * for the message if the worker dies. */
+static void pump_stderr(wslot *w)
+{
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(w->errfd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        ssize_t off = 0;
+        while (off < n) {
+            ssize_t m = write(STDERR_FILENO, buf + off, (size_t)(n - off));
+            if (m <= 0)
+                break;
+            off += m;
+        }
+        size_t keep = sizeof w->tail - 1;
+        size_t add = (size_t)n > keep ? keep : (size_t)n;
+        if (w->tail_len + add > keep) {
+            size_t drop = w->tail_len + add - keep;
+            memmove(w->tail, w->tail + drop, w->tail_len - drop);
+            w->tail_len -= drop;
+        }
+        memcpy(w->tail + w->tail_len, buf + n - add, add);
+        w->tail_len += add;
+    }
+}
+
+/* The last non-empty line the worker wrote, or "" */
+static void last_words(const wslot *w, char *out, size_t cap)
+{
+    size_t end = w->tail_len;
+    while (end > 0 && (w->tail[end - 1] == '\n' || w->tail[end - 1] == '\r'))
+        end--;
+    size_t start = end;
+    while (start > 0 && w->tail[start - 1] != '\n')
+        start--;
+    size_t len = end - start < cap - 1 ? end - start : cap - 1;
+    memcpy(out, w->tail + start, len);
+    out[len] = '\0';
+}
+
 /* Reaps worker w's process if it has exited; returns 1 if it did, with the
  * wait status in *status. */
-static int reap(wslot *w, int *status)
+static int reap(ferry_loader *ld, wslot *w, int *status)
 {
     if (!w->pid)
         return 0;
@@ -587,27 +716,134 @@ static int reap(wslot *w, int *status)
         return 0;
     close(w->pidfd);
     w->pidfd = -1;
-    w->pid = 0;
+    if (w->errfd >= 0) {
+        pump_stderr(w);
+        close(w->errfd);
+        w->errfd = -1;
+    }
+    set_pid(ld, w, 0);
     return 1;
+}
+
+static void describe_indices(const task_ent *e, char *buf, size_t cap)
+{
+    size_t off = 0;
+    uint32_t shown = e->t.count < 8 ? e->t.count : 8;
+    for (uint32_t i = 0; i < shown && off < cap; i++)
+        off += (size_t)snprintf(buf + off, cap - off, "%s%llu", i ? ", " : "",
+                                (unsigned long long)e->indices[i]);
+    if (shown < e->t.count && off < cap)
+        snprintf(buf + off, cap - off, ", ... (%u in all)", e->t.count);
+}
+
+/* A worker died or was given up on: its tasks go back to the queue. The one
+ * it was working on (its oldest) is charged an attempt, and once a batch has
+ * taken down max_attempts workers it is given up as poison and reported, so
+ * the run goes on without it. The others were only queued behind it and go
+ * out again free of charge. Caller holds mu. */
+static void requeue_locked(ferry_loader *ld, wslot *w, const char *death)
+{
+    task_ent *oldest = NULL;
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        task_ent *e = &ld->tasks[i];
+        if (e->state != T_PENDING || e->worker != w->index)
+            continue;
+        e->worker = -1;
+        if (!oldest || e->sent_order < oldest->sent_order)
+            oldest = e;
+    }
+    w->outstanding = 0;
+    if (!oldest || ++oldest->attempts < (uint32_t)ld->cfg.max_attempts)
+        return;
+    char idx[256];
+    describe_indices(oldest, idx, sizeof idx);
+    oldest->errmsg = malloc(FERRY__ERRMSG_MAX);
+    if (oldest->errmsg)
+        snprintf(oldest->errmsg, FERRY__ERRMSG_MAX,
+                 "batch %llu (epoch %llu, batch %llu; indices %s) was given up after %u "
+                 "workers died on it; the last: %s",
+                 (unsigned long long)oldest->t.seq, (unsigned long long)oldest->t.epoch,
+                 (unsigned long long)oldest->t.batch_in_epoch, idx, oldest->attempts, death);
+    oldest->err = FERRY_EBATCH;
+    complete_locked(ld, oldest, NULL);
 }
 
 static void on_worker_exit(ferry_loader *ld, wslot *w)
 {
     int status;
     pid_t pid = w->pid;
-    if (!reap(w, &status))
+    if (!reap(ld, w, &status))
         return;
     wstate was = w->state;
     w->state = W_GONE;
-    char how[256], msg[FERRY__ERRMSG_MAX];
+    if (ld->closing)
+        return;
+
+    char how[256], words[256], msg[FERRY__ERRMSG_MAX];
     ferry__describe_status(status, how, sizeof how);
-    snprintf(msg, sizeof msg, "worker %d (pid %d) %s%s", w->index, (int)pid, how,
-             was == W_SPAWNED || was == W_CONFIGURED ? " while starting" : "");
+    last_words(w, words, sizeof words);
+    snprintf(msg, sizeof msg, "worker %d (pid %d) %s%s%s%s%s%s", w->index, (int)pid, how,
+             was == W_SPAWNED || was == W_CONFIGURED ? " while starting" : "",
+             w->kill_reason[0] ? ", killed by ferry because " : "", w->kill_reason,
+             words[0] ? "; its last words: " : "", words);
+
     pthread_mutex_lock(&ld->mu);
     if (was == W_READY && ld->st.workers)
         ld->st.workers--;
-    fail_locked(ld, FERRY_EWORKER, msg);
+    if (ld->ph != P_RUNNING || ld->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
+        fail_locked(ld, FERRY_EWORKER, msg);
+        pthread_mutex_unlock(&ld->mu);
+        return;
+    }
+    requeue_locked(ld, w, msg);
+    if (!w->delivered_any && ++w->failed_starts > (uint32_t)ld->cfg.max_attempts + 2) {
+        char m2[FERRY__ERRMSG_MAX];
+        snprintf(m2, sizeof m2, "worker %d died %u times in a row without delivering a batch; "
+                 "the last: %s", w->index, w->failed_starts, msg);
+        fail_locked(ld, FERRY_EWORKER, m2);
+        pthread_mutex_unlock(&ld->mu);
+        return;
+    }
+    ld->st.restarts++;
     pthread_mutex_unlock(&ld->mu);
+
+    fprintf(stderr, "ferry: %s; starting a replacement\n", msg);
+    w->delivered_any = 0;
+    int rc = start_worker(ld, w);
+    if (rc != FERRY_OK)
+        fail(ld, rc, NULL);
+}
+
+/* A worker past timeout_ms on its current task: under restart (process
+ * workers) it is killed, and its death requeues the task; otherwise the
+ * loader fails with a timeout naming the worker and the task. */
+static void on_timeout_locked(ferry_loader *ld, wslot *w, uint64_t now)
+{
+    task_ent *cur = NULL;
+    for (uint32_t i = 0; i < ld->prefetch; i++) {
+        task_ent *e = &ld->tasks[i];
+        if (e->state == T_PENDING && e->worker == w->index &&
+            (!cur || e->sent_order < cur->sent_order))
+            cur = e;
+    }
+    if (!cur)
+        return;
+    char who[64];
+    describe_worker(ld, w, who, sizeof who);
+    ld->st.timeouts++;
+    snprintf(w->kill_reason, sizeof w->kill_reason,
+             "it spent %llu ms on batch %llu (epoch %llu, batch %llu), past timeout_ms %lld",
+             (unsigned long long)(now - w->busy_since_ms), (unsigned long long)cur->t.seq,
+             (unsigned long long)cur->t.epoch, (unsigned long long)cur->t.batch_in_epoch,
+             (long long)ld->cfg.timeout_ms);
+    if (ld->cfg.on_worker_failure == FERRY__ON_FAILURE_RESTART && w->pidfd >= 0) {
+        w->killing = 1;
+        pidfd_send_signal(w->pidfd, SIGKILL, NULL, 0);
+        return;
+    }
+    char msg[FERRY__ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s timed out: %s", who, w->kill_reason);
+    fail_locked(ld, FERRY_ETIMEDOUT, msg);
 }
 
 static void check_deadlines(ferry_loader *ld)
@@ -621,32 +857,33 @@ static void check_deadlines(ferry_loader *ld)
         fail_locked(ld, FERRY_ETIMEDOUT, msg);
     }
     if (ld->ph == P_RUNNING && ld->cfg.timeout_ms > 0) {
-        for (uint32_t i = 0; i < ld->prefetch; i++) {
-            task_ent *e = &ld->tasks[i];
-            if (e->state == T_PENDING && now - e->sent_ms >= (uint64_t)ld->cfg.timeout_ms) {
-                char who[64], msg[FERRY__ERRMSG_MAX];
-                describe_worker(ld, &ld->w[e->worker], who, sizeof who);
-                snprintf(msg, sizeof msg,
-                         "%s did not deliver batch %llu (epoch %llu, batch %llu) within %lld ms",
-                         who, (unsigned long long)e->t.seq, (unsigned long long)e->t.epoch,
-                         (unsigned long long)e->t.batch_in_epoch,
-                         (long long)ld->cfg.timeout_ms);
-                fail_locked(ld, FERRY_ETIMEDOUT, msg);
-                break;
-            }
+        for (uint32_t i = 0; i < ld->nworkers; i++) {
+            wslot *w = &ld->w[i];
+            if (w->state == W_READY && w->outstanding && !w->killing &&
+                now - w->busy_since_ms >= (uint64_t)ld->cfg.timeout_ms)
+                on_timeout_locked(ld, w, now);
         }
     }
     pthread_mutex_unlock(&ld->mu);
 }
 
-/* One round of waiting: the socket, the wake fd and every live pidfd. */
+/* One round of waiting: the socket, the wake fd, and every live worker's
+ * pidfd and stderr. */
 static void poll_once(ferry_loader *ld, int timeout_ms)
 {
-    zmq_pollitem_t items[2 + 256];
-    wslot *owner[2 + 256];
+    zmq_pollitem_t items[2 + 2 * 256];
+    wslot *owner[2 + 2 * 256];
     int n = 0;
     items[n++] = (zmq_pollitem_t){.socket = ld->router, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ld->wake_fd, .events = ZMQ_POLLIN};
+    int first_errfd = n;
+    for (uint32_t i = 0; i < ld->nworkers; i++) {
+        if (ld->w[i].errfd >= 0) {
+            owner[n] = &ld->w[i];
+            items[n++] = (zmq_pollitem_t){.fd = ld->w[i].errfd, .events = ZMQ_POLLIN};
+        }
+    }
+    int first_pidfd = n;
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         if (ld->w[i].pidfd >= 0) {
             owner[n] = &ld->w[i];
@@ -662,7 +899,13 @@ static void poll_once(ferry_loader *ld, int timeout_ms)
     }
     if (items[0].revents & ZMQ_POLLIN)
         drain_socket(ld, 64);
-    for (int i = 2; i < n; i++) {
+    for (int i = first_errfd; i < first_pidfd; i++) {
+        if (items[i].revents)
+            pump_stderr(owner[i]);
+    }
+    /* After stderr, so a dying worker's last words are in before its death
+     * is reported. */
+    for (int i = first_pidfd; i < n; i++) {
         if (items[i].revents & ZMQ_POLLIN)
             on_worker_exit(ld, owner[i]);
     }
@@ -690,7 +933,7 @@ static void wait_workers(ferry_loader *ld, uint64_t deadline)
     for (;;) {
         for (uint32_t i = 0; i < ld->nworkers; i++) {
             int status;
-            reap(&ld->w[i], &status);
+            reap(ld, &ld->w[i], &status);
         }
         if (!workers_left(ld))
             return;
@@ -713,6 +956,7 @@ static void signal_workers(ferry_loader *ld, int sig)
 static void shutdown_workers(ferry_loader *ld)
 {
     uint64_t grace = (uint64_t)ld->cfg.close_grace_ms;
+    ld->closing = 1;
     ld->out.type = FERRY__MSG_STOP;
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         wslot *w = &ld->w[i];
@@ -739,7 +983,11 @@ static void shutdown_workers(ferry_loader *ld)
                     ;
                 close(w->pidfd);
                 w->pidfd = -1;
-                w->pid = 0;
+                if (w->errfd >= 0) {
+                    close(w->errfd);
+                    w->errfd = -1;
+                }
+                set_pid(ld, w, 0);
             }
         }
     }
@@ -941,6 +1189,7 @@ static ferry_loader *alloc_loader(const ferry_config *cfg)
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         ld->w[i].index = (int)i;
         ld->w[i].pidfd = -1;
+        ld->w[i].errfd = -1;
     }
     return ld;
 fail:
@@ -1125,6 +1374,17 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
     pthread_mutex_lock(&ld->mu);
     *st = ld->st;
     st->in_flight = ld->in_flight;
+    pthread_mutex_unlock(&ld->mu);
+    return FERRY_OK;
+}
+
+int ferry_loader_worker_pid(ferry_loader *ld, uint32_t index, int *pid)
+{
+    if (!ld || !pid || index >= ld->nworkers)
+        return ferry__seterr(FERRY_EINVAL, "no worker %u (the loader has %u)", index,
+                             ld ? ld->nworkers : 0);
+    pthread_mutex_lock(&ld->mu);
+    *pid = (int)ld->w[index].pid;
     pthread_mutex_unlock(&ld->mu);
     return FERRY_OK;
 }

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
@@ -74,8 +75,21 @@ static int limit_error(const char *what, int e)
 }
 
 int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid_out,
-                        int *pidfd_out)
+                        int *pidfd_out, int *errfd_out)
 {
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        int e = errno;
+        if (e == EMFILE || e == ENFILE)
+            return limit_error("starting a worker", e);
+        return ferry__seterr(FERRY_ESPAWN, "pipe2: %s", strerror(e));
+    }
+    /* The child's end must block like any stderr. */
+    fcntl(errpipe[1], F_SETFL, 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, errpipe[1], 2);
+
     char slot_s[16], parent_s[24];
     snprintf(slot_s, sizeof slot_s, "%d", slot);
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
@@ -97,13 +111,17 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
 
     pid_t pid;
     /* glibc's posix_spawn reports an exec failure as its return value. */
-    int e = posix_spawn(&pid, path, NULL, &attr, argv, environ);
+    int e = posix_spawn(&pid, path, &fa, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
-    if (e == EAGAIN || e == EMFILE || e == ENFILE)
-        return limit_error("starting a worker", e);
-    if (e != 0)
+    posix_spawn_file_actions_destroy(&fa);
+    close(errpipe[1]);
+    if (e != 0) {
+        close(errpipe[0]);
+        if (e == EAGAIN || e == EMFILE || e == ENFILE)
+            return limit_error("starting a worker", e);
         return ferry__seterr(FERRY_ESPAWN, "could not start worker program '%s': %s", path,
                              strerror(e));
+    }
 
     int fd = pidfd_open(pid, 0);
     if (fd < 0) {
@@ -111,12 +129,14 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
         kill(pid, SIGKILL);
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
+        close(errpipe[0]);
         if (e == EMFILE || e == ENFILE)
             return limit_error("watching a worker", e);
         return ferry__seterr(FERRY_ESPAWN, "pidfd_open: %s", strerror(e));
     }
     *pid_out = pid;
     *pidfd_out = fd;
+    *errfd_out = errpipe[0];
     return FERRY_OK;
 }
 

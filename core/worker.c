@@ -179,9 +179,17 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
                                .seed = w->seed,
                                .indices = w->indices,
                                .count = t.count};
+    if (w->o->note)
+        snprintf(w->o->note, w->o->note_len,
+                 "building batch %llu (epoch %llu, batch %llu, %u items from index %llu)",
+                 (unsigned long long)t.seq, (unsigned long long)t.epoch,
+                 (unsigned long long)t.batch_in_epoch, t.count,
+                 (unsigned long long)w->indices[0]);
     ferry_dataset_error derr;
     memset(&derr, 0, sizeof derr);
     int rc = ferry__dataset_get_batch(&w->ds, &req, dst, &derr);
+    if (w->o->note)
+        snprintf(w->o->note, w->o->note_len, "idle");
     if (rc != FERRY_OK) {
         zmq_msg_close(&payload);
         return send_fail(w, t.id, rc, derr.index, derr.message);

@@ -169,6 +169,9 @@ typedef struct ferry_stats {
     uint64_t failed;      /* batches the dataset failed on */
     uint64_t realigned;   /* batches copied to meet the alignment promise */
     uint64_t malformed;   /* messages dropped as malformed */
+    uint64_t stale;       /* replies dropped: from a worker given up on, or for no task */
+    uint64_t restarts;    /* workers replaced after dying or timing out */
+    uint64_t timeouts;    /* batches that ran past timeout_ms */
     uint32_t workers;     /* workers alive and ready */
     uint32_t in_flight;   /* dispatched, not yet delivered */
 } ferry_stats;
@@ -177,9 +180,15 @@ typedef struct ferry_stats {
  * ferry_loader_next(). */
 FERRY_API int ferry_loader_stats(ferry_loader *ld, ferry_stats *st);
 
+/* The process id of local worker `index` (0 <= index < workers), or 0 in
+ * *pid when it is a thread or not running at the moment (being replaced). */
+FERRY_API int ferry_loader_worker_pid(ferry_loader *ld, uint32_t index, int *pid);
+
 /* Stops every worker (STOP, a grace period, then SIGTERM and SIGKILL),
  * reaps them and frees everything. Always returns within a bounded time.
- * Batches not yet released stay valid until released. */
+ * Batches not yet released stay valid until released. May be called from
+ * any thread, but not while another thread is inside ferry_loader_next()
+ * on the same loader. */
 FERRY_API int ferry_loader_close(ferry_loader *ld);
 
 /* ----------------------------------------------------------------------------

@@ -31,8 +31,8 @@ static const ferry__msg_type all_types[] = {
     FERRY__MSG_HELLO, FERRY__MSG_CONFIG,    FERRY__MSG_READY, FERRY__MSG_TASK, FERRY__MSG_BATCH,
     FERRY__MSG_FAIL,  FERRY__MSG_HEARTBEAT, FERRY__MSG_STOP,  FERRY__MSG_BYE,
 };
-#define NTYPES (sizeof all_types / sizeof all_types[0])
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+#define NTYPES COUNT_OF(all_types)
 /* A byte-string literal and its length, without the terminating NUL. */
 #define BYTES(s) (s), sizeof(s) - 1
 
@@ -41,14 +41,16 @@ static const ferry__msg_type all_types[] = {
  */
 
 /* Fails unless rc == code and ferry_last_error() contains `word`. */
-#define expect_error(rc, code, word, ctx) expect_error_at((rc), (code), (word), (ctx), __FILE__, __LINE__)
+#define expect_error(rc, code, word, ctx)                                                          \
+    expect_error_at((rc), (code), (word), (ctx), __FILE__, __LINE__)
 
-static void expect_error_at(int rc, int code, const char *word, const char *ctx, const char *file, int line)
+static void expect_error_at(int rc, int code, const char *word, const char *ctx, const char *file,
+                            int line)
 {
     if (rc == code && strstr(ferry_last_error(), word) != NULL)
         return;
-    print_error("%s: got %s \"%s\", want %s mentioning \"%s\"\n", ctx, ferry_err_name(rc), ferry_last_error(),
-                ferry_err_name(code), word);
+    print_error("%s: got %s \"%s\", want %s mentioning \"%s\"\n", ctx, ferry_err_name(rc),
+                ferry_last_error(), ferry_err_name(code), word);
     _fail(file, line);
 }
 
@@ -91,8 +93,8 @@ static uint64_t field_size(const ferry__field_desc *f)
     return n;
 }
 
-static void set_field(ferry__field_desc *f, const char *name, ferry_dtype dtype, const int64_t *shape, int ndim,
-                      uint64_t offset)
+static void set_field(ferry__field_desc *f, const char *name, ferry_dtype dtype,
+                      const int64_t *shape, int ndim, uint64_t offset)
 {
     snprintf(f->name, sizeof f->name, "%s", name);
     f->dtype = dtype;
@@ -103,9 +105,10 @@ static void set_field(ferry__field_desc *f, const char *name, ferry_dtype dtype,
 }
 
 /* ---------------------------------------------------------------------------
- * Sample messages: TYPICAL has ordinary non-trivial values; EXTREME has the
- * largest and smallest legal ones (uint64 max, slot -1, strings one byte
- * short of their buffers, 16 fields of 8 dims).
+ * Sample messages: TYPICAL has ordinary non-trivial values (slot -1, a
+ * two-field batch); EXTREME has the largest legal ones (uint32 and uint64
+ * max, INT32_MIN codes, strings one byte short of their buffers, 16 fields
+ * of 8 dims).
  */
 
 enum { TYPICAL, EXTREME };
@@ -113,12 +116,12 @@ enum { TYPICAL, EXTREME };
 static void sample_batch(ferry__batch_hdr *b, int variant)
 {
     if (variant == TYPICAL) {
-        static const int64_t xs[] = { 4, 3, 2 }, ys[] = { 4 };
+        static const int64_t xs[] = {4, 3, 2}, ys[] = {4};
         b->id = 9;
         b->count = 4;
         b->nfields = 2;
-        set_field(&b->fields[0], "x", FERRY_DTYPE_F32, xs, 3, 0);     /* 96 bytes */
-        set_field(&b->fields[1], "y", FERRY_DTYPE_I64, ys, 1, 128);   /* 32 bytes */
+        set_field(&b->fields[0], "x", FERRY_DTYPE_F32, xs, 3, 0);   /* 96 bytes */
+        set_field(&b->fields[1], "y", FERRY_DTYPE_I64, ys, 1, 128); /* 32 bytes */
         return;
     }
     b->id = UINT64_MAX;
@@ -126,7 +129,7 @@ static void sample_batch(ferry__batch_hdr *b, int variant)
     b->nfields = FERRY_MAX_FIELDS;
     for (int i = 0; i < FERRY_MAX_FIELDS; i++) {
         /* 2^20 * 64^6 * 1 * 8 bytes = 2^59: large but no overflow. */
-        const int64_t shape[FERRY_MAX_DIMS] = { FERRY__MAX_BATCH, 64, 64, 64, 64, 64, 64, 1 };
+        const int64_t shape[FERRY_MAX_DIMS] = {FERRY__MAX_BATCH, 64, 64, 64, 64, 64, 64, 1};
         char name[FERRY_NAME_MAX];
         set_str(name, FERRY_NAME_MAX - 1, 'n');
         name[0] = (char)('a' + i);
@@ -209,7 +212,7 @@ typedef enum { M_REPLACE, M_DROP, M_DUP, M_ADD } mut_op;
 typedef struct mutation {
     const char *path;
     mut_op op;
-    msgpack_object val;  /* M_REPLACE, M_ADD */
+    msgpack_object val; /* M_REPLACE, M_ADD */
 } mutation;
 
 static void child_path(char *out, size_t cap, const char *parent, const char *name, size_t n)
@@ -230,7 +233,8 @@ static int is_add_target(const mutation *mu, const char *path)
     return strlen(path) == plen && strncmp(path, mu->path, plen) == 0;
 }
 
-static void repack(msgpack_packer *pk, const msgpack_object *o, const char *path, const mutation *mu, int *applied)
+static void repack(msgpack_packer *pk, const msgpack_object *o, const char *path,
+                   const mutation *mu, int *applied)
 {
     char sub[160];
     if (mu->op == M_REPLACE && strcmp(path, mu->path) == 0) {
@@ -255,13 +259,17 @@ static void repack(msgpack_packer *pk, const msgpack_object *o, const char *path
     const msgpack_object_map *map = &o->via.map;
     size_t n = map->size + (size_t)is_add_target(mu, path);
     for (uint32_t i = 0; i < map->size; i++) {
-        child_path(sub, sizeof sub, path, map->ptr[i].key.via.str.ptr, map->ptr[i].key.via.str.size);
-        if (strcmp(sub, mu->path) == 0)
-            n += mu->op == M_DUP ? 1 : mu->op == M_DROP ? (size_t)-1 : 0;
+        child_path(sub, sizeof sub, path, map->ptr[i].key.via.str.ptr,
+                   map->ptr[i].key.via.str.size);
+        if (strcmp(sub, mu->path) == 0 && mu->op == M_DUP)
+            n++;
+        else if (strcmp(sub, mu->path) == 0 && mu->op == M_DROP)
+            n--;
     }
     msgpack_pack_map(pk, n);
     for (uint32_t i = 0; i < map->size; i++) {
-        child_path(sub, sizeof sub, path, map->ptr[i].key.via.str.ptr, map->ptr[i].key.via.str.size);
+        child_path(sub, sizeof sub, path, map->ptr[i].key.via.str.ptr,
+                   map->ptr[i].key.via.str.size);
         int match = strcmp(sub, mu->path) == 0;
         if (match && mu->op == M_DROP) {
             (*applied)++;
@@ -416,7 +424,7 @@ static void test_ready_with_error_and_slot_minus_one_round_trip(void **state)
 
     sample(&m, FERRY__MSG_HELLO, EXTREME);
     m.u.hello.slot = -1;
-    memset(m.u.hello.host, 0, sizeof m.u.hello.host);  /* an empty host is legal */
+    memset(m.u.hello.host, 0, sizeof m.u.hello.host); /* an empty host is legal */
     len = encode_ok(&m, buf, sizeof buf);
     assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
     assert_int_equal(out.u.hello.slot, -1);
@@ -425,8 +433,8 @@ static void test_ready_with_error_and_slot_minus_one_round_trip(void **state)
 
 static void test_names_and_payload_flags(void **state)
 {
-    static const char *const names[] = { "HELLO", "CONFIG", "READY",     "TASK", "BATCH",
-                                         "FAIL",  "HEARTBEAT", "STOP", "BYE" };
+    static const char *const names[] = {"HELLO", "CONFIG",    "READY", "TASK", "BATCH",
+                                        "FAIL",  "HEARTBEAT", "STOP",  "BYE"};
     for (size_t i = 0; i < NTYPES; i++) {
         assert_string_equal(ferry__msg_name((int)all_types[i]), names[i]);
         int want = all_types[i] == FERRY__MSG_TASK || all_types[i] == FERRY__MSG_BATCH;
@@ -449,43 +457,43 @@ static const struct key_path {
     ferry__msg_type type;
     const char *path;
     char cls;
-    const char *word;  /* what the error must mention */
+    const char *word; /* what the error must mention */
 } key_paths[] = {
-    { FERRY__MSG_HELLO, "type", 'U', "type" },
-    { FERRY__MSG_HELLO, "version", 'U', "version" },
-    { FERRY__MSG_HELLO, "pid", 'U', "pid" },
-    { FERRY__MSG_HELLO, "slot", 'I', "slot" },
-    { FERRY__MSG_HELLO, "host", 'S', "host" },
-    { FERRY__MSG_HELLO, "program", 'S', "program" },
-    { FERRY__MSG_CONFIG, "dataset", 'S', "dataset" },
-    { FERRY__MSG_CONFIG, "worker_index", 'U', "worker_index" },
-    { FERRY__MSG_CONFIG, "num_workers", 'U', "num_workers" },
-    { FERRY__MSG_CONFIG, "seed", 'U', "seed" },
-    { FERRY__MSG_CONFIG, "credits", 'U', "credits" },
-    { FERRY__MSG_CONFIG, "heartbeat_ms", 'U', "heartbeat_ms" },
-    { FERRY__MSG_READY, "length", 'U', "length" },
-    { FERRY__MSG_READY, "code", 'I', "code" },
-    { FERRY__MSG_READY, "error", 'S', "error" },
-    { FERRY__MSG_TASK, "id", 'U', "id" },
-    { FERRY__MSG_TASK, "epoch", 'U', "epoch" },
-    { FERRY__MSG_TASK, "batch_in_epoch", 'U', "batch_in_epoch" },
-    { FERRY__MSG_TASK, "seq", 'U', "seq" },
-    { FERRY__MSG_TASK, "count", 'U', "count" },
-    { FERRY__MSG_BATCH, "id", 'U', "id" },
-    { FERRY__MSG_BATCH, "count", 'U', "count" },
-    { FERRY__MSG_BATCH, "fields", 'A', "fields" },
-    { FERRY__MSG_BATCH, "fields.1", 'M', "field 1" },
-    { FERRY__MSG_BATCH, "fields.1.name", 'S', "name" },
-    { FERRY__MSG_BATCH, "fields.1.dtype", 'U', "dtype" },
-    { FERRY__MSG_BATCH, "fields.1.shape", 'A', "shape" },
-    { FERRY__MSG_BATCH, "fields.0.shape.1", 'D', "shape" },
-    { FERRY__MSG_BATCH, "fields.0.offset", 'U', "offset" },
-    { FERRY__MSG_BATCH, "fields.0.nbytes", 'U', "nbytes" },
-    { FERRY__MSG_FAIL, "id", 'U', "id" },
-    { FERRY__MSG_FAIL, "code", 'I', "code" },
-    { FERRY__MSG_FAIL, "index", 'U', "index" },
-    { FERRY__MSG_FAIL, "message", 'S', "message" },
-    { FERRY__MSG_STOP, "type", 'U', "type" },
+    {FERRY__MSG_HELLO, "type", 'U', "type"},
+    {FERRY__MSG_HELLO, "version", 'U', "version"},
+    {FERRY__MSG_HELLO, "pid", 'U', "pid"},
+    {FERRY__MSG_HELLO, "slot", 'I', "slot"},
+    {FERRY__MSG_HELLO, "host", 'S', "host"},
+    {FERRY__MSG_HELLO, "program", 'S', "program"},
+    {FERRY__MSG_CONFIG, "dataset", 'S', "dataset"},
+    {FERRY__MSG_CONFIG, "worker_index", 'U', "worker_index"},
+    {FERRY__MSG_CONFIG, "num_workers", 'U', "num_workers"},
+    {FERRY__MSG_CONFIG, "seed", 'U', "seed"},
+    {FERRY__MSG_CONFIG, "credits", 'U', "credits"},
+    {FERRY__MSG_CONFIG, "heartbeat_ms", 'U', "heartbeat_ms"},
+    {FERRY__MSG_READY, "length", 'U', "length"},
+    {FERRY__MSG_READY, "code", 'I', "code"},
+    {FERRY__MSG_READY, "error", 'S', "error"},
+    {FERRY__MSG_TASK, "id", 'U', "id"},
+    {FERRY__MSG_TASK, "epoch", 'U', "epoch"},
+    {FERRY__MSG_TASK, "batch_in_epoch", 'U', "batch_in_epoch"},
+    {FERRY__MSG_TASK, "seq", 'U', "seq"},
+    {FERRY__MSG_TASK, "count", 'U', "count"},
+    {FERRY__MSG_BATCH, "id", 'U', "id"},
+    {FERRY__MSG_BATCH, "count", 'U', "count"},
+    {FERRY__MSG_BATCH, "fields", 'A', "fields"},
+    {FERRY__MSG_BATCH, "fields.1", 'M', "field 1"},
+    {FERRY__MSG_BATCH, "fields.1.name", 'S', "name"},
+    {FERRY__MSG_BATCH, "fields.1.dtype", 'U', "dtype"},
+    {FERRY__MSG_BATCH, "fields.1.shape", 'A', "shape"},
+    {FERRY__MSG_BATCH, "fields.0.shape.1", 'D', "shape"},
+    {FERRY__MSG_BATCH, "fields.0.offset", 'U', "offset"},
+    {FERRY__MSG_BATCH, "fields.0.nbytes", 'U', "nbytes"},
+    {FERRY__MSG_FAIL, "id", 'U', "id"},
+    {FERRY__MSG_FAIL, "code", 'I', "code"},
+    {FERRY__MSG_FAIL, "index", 'U', "index"},
+    {FERRY__MSG_FAIL, "message", 'S', "message"},
+    {FERRY__MSG_STOP, "type", 'U', "type"},
 };
 
 /* Whether a value of msgpack type t is of the right type for class cls. */
@@ -511,9 +519,17 @@ static void test_decode_rejects_wrong_msgpack_type_for_every_key(void **state)
 {
     static const char three[] = "abc";
     msgpack_object probes[] = {
-        mp_of(MSGPACK_OBJECT_NIL), mp_of(MSGPACK_OBJECT_BOOLEAN), mp_of(MSGPACK_OBJECT_FLOAT64),
-        mp_of(MSGPACK_OBJECT_FLOAT32), mp_str("7"), mp_of(MSGPACK_OBJECT_BIN), mp_of(MSGPACK_OBJECT_EXT),
-        mp_array(NULL, 0), mp_of(MSGPACK_OBJECT_MAP), mp_int(-1), mp_uint(7),
+        mp_of(MSGPACK_OBJECT_NIL),
+        mp_of(MSGPACK_OBJECT_BOOLEAN),
+        mp_of(MSGPACK_OBJECT_FLOAT64),
+        mp_of(MSGPACK_OBJECT_FLOAT32),
+        mp_str("7"),
+        mp_of(MSGPACK_OBJECT_BIN),
+        mp_of(MSGPACK_OBJECT_EXT),
+        mp_array(NULL, 0),
+        mp_of(MSGPACK_OBJECT_MAP),
+        mp_int(-1),
+        mp_uint(7),
     };
     probes[1].via.boolean = true;
     probes[2].via.f64 = 1.5;
@@ -528,11 +544,13 @@ static void test_decode_rejects_wrong_msgpack_type_for_every_key(void **state)
         for (size_t p = 0; p < COUNT_OF(probes); p++) {
             if (right_type(key_paths[k].cls, probes[p].type))
                 continue;
-            mutation mu = { key_paths[k].path, M_REPLACE, probes[p] };
+            mutation mu = {key_paths[k].path, M_REPLACE, probes[p]};
             char ctx[96];
-            snprintf(ctx, sizeof ctx, "%s.%s = msgpack type %d", ferry__msg_name((int)key_paths[k].type),
-                     key_paths[k].path, (int)probes[p].type);
-            expect_error(decode_mutated(key_paths[k].type, mu), FERRY_EPROTO, key_paths[k].word, ctx);
+            snprintf(ctx, sizeof ctx, "%s.%s = msgpack type %d",
+                     ferry__msg_name((int)key_paths[k].type), key_paths[k].path,
+                     (int)probes[p].type);
+            expect_error(decode_mutated(key_paths[k].type, mu), FERRY_EPROTO, key_paths[k].word,
+                         ctx);
         }
     }
 }
@@ -541,17 +559,18 @@ static void test_decode_rejects_missing_and_duplicate_keys(void **state)
 {
     for (size_t k = 0; k < COUNT_OF(key_paths); k++) {
         if (key_paths[k].cls == 'M' || key_paths[k].cls == 'D')
-            continue;  /* array elements, not keys */
+            continue; /* array elements, not keys */
         const char *dot = strrchr(key_paths[k].path, '.');
         const char *key = dot ? dot + 1 : key_paths[k].path;
         char want[64], ctx[64];
-        snprintf(ctx, sizeof ctx, "%s.%s", ferry__msg_name((int)key_paths[k].type), key_paths[k].path);
+        snprintf(ctx, sizeof ctx, "%s.%s", ferry__msg_name((int)key_paths[k].type),
+                 key_paths[k].path);
 
-        mutation drop = { key_paths[k].path, M_DROP, mp_of(MSGPACK_OBJECT_NIL) };
+        mutation drop = {key_paths[k].path, M_DROP, mp_of(MSGPACK_OBJECT_NIL)};
         snprintf(want, sizeof want, "'%s' is missing", key);
         expect_error(decode_mutated(key_paths[k].type, drop), FERRY_EPROTO, want, ctx);
 
-        mutation dup = { key_paths[k].path, M_DUP, mp_of(MSGPACK_OBJECT_NIL) };
+        mutation dup = {key_paths[k].path, M_DUP, mp_of(MSGPACK_OBJECT_NIL)};
         snprintf(want, sizeof want, "'%s' appears twice", key);
         expect_error(decode_mutated(key_paths[k].type, dup), FERRY_EPROTO, want, ctx);
     }
@@ -559,20 +578,23 @@ static void test_decode_rejects_missing_and_duplicate_keys(void **state)
 
 static void test_decode_rejects_unknown_keys(void **state)
 {
-    static const char long_key[] = "an_unexpectedly_long_key_name_that_goes_on_and_on_and_on_past_sixty_four_bytes";
+    static const char long_key[] =
+        "an_unexpectedly_long_key_name_that_goes_on_and_on_and_on_past_sixty_four_bytes";
     for (size_t i = 0; i < NTYPES; i++) {
-        mutation mu = { "bogus", M_ADD, mp_uint(1) };
+        mutation mu = {"bogus", M_ADD, mp_uint(1)};
         expect_error(decode_mutated(all_types[i], mu), FERRY_EPROTO, "unknown key 'bogus'",
                      ferry__msg_name((int)all_types[i]));
     }
-    mutation in_field = { "fields.1.stride", M_ADD, mp_uint(8) };
-    expect_error(decode_mutated(FERRY__MSG_BATCH, in_field), FERRY_EPROTO, "field 1: unknown key 'stride'",
-                 "field key");
+    mutation in_field = {"fields.1.stride", M_ADD, mp_uint(8)};
+    expect_error(decode_mutated(FERRY__MSG_BATCH, in_field), FERRY_EPROTO,
+                 "field 1: unknown key 'stride'", "field key");
     /* Keys are matched exactly: no case folding. */
-    mutation upper = { "Count", M_ADD, mp_uint(8) };
-    expect_error(decode_mutated(FERRY__MSG_TASK, upper), FERRY_EPROTO, "unknown key 'Count'", "Count");
-    mutation longk = { long_key, M_ADD, mp_uint(8) };
-    expect_error(decode_mutated(FERRY__MSG_TASK, longk), FERRY_EPROTO, "unknown key 'an_unexpectedly", "long");
+    mutation upper = {"Count", M_ADD, mp_uint(8)};
+    expect_error(decode_mutated(FERRY__MSG_TASK, upper), FERRY_EPROTO, "unknown key 'Count'",
+                 "Count");
+    mutation longk = {long_key, M_ADD, mp_uint(8)};
+    expect_error(decode_mutated(FERRY__MSG_TASK, longk), FERRY_EPROTO,
+                 "unknown key 'an_unexpectedly", "long");
 }
 
 /* ---------------------------------------------------------------------------
@@ -587,39 +609,39 @@ static void test_decode_rejects_out_of_range_scalars(void **state)
         msgpack_object val;
         const char *word;
     } cases[] = {
-        { FERRY__MSG_HELLO, "version", mp_uint(UINT64_C(1) << 32), "'version' is 4294967296" },
-        { FERRY__MSG_HELLO, "pid", mp_uint(UINT64_C(1) << 32), "'pid'" },
-        { FERRY__MSG_HELLO, "slot", mp_int(-2), "'slot' is -2, must be -1.." },
-        { FERRY__MSG_HELLO, "slot", mp_uint(UINT64_C(1) << 31), "'slot'" },
-        { FERRY__MSG_HELLO, "slot", mp_int(INT64_MIN), "'slot'" },
-        { FERRY__MSG_CONFIG, "credits", mp_uint(0), "'credits' is 0, must be 1..64" },
-        { FERRY__MSG_CONFIG, "credits", mp_uint(FERRY__MAX_CREDITS + 1), "'credits' is 65" },
-        { FERRY__MSG_CONFIG, "num_workers", mp_uint(0), "'num_workers'" },
-        { FERRY__MSG_CONFIG, "worker_index", mp_uint(4), "'worker_index' is 4" },
-        { FERRY__MSG_CONFIG, "heartbeat_ms", mp_uint(UINT64_C(1) << 32), "'heartbeat_ms'" },
-        { FERRY__MSG_READY, "code", mp_int(1), "'code' is 1" },
-        { FERRY__MSG_READY, "code", mp_int((int64_t)INT32_MIN - 1), "'code'" },
-        { FERRY__MSG_READY, "code", mp_int(FERRY_EDATASET), "'length'" },
-        { FERRY__MSG_READY, "error", mp_str("boom"), "'error'" },
-        { FERRY__MSG_TASK, "count", mp_uint(FERRY__MAX_BATCH + 1), "'count' is 1048577" },
-        { FERRY__MSG_TASK, "count", mp_uint(UINT64_MAX), "'count'" },
-        { FERRY__MSG_BATCH, "count", mp_uint(0), "'count' is 0" },
-        { FERRY__MSG_FAIL, "code", mp_int(0), "'code' is 0, must be" },
-        { FERRY__MSG_FAIL, "code", mp_int(3), "'code' is 3" },
-        { FERRY__MSG_FAIL, "code", mp_int((int64_t)INT32_MIN - 1), "'code'" },
-        { FERRY__MSG_STOP, "type", mp_uint(0), "not a known message type" },
-        { FERRY__MSG_STOP, "type", mp_uint(10), "not a known message type" },
-        { FERRY__MSG_STOP, "type", mp_uint(UINT64_MAX), "not a known message type" },
+        {FERRY__MSG_HELLO, "version", mp_uint(UINT64_C(1) << 32), "'version' is 4294967296"},
+        {FERRY__MSG_HELLO, "pid", mp_uint(UINT64_C(1) << 32), "'pid'"},
+        {FERRY__MSG_HELLO, "slot", mp_int(-2), "'slot' is -2, must be -1.."},
+        {FERRY__MSG_HELLO, "slot", mp_uint(UINT64_C(1) << 31), "'slot'"},
+        {FERRY__MSG_HELLO, "slot", mp_int(INT64_MIN), "'slot'"},
+        {FERRY__MSG_CONFIG, "credits", mp_uint(0), "'credits' is 0, must be 1..64"},
+        {FERRY__MSG_CONFIG, "credits", mp_uint(FERRY__MAX_CREDITS + 1), "'credits' is 65"},
+        {FERRY__MSG_CONFIG, "num_workers", mp_uint(0), "'num_workers'"},
+        {FERRY__MSG_CONFIG, "worker_index", mp_uint(4), "'worker_index' is 4"},
+        {FERRY__MSG_CONFIG, "heartbeat_ms", mp_uint(UINT64_C(1) << 32), "'heartbeat_ms'"},
+        {FERRY__MSG_READY, "code", mp_int(1), "'code' is 1"},
+        {FERRY__MSG_READY, "code", mp_int((int64_t)INT32_MIN - 1), "'code'"},
+        {FERRY__MSG_READY, "code", mp_int(FERRY_EDATASET), "'length'"},
+        {FERRY__MSG_READY, "error", mp_str("boom"), "'error'"},
+        {FERRY__MSG_TASK, "count", mp_uint(FERRY__MAX_BATCH + 1), "'count' is 1048577"},
+        {FERRY__MSG_TASK, "count", mp_uint(UINT64_MAX), "'count'"},
+        {FERRY__MSG_BATCH, "count", mp_uint(0), "'count' is 0"},
+        {FERRY__MSG_FAIL, "code", mp_int(0), "'code' is 0, must be"},
+        {FERRY__MSG_FAIL, "code", mp_int(3), "'code' is 3"},
+        {FERRY__MSG_FAIL, "code", mp_int((int64_t)INT32_MIN - 1), "'code'"},
+        {FERRY__MSG_STOP, "type", mp_uint(0), "not a known message type"},
+        {FERRY__MSG_STOP, "type", mp_uint(10), "not a known message type"},
+        {FERRY__MSG_STOP, "type", mp_uint(UINT64_MAX), "not a known message type"},
     };
     for (size_t i = 0; i < COUNT_OF(cases); i++) {
-        mutation mu = { cases[i].path, M_REPLACE, cases[i].val };
+        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
         expect_error(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
     }
 }
 
 static void test_decode_detail_names_message_key_value_and_range(void **state)
 {
-    mutation mu = { "count", M_REPLACE, mp_uint(0) };
+    mutation mu = {"count", M_REPLACE, mp_uint(0)};
     assert_int_equal(decode_mutated(FERRY__MSG_TASK, mu), FERRY_EPROTO);
     assert_string_equal(ferry_last_error(), "TASK: key 'count' is 0, must be 1..1048576");
 }
@@ -627,10 +649,11 @@ static void test_decode_detail_names_message_key_value_and_range(void **state)
 static void test_decode_rejects_inconsistent_batch_fields(void **state)
 {
     /* The typical batch has count 4; field 1 is "y", i64 of shape [4]. */
-    msgpack_object empty[1], short0[1] = { mp_uint(3) }, zero[2] = { mp_uint(4), mp_uint(0) },
-                             neg[2] = { mp_uint(4), mp_int(-3) }, wide[2] = { mp_uint(4), mp_uint(UINT64_MAX) },
-                             huge[3] = { mp_uint(4), mp_uint(UINT64_C(1) << 62), mp_uint(UINT64_C(1) << 62) },
-                             nine[FERRY_MAX_DIMS + 1];
+    msgpack_object empty[1],
+        short0[1] = {mp_uint(3)}, zero[2] = {mp_uint(4), mp_uint(0)},
+        neg[2] = {mp_uint(4), mp_int(-3)}, wide[2] = {mp_uint(4), mp_uint(UINT64_MAX)},
+        huge[3] = {mp_uint(4), mp_uint(UINT64_C(1) << 62), mp_uint(UINT64_C(1) << 62)},
+        nine[FERRY_MAX_DIMS + 1];
     for (int d = 0; d <= FERRY_MAX_DIMS; d++)
         nine[d] = mp_uint(d == 0 ? 4 : 1);
     const struct {
@@ -638,29 +661,30 @@ static void test_decode_rejects_inconsistent_batch_fields(void **state)
         msgpack_object val;
         const char *word;
     } cases[] = {
-        { "fields.1.shape", mp_array(empty, 0), "field 1: key 'shape' has 0 dims" },
-        { "fields.1.shape", mp_array(nine, FERRY_MAX_DIMS + 1), "'shape' has 9 dims" },
-        { "fields.1.shape", mp_array(short0, 1), "must equal count 4" },
-        { "fields.1.shape", mp_array(zero, 2), "dim 1 is 0" },
-        { "fields.1.shape", mp_array(neg, 2), "dim 1 is -3" },
-        { "fields.1.shape", mp_array(wide, 2), "must be an int64" },
-        { "fields.1.shape", mp_array(huge, 3), "overflows" },
-        { "fields.1.nbytes", mp_uint(31), "field 1: key 'nbytes' is 31, shape and dtype give 32" },
-        { "fields.1.nbytes", mp_uint(33), "'nbytes' is 33" },
-        { "fields.1.dtype", mp_uint(0), "'dtype' is 0, not a known dtype" },
-        { "fields.1.dtype", mp_uint(13), "'dtype' is 13" },
-        { "fields.1.dtype", mp_uint(UINT64_C(1) << 32), "'dtype'" },
-        { "fields.1.name", mp_str("x"), "'name' 'x' repeats field 0" },
-        { "fields.1.name", mp_str(""), "'name' is 0 bytes long" },
-        { "fields", mp_array(empty, 0), "'fields' has 0 entries" },
-        { "count", mp_uint(5), "must equal count 5" },
+        {"fields.1.shape", mp_array(empty, 0), "field 1: key 'shape' has 0 dims"},
+        {"fields.1.shape", mp_array(nine, FERRY_MAX_DIMS + 1), "'shape' has 9 dims"},
+        {"fields.1.shape", mp_array(short0, 1), "must equal count 4"},
+        {"fields.1.shape", mp_array(zero, 2), "dim 1 is 0"},
+        {"fields.1.shape", mp_array(neg, 2), "dim 1 is -3"},
+        {"fields.1.shape", mp_array(wide, 2), "must be an int64"},
+        {"fields.1.shape", mp_array(huge, 3), "overflows"},
+        {"fields.1.nbytes", mp_uint(31), "field 1: key 'nbytes' is 31, shape and dtype give 32"},
+        {"fields.1.nbytes", mp_uint(33), "'nbytes' is 33"},
+        {"fields.1.dtype", mp_uint(0), "'dtype' is 0, not a known dtype"},
+        {"fields.1.dtype", mp_uint(13), "'dtype' is 13"},
+        {"fields.1.dtype", mp_uint(UINT64_C(1) << 32), "'dtype'"},
+        {"fields.1.name", mp_str("x"), "'name' 'x' repeats field 0"},
+        {"fields.1.name", mp_str(""), "'name' is 0 bytes long"},
+        {"fields", mp_array(empty, 0), "'fields' has 0 entries"},
+        {"count", mp_uint(5), "must equal count 5"},
     };
     for (size_t i = 0; i < COUNT_OF(cases); i++) {
-        mutation mu = { cases[i].path, M_REPLACE, cases[i].val };
-        expect_error(decode_mutated(FERRY__MSG_BATCH, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
+        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
+        expect_error(decode_mutated(FERRY__MSG_BATCH, mu), FERRY_EPROTO, cases[i].word,
+                     cases[i].path);
     }
     /* For contrast: i64 -> f64 keeps the element size, so nbytes still holds. */
-    mutation same_size = { "fields.1.dtype", M_REPLACE, mp_uint(FERRY_DTYPE_F64) };
+    mutation same_size = {"fields.1.dtype", M_REPLACE, mp_uint(FERRY_DTYPE_F64)};
     assert_int_equal(decode_mutated(FERRY__MSG_BATCH, same_size), FERRY_OK);
 }
 
@@ -715,7 +739,8 @@ static void test_decode_accepts_16_fields_and_rejects_17(void **state)
     assert_int_equal(ferry__msg_check_payload(&out, 4 * FERRY_MAX_FIELDS), FERRY_OK);
 
     len = pack_batch_of(FERRY_MAX_FIELDS + 1, buf, sizeof buf);
-    expect_error(decode_exact(buf, len, &out), FERRY_EPROTO, "'fields' has 17 entries", "17 fields");
+    expect_error(decode_exact(buf, len, &out), FERRY_EPROTO, "'fields' has 17 entries",
+                 "17 fields");
 }
 
 static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
@@ -728,19 +753,20 @@ static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
         msgpack_object val;
         const char *word;
     } cases[] = {
-        { FERRY__MSG_HELLO, "host", mp_strn(big, FERRY__HOST_MAX), "'host' is 256 bytes long, at most 255" },
-        { FERRY__MSG_HELLO, "program", mp_strn(big, FERRY__PROGRAM_MAX), "'program' is 64 bytes" },
-        { FERRY__MSG_CONFIG, "dataset", mp_strn(big, FERRY__SPEC_MAX), "'dataset' is 4096 bytes" },
-        { FERRY__MSG_CONFIG, "dataset", mp_str(""), "'dataset' is 0 bytes long, must be at least 1" },
-        { FERRY__MSG_READY, "error", mp_strn(big, FERRY__TEXT_MAX), "'error' is 1024 bytes" },
-        { FERRY__MSG_FAIL, "message", mp_strn(big, FERRY__TEXT_MAX), "'message' is 1024 bytes" },
-        { FERRY__MSG_BATCH, "fields.0.name", mp_strn(big, FERRY_NAME_MAX), "'name' is 64 bytes" },
-        { FERRY__MSG_HELLO, "host", mp_strn("node\0evil", 9), "'host' contains a NUL byte" },
-        { FERRY__MSG_FAIL, "message", mp_strn("\0", 1), "'message' contains a NUL byte" },
-        { FERRY__MSG_BATCH, "fields.0.name", mp_strn("x\0", 2), "'name' contains a NUL byte" },
+        {FERRY__MSG_HELLO, "host", mp_strn(big, FERRY__HOST_MAX),
+         "'host' is 256 bytes long, at most 255"},
+        {FERRY__MSG_HELLO, "program", mp_strn(big, FERRY__PROGRAM_MAX), "'program' is 64 bytes"},
+        {FERRY__MSG_CONFIG, "dataset", mp_strn(big, FERRY__SPEC_MAX), "'dataset' is 4096 bytes"},
+        {FERRY__MSG_CONFIG, "dataset", mp_str(""), "'dataset' is 0 bytes long, must be at least 1"},
+        {FERRY__MSG_READY, "error", mp_strn(big, FERRY__TEXT_MAX), "'error' is 1024 bytes"},
+        {FERRY__MSG_FAIL, "message", mp_strn(big, FERRY__TEXT_MAX), "'message' is 1024 bytes"},
+        {FERRY__MSG_BATCH, "fields.0.name", mp_strn(big, FERRY_NAME_MAX), "'name' is 64 bytes"},
+        {FERRY__MSG_HELLO, "host", mp_strn("node\0evil", 9), "'host' contains a NUL byte"},
+        {FERRY__MSG_FAIL, "message", mp_strn("\0", 1), "'message' contains a NUL byte"},
+        {FERRY__MSG_BATCH, "fields.0.name", mp_strn("x\0", 2), "'name' contains a NUL byte"},
     };
     for (size_t i = 0; i < COUNT_OF(cases); i++) {
-        mutation mu = { cases[i].path, M_REPLACE, cases[i].val };
+        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
         expect_error(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
     }
 }
@@ -756,18 +782,18 @@ static void test_decode_rejects_what_is_not_a_header_map(void **state)
         size_t len;
         const char *word;
     } cases[] = {
-        { BYTES("\x92\x04\x01"), "is a msgpack array, must be a map" },
-        { BYTES("\x05"), "is a msgpack positive int, must be a map" },
-        { BYTES("\xa4TASK"), "must be a map" },
-        { BYTES("\xc0"), "must be a map" },
-        { BYTES("\x80"), "'type' is missing" },
-        { BYTES("\x81\xa2id\x01"), "'type' is missing" },
-        { BYTES("\x81\xa4type\xff"), "'type' must be a non-negative integer, got negative int" },
-        { BYTES("\x81\xa4type\xa4TASK"), "'type' must be a non-negative integer, got str" },
-        { BYTES("\x82\xa4type\x07\xa4type\x07"), "'type' appears twice" },
-        { BYTES("\x82\xa4type\x07\x01\x02"), "a key is a positive int, keys must be strings" },
-        { BYTES("\x82\xa4type\x07\xc4\x01x\x02"), "a key is a bin" },
-        { BYTES("\x81\xa4type\xc1"), "byte 0xc1 at offset 6 is not msgpack" },
+        {BYTES("\x92\x04\x01"), "is a msgpack array, must be a map"},
+        {BYTES("\x05"), "is a msgpack positive int, must be a map"},
+        {BYTES("\xa4TASK"), "must be a map"},
+        {BYTES("\xc0"), "must be a map"},
+        {BYTES("\x80"), "'type' is missing"},
+        {BYTES("\x81\xa2id\x01"), "'type' is missing"},
+        {BYTES("\x81\xa4type\xff"), "'type' must be a non-negative integer, got negative int"},
+        {BYTES("\x81\xa4type\xa4TASK"), "'type' must be a non-negative integer, got str"},
+        {BYTES("\x82\xa4type\x07\xa4type\x07"), "'type' appears twice"},
+        {BYTES("\x82\xa4type\x07\x01\x02"), "a key is a positive int, keys must be strings"},
+        {BYTES("\x82\xa4type\x07\xc4\x01x\x02"), "a key is a bin"},
+        {BYTES("\x81\xa4type\xc1"), "byte 0xc1 at offset 6 is not msgpack"},
     };
     ferry__msg out;
     for (size_t i = 0; i < COUNT_OF(cases); i++)
@@ -785,7 +811,7 @@ static void test_decode_rejects_trailing_bytes(void **state)
     for (size_t i = 0; i < NTYPES; i++) {
         sample(&m, all_types[i], TYPICAL);
         size_t len = encode_ok(&m, buf, FERRY__HDR_MAX);
-        buf[len] = '\0';  /* one positive fixint */
+        buf[len] = '\0'; /* one positive fixint */
         expect_error(decode_exact(buf, len + 1, &out), FERRY_EPROTO, "trailing bytes: 1 after",
                      ferry__msg_name((int)all_types[i]));
         /* Two whole messages in one frame are not one message either. */
@@ -805,8 +831,8 @@ static void test_decode_rejects_every_truncation_of_valid_messages(void **state)
             for (size_t n = 0; n < len; n++) {
                 int rc = decode_exact(buf, n, &out);
                 if (rc != FERRY_EPROTO)
-                    print_error("%s cut at %zu of %zu: %s\n", ferry__msg_name((int)all_types[i]), n, len,
-                                ferry_err_name(rc));
+                    print_error("%s cut at %zu of %zu: %s\n", ferry__msg_name((int)all_types[i]), n,
+                                len, ferry_err_name(rc));
                 assert_int_equal(rc, FERRY_EPROTO);
             }
         }
@@ -824,8 +850,8 @@ static void test_decode_rejects_frames_over_hdr_max(void **state)
     sample(&m, FERRY__MSG_CONFIG, EXTREME);
     size_t len = encode_ok(&m, buf, FERRY__HDR_MAX);
     memset(buf + len, 0xc0, sizeof buf - len);
-    expect_error(decode_exact(buf, sizeof buf, &out), FERRY_EPROTO, "8193 bytes, larger than the 8192",
-                 "oversized");
+    expect_error(decode_exact(buf, sizeof buf, &out), FERRY_EPROTO,
+                 "8193 bytes, larger than the 8192", "oversized");
     /* A dataset string long enough to push the frame past the limit. */
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -851,14 +877,14 @@ static void test_decode_refuses_containers_bigger_than_the_frame(void **state)
         size_t len;
         const char *word;
     } cases[] = {
-        { BYTES("\xdf\xff\xff\xff\xff"), "declares 8589934590 elements" },
-        { BYTES("\xdd\xff\xff\xff\xff"), "declares 4294967295 elements" },
-        { BYTES("\x81\xa4type\xdd\xff\xff\xff\xff"), "declares 4294967295" },
-        { BYTES("\x82\xa4type\x07\xa1x\xdc\xff\xff"), "declares 65535" },
-        { BYTES("\x82\xa4type\x07\xa1x\x9f\x01"), "declares 15" },
-        { BYTES("\x81\xa4type\xdb\xff\xff\xff\xff"), "truncated" },
-        { BYTES("\x81\xa4type\xc6\xff\xff\xff\xff"), "truncated" },
-        { BYTES("\x81\xa4type\xc9\x00\x00\x00\x01\x01"), "truncated" },
+        {BYTES("\xdf\xff\xff\xff\xff"), "declares 8589934590 elements"},
+        {BYTES("\xdd\xff\xff\xff\xff"), "declares 4294967295 elements"},
+        {BYTES("\x81\xa4type\xdd\xff\xff\xff\xff"), "declares 4294967295"},
+        {BYTES("\x82\xa4type\x07\xa1x\xdc\xff\xff"), "declares 65535"},
+        {BYTES("\x82\xa4type\x07\xa1x\x9f\x01"), "declares 15"},
+        {BYTES("\x81\xa4type\xdb\xff\xff\xff\xff"), "truncated"},
+        {BYTES("\x81\xa4type\xc6\xff\xff\xff\xff"), "truncated"},
+        {BYTES("\x81\xa4type\xc9\x00\x00\x00\x01\x01"), "truncated"},
     };
     ferry__msg out;
     for (size_t i = 0; i < COUNT_OF(cases); i++)
@@ -873,10 +899,11 @@ static void test_decode_rejects_deep_nesting(void **state)
     memcpy(buf, "\x82\xa4type\x07\xa1x", 9);
     n = 9;
     for (int d = 0; d < 100; d++)
-        buf[n++] = (char)0x91;  /* [ [ [ ... */
+        buf[n++] = (char)0x91; /* [ [ [ ... */
     buf[n++] = 0x00;
     ferry__msg out;
-    expect_error(decode_exact(buf, n, &out), FERRY_EPROTO, "nests deeper than 7 levels", "100 deep");
+    expect_error(decode_exact(buf, n, &out), FERRY_EPROTO, "nests deeper than 7 levels",
+                 "100 deep");
     /* Eight levels are already too many; the legal maximum is four. */
     expect_error(decode_exact(buf, 9 + 7, &out), FERRY_EPROTO, "nests deeper", "8 deep");
 }
@@ -903,7 +930,7 @@ static void test_encode_refuses_what_the_decoder_would_refuse(void **state)
     m.u.config.worker_index = m.u.config.num_workers;
     expect_encode_refused(&m, "worker_index");
     sample(&m, FERRY__MSG_HELLO, TYPICAL);
-    memset(m.u.hello.host, 'h', sizeof m.u.hello.host);  /* no NUL */
+    memset(m.u.hello.host, 'h', sizeof m.u.hello.host); /* no NUL */
     expect_encode_refused(&m, "'host' is not NUL-terminated");
     sample(&m, FERRY__MSG_HELLO, TYPICAL);
     m.u.hello.slot = -2;
@@ -976,8 +1003,8 @@ static void test_encode_reports_elimit_for_every_short_buffer_without_overrun(vo
     }
     sample(&m, FERRY__MSG_TASK, TYPICAL);
     size_t len;
-    expect_error(ferry__msg_encode(&m, buf, 3, &len), FERRY_ELIMIT, "TASK header does not fit in 3 bytes",
-                 "short");
+    expect_error(ferry__msg_encode(&m, buf, 3, &len), FERRY_ELIMIT,
+                 "TASK header does not fit in 3 bytes", "short");
 }
 
 /* ---------------------------------------------------------------------------
@@ -987,10 +1014,10 @@ static void test_encode_reports_elimit_for_every_short_buffer_without_overrun(vo
 static void test_check_payload_task_needs_exactly_count_indices(void **state)
 {
     ferry__msg m;
-    sample(&m, FERRY__MSG_TASK, TYPICAL);  /* count 256 */
+    sample(&m, FERRY__MSG_TASK, TYPICAL); /* count 256 */
     assert_int_equal(ferry__msg_check_payload(&m, 256 * 8), FERRY_OK);
-    expect_error(ferry__msg_check_payload(&m, 256 * 8 - 1), FERRY_EPROTO, "payload is 2047 bytes, count 256 needs 2048",
-                 "short");
+    expect_error(ferry__msg_check_payload(&m, 256 * 8 - 1), FERRY_EPROTO,
+                 "payload is 2047 bytes, count 256 needs 2048", "short");
     expect_error(ferry__msg_check_payload(&m, 256 * 8 + 1), FERRY_EPROTO, "2049", "long");
     expect_error(ferry__msg_check_payload(&m, 0), FERRY_EPROTO, "payload", "empty");
     m.u.task.count = FERRY__MAX_BATCH;
@@ -1000,21 +1027,22 @@ static void test_check_payload_task_needs_exactly_count_indices(void **state)
 static void test_check_payload_batch_fields_inside_and_disjoint(void **state)
 {
     ferry__msg m;
-    sample(&m, FERRY__MSG_BATCH, TYPICAL);  /* x: [0, 96), y: [128, 160) */
+    sample(&m, FERRY__MSG_BATCH, TYPICAL); /* x: [0, 96), y: [128, 160) */
     assert_int_equal(ferry__msg_check_payload(&m, 160), FERRY_OK);
     assert_int_equal(ferry__msg_check_payload(&m, 4096), FERRY_OK);
-    expect_error(ferry__msg_check_payload(&m, 159), FERRY_EPROTO, "field 1: bytes at offset 128 size 32 lie outside",
-                 "one short");
+    expect_error(ferry__msg_check_payload(&m, 159), FERRY_EPROTO,
+                 "field 1: bytes at offset 128 size 32 lie outside", "one short");
     expect_error(ferry__msg_check_payload(&m, 0), FERRY_EPROTO, "field 0", "empty");
 
-    m.u.batch.fields[1].offset = 96;  /* touching is fine */
+    m.u.batch.fields[1].offset = 96; /* touching is fine */
     assert_int_equal(ferry__msg_check_payload(&m, 128), FERRY_OK);
-    m.u.batch.fields[1].offset = 95;  /* one shared byte is not */
-    expect_error(ferry__msg_check_payload(&m, 128), FERRY_EPROTO, "field 1: bytes overlap field 0", "overlap");
+    m.u.batch.fields[1].offset = 95; /* one shared byte is not */
+    expect_error(ferry__msg_check_payload(&m, 128), FERRY_EPROTO, "field 1: bytes overlap field 0",
+                 "overlap");
     m.u.batch.fields[1].offset = 0;
     expect_error(ferry__msg_check_payload(&m, 128), FERRY_EPROTO, "overlap", "same offset");
-    m.u.batch.fields[0].offset = 100;  /* x: [100, 196) */
-    m.u.batch.fields[1].offset = 96;   /* y: [96, 128) starts before x and runs into it */
+    m.u.batch.fields[0].offset = 100; /* x: [100, 196) */
+    m.u.batch.fields[1].offset = 96;  /* y: [96, 128) starts before x and runs into it */
     expect_error(ferry__msg_check_payload(&m, 196), FERRY_EPROTO, "overlap", "x after y");
     m.u.batch.fields[1].offset = 200;
     assert_int_equal(ferry__msg_check_payload(&m, 232), FERRY_OK);
@@ -1025,7 +1053,7 @@ static void test_check_payload_survives_offsets_near_uint64_max(void **state)
 {
     ferry__msg m;
     sample(&m, FERRY__MSG_BATCH, TYPICAL);
-    m.u.batch.fields[1].offset = UINT64_MAX - 10;  /* + 32 wraps to 21 */
+    m.u.batch.fields[1].offset = UINT64_MAX - 10; /* + 32 wraps to 21 */
     expect_error(ferry__msg_check_payload(&m, 160), FERRY_EPROTO, "outside", "wrap");
     m.u.batch.fields[1].offset = 128;
     m.u.batch.fields[1].nbytes = UINT64_MAX;
@@ -1054,6 +1082,10 @@ static void test_check_payload_refuses_messages_without_payload(void **state)
                      ferry__msg_name((int)all_types[i]));
     }
     expect_error(ferry__msg_check_payload(NULL, 0), FERRY_EINVAL, "NULL", "NULL");
+    /* A BATCH struct no decoder could have produced is the caller's bug. */
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    m.u.batch.nfields = FERRY_MAX_FIELDS + 1;
+    expect_error(ferry__msg_check_payload(&m, 4096), FERRY_EINVAL, "17 fields", "17 fields");
 }
 
 /* ---------------------------------------------------------------------------

@@ -24,6 +24,23 @@
 #include "ferry.h"
 #include "worker.h"
 
+/* What the worker is doing, kept up to date by the worker loop so that a
+ * crash inside dataset code can say which batch it was on. */
+static char note[256] = "starting";
+static char head[96]; /* "ferry-worker N (pid P): crashed while ", made at start */
+
+/* Last words on a fatal signal: async-signal-safe writes only, then the
+ * default action, so the loader still sees the real signal. */
+static void on_fatal(int sig)
+{
+    if (write(2, head, strnlen(head, sizeof head)) < 0 ||
+        write(2, note, strnlen(note, sizeof note)) < 0 || write(2, "\n", 1) < 0) {
+        /* nothing more can be done */
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry-worker --connect ENDPOINT [--slot N] [--parent PID]\n"
@@ -77,6 +94,14 @@ int main(int argc, char **argv)
 
     signal(SIGINT, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
+    snprintf(head, sizeof head, "ferry-worker %ld (pid %d): crashed while ", slot, (int)getpid());
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    static const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+        sigaction(fatal[i], &sa, NULL);
     if (parent) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != (pid_t)parent)
@@ -86,7 +111,9 @@ int main(int argc, char **argv)
     ferry__worker_opts o = {.endpoint = endpoint,
                             .slot = (int)slot,
                             .parent = (pid_t)parent,
-                            .handshake_ms = 60000};
+                            .handshake_ms = 60000,
+                            .note = note,
+                            .note_len = sizeof note};
     int rc = ferry__worker_run(&o);
     if (rc != FERRY_OK) {
         fprintf(stderr, "ferry-worker %d (pid %d): %s\n", (int)slot, (int)getpid(),

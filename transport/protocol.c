@@ -59,78 +59,79 @@ typedef enum key_kind {
 typedef struct key_spec {
     const char *name;
     key_kind kind;
-    size_t off;   /* of the member within the message's struct */
-    size_t size;  /* of the member: 4 or 8 for integers, the buffer for strings */
+    size_t off;  /* of the member within the message's struct */
+    size_t size; /* of the member: 4 or 8 for integers, the buffer for strings */
     union {
         struct {
-            uint64_t lo, hi;  /* K_UINT: values allowed; K_STR: lengths allowed */
+            uint64_t lo, hi; /* K_UINT: values allowed; K_STR: lengths allowed */
         } u;
         struct {
-            int64_t lo, hi;   /* K_INT: values allowed */
+            int64_t lo, hi; /* K_INT: values allowed */
         } s;
     } range;
 } key_spec;
 
 #define MEMBER_SIZE(T, m) sizeof(((T *)0)->m)
 #define KEY(T, m, kind_) .name = #m, .kind = kind_, .off = offsetof(T, m), .size = MEMBER_SIZE(T, m)
-#define KEY_UINT(T, m, lo, hi) { KEY(T, m, K_UINT), .range.u = { (lo), (hi) } }
-#define KEY_INT(T, m, lo, hi) { KEY(T, m, K_INT), .range.s = { (lo), (hi) } }
-#define KEY_STR(T, m, minlen) { KEY(T, m, K_STR), .range.u = { (minlen), MEMBER_SIZE(T, m) - 1 } }
-#define KEY_NESTED(name_, kind_) { .name = name_, .kind = kind_ }
+/* Table entries: {KEY_UINT(struct, member, least, greatest)}. */
+#define KEY_UINT(T, m, lo, hi) KEY(T, m, K_UINT), .range.u = {(lo), (hi)}
+#define KEY_INT(T, m, lo, hi) KEY(T, m, K_INT), .range.s = {(lo), (hi)}
+#define KEY_STR(T, m, minlen) KEY(T, m, K_STR), .range.u = {(minlen), MEMBER_SIZE(T, m) - 1}
+#define KEY_NESTED(name_, kind_) .name = name_, .kind = kind_
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 static const key_spec hello_keys[] = {
-    KEY_UINT(ferry__hello, version, 0, UINT32_MAX),
-    KEY_UINT(ferry__hello, pid, 0, UINT32_MAX),
-    KEY_INT(ferry__hello, slot, -1, INT32_MAX),
-    KEY_STR(ferry__hello, host, 0),
-    KEY_STR(ferry__hello, program, 0),
+    {KEY_UINT(ferry__hello, version, 0, UINT32_MAX)},
+    {KEY_UINT(ferry__hello, pid, 0, UINT32_MAX)},
+    {KEY_INT(ferry__hello, slot, -1, INT32_MAX)},
+    {KEY_STR(ferry__hello, host, 0)},
+    {KEY_STR(ferry__hello, program, 0)},
 };
 
 static const key_spec config_keys[] = {
-    KEY_STR(ferry__config_msg, dataset, 1),
-    KEY_UINT(ferry__config_msg, worker_index, 0, UINT32_MAX),
-    KEY_UINT(ferry__config_msg, num_workers, 1, UINT32_MAX),
-    KEY_UINT(ferry__config_msg, seed, 0, UINT64_MAX),
-    KEY_UINT(ferry__config_msg, credits, 1, FERRY__MAX_CREDITS),
-    KEY_UINT(ferry__config_msg, heartbeat_ms, 0, UINT32_MAX),
+    {KEY_STR(ferry__config_msg, dataset, 1)},
+    {KEY_UINT(ferry__config_msg, worker_index, 0, UINT32_MAX)},
+    {KEY_UINT(ferry__config_msg, num_workers, 1, UINT32_MAX)},
+    {KEY_UINT(ferry__config_msg, seed, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__config_msg, credits, 1, FERRY__MAX_CREDITS)},
+    {KEY_UINT(ferry__config_msg, heartbeat_ms, 0, UINT32_MAX)},
 };
 
 static const key_spec ready_keys[] = {
-    KEY_UINT(ferry__ready, length, 0, UINT64_MAX),
-    KEY_INT(ferry__ready, code, INT32_MIN, 0),
-    KEY_STR(ferry__ready, error, 0),
+    {KEY_UINT(ferry__ready, length, 0, UINT64_MAX)},
+    {KEY_INT(ferry__ready, code, INT32_MIN, 0)},
+    {KEY_STR(ferry__ready, error, 0)},
 };
 
 static const key_spec task_keys[] = {
-    KEY_UINT(ferry__task, id, 0, UINT64_MAX),
-    KEY_UINT(ferry__task, epoch, 0, UINT64_MAX),
-    KEY_UINT(ferry__task, batch_in_epoch, 0, UINT64_MAX),
-    KEY_UINT(ferry__task, seq, 0, UINT64_MAX),
-    KEY_UINT(ferry__task, count, 1, FERRY__MAX_BATCH),
+    {KEY_UINT(ferry__task, id, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__task, epoch, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__task, batch_in_epoch, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__task, seq, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__task, count, 1, FERRY__MAX_BATCH)},
 };
 
 static const key_spec batch_keys[] = {
-    KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX),
-    KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH),
-    KEY_NESTED("fields", K_FIELDS),
+    {KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH)},
+    {KEY_NESTED("fields", K_FIELDS)},
 };
 
 /* dtype takes any uint32 here; check_field() asks ferry_dtype_size(), the one
  * authority on which dtypes exist. */
 static const key_spec field_keys[] = {
-    KEY_STR(ferry__field_desc, name, 1),
-    KEY_UINT(ferry__field_desc, dtype, 0, UINT32_MAX),
-    KEY_NESTED("shape", K_SHAPE),
-    KEY_UINT(ferry__field_desc, offset, 0, UINT64_MAX),
-    KEY_UINT(ferry__field_desc, nbytes, 0, UINT64_MAX),
+    {KEY_STR(ferry__field_desc, name, 1)},
+    {KEY_UINT(ferry__field_desc, dtype, 0, UINT32_MAX)},
+    {KEY_NESTED("shape", K_SHAPE)},
+    {KEY_UINT(ferry__field_desc, offset, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__field_desc, nbytes, 0, UINT64_MAX)},
 };
 
 static const key_spec fail_keys[] = {
-    KEY_UINT(ferry__fail, id, 0, UINT64_MAX),
-    KEY_INT(ferry__fail, code, INT32_MIN, -1),
-    KEY_UINT(ferry__fail, index, 0, UINT64_MAX),
-    KEY_STR(ferry__fail, message, 0),
+    {KEY_UINT(ferry__fail, id, 0, UINT64_MAX)},
+    {KEY_INT(ferry__fail, code, INT32_MIN, -1)},
+    {KEY_UINT(ferry__fail, index, 0, UINT64_MAX)},
+    {KEY_STR(ferry__fail, message, 0)},
 };
 
 static int check_config(const void *body);
@@ -139,22 +140,22 @@ static int check_batch(const void *body);
 
 typedef struct msg_spec {
     const char *name;
-    const key_spec *keys;  /* every key but "type", which all messages share */
+    const key_spec *keys; /* every key but "type", which all messages share */
     size_t nkeys;
-    int (*check)(const void *body);  /* rules across keys, NULL if none */
+    int (*check)(const void *body); /* rules across keys, NULL if none */
     int has_payload;
 } msg_spec;
 
 static const msg_spec msg_specs[] = {
-    [FERRY__MSG_HELLO] = { "HELLO", hello_keys, COUNT_OF(hello_keys), NULL, 0 },
-    [FERRY__MSG_CONFIG] = { "CONFIG", config_keys, COUNT_OF(config_keys), check_config, 0 },
-    [FERRY__MSG_READY] = { "READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0 },
-    [FERRY__MSG_TASK] = { "TASK", task_keys, COUNT_OF(task_keys), NULL, 1 },
-    [FERRY__MSG_BATCH] = { "BATCH", batch_keys, COUNT_OF(batch_keys), check_batch, 1 },
-    [FERRY__MSG_FAIL] = { "FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0 },
-    [FERRY__MSG_HEARTBEAT] = { "HEARTBEAT", NULL, 0, NULL, 0 },
-    [FERRY__MSG_STOP] = { "STOP", NULL, 0, NULL, 0 },
-    [FERRY__MSG_BYE] = { "BYE", NULL, 0, NULL, 0 },
+    [FERRY__MSG_HELLO] = {"HELLO", hello_keys, COUNT_OF(hello_keys), NULL, 0},
+    [FERRY__MSG_CONFIG] = {"CONFIG", config_keys, COUNT_OF(config_keys), check_config, 0},
+    [FERRY__MSG_READY] = {"READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0},
+    [FERRY__MSG_TASK] = {"TASK", task_keys, COUNT_OF(task_keys), NULL, 1},
+    [FERRY__MSG_BATCH] = {"BATCH", batch_keys, COUNT_OF(batch_keys), check_batch, 1},
+    [FERRY__MSG_FAIL] = {"FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0},
+    [FERRY__MSG_HEARTBEAT] = {"HEARTBEAT", NULL, 0, NULL, 0},
+    [FERRY__MSG_STOP] = {"STOP", NULL, 0, NULL, 0},
+    [FERRY__MSG_BYE] = {"BYE", NULL, 0, NULL, 0},
 };
 
 /* The spec of message type `type`, NULL if there is no such type. */
@@ -219,10 +220,12 @@ static int check_keys(const key_spec *keys, size_t nkeys, const void *body, cons
         } else if (k->kind == K_STR) {
             size_t n = strnlen((const char *)body + k->off, k->size);
             if (n == k->size)
-                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is not NUL-terminated within %zu bytes",
-                                     where, k->name, k->size);
+                return ferry__seterr(FERRY_EPROTO,
+                                     "%s: key '%s' is not NUL-terminated within %zu bytes", where,
+                                     k->name, k->size);
             if (n < k->range.u.lo)
-                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %zu bytes long, must be at least %" PRIu64,
+                return ferry__seterr(FERRY_EPROTO,
+                                     "%s: key '%s' is %zu bytes long, must be at least %" PRIu64,
                                      where, k->name, n, k->range.u.lo);
         }
         /* K_SHAPE and K_FIELDS belong to BATCH and are checked by check_batch(). */
@@ -234,7 +237,9 @@ static int check_config(const void *body)
 {
     const ferry__config_msg *c = body;
     if (c->worker_index >= c->num_workers)
-        return ferry__seterr(FERRY_EPROTO, "CONFIG: key 'worker_index' is %" PRIu32 ", must be below num_workers %" PRIu32,
+        return ferry__seterr(FERRY_EPROTO,
+                             "CONFIG: key 'worker_index' is %" PRIu32
+                             ", must be below num_workers %" PRIu32,
                              c->worker_index, c->num_workers);
     return FERRY_OK;
 }
@@ -247,8 +252,9 @@ static int check_ready(const void *body)
     if (r->code == 0 && r->error[0] != '\0')
         return ferry__seterr(FERRY_EPROTO, "READY: code is 0 but key 'error' is not empty");
     if (r->code < 0 && r->length != 0)
-        return ferry__seterr(FERRY_EPROTO, "READY: code is %" PRId32 " but key 'length' is %" PRIu64 ", must be 0",
-                             r->code, r->length);
+        return ferry__seterr(
+            FERRY_EPROTO, "READY: code is %" PRId32 " but key 'length' is %" PRIu64 ", must be 0",
+            r->code, r->length);
     return FERRY_OK;
 }
 
@@ -262,23 +268,28 @@ static int check_field(const ferry__field_desc *f, uint32_t count, const char *w
         return rc;
     uint64_t total = ferry_dtype_size((int)f->dtype);
     if (total == 0)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'dtype' is %u, not a known dtype", where, (unsigned)f->dtype);
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'dtype' is %u, not a known dtype", where,
+                             (unsigned)f->dtype);
     if (f->ndim < 1 || f->ndim > FERRY_MAX_DIMS)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %d dims, must be 1..%d", where, f->ndim,
-                             FERRY_MAX_DIMS);
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %d dims, must be 1..%d", where,
+                             f->ndim, FERRY_MAX_DIMS);
     for (int d = 0; d < f->ndim; d++) {
         if (f->shape[d] < 1)
-            return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' dim %d is %" PRId64 ", must be >= 1", where, d,
+            return ferry__seterr(FERRY_EPROTO,
+                                 "%s: key 'shape' dim %d is %" PRId64 ", must be >= 1", where, d,
                                  f->shape[d]);
         if (total > UINT64_MAX / (uint64_t)f->shape[d])
-            return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' gives a size that overflows 64 bits", where);
+            return ferry__seterr(FERRY_EPROTO,
+                                 "%s: key 'shape' gives a size that overflows 64 bits", where);
         total *= (uint64_t)f->shape[d];
     }
     if ((uint64_t)f->shape[0] != count)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' starts with %" PRId64 ", must equal count %" PRIu32,
+        return ferry__seterr(FERRY_EPROTO,
+                             "%s: key 'shape' starts with %" PRId64 ", must equal count %" PRIu32,
                              where, f->shape[0], count);
     if (f->nbytes != total)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'nbytes' is %" PRIu64 ", shape and dtype give %" PRIu64,
+        return ferry__seterr(FERRY_EPROTO,
+                             "%s: key 'nbytes' is %" PRIu64 ", shape and dtype give %" PRIu64,
                              where, f->nbytes, total);
     return FERRY_OK;
 }
@@ -287,7 +298,8 @@ static int check_batch(const void *body)
 {
     const ferry__batch_hdr *b = body;
     if (b->nfields < 1 || b->nfields > FERRY_MAX_FIELDS)
-        return ferry__seterr(FERRY_EPROTO, "BATCH: key 'fields' has %" PRIu32 " entries, must be 1..%d",
+        return ferry__seterr(FERRY_EPROTO,
+                             "BATCH: key 'fields' has %" PRIu32 " entries, must be 1..%d",
                              b->nfields, FERRY_MAX_FIELDS);
     for (uint32_t i = 0; i < b->nfields; i++) {
         char where[32];
@@ -298,8 +310,8 @@ static int check_batch(const void *body)
         /* Names before i are already known to be terminated. */
         for (uint32_t j = 0; j < i; j++) {
             if (strcmp(b->fields[j].name, b->fields[i].name) == 0)
-                return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32, where,
-                                     b->fields[i].name, j);
+                return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32,
+                                     where, b->fields[i].name, j);
         }
     }
     return FERRY_OK;
@@ -396,7 +408,7 @@ int ferry__msg_encode(const ferry__msg *m, void *buf, size_t cap, size_t *len)
         return FERRY_EINVAL;
 
     /* Never produce a frame the peer would refuse for its size. */
-    sink s = { .buf = buf, .cap = cap < FERRY__HDR_MAX ? cap : FERRY__HDR_MAX, .len = 0, .full = 0 };
+    sink s = {.buf = buf, .cap = cap < FERRY__HDR_MAX ? cap : FERRY__HDR_MAX, .len = 0, .full = 0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &s, sink_write);
     msgpack_pack_map(&pk, spec->nkeys + 1);
@@ -404,7 +416,8 @@ int ferry__msg_encode(const ferry__msg *m, void *buf, size_t cap, size_t *len)
     msgpack_pack_uint32(&pk, (uint32_t)m->type);
     pack_entries(&pk, spec->keys, spec->nkeys, &m->u);
     if (s.full)
-        return ferry__seterr(FERRY_ELIMIT, "%s header does not fit in %zu bytes", spec->name, s.cap);
+        return ferry__seterr(FERRY_ELIMIT, "%s header does not fit in %zu bytes", spec->name,
+                             s.cap);
     *len = s.len;
     return FERRY_OK;
 }
@@ -416,47 +429,34 @@ int ferry__msg_encode(const ferry__msg *m, void *buf, size_t cap, size_t *len)
 enum { F_SCALAR, F_BYTES, F_ARRAY, F_MAP, F_BAD };
 
 /* How a lead byte 0xc0..0xdf is followed: a big-endian length or count of
- * `lenbytes`, then `fixed` bytes, then (F_BYTES) `length` bytes of data. */
+ * `lenbytes` bytes, then `fixed` bytes (an ext's type byte, a number), then,
+ * for F_BYTES, as many bytes of data as the length says. */
 typedef struct lead_form {
     unsigned char lenbytes;
     unsigned char fixed;
     unsigned char what;
 } lead_form;
 
+/* One row per msgpack format family. */
+/* clang-format off */
 static const lead_form lead_forms[32] = {
-    [0x00] = { 0, 0, F_SCALAR },  /* nil */
-    [0x01] = { 0, 0, F_BAD },     /* never used by msgpack */
-    [0x02] = { 0, 0, F_SCALAR },  /* false */
-    [0x03] = { 0, 0, F_SCALAR },  /* true */
-    [0x04] = { 1, 0, F_BYTES },   /* bin 8/16/32 */
-    [0x05] = { 2, 0, F_BYTES },
-    [0x06] = { 4, 0, F_BYTES },
-    [0x07] = { 1, 1, F_BYTES },   /* ext 8/16/32: length, type byte, data */
-    [0x08] = { 2, 1, F_BYTES },
-    [0x09] = { 4, 1, F_BYTES },
-    [0x0a] = { 0, 4, F_SCALAR },  /* float 32/64 */
-    [0x0b] = { 0, 8, F_SCALAR },
-    [0x0c] = { 0, 1, F_SCALAR },  /* uint 8/16/32/64 */
-    [0x0d] = { 0, 2, F_SCALAR },
-    [0x0e] = { 0, 4, F_SCALAR },
-    [0x0f] = { 0, 8, F_SCALAR },
-    [0x10] = { 0, 1, F_SCALAR },  /* int 8/16/32/64 */
-    [0x11] = { 0, 2, F_SCALAR },
-    [0x12] = { 0, 4, F_SCALAR },
-    [0x13] = { 0, 8, F_SCALAR },
-    [0x14] = { 0, 2, F_SCALAR },  /* fixext 1/2/4/8/16: type byte, data */
-    [0x15] = { 0, 3, F_SCALAR },
-    [0x16] = { 0, 5, F_SCALAR },
-    [0x17] = { 0, 9, F_SCALAR },
-    [0x18] = { 0, 17, F_SCALAR },
-    [0x19] = { 1, 0, F_BYTES },   /* str 8/16/32 */
-    [0x1a] = { 2, 0, F_BYTES },
-    [0x1b] = { 4, 0, F_BYTES },
-    [0x1c] = { 2, 0, F_ARRAY },   /* array 16/32 */
-    [0x1d] = { 4, 0, F_ARRAY },
-    [0x1e] = { 2, 0, F_MAP },     /* map 16/32 */
-    [0x1f] = { 4, 0, F_MAP },
+    [0x00] = {0, 0, F_SCALAR},  /* nil */
+    [0x01] = {0, 0, F_BAD},     /* never used by msgpack */
+    [0x02] = {0, 0, F_SCALAR},  [0x03] = {0, 0, F_SCALAR},  /* false, true */
+    [0x04] = {1, 0, F_BYTES},   [0x05] = {2, 0, F_BYTES},   [0x06] = {4, 0, F_BYTES}, /* bin */
+    [0x07] = {1, 1, F_BYTES},   [0x08] = {2, 1, F_BYTES},   [0x09] = {4, 1, F_BYTES}, /* ext */
+    [0x0a] = {0, 4, F_SCALAR},  [0x0b] = {0, 8, F_SCALAR},  /* float 32, 64 */
+    [0x0c] = {0, 1, F_SCALAR},  [0x0d] = {0, 2, F_SCALAR},  /* uint 8..64 */
+    [0x0e] = {0, 4, F_SCALAR},  [0x0f] = {0, 8, F_SCALAR},
+    [0x10] = {0, 1, F_SCALAR},  [0x11] = {0, 2, F_SCALAR},  /* int 8..64 */
+    [0x12] = {0, 4, F_SCALAR},  [0x13] = {0, 8, F_SCALAR},
+    [0x14] = {0, 2, F_SCALAR},  [0x15] = {0, 3, F_SCALAR},  /* fixext: type byte + 1..16 */
+    [0x16] = {0, 5, F_SCALAR},  [0x17] = {0, 9, F_SCALAR},  [0x18] = {0, 17, F_SCALAR},
+    [0x19] = {1, 0, F_BYTES},   [0x1a] = {2, 0, F_BYTES},   [0x1b] = {4, 0, F_BYTES}, /* str */
+    [0x1c] = {2, 0, F_ARRAY},   [0x1d] = {4, 0, F_ARRAY},   /* array 16, 32 */
+    [0x1e] = {2, 0, F_MAP},     [0x1f] = {4, 0, F_MAP},     /* map 16, 32 */
 };
+/* clang-format on */
 
 /* The deepest legal header nests four containers (the map, "fields", a field
  * map, "shape"); anything far deeper is refused before msgpack-c sees it,
@@ -471,20 +471,21 @@ static const lead_form lead_forms[32] = {
  * can never outnumber the bytes left. */
 static int scan_frame(const unsigned char *p, size_t len, size_t *end)
 {
-    uint64_t left[SCAN_MAX_DEPTH];  /* per open level: elements still to read */
+    uint64_t left[SCAN_MAX_DEPTH]; /* per open level: elements still to read */
     int depth = 1;
-    left[0] = 1;                    /* the root object */
-    uint64_t pending = 1;           /* sum of left[]: objects announced, not read */
+    left[0] = 1;          /* the root object */
+    uint64_t pending = 1; /* sum of left[]: objects announced, not read */
     size_t pos = 0;
     while (pending > 0) {
         while (left[depth - 1] == 0)
-            depth--;  /* that container is complete: back to its parent */
+            depth--; /* that container is complete: back to its parent */
         if (pos >= len)
-            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside the map", len);
+            return ferry__seterr(FERRY_EPROTO,
+                                 "header frame is truncated: %zu bytes end inside the map", len);
         unsigned lead = p[pos++];
         left[depth - 1]--;
         pending--;
-        lead_form f = { 0, 0, F_SCALAR };
+        lead_form f = {0, 0, F_SCALAR};
         uint64_t n = 0;
         if (lead >= 0x80 && lead <= 0x8f) {
             f.what = F_MAP;
@@ -499,26 +500,31 @@ static int scan_frame(const unsigned char *p, size_t len, size_t *end)
             f = lead_forms[lead - 0xc0];
         }
         if (f.what == F_BAD)
-            return ferry__seterr(FERRY_EPROTO, "header frame: byte 0x%02x at offset %zu is not msgpack", lead,
+            return ferry__seterr(FERRY_EPROTO,
+                                 "header frame: byte 0x%02x at offset %zu is not msgpack", lead,
                                  pos - 1);
         if (len - pos < f.lenbytes)
-            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside a length", len);
+            return ferry__seterr(FERRY_EPROTO,
+                                 "header frame is truncated: %zu bytes end inside a length", len);
         for (unsigned i = 0; i < f.lenbytes; i++)
             n = (n << 8) | p[pos++];
         uint64_t skip = f.fixed + (f.what == F_BYTES ? n : 0);
         if (skip > len - pos)
-            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside a value", len);
+            return ferry__seterr(FERRY_EPROTO,
+                                 "header frame is truncated: %zu bytes end inside a value", len);
         pos += (size_t)skip;
         uint64_t children = f.what == F_MAP ? 2 * n : f.what == F_ARRAY ? n : 0;
         if (children > 0 && depth == SCAN_MAX_DEPTH)
-            return ferry__seterr(FERRY_EPROTO, "header frame nests deeper than %d levels", SCAN_MAX_DEPTH - 1);
+            return ferry__seterr(FERRY_EPROTO, "header frame nests deeper than %d levels",
+                                 SCAN_MAX_DEPTH - 1);
         if (pending + children > len - pos) {
             if (children > 0)
                 return ferry__seterr(FERRY_EPROTO,
                                      "header frame: a container declares %" PRIu64
                                      " elements, more than the %zu bytes left can hold",
                                      children, len - pos);
-            return ferry__seterr(FERRY_EPROTO, "header frame is truncated: %zu bytes end inside the map", len);
+            return ferry__seterr(FERRY_EPROTO,
+                                 "header frame is truncated: %zu bytes end inside the map", len);
         }
         if (children > 0) {
             left[depth++] = children;
@@ -570,7 +576,8 @@ static int wrong_type(const char *where, const char *key, const char *want, cons
 static int key_is(const msgpack_object *key, const char *name)
 {
     size_t n = strlen(name);
-    return key->type == MSGPACK_OBJECT_STR && key->via.str.size == n && memcmp(key->via.str.ptr, name, n) == 0;
+    return key->type == MSGPACK_OBJECT_STR && key->via.str.size == n &&
+           memcmp(key->via.str.ptr, name, n) == 0;
 }
 
 static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nkeys, void *body,
@@ -584,8 +591,8 @@ static int decode_shape(const msgpack_object *v, ferry__field_desc *f, const cha
         return wrong_type(where, "shape", "an array", v);
     const msgpack_object_array *a = &v->via.array;
     if (a->size > FERRY_MAX_DIMS)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %" PRIu32 " dims, must be 1..%d", where, a->size,
-                             FERRY_MAX_DIMS);
+        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %" PRIu32 " dims, must be 1..%d",
+                             where, a->size, FERRY_MAX_DIMS);
     for (uint32_t d = 0; d < a->size; d++) {
         const msgpack_object *e = &a->ptr[d];
         if (e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
@@ -593,7 +600,8 @@ static int decode_shape(const msgpack_object *v, ferry__field_desc *f, const cha
         else if (e->type == MSGPACK_OBJECT_POSITIVE_INTEGER && e->via.u64 <= INT64_MAX)
             f->shape[d] = (int64_t)e->via.u64;
         else
-            return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' dim %" PRIu32 " must be an int64, got %s", where,
+            return ferry__seterr(FERRY_EPROTO,
+                                 "%s: key 'shape' dim %" PRIu32 " must be an int64, got %s", where,
                                  d, mp_type_name(e->type));
     }
     f->ndim = (int)a->size;
@@ -607,14 +615,17 @@ static int decode_fields(const msgpack_object *v, ferry__batch_hdr *b, const cha
         return wrong_type(where, "fields", "an array", v);
     const msgpack_object_array *a = &v->via.array;
     if (a->size > FERRY_MAX_FIELDS)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'fields' has %" PRIu32 " entries, must be 1..%d", where,
+        return ferry__seterr(FERRY_EPROTO,
+                             "%s: key 'fields' has %" PRIu32 " entries, must be 1..%d", where,
                              a->size, FERRY_MAX_FIELDS);
     for (uint32_t i = 0; i < a->size; i++) {
         char fwhere[32];
         snprintf(fwhere, sizeof fwhere, "%s field %" PRIu32, where, i);
         if (a->ptr[i].type != MSGPACK_OBJECT_MAP)
-            return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", fwhere, mp_type_name(a->ptr[i].type));
-        int rc = decode_map(&a->ptr[i], field_keys, COUNT_OF(field_keys), &b->fields[i], fwhere, NULL);
+            return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", fwhere,
+                                 mp_type_name(a->ptr[i].type));
+        int rc =
+            decode_map(&a->ptr[i], field_keys, COUNT_OF(field_keys), &b->fields[i], fwhere, NULL);
         if (rc != FERRY_OK)
             return rc;
     }
@@ -634,7 +645,8 @@ static int decode_value(const key_spec *k, const msgpack_object *v, void *body, 
         uint64_t u = v->via.u64;
         if (k->size == sizeof(uint32_t)) {
             if (u > UINT32_MAX)
-                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %" PRIu64 ", does not fit 32 bits", where,
+                return ferry__seterr(FERRY_EPROTO,
+                                     "%s: key '%s' is %" PRIu64 ", does not fit 32 bits", where,
                                      k->name, u);
             uint32_t u32 = (uint32_t)u;
             memcpy(dst, &u32, sizeof u32);
@@ -653,7 +665,8 @@ static int decode_value(const key_spec *k, const msgpack_object *v, void *body, 
             return wrong_type(where, k->name, "an int64", v);
         if (k->size == sizeof(int32_t)) {
             if (s < INT32_MIN || s > INT32_MAX)
-                return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %" PRId64 ", does not fit 32 bits", where,
+                return ferry__seterr(FERRY_EPROTO,
+                                     "%s: key '%s' is %" PRId64 ", does not fit 32 bits", where,
                                      k->name, s);
             int32_t s32 = (int32_t)s;
             memcpy(dst, &s32, sizeof s32);
@@ -666,8 +679,9 @@ static int decode_value(const key_spec *k, const msgpack_object *v, void *body, 
         if (v->type != MSGPACK_OBJECT_STR)
             return wrong_type(where, k->name, "a string", v);
         if (v->via.str.size >= k->size)
-            return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is %" PRIu32 " bytes long, at most %zu allowed", where,
-                                 k->name, v->via.str.size, k->size - 1);
+            return ferry__seterr(FERRY_EPROTO,
+                                 "%s: key '%s' is %" PRIu32 " bytes long, at most %zu allowed",
+                                 where, k->name, v->via.str.size, k->size - 1);
         if (memchr(v->via.str.ptr, '\0', v->via.str.size) != NULL)
             return ferry__seterr(FERRY_EPROTO, "%s: key '%s' contains a NUL byte", where, k->name);
         memcpy(dst, v->via.str.ptr, v->via.str.size);
@@ -686,7 +700,7 @@ static int decode_value(const key_spec *k, const msgpack_object *v, void *body, 
 static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nkeys, void *body,
                       const char *where, const char *skip)
 {
-    uint32_t seen = 0;  /* bit i: keys[i] was present; no table has 32 keys */
+    uint32_t seen = 0; /* bit i: keys[i] was present; no table has 32 keys */
     const msgpack_object_map *map = &obj->via.map;
     for (uint32_t i = 0; i < map->size; i++) {
         const msgpack_object *key = &map->ptr[i].key;
@@ -700,7 +714,8 @@ static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nk
             k++;
         if (k == nkeys) {
             int shown = key->via.str.size > 64 ? 64 : (int)key->via.str.size;
-            return ferry__seterr(FERRY_EPROTO, "%s: unknown key '%.*s'", where, shown, key->via.str.ptr);
+            return ferry__seterr(FERRY_EPROTO, "%s: unknown key '%.*s'", where, shown,
+                                 key->via.str.ptr);
         }
         if (seen & (UINT32_C(1) << k))
             return ferry__seterr(FERRY_EPROTO, "%s: key '%s' appears twice", where, keys[k].name);
@@ -721,7 +736,8 @@ static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nk
 static int decode_header(const msgpack_object *root, ferry__msg *out)
 {
     if (root->type != MSGPACK_OBJECT_MAP)
-        return ferry__seterr(FERRY_EPROTO, "header frame is a msgpack %s, must be a map", mp_type_name(root->type));
+        return ferry__seterr(FERRY_EPROTO, "header frame is a msgpack %s, must be a map",
+                             mp_type_name(root->type));
     const msgpack_object *type = NULL;
     for (uint32_t i = 0; i < root->via.map.size; i++) {
         if (!key_is(&root->via.map.ptr[i].key, "type"))
@@ -736,7 +752,8 @@ static int decode_header(const msgpack_object *root, ferry__msg *out)
         return wrong_type("header", "type", "a non-negative integer", type);
     const msg_spec *spec = spec_of(type->via.u64);
     if (spec == NULL)
-        return ferry__seterr(FERRY_EPROTO, "header: key 'type' is %" PRIu64 ", not a known message type",
+        return ferry__seterr(FERRY_EPROTO,
+                             "header: key 'type' is %" PRIu64 ", not a known message type",
                              type->via.u64);
 
     /* Zeroed so that unused dims, fields and string tails are predictable. */
@@ -755,14 +772,15 @@ int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out)
     if (len == 0)
         return ferry__seterr(FERRY_EPROTO, "header frame is empty");
     if (len > FERRY__HDR_MAX)
-        return ferry__seterr(FERRY_EPROTO, "header frame is %zu bytes, larger than the %d allowed", len,
-                             FERRY__HDR_MAX);
+        return ferry__seterr(FERRY_EPROTO, "header frame is %zu bytes, larger than the %d allowed",
+                             len, FERRY__HDR_MAX);
     size_t end = 0;
     int rc = scan_frame(buf, len, &end);
     if (rc != FERRY_OK)
         return rc;
     if (end != len)
-        return ferry__seterr(FERRY_EPROTO, "header frame has trailing bytes: %zu after the map", len - end);
+        return ferry__seterr(FERRY_EPROTO, "header frame has trailing bytes: %zu after the map",
+                             len - end);
 
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
@@ -795,19 +813,21 @@ static int check_batch_payload(const ferry__batch_hdr *b, size_t payload_len)
 {
     uint64_t len = payload_len;
     if (b->nfields > FERRY_MAX_FIELDS)
-        return ferry__seterr(FERRY_EINVAL, "BATCH: %" PRIu32 " fields, not a decoded message", b->nfields);
+        return ferry__seterr(FERRY_EINVAL, "BATCH: %" PRIu32 " fields, not a decoded message",
+                             b->nfields);
     for (uint32_t i = 0; i < b->nfields; i++) {
         const ferry__field_desc *f = &b->fields[i];
         if (f->offset > len || f->nbytes > len - f->offset)
             return ferry__seterr(FERRY_EPROTO,
-                                 "BATCH field %" PRIu32 ": bytes at offset %" PRIu64 " size %" PRIu64
-                                 " lie outside the %zu-byte payload",
+                                 "BATCH field %" PRIu32 ": bytes at offset %" PRIu64
+                                 " size %" PRIu64 " lie outside the %zu-byte payload",
                                  i, f->offset, f->nbytes, payload_len);
         /* Both ends are now <= len, so the sums below cannot wrap. */
         for (uint32_t j = 0; j < i; j++) {
             const ferry__field_desc *g = &b->fields[j];
             if (f->offset < g->offset + g->nbytes && g->offset < f->offset + f->nbytes)
-                return ferry__seterr(FERRY_EPROTO, "BATCH field %" PRIu32 ": bytes overlap field %" PRIu32, i, j);
+                return ferry__seterr(FERRY_EPROTO,
+                                     "BATCH field %" PRIu32 ": bytes overlap field %" PRIu32, i, j);
         }
     }
     return FERRY_OK;
@@ -820,13 +840,15 @@ int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len)
     if (m->type == FERRY__MSG_TASK) {
         uint64_t want = (uint64_t)m->u.task.count * sizeof(uint64_t);
         if ((uint64_t)payload_len != want)
-            return ferry__seterr(FERRY_EPROTO, "TASK: payload is %zu bytes, count %" PRIu32 " needs %" PRIu64,
+            return ferry__seterr(FERRY_EPROTO,
+                                 "TASK: payload is %zu bytes, count %" PRIu32 " needs %" PRIu64,
                                  payload_len, m->u.task.count, want);
         return FERRY_OK;
     }
     if (m->type == FERRY__MSG_BATCH)
         return check_batch_payload(&m->u.batch, payload_len);
-    return ferry__seterr(FERRY_EINVAL, "%s messages have no payload frame", ferry__msg_name((int)m->type));
+    return ferry__seterr(FERRY_EINVAL, "%s messages have no payload frame",
+                         ferry__msg_name((int)m->type));
 }
 
 const char *ferry__msg_name(int type)
