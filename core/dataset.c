@@ -962,6 +962,12 @@ static int validate_schema(ferry__dataset *d, char *errbuf, size_t errlen)
 int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
                         char *errbuf, size_t errlen)
 {
+    return ferry__dataset_open_flags(ds, spec, ctx, 0, errbuf, errlen);
+}
+
+int ferry__dataset_open_flags(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
+                              int flags, char *errbuf, size_t errlen)
+{
     static const ferry_dataset_ctx no_ctx;
     /* Everything is written here first and copied to errbuf once, so the
      * dataset's own message can be prefixed and is surely NUL-terminated. */
@@ -972,6 +978,7 @@ int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_datase
     int opened = 0, rc;
 
     memset(&d, 0, sizeof d);
+    d.keep_loaded = (flags & FERRY__DATASET_KEEP_LOADED) != 0;
     if (ds != NULL)
         memset(ds, 0, sizeof *ds);
     if (ds == NULL || spec == NULL) {
@@ -1007,7 +1014,7 @@ int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_datase
 fail:
     if (opened)
         d.ops->close(d.handle);
-    if (d.dl != NULL)
+    if (d.dl != NULL && !d.keep_loaded)
         dlclose(d.dl);
     free(plugin_path);
     if (errbuf != NULL && errlen > 0)
@@ -1052,7 +1059,7 @@ void ferry__dataset_close(ferry__dataset *ds)
         return;
     if (ds->ops != NULL)
         ds->ops->close(ds->handle);
-    if (ds->dl != NULL)
+    if (ds->dl != NULL && !ds->keep_loaded)
         dlclose(ds->dl);
     memset(ds, 0, sizeof *ds);
 }

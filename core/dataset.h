@@ -23,6 +23,7 @@ typedef struct ferry__dataset {
     uint64_t length;
     ferry_dataset_schema schema;
     size_t item_bytes[FERRY_MAX_FIELDS];     /* bytes of one item of each field */
+    int keep_loaded;                         /* FERRY__DATASET_KEEP_LOADED was given */
 } ferry__dataset;
 
 /* Opens `spec`. On failure returns a negative code (FERRY_EDATASET for a spec
@@ -33,12 +34,22 @@ typedef struct ferry__dataset {
 int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
                         char *errbuf, size_t errlen);
 
+/* ferry__dataset_open with flags: FERRY__DATASET_KEEP_LOADED never unloads a
+ * plugin, neither on close nor on a failed open (see ferry__dataset_close). */
+#define FERRY__DATASET_KEEP_LOADED 1
+int ferry__dataset_open_flags(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
+                              int flags, char *errbuf, size_t errlen);
+
 /* Checks every index < length (FERRY_ERANGE naming the index otherwise), then
  * has the dataset fill dst[]. On failure fills *err. */
 int ferry__dataset_get_batch(ferry__dataset *ds, const ferry_batch_request *req,
                              void *const dst[], ferry_dataset_error *err);
 
-/* Closes and zeroes *ds; safe on a zeroed or already closed struct. */
+/* Closes and zeroes *ds; safe on a zeroed or already closed struct. A plugin
+ * is unloaded unless opened with FERRY__DATASET_KEEP_LOADED: a worker process
+ * asks for that, because a
+ * plugin that started threads (an OpenMP pool, say) would have them run
+ * unmapped code, and the process exits right after anyway. */
 void ferry__dataset_close(ferry__dataset *ds);
 
 /* The synthetic dataset's content, for tests and checkers: byte j of item i

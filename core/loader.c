@@ -688,18 +688,40 @@ static void pump_stderr(wslot *w)
     }
 }
 
-/* The last non-empty line the worker wrote, or "" */
+/* The last few lines the worker wrote (at most 3, joined with " | "), or "":
+ * typically the dataset's own message, then the crash handler's note. */
 static void last_words(const wslot *w, char *out, size_t cap)
 {
-    size_t end = w->tail_len;
-    while (end > 0 && (w->tail[end - 1] == '\n' || w->tail[end - 1] == '\r'))
-        end--;
-    size_t start = end;
-    while (start > 0 && w->tail[start - 1] != '\n')
-        start--;
-    size_t len = end - start < cap - 1 ? end - start : cap - 1;
-    memcpy(out, w->tail + start, len);
-    out[len] = '\0';
+    size_t end = w->tail_len, start = end;
+    int lines = 0;
+    while (start > 0 && lines < 3) {
+        while (end > 0 && (w->tail[end - 1] == '\n' || w->tail[end - 1] == '\r'))
+            end--;
+        start = end;
+        while (start > 0 && w->tail[start - 1] != '\n')
+            start--;
+        if (end > start)
+            lines++;
+        if (lines < 3 && start > 0)
+            end = start;
+    }
+    size_t o = 0;
+    for (size_t i = start; i < w->tail_len && o + 4 < cap; i++) {
+        char c = w->tail[i];
+        if (c == '\r')
+            continue;
+        if (c == '\n') {
+            if (o > 0 && i + 1 < w->tail_len) {
+                memcpy(out + o, " | ", 3);
+                o += 3;
+            }
+            continue;
+        }
+        out[o++] = c;
+    }
+    while (o >= 3 && memcmp(out + o - 3, " | ", 3) == 0)
+        o -= 3;
+    out[o] = '\0';
 }
 
 /* Reaps worker w's process if it has exited; returns 1 if it did, with the
@@ -779,7 +801,7 @@ static void on_worker_exit(ferry_loader *ld, wslot *w)
     if (ld->closing)
         return;
 
-    char how[256], words[256], msg[FERRY__ERRMSG_MAX];
+    char how[256], words[512], msg[FERRY__ERRMSG_MAX];
     ferry__describe_status(status, how, sizeof how);
     last_words(w, words, sizeof words);
     snprintf(msg, sizeof msg, "worker %d (pid %d) %s%s%s%s%s%s", w->index, (int)pid, how,

@@ -108,7 +108,9 @@ static int on_config(wstate *w)
         w->ds_open = 0;
     }
     memset(&w->out.u.ready, 0, sizeof w->out.u.ready);
-    int rc = ferry__dataset_open(&w->ds, c->dataset, &ctx, err, sizeof err);
+    int rc = ferry__dataset_open_flags(&w->ds, c->dataset, &ctx,
+                                       w->o->keep_plugins ? FERRY__DATASET_KEEP_LOADED : 0, err,
+                                       sizeof err);
     if (rc == FERRY_OK) {
         w->ds_open = 1;
         w->out.u.ready.length = w->ds.length;
@@ -272,11 +274,15 @@ int ferry__worker_run(const ferry__worker_opts *o)
         case FERRY__MSG_HEARTBEAT:
             rc = FERRY_OK;
             break;
-        case FERRY__MSG_STOP:
+        case FERRY__MSG_STOP: {
             zmq_msg_close(&payload);
+            /* A short, bounded linger so the BYE is not dropped at close. */
+            int linger = 200;
+            zmq_setsockopt(w->sock, ZMQ_LINGER, &linger, sizeof linger);
             send_simple(w, FERRY__MSG_BYE);
             rc = FERRY_OK;
             goto done;
+        }
         default:
             fprintf(stderr, "ferry-worker: unexpected %s from the loader, dropped\n",
                     ferry__msg_name(w->in.type));

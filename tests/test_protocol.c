@@ -329,6 +329,26 @@ static int decode_mutated(ferry__msg_type type, mutation mu)
     return decode_exact(frame, n, &out);
 }
 
+/* One bad value and what the decoder must say about it. */
+typedef struct bad_value {
+    ferry__msg_type type;
+    const char *path;
+    msgpack_object val;
+    const char *word;
+} bad_value;
+
+/* A raw frame and what the decoder must say about it. */
+typedef struct bad_frame {
+    const char *bytes;
+    size_t len;
+    const char *word;
+} bad_frame;
+
+/* Each case: the typical sample of its type with the value at its path
+ * replaced must be refused with FERRY_EPROTO and a detail naming the word. */
+#define expect_bad_values(cases) expect_bad_values_at((cases), COUNT_OF(cases), __FILE__, __LINE__)
+#define expect_bad_frames(cases) expect_bad_frames_at((cases), COUNT_OF(cases), __FILE__, __LINE__)
+
 /* msgpack_object values to put where they do not belong. */
 static msgpack_object mp_of(msgpack_object_type t)
 {
@@ -373,6 +393,23 @@ static msgpack_object mp_array(msgpack_object *items, uint32_t n)
     o.via.array.ptr = items;
     o.via.array.size = n;
     return o;
+}
+
+static void expect_bad_values_at(const bad_value *cases, size_t n, const char *file, int line)
+{
+    for (size_t i = 0; i < n; i++) {
+        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
+        expect_error_at(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word,
+                        cases[i].path, file, line);
+    }
+}
+
+static void expect_bad_frames_at(const bad_frame *cases, size_t n, const char *file, int line)
+{
+    ferry__msg out;
+    for (size_t i = 0; i < n; i++)
+        expect_error_at(decode_exact(cases[i].bytes, cases[i].len, &out), FERRY_EPROTO,
+                        cases[i].word, cases[i].word, file, line);
 }
 
 /* ---------------------------------------------------------------------------
@@ -603,12 +640,7 @@ static void test_decode_rejects_unknown_keys(void **state)
 
 static void test_decode_rejects_out_of_range_scalars(void **state)
 {
-    const struct {
-        ferry__msg_type type;
-        const char *path;
-        msgpack_object val;
-        const char *word;
-    } cases[] = {
+    const bad_value cases[] = {
         {FERRY__MSG_HELLO, "version", mp_uint(UINT64_C(1) << 32), "'version' is 4294967296"},
         {FERRY__MSG_HELLO, "pid", mp_uint(UINT64_C(1) << 32), "'pid'"},
         {FERRY__MSG_HELLO, "slot", mp_int(-2), "'slot' is -2, must be -1.."},
@@ -633,10 +665,7 @@ static void test_decode_rejects_out_of_range_scalars(void **state)
         {FERRY__MSG_STOP, "type", mp_uint(10), "not a known message type"},
         {FERRY__MSG_STOP, "type", mp_uint(UINT64_MAX), "not a known message type"},
     };
-    for (size_t i = 0; i < COUNT_OF(cases); i++) {
-        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
-        expect_error(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
-    }
+    expect_bad_values(cases);
 }
 
 static void test_decode_detail_names_message_key_value_and_range(void **state)
@@ -656,33 +685,27 @@ static void test_decode_rejects_inconsistent_batch_fields(void **state)
         nine[FERRY_MAX_DIMS + 1];
     for (int d = 0; d <= FERRY_MAX_DIMS; d++)
         nine[d] = mp_uint(d == 0 ? 4 : 1);
-    const struct {
-        const char *path;
-        msgpack_object val;
-        const char *word;
-    } cases[] = {
-        {"fields.1.shape", mp_array(empty, 0), "field 1: key 'shape' has 0 dims"},
-        {"fields.1.shape", mp_array(nine, FERRY_MAX_DIMS + 1), "'shape' has 9 dims"},
-        {"fields.1.shape", mp_array(short0, 1), "must equal count 4"},
-        {"fields.1.shape", mp_array(zero, 2), "dim 1 is 0"},
-        {"fields.1.shape", mp_array(neg, 2), "dim 1 is -3"},
-        {"fields.1.shape", mp_array(wide, 2), "must be an int64"},
-        {"fields.1.shape", mp_array(huge, 3), "overflows"},
-        {"fields.1.nbytes", mp_uint(31), "field 1: key 'nbytes' is 31, shape and dtype give 32"},
-        {"fields.1.nbytes", mp_uint(33), "'nbytes' is 33"},
-        {"fields.1.dtype", mp_uint(0), "'dtype' is 0, not a known dtype"},
-        {"fields.1.dtype", mp_uint(13), "'dtype' is 13"},
-        {"fields.1.dtype", mp_uint(UINT64_C(1) << 32), "'dtype'"},
-        {"fields.1.name", mp_str("x"), "'name' 'x' repeats field 0"},
-        {"fields.1.name", mp_str(""), "'name' is 0 bytes long"},
-        {"fields", mp_array(empty, 0), "'fields' has 0 entries"},
-        {"count", mp_uint(5), "must equal count 5"},
+    const bad_value cases[] = {
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(empty, 0), "field 1: key 'shape' has 0 dims"},
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(nine, FERRY_MAX_DIMS + 1),
+         "'shape' has 9 dims"},
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(short0, 1), "must equal count 4"},
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(zero, 2), "dim 1 is 0"},
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(neg, 2), "dim 1 is -3"},
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(wide, 2), "must be an int64"},
+        {FERRY__MSG_BATCH, "fields.1.shape", mp_array(huge, 3), "overflows"},
+        {FERRY__MSG_BATCH, "fields.1.nbytes", mp_uint(31),
+         "field 1: key 'nbytes' is 31, shape and dtype give 32"},
+        {FERRY__MSG_BATCH, "fields.1.nbytes", mp_uint(33), "'nbytes' is 33"},
+        {FERRY__MSG_BATCH, "fields.1.dtype", mp_uint(0), "'dtype' is 0, not a known dtype"},
+        {FERRY__MSG_BATCH, "fields.1.dtype", mp_uint(13), "'dtype' is 13"},
+        {FERRY__MSG_BATCH, "fields.1.dtype", mp_uint(UINT64_C(1) << 32), "'dtype'"},
+        {FERRY__MSG_BATCH, "fields.1.name", mp_str("x"), "'name' 'x' repeats field 0"},
+        {FERRY__MSG_BATCH, "fields.1.name", mp_str(""), "'name' is 0 bytes long"},
+        {FERRY__MSG_BATCH, "fields", mp_array(empty, 0), "'fields' has 0 entries"},
+        {FERRY__MSG_BATCH, "count", mp_uint(5), "must equal count 5"},
     };
-    for (size_t i = 0; i < COUNT_OF(cases); i++) {
-        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
-        expect_error(decode_mutated(FERRY__MSG_BATCH, mu), FERRY_EPROTO, cases[i].word,
-                     cases[i].path);
-    }
+    expect_bad_values(cases);
     /* For contrast: i64 -> f64 keeps the element size, so nbytes still holds. */
     mutation same_size = {"fields.1.dtype", M_REPLACE, mp_uint(FERRY_DTYPE_F64)};
     assert_int_equal(decode_mutated(FERRY__MSG_BATCH, same_size), FERRY_OK);
@@ -747,12 +770,7 @@ static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
 {
     static char big[FERRY__SPEC_MAX + 1];
     memset(big, 'a', sizeof big);
-    const struct {
-        ferry__msg_type type;
-        const char *path;
-        msgpack_object val;
-        const char *word;
-    } cases[] = {
+    const bad_value cases[] = {
         {FERRY__MSG_HELLO, "host", mp_strn(big, FERRY__HOST_MAX),
          "'host' is 256 bytes long, at most 255"},
         {FERRY__MSG_HELLO, "program", mp_strn(big, FERRY__PROGRAM_MAX), "'program' is 64 bytes"},
@@ -765,10 +783,7 @@ static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
         {FERRY__MSG_FAIL, "message", mp_strn("\0", 1), "'message' contains a NUL byte"},
         {FERRY__MSG_BATCH, "fields.0.name", mp_strn("x\0", 2), "'name' contains a NUL byte"},
     };
-    for (size_t i = 0; i < COUNT_OF(cases); i++) {
-        mutation mu = {cases[i].path, M_REPLACE, cases[i].val};
-        expect_error(decode_mutated(cases[i].type, mu), FERRY_EPROTO, cases[i].word, cases[i].path);
-    }
+    expect_bad_values(cases);
 }
 
 /* ---------------------------------------------------------------------------
@@ -777,11 +792,7 @@ static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
 
 static void test_decode_rejects_what_is_not_a_header_map(void **state)
 {
-    static const struct {
-        const char *bytes;
-        size_t len;
-        const char *word;
-    } cases[] = {
+    static const bad_frame cases[] = {
         {BYTES("\x92\x04\x01"), "is a msgpack array, must be a map"},
         {BYTES("\x05"), "is a msgpack positive int, must be a map"},
         {BYTES("\xa4TASK"), "must be a map"},
@@ -795,13 +806,43 @@ static void test_decode_rejects_what_is_not_a_header_map(void **state)
         {BYTES("\x82\xa4type\x07\xc4\x01x\x02"), "a key is a bin"},
         {BYTES("\x81\xa4type\xc1"), "byte 0xc1 at offset 6 is not msgpack"},
     };
-    ferry__msg out;
-    for (size_t i = 0; i < COUNT_OF(cases); i++)
-        expect_error(decode_exact(cases[i].bytes, cases[i].len, &out), FERRY_EPROTO, cases[i].word,
-                     cases[i].word);
+    expect_bad_frames(cases);
     /* The smallest legal frame, for contrast. */
+    ferry__msg out;
     assert_int_equal(decode_exact(BYTES("\x81\xa4type\x07"), &out), FERRY_OK);
     assert_int_equal(out.type, FERRY__MSG_HEARTBEAT);
+}
+
+/* A peer in another language may pick any msgpack format that holds a
+ * value; only the value counts. */
+static void test_decode_accepts_any_integer_or_string_format(void **state)
+{
+    static const struct {
+        const char *bytes;
+        size_t len;
+    } stops[] = {
+        {BYTES("\x81\xa4type\x08")},                   /* positive fixint */
+        {BYTES("\x81\xa4type\xcc\x08")},               /* uint8 */
+        {BYTES("\x81\xa4type\xcf\0\0\0\0\0\0\0\x08")}, /* uint64 */
+        {BYTES("\x81\xa4type\xd0\x08")},               /* int8 */
+        {BYTES("\x81\xa4type\xd3\0\0\0\0\0\0\0\x08")}, /* int64 */
+        {BYTES("\x81\xd9\x04type\x08")},               /* str8 key */
+        {BYTES("\x81\xda\0\x04type\x08")},             /* str16 key */
+    };
+    ferry__msg out;
+    for (size_t i = 0; i < COUNT_OF(stops); i++) {
+        assert_int_equal(decode_exact(stops[i].bytes, stops[i].len, &out), FERRY_OK);
+        assert_int_equal(out.type, FERRY__MSG_STOP);
+    }
+    /* version and pid as int32, slot -1 as int64, program as str8. */
+    static const char hello[] = "\x86\xa4type\x01\xa7version\xd2\0\0\0\x01\xa3pid\xd2\0\0\x10\x92"
+                                "\xa4slot\xd3\xff\xff\xff\xff\xff\xff\xff\xff\xa4host\xa0"
+                                "\xa7program\xd9\x01w";
+    assert_int_equal(decode_exact(hello, sizeof hello - 1, &out), FERRY_OK);
+    assert_int_equal(out.u.hello.version, 1);
+    assert_int_equal(out.u.hello.pid, 4242);
+    assert_int_equal(out.u.hello.slot, -1);
+    assert_string_equal(out.u.hello.program, "w");
 }
 
 static void test_decode_rejects_trailing_bytes(void **state)
@@ -872,11 +913,7 @@ static void test_decode_rejects_frames_over_hdr_max(void **state)
  * reading any element; these frames declare billions in a few bytes. */
 static void test_decode_refuses_containers_bigger_than_the_frame(void **state)
 {
-    static const struct {
-        const char *bytes;
-        size_t len;
-        const char *word;
-    } cases[] = {
+    static const bad_frame cases[] = {
         {BYTES("\xdf\xff\xff\xff\xff"), "declares 8589934590 elements"},
         {BYTES("\xdd\xff\xff\xff\xff"), "declares 4294967295 elements"},
         {BYTES("\x81\xa4type\xdd\xff\xff\xff\xff"), "declares 4294967295"},
@@ -886,10 +923,7 @@ static void test_decode_refuses_containers_bigger_than_the_frame(void **state)
         {BYTES("\x81\xa4type\xc6\xff\xff\xff\xff"), "truncated"},
         {BYTES("\x81\xa4type\xc9\x00\x00\x00\x01\x01"), "truncated"},
     };
-    ferry__msg out;
-    for (size_t i = 0; i < COUNT_OF(cases); i++)
-        expect_error(decode_exact(cases[i].bytes, cases[i].len, &out), FERRY_EPROTO, cases[i].word,
-                     cases[i].word);
+    expect_bad_frames(cases);
 }
 
 static void test_decode_rejects_deep_nesting(void **state)
@@ -1177,6 +1211,7 @@ int main(void)
         cmocka_unit_test(test_decode_accepts_16_fields_and_rejects_17),
         cmocka_unit_test(test_decode_rejects_strings_too_long_or_with_nul),
         cmocka_unit_test(test_decode_rejects_what_is_not_a_header_map),
+        cmocka_unit_test(test_decode_accepts_any_integer_or_string_format),
         cmocka_unit_test(test_decode_rejects_trailing_bytes),
         cmocka_unit_test(test_decode_rejects_every_truncation_of_valid_messages),
         cmocka_unit_test(test_decode_rejects_frames_over_hdr_max),

@@ -112,6 +112,7 @@ int main(int argc, char **argv)
                             .slot = (int)slot,
                             .parent = (pid_t)parent,
                             .handshake_ms = 60000,
+                            .keep_plugins = 1,
                             .note = note,
                             .note_len = sizeof note};
     int rc = ferry__worker_run(&o);

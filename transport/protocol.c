@@ -3,8 +3,9 @@
  * frames (the contract is transport/protocol.h, the wire format is
  * docs/protocol.md).
  *
- * Position in the data flow: the scheduler encodes CONFIG, TASK and STOP and
- * decodes what workers send; the worker loop does the reverse. Nothing here
+ * Position in the data flow: the scheduler encodes what the loader sends
+ * (CONFIG, TASK, HEARTBEAT, STOP) and decodes what workers send; the worker
+ * loop does the reverse. Nothing here
  * knows about sockets, epochs or datasets.
  *
  * One table per message type drives everything. A key_spec names a key, its
@@ -330,9 +331,10 @@ static int validate(const msg_spec *spec, const void *body)
  * Encoding
  */
 
-/* A packer sink over the caller's buffer. Once a write does not fit, every
- * later one is refused too, so a short write can never be followed by a
- * smaller one that fits and leaves a corrupt frame behind. */
+/* A packer sink over the caller's buffer. The first write that does not fit
+ * marks it full: the frame is lost (the encoder reports FERRY_ELIMIT), so
+ * every later write is refused without copying. Nothing is ever written at
+ * or past `cap`. */
 typedef struct sink {
     char *buf;
     size_t cap;
