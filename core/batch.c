@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "error.h"
 
 #define ROUND_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -24,7 +25,7 @@ static int place_fields(ferry_batch *b, const ferry__batch_hdr *h)
     }
     unsigned char *dst = NULL;
     if (!aligned) {
-        dst = aligned_alloc(64, total ? total : 64);
+        dst = ferry__aligned_alloc(64, total ? total : 64);
         if (!dst)
             return FERRY_ENOMEM;
         b->copy = dst;
@@ -54,7 +55,7 @@ static int place_fields(ferry_batch *b, const ferry__batch_hdr *h)
 int ferry__batch_new(ferry_batch **out, const ferry__batch_hdr *h, zmq_msg_t *payload,
                      const ferry_batch_info *info, const uint64_t *indices)
 {
-    ferry_batch *b = calloc(1, sizeof *b + (size_t)info->size * sizeof(uint64_t));
+    ferry_batch *b = ferry__calloc(1, sizeof *b + (size_t)info->size * sizeof(uint64_t));
     if (!b)
         return FERRY_ENOMEM;
     b->info = *info;

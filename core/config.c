@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "alloc.h"
 #include "error.h"
 
 typedef enum opt_kind { OPT_INT, OPT_BOOL, OPT_STR, OPT_ENUM } opt_kind;
@@ -60,7 +61,7 @@ static const opt_def options[] = {
 
 ferry_config *ferry_config_new(void)
 {
-    ferry_config *c = calloc(1, sizeof *c);
+    ferry_config *c = ferry__calloc(1, sizeof *c);
     if (!c)
         return NULL;
     strcpy(c->dataset, "synthetic:n=60000,dim=784");

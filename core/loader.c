@@ -46,6 +46,7 @@
 
 #include "batch.h"
 #include "config.h"
+#include "alloc.h"
 #include "error.h"
 #include "sampler.h"
 #include "process.h"
@@ -216,7 +217,7 @@ static int start_worker(ferry_loader *ld, wslot *w)
     w->kill_reason[0] = '\0';
     w->tail_len = 0;
     if (ld->cfg.worker_mode == FERRY__PLACE_THREAD) {
-        thread_arg *a = malloc(sizeof *a);
+        thread_arg *a = ferry__malloc(sizeof *a);
         if (!a)
             return ferry__seterr(FERRY_ENOMEM, "out of memory starting worker %d", w->index);
         a->ld = ld;
@@ -250,8 +251,14 @@ static void *thread_worker_main(void *arg)
                             .cancel = &a.ld->cancel_threads,
                             .handshake_ms = (int)a.ld->cfg.start_timeout_ms};
     int rc = ferry__worker_run(&o);
-    if (rc != FERRY_OK && !atomic_load(&a.ld->cancel_threads))
-        fprintf(stderr, "ferry: worker thread %d stopped: %s\n", a.slot, ferry_last_error());
+    if (rc != FERRY_OK && !atomic_load(&a.ld->cancel_threads)) {
+        /* A thread cannot be replaced like a process: the loader fails (and
+         * an open in progress returns at once instead of timing out). */
+        char msg[FERRY__ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "worker %d (thread) stopped: %s", a.slot, ferry_last_error());
+        fail(a.ld, rc, msg);
+        wake(a.ld);
+    }
     return NULL;
 }
 
@@ -584,7 +591,7 @@ static void on_fail(ferry_loader *ld, wslot *w)
     }
     char who[64];
     describe_worker(ld, w, who, sizeof who);
-    char *msg = malloc(FERRY__ERRMSG_MAX);
+    char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
     if (msg)
         snprintf(msg, FERRY__ERRMSG_MAX,
                  "%s failed on index %llu (epoch %llu, batch %llu): %s", who,
@@ -779,7 +786,7 @@ static void requeue_locked(ferry_loader *ld, wslot *w, const char *death)
         return;
     char idx[256];
     describe_indices(oldest, idx, sizeof idx);
-    oldest->errmsg = malloc(FERRY__ERRMSG_MAX);
+    oldest->errmsg = ferry__malloc(FERRY__ERRMSG_MAX);
     if (oldest->errmsg)
         snprintf(oldest->errmsg, FERRY__ERRMSG_MAX,
                  "batch %llu (epoch %llu, batch %llu; indices %s) was given up after %u "
@@ -1186,7 +1193,7 @@ static int setup_sockets(ferry_loader *ld)
 
 static ferry_loader *alloc_loader(const ferry_config *cfg)
 {
-    ferry_loader *ld = calloc(1, sizeof *ld);
+    ferry_loader *ld = ferry__calloc(1, sizeof *ld);
     if (!ld)
         return NULL;
     ld->wake_fd = -1;
@@ -1199,12 +1206,12 @@ static ferry_loader *alloc_loader(const ferry_config *cfg)
     pthread_cond_init(&ld->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&ld->mu, NULL);
-    ld->tasks = calloc(ld->prefetch, sizeof *ld->tasks);
-    ld->w = calloc(ld->nworkers, sizeof *ld->w);
+    ld->tasks = ferry__calloc(ld->prefetch, sizeof *ld->tasks);
+    ld->w = ferry__calloc(ld->nworkers, sizeof *ld->w);
     if (!ld->tasks || !ld->w)
         goto fail;
     for (uint32_t i = 0; i < ld->prefetch; i++) {
-        ld->tasks[i].indices = malloc((size_t)cfg->batch_size * sizeof(uint64_t));
+        ld->tasks[i].indices = ferry__malloc((size_t)cfg->batch_size * sizeof(uint64_t));
         if (!ld->tasks[i].indices)
             goto fail;
     }

@@ -24,6 +24,7 @@
 #include <zmq.h>
 
 #include "dataset.h"
+#include "alloc.h"
 #include "error.h"
 #include "zsock.h"
 
@@ -131,7 +132,7 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
         return send_fail(w, t.id, FERRY_EDATASET, 0, "worker has no open dataset");
 
     if (t.count > w->indices_cap) {
-        uint64_t *p = realloc(w->indices, t.count * sizeof *p);
+        uint64_t *p = ferry__realloc(w->indices, t.count * sizeof *p);
         if (!p)
             return send_fail(w, t.id, FERRY_ENOMEM, 0, "worker out of memory for indices");
         w->indices = p;
@@ -205,7 +206,7 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
 
 int ferry__worker_run(const ferry__worker_opts *o)
 {
-    wstate *w = calloc(1, sizeof *w);
+    wstate *w = ferry__calloc(1, sizeof *w);
     void *own_ctx = NULL;
     int rc;
     if (!w)

@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "alloc.h"
 #include "dataset.h"
 #include "ferry.h"
 #include "harness.h"
@@ -625,6 +626,55 @@ static void test_open_fails_clearly_at_the_fd_limit(void **state)
     ft_end(&snap);
 }
 
+/* Every allocation ferry makes while opening is made to fail in turn; each
+ * failure must give FERRY_ENOMEM and leave nothing behind (ASan's leak check
+ * covers memory, ft_end the rest). */
+static void test_open_fails_cleanly_when_any_allocation_fails(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"process", "thread"};
+    for (int m = 0; m < 2; m++) {
+        int reached_end = 0;
+        for (uint64_t k = 1; k < 500 && !reached_end; k++) {
+            ft_snapshot snap;
+            ft_begin(&snap, 30);
+            ferry_config *cfg = make_cfg(2, 16, "synthetic:n=640,dim=8");
+            ferry_config_set(cfg, "worker_mode", modes[m]);
+            ferry_loader *ld = NULL;
+            ferry__alloc_fail_at(k);
+            int rc = ferry_loader_open(&ld, cfg);
+            int fired = ferry__alloc_failed();
+            ferry__alloc_fail_at(0);
+            ferry_config_free(cfg);
+            if (rc == FERRY_OK) {
+                /* The failure came after open, or not at all. */
+                reached_end = !fired;
+                ferry_batch *b;
+                rc = ferry_loader_next(ld, &b);
+                if (rc == FERRY_OK) {
+                    ferry_batch_release(b);
+                } else if (rc == FERRY_EBATCH) {
+                    /* A thread worker ran out building this batch: reported,
+                     * and the run could go on. */
+                    assert_non_null(strstr(ferry_last_error(), "out of memory"));
+                } else {
+                    assert_int_equal(rc, FERRY_ENOMEM);
+                }
+                assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+            } else {
+                if (rc != FERRY_ENOMEM)
+                    print_error("k=%llu: %s: %s\n", (unsigned long long)k, ferry_err_name(rc),
+                                ferry_last_error());
+                assert_true(fired);
+                assert_int_equal(rc, FERRY_ENOMEM);
+                assert_null(ld);
+            }
+            ft_end(&snap);
+        }
+        assert_true(reached_end);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -642,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_openmp_trainer_with_openmp_workers),
         cmocka_unit_test(test_open_failures_are_clean_and_specific),
         cmocka_unit_test(test_open_fails_clearly_at_the_fd_limit),
+        cmocka_unit_test(test_open_fails_cleanly_when_any_allocation_fails),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -681,7 +681,7 @@ static const opt_def options[] = {
      "the ferry-worker program (the loader's worker_path)"},
     {"--json", OPT_FLAG, OFF(json), 0, 0, NULL, "print the summary as JSON"},
     {"--verbose", OPT_FLAG, OFF(verbose), 0, 0, NULL,
-     "pass every trainer's stderr through, not only a failing one's"},
+     "print every plan, and every trainer's stderr, not only a failing one's"},
     {"--help", OPT_FLAG, OFF(help), 0, 0, NULL, "this text"},
 };
 #undef OFF
@@ -1103,6 +1103,12 @@ static int start_cycle(soak *s)
     sl->pid = pid;
     sl->start_ms = now_ms();
     sl->deadline_ms = sl->start_ms + s->o.deadline_ms;
+    if (s->o.verbose) {
+        char desc[512];
+        describe_plan(&sl->p, desc, sizeof desc);
+        clear_progress(s);
+        fprintf(stderr, "soak: cycle %" PRIu64 " (pid %d): %s\n", sl->p.cycle, (int)pid, desc);
+    }
     s->active++;
     s->next_cycle++;
     return 0;
