@@ -334,19 +334,20 @@ static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
     return FERRY_OK;
 }
 
-/* A task could not be sent to w (it has just gone away, before its pidfd
- * said so). Under restart the task stays queued and w takes no more work
- * until its death is handled; returns 1 to go on dispatching. Under fail
- * the loader fails. */
+/* A task could not be sent to w. For a local process that means it has just
+ * gone away and its pidfd has not said so yet: the task stays queued, w
+ * takes no more work, and the death (with its exit status, under either
+ * policy) is handled when the pidfd fires. Returns 1 to go on dispatching.
+ * Anything else fails the loader. */
 static int send_failed(ferry_loader *ld, wslot *w)
 {
-    char who[64], msg[FERRY__ERRMSG_MAX];
-    describe_worker(ld, w, who, sizeof who);
-    snprintf(msg, sizeof msg, "could not send a task to %s: %s", who, ferry_last_error());
-    if (ld->cfg.on_worker_failure == FERRY__ON_FAILURE_RESTART && w->pid) {
+    if (w->pid) {
         w->unreachable = 1;
         return 1;
     }
+    char who[64], msg[FERRY__ERRMSG_MAX];
+    describe_worker(ld, w, who, sizeof who);
+    snprintf(msg, sizeof msg, "could not send a task to %s: %s", who, ferry_last_error());
     fail(ld, FERRY_EWORKER, msg);
     return 0;
 }

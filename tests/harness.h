@@ -10,6 +10,7 @@
 #ifndef FERRY_TEST_HARNESS_H
 #define FERRY_TEST_HARNESS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct ft_snapshot {
@@ -25,6 +26,13 @@ void ft_begin(ft_snapshot *s, unsigned limit_s);
 /* Asserts (cmocka) that nothing leaked since ft_begin, removes the TMPDIR,
  * disarms the alarm. */
 void ft_end(ft_snapshot *s);
+
+/* Runs each test in its own child process (so a failing case, and whatever
+ * it left running, cannot spill into the next), each under cmocka, and
+ * prints "N passed, M failed". Returns the number failed. A child that dies
+ * or runs past its alarm counts as failed. */
+struct CMUnitTest;
+int ft_run_each(const struct CMUnitTest *tests, size_t n);
 
 int ft_count_fds(void);
 int ft_count_threads(void);

@@ -545,5 +545,5 @@ int main(void)
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),
         cmocka_unit_test(test_resume_after_batch_k_reproduces_the_stream),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

@@ -67,6 +67,7 @@
 #define MAX_ATTEMPTS 3          /* the loader's default max_attempts */
 #define TO_END_MAX_BATCHES 1500 /* longest stream a plan reads to its end */
 #define MAX_STRAYS 256
+#define SLOW_CLOSE_MS 1000      /* a close this slow, with no worker stopped, is reported */
 
 /* How a trainer ends. The parent turns these into the summary's figures. */
 enum trainer_exit {
@@ -792,7 +793,7 @@ typedef struct stray {
 typedef struct totals {
     uint64_t done, hangs, leaks, errors;
     uint64_t batches, kills, stops, early_closes, deaths, restarts, timeouts, poison;
-    uint64_t orphans_reaped, max_close_ms;
+    uint64_t orphans_reaped, max_close_ms, slow_closes;
 } totals;
 
 typedef struct soak {
@@ -1178,6 +1179,15 @@ static void finish_cycle(soak *s, slot *sl, int status)
         s->tot.early_closes += res->early_close;
         if (res->close_ms > s->tot.max_close_ms)
             s->tot.max_close_ms = res->close_ms;
+        /* Close is bounded by design (grace, SIGTERM, SIGKILL), so a slow one
+         * is no hang; but with every worker able to answer STOP it should be
+         * quick, and a slow one points at a worker that was never told to
+         * stop. Reported, not failed. */
+        if (!p->stop && res->close_ms >= SLOW_CLOSE_MS) {
+            s->tot.slow_closes++;
+            report(s, sl, "SLOW CLOSE (warning)", "ferry_loader_close took %" PRIu64
+                   " ms with no worker stopped (%u restarts)", res->close_ms, res->restarts);
+        }
     }
     if (s->nwatches < (int)(sizeof s->watches / sizeof s->watches[0]))
         s->watches[s->nwatches++] = (watch){.trainer = sl->pid, .died_ms = now_ms(),
@@ -1435,11 +1445,11 @@ static void print_summary(const soak *s, double secs)
                ", \"trainer_deaths\": %" PRIu64 ", \"restarts\": %" PRIu64
                ", \"timeouts\": %" PRIu64 ", \"poisoned\": %" PRIu64
                ", \"orphans_reaped\": %" PRIu64 ", \"max_close_ms\": %" PRIu64
-               ", \"seconds\": %.1f}\n",
+               ", \"slow_closes\": %" PRIu64 ", \"seconds\": %.1f}\n",
                s->o.seed, t->done, s->end_cycle - s->first_cycle,
                s->interrupted ? "true" : "false", t->hangs, t->leaks, t->errors, t->batches,
                t->kills, t->stops, t->early_closes, t->deaths, t->restarts, t->timeouts,
-               t->poison, t->orphans_reaped, t->max_close_ms, secs);
+               t->poison, t->orphans_reaped, t->max_close_ms, t->slow_closes, secs);
         return;
     }
     printf("soak: %" PRIu64 " cycles, %" PRIu64 " hangs, %" PRIu64 " leaks, %" PRIu64
@@ -1448,9 +1458,10 @@ static void print_summary(const soak *s, double secs)
            t->done, t->hangs, t->leaks, t->errors, t->batches, t->kills, t->stops,
            t->early_closes, t->deaths, secs, s->interrupted ? " (interrupted)" : "");
     printf("soak: seed %" PRIu64 "; %" PRIu64 " restarts, %" PRIu64 " timeouts, %" PRIu64
-           " poisoned batches, %" PRIu64 " orphaned workers reaped, slowest close %" PRIu64
-           " ms\n",
-           s->o.seed, t->restarts, t->timeouts, t->poison, t->orphans_reaped, t->max_close_ms);
+           " poisoned batches, %" PRIu64 " orphaned workers reaped; slowest close %" PRIu64
+           " ms, %" PRIu64 " slow closes (warnings)\n",
+           s->o.seed, t->restarts, t->timeouts, t->poison, t->orphans_reaped, t->max_close_ms,
+           t->slow_closes);
 }
 
 /* ------------------------------------------------------------------------
