@@ -38,6 +38,7 @@ typedef struct bench_opts {
 typedef struct bench_result {
     double batches_per_s, items_per_s, mb_per_s;
     double startup_ms, gap_ms_median, stall_ms_median, stall_ms_max;
+    double gap_ms_mean, stall_ms_mean;
     uint64_t batches, items, bytes, epochs_seen, failed, realigned;
     int epoch_barrier;
 } bench_result;
@@ -53,6 +54,14 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static double mean(const double *v, size_t n)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    return n ? sum / (double)n : 0;
 }
 
 static double median(double *v, size_t n)
@@ -216,6 +225,8 @@ static int run_once(const bench_opts *o, int barrier, bench_result *r)
         r->mb_per_s = r->batches_per_s * (double)r->bytes / (double)r->batches / 1e6;
     }
     if (gaps && stalls) {
+        r->gap_ms_mean = mean(gaps, ngaps);
+        r->stall_ms_mean = mean(stalls, nstalls);
         r->gap_ms_median = median(gaps, ngaps);
         r->stall_ms_median = median(stalls, nstalls);
         for (size_t i = 0; i < nstalls; i++)
@@ -242,13 +253,14 @@ static void print_json(const bench_result *r, FILE *f)
     fprintf(f,
             "{\"batches_per_s\": %.1f, \"items_per_s\": %.0f, \"mb_per_s\": %.1f, "
             "\"startup_ms\": %.2f, \"gap_ms_median\": %.4f, \"epoch_stall_ms_median\": %.4f, "
-            "\"epoch_stall_ms_max\": %.4f, \"stall_to_gap\": %.2f, \"batches\": %llu, "
+            "\"epoch_stall_ms_max\": %.4f, \"stall_to_gap\": %.2f, \"gap_ms_mean\": %.4f, "
+            "\"epoch_stall_ms_mean\": %.4f, \"batches\": %llu, "
             "\"items\": %llu, \"epochs\": %llu, \"failed\": %llu, \"realigned\": %llu, "
             "\"epoch_barrier\": %s}",
             r->batches_per_s, r->items_per_s, r->mb_per_s, r->startup_ms, r->gap_ms_median,
             r->stall_ms_median, r->stall_ms_max,
-            r->gap_ms_median > 0 ? r->stall_ms_median / r->gap_ms_median : 0,
-            (unsigned long long)r->batches, (unsigned long long)r->items,
+            r->gap_ms_median > 0 ? r->stall_ms_median / r->gap_ms_median : 0, r->gap_ms_mean,
+            r->stall_ms_mean, (unsigned long long)r->batches, (unsigned long long)r->items,
             (unsigned long long)r->epochs_seen, (unsigned long long)r->failed,
             (unsigned long long)r->realigned, r->epoch_barrier ? "true" : "false");
 }
@@ -264,9 +276,11 @@ static void print_text(const bench_opts *o, const bench_result *r)
     printf("  throughput    %.0f batches/s  %.0f items/s  %.1f MB/s\n", r->batches_per_s,
            r->items_per_s, r->mb_per_s);
     printf("  startup       %.2f ms (open -> first batch)\n", r->startup_ms);
-    printf("  gap           %.4f ms median between batches\n", r->gap_ms_median);
-    printf("  epoch stall   %.4f ms median, %.4f ms max (%.2fx the gap)\n", r->stall_ms_median,
-           r->stall_ms_max, r->gap_ms_median > 0 ? r->stall_ms_median / r->gap_ms_median : 0);
+    printf("  gap           %.4f ms median, %.4f ms mean between batches\n", r->gap_ms_median,
+           r->gap_ms_mean);
+    printf("  epoch stall   %.4f ms median, %.4f ms mean, %.4f ms max (median %.2fx the gap)\n",
+           r->stall_ms_median, r->stall_ms_mean, r->stall_ms_max,
+           r->gap_ms_median > 0 ? r->stall_ms_median / r->gap_ms_median : 0);
     if (r->failed)
         printf("  failed        %llu batches\n", (unsigned long long)r->failed);
 }

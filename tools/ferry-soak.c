@@ -235,6 +235,7 @@ typedef struct cycle_result {
     uint64_t batches;
     uint32_t kills, stops, restarts, timeouts;
     uint32_t early_close, died, poison;
+    uint32_t ready_at_close;  /* stats.workers just before close */
     uint64_t close_ms;
 } cycle_result;
 
@@ -623,6 +624,7 @@ static int trainer_run(trainer *t)
                      st.delivered, st.malformed, t->consumed);
     t->res->restarts = (uint32_t)st.restarts;
     t->res->timeouts = (uint32_t)st.timeouts;
+    t->res->ready_at_close = st.workers;
     t->res->early_close = p->consume < p->total || cut_short;
 
     /* A held batch stays valid across close: checked again after it. */
@@ -1186,7 +1188,9 @@ static void finish_cycle(soak *s, slot *sl, int status)
         if (!p->stop && res->close_ms >= SLOW_CLOSE_MS) {
             s->tot.slow_closes++;
             report(s, sl, "SLOW CLOSE (warning)", "ferry_loader_close took %" PRIu64
-                   " ms with no worker stopped (%u restarts)", res->close_ms, res->restarts);
+                   " ms with no worker stopped (%u restarts; %u of %d workers ready just "
+                   "before close)",
+                   res->close_ms, res->restarts, res->ready_at_close, p->workers);
         }
     }
     if (s->nwatches < (int)(sizeof s->watches / sizeof s->watches[0]))
