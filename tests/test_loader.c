@@ -18,9 +18,13 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <zmq.h>
+
 #include "dataset.h"
 #include "ferry.h"
 #include "harness.h"
+#include "protocol.h"
 #include "sampler.h"
 
 #define N_ITEMS 1000
@@ -530,6 +534,158 @@ static void test_resume_after_batch_k_reproduces_the_stream(void **state)
     ft_end(&snap);
 }
 
+/* ------------------------------------------------------------------------
+ * A hostile peer on the loader's socket
+ */
+
+/* The loader's ipc endpoint, found in the test's private TMPDIR. */
+static void find_endpoint(const char *tmpdir, char *out, size_t cap)
+{
+    DIR *d = opendir(tmpdir);
+    assert_non_null(d);
+    struct dirent *e;
+    out[0] = '\0';
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "ferry-", 6) == 0)
+            snprintf(out, cap, "ipc://%s/%s/loader", tmpdir, e->d_name);
+    }
+    closedir(d);
+    assert_true(out[0] != '\0');
+}
+
+static void send_frames(void *s, const void *const *frames, const size_t *lens, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_true(zmq_send(s, frames[i], lens[i], i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+}
+
+static void send_msg(void *s, const ferry__msg *m, const void *payload, size_t plen)
+{
+    unsigned char hdr[FERRY__HDR_MAX];
+    size_t len;
+    assert_int_equal(ferry__msg_encode(m, hdr, sizeof hdr, &len), FERRY_OK);
+    const void *frames[] = {hdr, payload};
+    size_t lens[] = {len, plen};
+    send_frames(s, frames, lens, payload ? 2 : 1);
+}
+
+static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg("process", 2, 4, 50, synthetic_spec());
+    assert_int_equal(ferry_config_set_int(cfg, "seed", 3), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "max_message", 1 << 20), FERRY_OK);
+    ferry_loader *ld;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    ferry_config_free(cfg);
+
+    char ep[512];
+    find_endpoint(snap.tmpdir, ep, sizeof ep);
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(s, ep), 0);
+
+    /* Garbage, an empty frame, too many frames, a header past the limit. */
+    static const unsigned char junk[] = {0xc1, 0xff, 0x00, 0x93, 0x01};
+    static unsigned char big[FERRY__HDR_MAX + 10];
+    const void *f1[] = {junk};
+    size_t l1[] = {sizeof junk};
+    send_frames(s, f1, l1, 1);
+    const void *f2[] = {""};
+    size_t l2[] = {0};
+    send_frames(s, f2, l2, 1);
+    const void *f3[] = {junk, junk, junk, junk};
+    size_t l3[] = {sizeof junk, sizeof junk, sizeof junk, sizeof junk};
+    send_frames(s, f3, l3, 4);
+    const void *f4[] = {big};
+    size_t l4[] = {sizeof big};
+    send_frames(s, f4, l4, 1);
+    /* An oversized message: over max_message, ZeroMQ drops the peer. Sent
+     * on a second peer so the first can go on misbehaving. */
+    void *s2 = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(s2, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(s2, ep), 0);
+    size_t huge_len = 2u << 20;
+    unsigned char *huge = calloc(1, huge_len);
+    const void *f5[] = {huge};
+    size_t l5[] = {huge_len};
+    send_frames(s2, f5, l5, 1);
+
+    /* Well-formed but wrong: an impostor HELLO for a taken slot, one for a
+     * slot that does not exist, a BATCH and a FAIL for tasks it never got. */
+    ferry__msg m;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_HELLO;
+    m.u.hello = (ferry__hello){.version = FERRY_PROTOCOL_VERSION, .pid = 1, .slot = 0};
+    send_msg(s, &m, NULL, 0);
+    m.u.hello.slot = 77;
+    send_msg(s, &m, NULL, 0);
+    m.u.hello.slot = 0;
+    m.u.hello.version = 99;
+    send_msg(s, &m, NULL, 0);
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_FAIL;
+    m.u.fail = (ferry__fail){.id = 0, .code = FERRY_EBATCH, .index = 1};
+    snprintf(m.u.fail.message, sizeof m.u.fail.message, "forged");
+    send_msg(s, &m, NULL, 0);
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_BATCH;
+    m.u.batch.id = 1;
+    m.u.batch.count = 1;
+    m.u.batch.nfields = 1;
+    snprintf(m.u.batch.fields[0].name, FERRY_NAME_MAX, "x");
+    m.u.batch.fields[0].dtype = FERRY_DTYPE_U8;
+    m.u.batch.fields[0].ndim = 1;
+    m.u.batch.fields[0].shape[0] = 1;
+    m.u.batch.fields[0].nbytes = 1;
+    send_msg(s, &m, "z", 1);
+
+    /* The run is untouched: every batch exactly once, in order, intact. */
+    ferry__sampler smp;
+    expected_sampler(&smp, 50, 3, 3);
+    ferry_batch *b;
+    uint64_t seq = 0;
+    uint64_t want[50];
+    int rc;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        ferry__sampler_task t;
+        assert_int_equal(ferry__sampler_at(&smp, seq, &t), FERRY_OK);
+        assert_int_equal(info.seq, seq);
+        ferry__sampler_indices(&smp, &t, want);
+        assert_memory_equal(ferry_batch_indices(b), want, t.count * sizeof(uint64_t));
+        check_content(b);
+        ferry_batch_release(b);
+        seq++;
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    assert_int_equal(seq, 3 * 20);
+
+    /* And it noticed: wait (bounded) until every message above was read. */
+    ferry_stats st;
+    uint64_t deadline = ft_now_ms() + 5000;
+    do
+        ferry_loader_stats(ld, &st);
+    while ((st.malformed < 7 || st.stale < 2) && ft_now_ms() < deadline);
+    print_message("malformed %llu, stale %llu\n", (unsigned long long)st.malformed,
+                  (unsigned long long)st.stale);
+    assert_int_equal(st.malformed, 7);
+    assert_int_equal(st.stale, 2);
+    assert_int_equal(st.failed, 0);
+    zmq_close(s);
+    zmq_close(s2);
+    zmq_ctx_term(ctx);
+    free(huge);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -544,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_open_fails_when_worker_program_is_missing),
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),
         cmocka_unit_test(test_resume_after_batch_k_reproduces_the_stream),
+        cmocka_unit_test(test_malformed_messages_from_a_raw_peer_change_nothing),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }
