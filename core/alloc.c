@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-static atomic_uint_fast64_t fail_at;  /* 0: off */
+static atomic_uint_fast64_t fail_at; /* 0: off */
 static atomic_uint_fast64_t calls;
 static atomic_int fired;
 

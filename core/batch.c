@@ -9,7 +9,7 @@
 #include "alloc.h"
 #include "error.h"
 
-#define ROUND_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 /* Points every field at its bytes, in the frame when aligned, else in one
  * aligned copy holding all fields. */

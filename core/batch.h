@@ -27,8 +27,8 @@ struct ferry_batch {
     ferry_tensor fields[FERRY_MAX_FIELDS];
     char names[FERRY_MAX_FIELDS][FERRY_NAME_MAX];
     zmq_msg_t payload;
-    void *copy;             /* aligned copy, when realigned */
-    uint64_t indices[];     /* info.size entries */
+    void *copy;         /* aligned copy, when realigned */
+    uint64_t indices[]; /* info.size entries */
 };
 
 /* Builds a batch from a checked header (ferry__msg_check_payload passed) and

@@ -23,7 +23,7 @@ typedef struct opt_def {
     const char *name;
     opt_kind kind;
     size_t offset;
-    int64_t min, max;      /* OPT_INT; for OPT_STR, max is the buffer size */
+    int64_t min, max;           /* OPT_INT; for OPT_STR, max is the buffer size */
     const char *const *choices; /* OPT_ENUM, NULL-terminated; value = position */
     const char *help;
 } opt_def;
@@ -52,8 +52,7 @@ static const opt_def options[] = {
     {"close_grace_ms", OPT_INT, OFF(close_grace_ms), 0, 600000, NULL, "STOP to SIGTERM"},
     {"epoch_barrier", OPT_BOOL, OFF(epoch_barrier), 0, 1, NULL, "no prefetch across epochs"},
     {"max_message", OPT_INT, OFF(max_message), 4096, INT64_MAX, NULL, "largest message"},
-    {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names,
-     "restart or fail"},
+    {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names, "restart or fail"},
     {"max_attempts", OPT_INT, OFF(max_attempts), 1, 100, NULL, "tries of a batch that kills"},
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
 };

@@ -28,25 +28,25 @@ struct ferry_config {
     char dataset[FERRY__SPEC_MAX];
     int64_t batch_size;
     int64_t drop_last;
-    int64_t shuffle;        /* -1: on when a seed was set */
+    int64_t shuffle; /* -1: on when a seed was set */
     int64_t seed;
     int64_t seed_set;
     int64_t rank;
     int64_t world_size;
     int64_t workers;
-    int64_t worker_mode;    /* ferry__placement */
-    int64_t prefetch;       /* 0: 2 * workers * credits */
+    int64_t worker_mode; /* ferry__placement */
+    int64_t prefetch;    /* 0: 2 * workers * credits */
     int64_t credits;
     int64_t in_order;
     int64_t epochs;
     int64_t max_batches;
-    int64_t timeout_ms;     /* a batch not delivered within this: error; 0 = off */
+    int64_t timeout_ms; /* a batch not delivered within this: error; 0 = off */
     int64_t start_timeout_ms;
     int64_t close_grace_ms;
     int64_t epoch_barrier;
-    int64_t max_message;    /* ZMQ_MAXMSGSIZE for the loader's socket */
+    int64_t max_message;       /* ZMQ_MAXMSGSIZE for the loader's socket */
     int64_t on_worker_failure; /* ferry__on_failure */
-    int64_t max_attempts;   /* workers a batch may take down before it is given up */
+    int64_t max_attempts;      /* workers a batch may take down before it is given up */
     char worker_path[PATH_MAX];
     unsigned char state[FERRY_STATE_MAX];
     size_t state_len;

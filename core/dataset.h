@@ -19,11 +19,11 @@
 typedef struct ferry__dataset {
     const ferry_dataset_ops *ops;
     void *handle;
-    void *dl;                                /* dlopen handle of a plugin, or NULL */
+    void *dl; /* dlopen handle of a plugin, or NULL */
     uint64_t length;
     ferry_dataset_schema schema;
-    size_t item_bytes[FERRY_MAX_FIELDS];     /* bytes of one item of each field */
-    int keep_loaded;                         /* FERRY__DATASET_KEEP_LOADED was given */
+    size_t item_bytes[FERRY_MAX_FIELDS]; /* bytes of one item of each field */
+    int keep_loaded;                     /* FERRY__DATASET_KEEP_LOADED was given */
 } ferry__dataset;
 
 /* Opens `spec`. On failure returns a negative code (FERRY_EDATASET for a spec
@@ -42,8 +42,8 @@ int ferry__dataset_open_flags(ferry__dataset *ds, const char *spec, const ferry_
 
 /* Checks every index < length (FERRY_ERANGE naming the index otherwise), then
  * has the dataset fill dst[]. On failure fills *err. */
-int ferry__dataset_get_batch(ferry__dataset *ds, const ferry_batch_request *req,
-                             void *const dst[], ferry_dataset_error *err);
+int ferry__dataset_get_batch(ferry__dataset *ds, const ferry_batch_request *req, void *const dst[],
+                             ferry_dataset_error *err);
 
 /* Closes and zeroes *ds; safe on a zeroed or already closed struct. A plugin
  * is unloaded unless opened with FERRY__DATASET_KEEP_LOADED: a worker process

@@ -70,20 +70,20 @@ typedef enum wstate {
 typedef struct wslot {
     int index;
     wstate state;
-    pid_t pid;          /* 0 for a thread */
-    int pidfd;          /* -1 when none */
+    pid_t pid; /* 0 for a thread */
+    int pidfd; /* -1 when none */
     pthread_t thread;
     int thread_live;
     ferry__ident ident;
     uint32_t outstanding;
-    uint64_t busy_since_ms;   /* when its oldest outstanding task became its current one */
-    uint32_t failed_starts;   /* deaths in a row without delivering anything */
+    uint64_t busy_since_ms; /* when its oldest outstanding task became its current one */
+    uint32_t failed_starts; /* deaths in a row without delivering anything */
     int delivered_any;
-    int killing;              /* the loader has sent it SIGKILL */
-    int unreachable;          /* a send failed: no more tasks until it is replaced */
-    char kill_reason[256];    /* why the loader killed it, or "" */
-    int errfd;                /* read end of its stderr, -1 when none */
-    char tail[512];           /* the end of what it wrote to stderr */
+    int killing;           /* the loader has sent it SIGKILL */
+    int unreachable;       /* a send failed: no more tasks until it is replaced */
+    char kill_reason[256]; /* why the loader killed it, or "" */
+    int errfd;             /* read end of its stderr, -1 when none */
+    char tail[512];        /* the end of what it wrote to stderr */
     size_t tail_len;
 } wslot;
 
@@ -92,15 +92,15 @@ typedef enum tstate { T_FREE = 0, T_PENDING, T_DONE } tstate;
 typedef struct task_ent {
     tstate state;
     ferry__sampler_task t;
-    int worker;          /* -1: PENDING but waiting to be sent again */
-    uint32_t attempts;   /* workers that died while working on it */
+    int worker;        /* -1: PENDING but waiting to be sent again */
+    uint32_t attempts; /* workers that died while working on it */
     uint64_t sent_order;
     uint64_t sent_ms;
     uint64_t done_order;
-    uint64_t *indices;   /* capacity batch_size, allocated at open */
-    ferry_batch *batch;  /* DONE and ok */
-    int err;             /* DONE and failed: the code */
-    char *errmsg;        /* DONE and failed: the sentence */
+    uint64_t *indices;  /* capacity batch_size, allocated at open */
+    ferry_batch *batch; /* DONE and ok */
+    int err;            /* DONE and failed: the code */
+    char *errmsg;       /* DONE and failed: the sentence */
 } task_ent;
 
 typedef enum phase { P_STARTING, P_RUNNING, P_FAILED } phase;
@@ -122,11 +122,11 @@ struct ferry_loader {
 
     /* --- scheduler thread only --- */
     wslot *w;
-    uint32_t rr;                 /* round-robin start for picking workers */
+    uint32_t rr; /* round-robin start for picking workers */
     uint64_t send_counter;
-    int closing;                 /* shutdown has begun: deaths are expected */
+    int closing; /* shutdown has begun: deaths are expected */
     uint64_t start_deadline_ms;
-    ferry__msg in, out;          /* message scratch, too big for the stack */
+    ferry__msg in, out; /* message scratch, too big for the stack */
 
     /* --- shared, under mu --- */
     pthread_mutex_t mu;
@@ -140,7 +140,7 @@ struct ferry_loader {
     uint64_t start_seq;
     uint64_t next_seq;
     uint64_t done_counter;
-    uint64_t asked;              /* next() calls so far: the trainer wants batch asked-1 */
+    uint64_t asked; /* next() calls so far: the trainer wants batch asked-1 */
     uint32_t in_flight;
     task_ent *tasks;
     ferry_stats st;
@@ -271,8 +271,7 @@ static wslot *pick_worker(ferry_loader *ld)
     wslot *best = NULL;
     for (uint32_t k = 0; k < ld->nworkers; k++) {
         wslot *w = &ld->w[(ld->rr + k) % ld->nworkers];
-        if (w->state == W_READY && !w->unreachable &&
-            w->outstanding < (uint32_t)ld->cfg.credits &&
+        if (w->state == W_READY && !w->unreachable && w->outstanding < (uint32_t)ld->cfg.credits &&
             (!best || w->outstanding < best->outstanding))
             best = w;
     }
@@ -446,10 +445,9 @@ static void count_stale(ferry_loader *ld)
 static void on_hello(ferry_loader *ld, const ferry__ident *id)
 {
     const ferry__hello *h = &ld->in.u.hello;
-    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 ||
-        (uint32_t)h->slot >= ld->nworkers) {
-        fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n",
-                h->version, h->slot, h->host);
+    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 || (uint32_t)h->slot >= ld->nworkers) {
+        fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n", h->version,
+                h->slot, h->host);
         count_malformed(ld);
         return;
     }
@@ -488,8 +486,7 @@ static void all_ready_locked(ferry_loader *ld)
     };
     int rc = ferry__sampler_init(&ld->sampler, ld->n, &so);
     if (rc == FERRY_OK && ld->cfg.state_len)
-        rc = ferry__sampler_restore(&ld->sampler, ld->cfg.state, ld->cfg.state_len,
-                                    &ld->start_seq);
+        rc = ferry__sampler_restore(&ld->sampler, ld->cfg.state, ld->cfg.state_len, &ld->start_seq);
     if (rc != FERRY_OK) {
         fail_locked(ld, rc, NULL);
         return;
@@ -594,9 +591,8 @@ static void on_fail(ferry_loader *ld, wslot *w)
     describe_worker(ld, w, who, sizeof who);
     char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
     if (msg)
-        snprintf(msg, FERRY__ERRMSG_MAX,
-                 "%s failed on index %llu (epoch %llu, batch %llu): %s", who,
-                 (unsigned long long)f->index, (unsigned long long)e->t.epoch,
+        snprintf(msg, FERRY__ERRMSG_MAX, "%s failed on index %llu (epoch %llu, batch %llu): %s",
+                 who, (unsigned long long)f->index, (unsigned long long)e->t.epoch,
                  (unsigned long long)e->t.batch_in_epoch, f->message);
     pthread_mutex_lock(&ld->mu);
     e->err = f->code == FERRY_ERANGE ? FERRY_ERANGE : FERRY_EBATCH;
@@ -828,8 +824,10 @@ static void on_worker_exit(ferry_loader *ld, wslot *w)
     requeue_locked(ld, w, msg);
     if (!w->delivered_any && ++w->failed_starts > (uint32_t)ld->cfg.max_attempts + 2) {
         char m2[FERRY__ERRMSG_MAX];
-        snprintf(m2, sizeof m2, "worker %d died %u times in a row without delivering a batch; "
-                 "the last: %s", w->index, w->failed_starts, msg);
+        snprintf(m2, sizeof m2,
+                 "worker %d died %u times in a row without delivering a batch; "
+                 "the last: %s",
+                 w->index, w->failed_starts, msg);
         fail_locked(ld, FERRY_EWORKER, m2);
         pthread_mutex_unlock(&ld->mu);
         return;
@@ -882,8 +880,8 @@ static void check_deadlines(ferry_loader *ld)
     pthread_mutex_lock(&ld->mu);
     if (ld->ph == P_STARTING && now >= ld->start_deadline_ms) {
         char msg[256];
-        snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms",
-                 ld->st.workers, ld->nworkers, (long long)ld->cfg.start_timeout_ms);
+        snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms", ld->st.workers,
+                 ld->nworkers, (long long)ld->cfg.start_timeout_ms);
         fail_locked(ld, FERRY_ETIMEDOUT, msg);
     }
     if (ld->ph == P_RUNNING && ld->cfg.timeout_ms > 0) {
@@ -1349,8 +1347,9 @@ int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
             pthread_mutex_unlock(&ld->mu);
             wake(ld);
             if (err) {
-                ferry__seterr_str(err, msg ? msg : "a worker failed on a batch (no memory "
-                                                   "for the detail)");
+                ferry__seterr_str(err, msg ? msg
+                                           : "a worker failed on a batch (no memory "
+                                             "for the detail)");
                 free(msg);
                 return err;
             }

@@ -57,8 +57,10 @@ int ferry__find_worker(const char *configured, char *out, size_t cap)
             chosen = FERRY_INSTALL_BINDIR "/ferry-worker";
     }
     if (!executable(chosen))
-        return ferry__seterr(FERRY_ESPAWN, "worker program '%s' is not executable: %s "
-                             "(set option worker_path or FERRY_WORKER)", chosen, strerror(errno));
+        return ferry__seterr(FERRY_ESPAWN,
+                             "worker program '%s' is not executable: %s "
+                             "(set option worker_path or FERRY_WORKER)",
+                             chosen, strerror(errno));
     if (strlen(chosen) >= cap)
         return ferry__seterr(FERRY_ESPAWN, "worker program path is too long");
     strcpy(out, chosen);
@@ -93,8 +95,8 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
     char slot_s[16], parent_s[24];
     snprintf(slot_s, sizeof slot_s, "%d", slot);
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    char *argv[] = {(char *)path,   "--connect", (char *)endpoint, "--slot", slot_s,
-                    "--parent", parent_s, NULL};
+    char *argv[] = {(char *)path, "--connect", (char *)endpoint, "--slot",
+                    slot_s,       "--parent",  parent_s,         NULL};
 
     /* The child starts with no blocked signals and default dispositions, so
      * whatever the trainer did to its own signals does not leak in. */
@@ -166,7 +168,8 @@ void ferry__describe_status(int status, char *buf, size_t cap)
             hint = " (the dataset code crashed)";
         else if (sig == SIGKILL)
             hint = " (killed from outside: the OOM killer, or a user)";
-        snprintf(buf, cap, "was killed by signal %s%s%s", ferry__signal_name(sig, name, sizeof name),
+        snprintf(buf, cap, "was killed by signal %s%s%s",
+                 ferry__signal_name(sig, name, sizeof name),
                  WCOREDUMP(status) ? ", core dumped" : "", hint);
     } else {
         snprintf(buf, cap, "ended with status 0x%x", status);

@@ -28,8 +28,8 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
  * so the loader can pass its output on and keep its last words. On failure
  * nothing is left running or open: FERRY_ESPAWN (exec failed: errno detail),
  * FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
-int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid,
-                        int *pidfd, int *errfd);
+int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid, int *pidfd,
+                        int *errfd);
 
 /* "SIGKILL" for 9, "signal 77" for unknown ones (buf used then). */
 const char *ferry__signal_name(int sig, char *buf, size_t cap);

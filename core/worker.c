@@ -29,7 +29,7 @@
 #include "zsock.h"
 
 #define POLL_MS 200
-#define ROUND_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 typedef struct wstate {
     const ferry__worker_opts *o;
@@ -39,7 +39,7 @@ typedef struct wstate {
     uint64_t seed;
     uint64_t *indices;
     size_t indices_cap;
-    ferry__msg out;   /* replies are built here: keeps the 4 KiB+ struct off the stack */
+    ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } wstate;
 
@@ -186,8 +186,7 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
         snprintf(w->o->note, w->o->note_len,
                  "building batch %llu (epoch %llu, batch %llu, %u items from index %llu)",
                  (unsigned long long)t.seq, (unsigned long long)t.epoch,
-                 (unsigned long long)t.batch_in_epoch, t.count,
-                 (unsigned long long)w->indices[0]);
+                 (unsigned long long)t.batch_in_epoch, t.count, (unsigned long long)w->indices[0]);
     ferry_dataset_error derr;
     memset(&derr, 0, sizeof derr);
     int rc = ferry__dataset_get_batch(&w->ds, &req, dst, &derr);
@@ -258,8 +257,8 @@ int ferry__worker_run(const ferry__worker_opts *o)
         if (!got) {
             waited += POLL_MS;
             if (!configured && o->handshake_ms > 0 && waited >= o->handshake_ms) {
-                rc = ferry__seterr(FERRY_ETIMEDOUT, "no CONFIG from %s within %d ms",
-                                   o->endpoint, o->handshake_ms);
+                rc = ferry__seterr(FERRY_ETIMEDOUT, "no CONFIG from %s within %d ms", o->endpoint,
+                                   o->handshake_ms);
                 goto done;
             }
             continue;

@@ -40,25 +40,25 @@ extern "C" {
 
 /* The error table: name, value, message. One place makes the enum,
  * ferry_strerror() and ferry_err_name(). */
-#define FERRY_ERRNO_MAP(X)                                                     \
-    X(OK, 0, "success")                                                        \
-    X(EINVAL, -1, "invalid argument")                                          \
-    X(ENOMEM, -2, "out of memory")                                             \
-    X(EOPTION, -3, "unknown option")                                           \
-    X(EDATASET, -4, "dataset could not be opened")                             \
-    X(EBATCH, -5, "dataset failed to produce a batch")                         \
-    X(ERANGE, -6, "index out of range")                                        \
-    X(EPROTO, -7, "malformed protocol message")                                \
-    X(ESPAWN, -8, "worker could not be started")                               \
-    X(EWORKER, -9, "worker died")                                              \
-    X(ETIMEDOUT, -10, "timed out")                                             \
-    X(EOF, -11, "end of stream")                                               \
-    X(ECLOSED, -12, "loader has failed and can only be closed")                \
-    X(ESTATE, -13, "resume state is invalid or does not match")                \
-    X(ESYS, -14, "system call failed")                                         \
-    X(ELIMIT, -15, "resource limit reached")                                   \
-    X(EFORMAT, -16, "malformed file")                                          \
-    X(EVERSION, -17, "version mismatch")                                       \
+#define FERRY_ERRNO_MAP(X)                                                                         \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(EOPTION, -3, "unknown option")                                                               \
+    X(EDATASET, -4, "dataset could not be opened")                                                 \
+    X(EBATCH, -5, "dataset failed to produce a batch")                                             \
+    X(ERANGE, -6, "index out of range")                                                            \
+    X(EPROTO, -7, "malformed protocol message")                                                    \
+    X(ESPAWN, -8, "worker could not be started")                                                   \
+    X(EWORKER, -9, "worker died")                                                                  \
+    X(ETIMEDOUT, -10, "timed out")                                                                 \
+    X(EOF, -11, "end of stream")                                                                   \
+    X(ECLOSED, -12, "loader has failed and can only be closed")                                    \
+    X(ESTATE, -13, "resume state is invalid or does not match")                                    \
+    X(ESYS, -14, "system call failed")                                                             \
+    X(ELIMIT, -15, "resource limit reached")                                                       \
+    X(EFORMAT, -16, "malformed file")                                                              \
+    X(EVERSION, -17, "version mismatch")                                                           \
     X(EMISMATCH, -18, "workers disagree about the dataset")
 
 typedef enum ferry_err {
@@ -163,17 +163,17 @@ FERRY_API int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *b
 FERRY_API int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len);
 
 typedef struct ferry_stats {
-    uint64_t dispatched;  /* tasks sent to workers */
-    uint64_t completed;   /* batches (or failures) received from workers */
-    uint64_t delivered;   /* batches handed to the trainer by next() */
-    uint64_t failed;      /* batches the dataset failed on */
-    uint64_t realigned;   /* batches copied to meet the alignment promise */
-    uint64_t malformed;   /* messages dropped as malformed */
-    uint64_t stale;       /* replies dropped: from a worker given up on, or for no task */
-    uint64_t restarts;    /* workers replaced after dying or timing out */
-    uint64_t timeouts;    /* batches that ran past timeout_ms */
-    uint32_t workers;     /* workers alive and ready */
-    uint32_t in_flight;   /* dispatched, not yet delivered */
+    uint64_t dispatched; /* tasks sent to workers */
+    uint64_t completed;  /* batches (or failures) received from workers */
+    uint64_t delivered;  /* batches handed to the trainer by next() */
+    uint64_t failed;     /* batches the dataset failed on */
+    uint64_t realigned;  /* batches copied to meet the alignment promise */
+    uint64_t malformed;  /* messages dropped as malformed */
+    uint64_t stale;      /* replies dropped: from a worker given up on, or for no task */
+    uint64_t restarts;   /* workers replaced after dying or timing out */
+    uint64_t timeouts;   /* batches that ran past timeout_ms */
+    uint32_t workers;    /* workers alive and ready */
+    uint32_t in_flight;  /* dispatched, not yet delivered */
 } ferry_stats;
 
 /* A snapshot of the loader's counters; safe while another thread is in
@@ -197,10 +197,10 @@ FERRY_API int ferry_loader_close(ferry_loader *ld);
 typedef struct ferry_batch_info {
     uint64_t epoch;
     uint64_t batch_in_epoch;
-    uint64_t seq;          /* position in the whole stream, from 0 */
-    uint32_t size;         /* items in this batch */
-    int last_in_epoch;     /* 1 for the last batch of its epoch */
-    uint32_t worker;       /* index of the worker that built it */
+    uint64_t seq;      /* position in the whole stream, from 0 */
+    uint32_t size;     /* items in this batch */
+    int last_in_epoch; /* 1 for the last batch of its epoch */
+    uint32_t worker;   /* index of the worker that built it */
 } ferry_batch_info;
 
 FERRY_API void ferry_batch_get_info(const ferry_batch *b, ferry_batch_info *info);

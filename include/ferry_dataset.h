@@ -47,9 +47,9 @@ typedef struct ferry_dataset_schema {
 
 /* What a dataset learns at open. */
 typedef struct ferry_dataset_ctx {
-    uint64_t seed;          /* the loader's seed */
-    uint32_t worker_index;  /* this worker's index in the pool */
-    uint32_t num_workers;   /* workers the loader asked for */
+    uint64_t seed;         /* the loader's seed */
+    uint32_t worker_index; /* this worker's index in the pool */
+    uint32_t num_workers;  /* workers the loader asked for */
 } ferry_dataset_ctx;
 
 /* One batch to build. indices[] are all < the dataset's length (checked
@@ -65,7 +65,7 @@ typedef struct ferry_batch_request {
 
 /* What a dataset says when it fails on a batch. */
 typedef struct ferry_dataset_error {
-    uint64_t index;      /* the first index it failed on */
+    uint64_t index; /* the first index it failed on */
     char message[512];
 } ferry_dataset_error;
 

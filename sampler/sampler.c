@@ -70,8 +70,7 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
             return ferry__seterr(FERRY_EINVAL,
                                  "drop_last leaves no batch: each rank gets %llu items per "
                                  "epoch, fewer than batch_size %llu",
-                                 (unsigned long long)per_rank,
-                                 (unsigned long long)o->batch_size);
+                                 (unsigned long long)per_rank, (unsigned long long)o->batch_size);
         bpe = per_rank / o->batch_size;
     } else {
         /* ceil without the overflow of per_rank + batch_size - 1 */
@@ -301,8 +300,7 @@ static const char *on_off(uint32_t flags, uint32_t bit)
  * then compares every field that shapes the stream. The seed is compared even
  * with shuffle off: it also seeds per-sample augmentation, so a different
  * seed gives different batches. */
-int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len,
-                           uint64_t *next_seq)
+int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len, uint64_t *next_seq)
 {
     const unsigned char *b = buf;
     uint32_t version, flags, mine;

@@ -26,24 +26,24 @@
 #include "ferry.h"
 
 typedef struct ferry__sampler_opts {
-    uint64_t batch_size;   /* >= 1 */
+    uint64_t batch_size; /* >= 1 */
     int drop_last;
     int shuffle;
     uint64_t seed;
-    uint32_t rank;         /* < world_size */
-    uint32_t world_size;   /* >= 1 */
-    uint64_t epochs;       /* 0 = no limit */
-    uint64_t max_batches;  /* 0 = no limit */
+    uint32_t rank;        /* < world_size */
+    uint32_t world_size;  /* >= 1 */
+    uint64_t epochs;      /* 0 = no limit */
+    uint64_t max_batches; /* 0 = no limit */
 } ferry__sampler_opts;
 
 typedef struct ferry__sampler {
     uint64_t n;
     ferry__sampler_opts o;
     /* derived at init */
-    uint64_t per_rank;            /* items this rank sees per epoch */
-    uint64_t batches_per_epoch;   /* >= 1 */
-    uint64_t end_seq;             /* first seq past the end; UINT64_MAX if endless */
-    unsigned half_bits;           /* Feistel half width; domain is 2^(2*half_bits) */
+    uint64_t per_rank;          /* items this rank sees per epoch */
+    uint64_t batches_per_epoch; /* >= 1 */
+    uint64_t end_seq;           /* first seq past the end; UINT64_MAX if endless */
+    unsigned half_bits;         /* Feistel half width; domain is 2^(2*half_bits) */
 } ferry__sampler;
 
 /* One batch's place in the stream. */
@@ -51,7 +51,7 @@ typedef struct ferry__sampler_task {
     uint64_t seq;
     uint64_t epoch;
     uint64_t batch_in_epoch;
-    uint32_t count;         /* items in the batch, 1..batch_size */
+    uint32_t count; /* items in the batch, 1..batch_size */
     int last_in_epoch;
 } ferry__sampler_task;
 

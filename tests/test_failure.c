@@ -580,7 +580,8 @@ static void test_open_failures_are_clean_and_specific(void **state)
         int code;
         const char *words[4];
     } cases[] = {
-        {"exit_at_open=3,say=cannot-find-data", FERRY_EWORKER,
+        {"exit_at_open=3,say=cannot-find-data",
+         FERRY_EWORKER,
          {"exited with code 3 while starting", "cannot-find-data", NULL}},
         {"fail_open_worker=1", FERRY_EDATASET, {"worker 1 (pid ", "refusing to open", NULL}},
         {"length_by_worker=1", FERRY_EMISMATCH, {"items in dataset", NULL}},

@@ -91,7 +91,8 @@ static void check_content(const ferry_batch *b)
     for (uint32_t i = 0; i < info.size; i++) {
         assert_int_equal((uint64_t)yv[i], idx[i]);
         for (int j = 0; j < DIM; j++)
-            assert_int_equal(xb[(size_t)i * DIM + (size_t)j], ferry__synthetic_byte(idx[i], (uint64_t)j));
+            assert_int_equal(xb[(size_t)i * DIM + (size_t)j],
+                             ferry__synthetic_byte(idx[i], (uint64_t)j));
     }
 }
 
@@ -475,7 +476,7 @@ static void test_resume_after_batch_k_reproduces_the_stream(void **state)
     ft_snapshot snap;
     ft_begin(&snap, 60);
     const char *spec = "synthetic:n=1000,dim=40,augment=1";
-    uint64_t ref[60][3];   /* seq, first index, a content byte */
+    uint64_t ref[60][3]; /* seq, first index, a content byte */
 
     ferry_config *cfg = make_cfg("process", 2, 6, 50, spec);
     ferry_config_set_int(cfg, "seed", 99);

@@ -85,9 +85,9 @@ static uint64_t collect(const ferry__sampler *s, uint64_t seq, uint64_t count, u
 
 static void test_permutation_is_bijection(void **state)
 {
-    static const uint64_t sizes[] = {1,    2,    3,     4,     5,     15,    16,   17,
-                                     255,  256,  257,   1000,  4095,  4096,  4097, 60000,
-                                     65535, 65536, 65537, 1000003};
+    static const uint64_t sizes[] = {1,    2,     3,     4,     5,     15,     16,
+                                     17,   255,   256,   257,   1000,  4095,   4096,
+                                     4097, 60000, 65535, 65536, 65537, 1000003};
     static const uint64_t seeds[] = {0, 1, 0xdeadbeefcafef00dULL};
     size_t a, b;
     uint64_t epoch, i;
@@ -145,8 +145,16 @@ static void test_half_bits_is_smallest_covering_domain(void **state)
         uint64_t n;
         unsigned h;
     } cases[] = {
-        {1, 1}, {4, 1}, {5, 2}, {16, 2}, {17, 3}, {65536, 8}, {65537, 9},
-        {(UINT64_C(1) << 62), 31}, {(UINT64_C(1) << 62) + 1, 32}, {UINT64_MAX, 32},
+        {1, 1},
+        {4, 1},
+        {5, 2},
+        {16, 2},
+        {17, 3},
+        {65536, 8},
+        {65537, 9},
+        {(UINT64_C(1) << 62), 31},
+        {(UINT64_C(1) << 62) + 1, 32},
+        {UINT64_MAX, 32},
     };
     size_t i;
 
@@ -342,11 +350,18 @@ static void test_batches_per_epoch_and_drop_last(void **state)
         int drop_last;
         uint64_t per_rank, bpe;
     } cases[] = {
-        {100, 1, 10, 0, 100, 10}, {100, 1, 10, 1, 100, 10}, {101, 1, 10, 0, 101, 11},
-        {101, 1, 10, 1, 101, 10}, {109, 1, 10, 1, 109, 10}, {7, 1, 10, 0, 7, 1},
-        {1, 1, 1, 0, 1, 1},       {103, 4, 5, 0, 25, 5},    {103, 4, 6, 0, 25, 5},
-        {103, 4, 6, 1, 25, 4},    {UINT64_MAX, 1, UINT32_MAX, 0, UINT64_MAX,
-                                   UINT64_MAX / UINT32_MAX + (UINT64_MAX % UINT32_MAX != 0)},
+        {100, 1, 10, 0, 100, 10},
+        {100, 1, 10, 1, 100, 10},
+        {101, 1, 10, 0, 101, 11},
+        {101, 1, 10, 1, 101, 10},
+        {109, 1, 10, 1, 109, 10},
+        {7, 1, 10, 0, 7, 1},
+        {1, 1, 1, 0, 1, 1},
+        {103, 4, 5, 0, 25, 5},
+        {103, 4, 6, 0, 25, 5},
+        {103, 4, 6, 1, 25, 4},
+        {UINT64_MAX, 1, UINT32_MAX, 0, UINT64_MAX,
+         UINT64_MAX / UINT32_MAX + (UINT64_MAX % UINT32_MAX != 0)},
     };
     size_t c;
 
@@ -542,8 +557,8 @@ static void test_save_reports_needed_size(void **state)
 
 /* Restores blob into a sampler with options o and expects FERRY_ESTATE, a
  * detail containing `word`, and next_seq untouched. */
-static void expect_rejected(uint64_t n, const ferry__sampler_opts *o, const void *blob,
-                            size_t len, const char *word)
+static void expect_rejected(uint64_t n, const ferry__sampler_opts *o, const void *blob, size_t len,
+                            const char *word)
 {
     ferry__sampler s = make(n, o);
     uint64_t next = 12345;

@@ -105,9 +105,8 @@ static void progress(const bench_opts *o, uint64_t done, uint64_t total, double 
     int fill = (int)(frac * width);
     double el = now_s() - t0;
     fprintf(stderr, "\r[%.*s%*s] %llu/%llu batches  %.0f batches/s%s", fill,
-            "########################################", width - fill, "",
-            (unsigned long long)done, (unsigned long long)total, el > 0 ? (double)done / el : 0,
-            final ? "\n" : "");
+            "########################################", width - fill, "", (unsigned long long)done,
+            (unsigned long long)total, el > 0 ? (double)done / el : 0, final ? "\n" : "");
     (void)o;
 }
 
@@ -287,23 +286,22 @@ static void print_text(const bench_opts *o, const bench_result *r)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ferry-bench [options]\n"
-            "  --dataset SPEC      dataset (default synthetic:n=60000,dim=784, MNIST-sized)\n"
-            "  --workers N         workers (default 2)\n"
-            "  --threads           workers are threads, not processes\n"
-            "  --batch-size N      items per batch (default 256)\n"
-            "  --epochs N          epochs to run (default 10)\n"
-            "  --batches N         run N batches instead of whole epochs\n"
-            "  --prefetch N        batches in flight (default: auto)\n"
-            "  --seed N            shuffle with this seed\n"
-            "  --out-of-order      deliver batches as they complete\n"
-            "  --step-us N         CPU time the 'trainer' spends per batch (default 0)\n"
-            "  --epoch-barrier     wait at each epoch boundary (PyTorch persistent workers)\n"
-            "  --compare           run without and with the barrier, print both\n"
-            "  --worker-path PATH  the ferry-worker program\n"
-            "  --json              print one JSON object\n"
-            "  --no-progress       no progress bar\n");
+    fprintf(f, "usage: ferry-bench [options]\n"
+               "  --dataset SPEC      dataset (default synthetic:n=60000,dim=784, MNIST-sized)\n"
+               "  --workers N         workers (default 2)\n"
+               "  --threads           workers are threads, not processes\n"
+               "  --batch-size N      items per batch (default 256)\n"
+               "  --epochs N          epochs to run (default 10)\n"
+               "  --batches N         run N batches instead of whole epochs\n"
+               "  --prefetch N        batches in flight (default: auto)\n"
+               "  --seed N            shuffle with this seed\n"
+               "  --out-of-order      deliver batches as they complete\n"
+               "  --step-us N         CPU time the 'trainer' spends per batch (default 0)\n"
+               "  --epoch-barrier     wait at each epoch boundary (PyTorch persistent workers)\n"
+               "  --compare           run without and with the barrier, print both\n"
+               "  --worker-path PATH  the ferry-worker program\n"
+               "  --json              print one JSON object\n"
+               "  --no-progress       no progress bar\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)

@@ -27,8 +27,8 @@
 
 /* Largest header frame accepted or produced. */
 #define FERRY__HDR_MAX 8192
-#define FERRY__SPEC_MAX 4096   /* dataset spec, including the NUL */
-#define FERRY__TEXT_MAX 1024   /* error messages, including the NUL */
+#define FERRY__SPEC_MAX 4096 /* dataset spec, including the NUL */
+#define FERRY__TEXT_MAX 1024 /* error messages, including the NUL */
 #define FERRY__HOST_MAX 256
 #define FERRY__PROGRAM_MAX 64
 #define FERRY__MAX_CREDITS 64
@@ -62,8 +62,8 @@ typedef struct ferry__config_msg {
     uint32_t worker_index;
     uint32_t num_workers;
     uint64_t seed;
-    uint32_t credits;       /* 1..FERRY__MAX_CREDITS */
-    uint32_t heartbeat_ms;  /* 0 = off */
+    uint32_t credits;      /* 1..FERRY__MAX_CREDITS */
+    uint32_t heartbeat_ms; /* 0 = off */
 } ferry__config_msg;
 
 /* worker -> loader, after CONFIG. code == 0: the dataset opened and has
@@ -81,32 +81,32 @@ typedef struct ferry__task {
     uint64_t epoch;
     uint64_t batch_in_epoch;
     uint64_t seq;
-    uint32_t count;  /* 1..FERRY__MAX_BATCH */
+    uint32_t count; /* 1..FERRY__MAX_BATCH */
 } ferry__task;
 
 /* One field of a BATCH: where its bytes lie in the payload frame. */
 typedef struct ferry__field_desc {
     char name[FERRY_NAME_MAX];
     ferry_dtype dtype;
-    int ndim;                        /* 1..FERRY_MAX_DIMS, shape[0] == count */
+    int ndim; /* 1..FERRY_MAX_DIMS, shape[0] == count */
     int64_t shape[FERRY_MAX_DIMS];
-    uint64_t offset;                 /* from the start of the payload frame */
-    uint64_t nbytes;                 /* == product(shape) * dtype size */
+    uint64_t offset; /* from the start of the payload frame */
+    uint64_t nbytes; /* == product(shape) * dtype size */
 } ferry__field_desc;
 
 /* worker -> loader. */
 typedef struct ferry__batch_hdr {
     uint64_t id;
     uint32_t count;
-    uint32_t nfields;  /* 1..FERRY_MAX_FIELDS */
+    uint32_t nfields; /* 1..FERRY_MAX_FIELDS */
     ferry__field_desc fields[FERRY_MAX_FIELDS];
 } ferry__batch_hdr;
 
 /* worker -> loader: the dataset failed on task id. */
 typedef struct ferry__fail {
     uint64_t id;
-    int32_t code;      /* negative FERRY_E* */
-    uint64_t index;    /* first failing sample index */
+    int32_t code;   /* negative FERRY_E* */
+    uint64_t index; /* first failing sample index */
     char message[FERRY__TEXT_MAX];
 } ferry__fail;
 
@@ -119,7 +119,7 @@ typedef struct ferry__msg {
         ferry__task task;
         ferry__batch_hdr batch;
         ferry__fail fail;
-    } u;  /* HEARTBEAT, STOP and BYE carry nothing */
+    } u; /* HEARTBEAT, STOP and BYE carry nothing */
 } ferry__msg;
 
 /* Encodes m's header into buf (cap bytes; FERRY__HDR_MAX always suffices).

@@ -62,8 +62,7 @@ static void drain(void *sock)
     }
 }
 
-int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload,
-                      int flags)
+int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload, int flags)
 {
     zmq_msg_t f;
     int rc;
