@@ -110,6 +110,38 @@ static uint64_t consume_in_order(ferry_loader *ld, void (*hook)(ferry_loader *, 
     return k;
 }
 
+static void expect_error(int rc, int want, const char *const *words)
+{
+    if (rc != want)
+        print_error("got %s: %s\n", ferry_err_name(rc), ferry_last_error());
+    assert_int_equal(rc, want);
+    for (int i = 0; words[i]; i++) {
+        if (!strstr(ferry_last_error(), words[i]))
+            print_error("'%s' not in: %s\n", words[i], ferry_last_error());
+        assert_non_null(strstr(ferry_last_error(), words[i]));
+    }
+}
+
+/* Consumes to the end, counting good batches and FERRY_EBATCH results;
+ * every failure's message must hold each of `words`. */
+static void count_to_end(ferry_loader *ld, const char *const *words, int *ok, int *failed)
+{
+    ferry_batch *b;
+    int rc;
+    *ok = *failed = 0;
+    while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
+        if (rc == FERRY_EBATCH) {
+            expect_error(rc, FERRY_EBATCH, words);
+            (*failed)++;
+            continue;
+        }
+        assert_int_equal(rc, FERRY_OK);
+        check_content(b);
+        ferry_batch_release(b);
+        (*ok)++;
+    }
+}
+
 static int worker_pid(ferry_loader *ld, uint32_t i)
 {
     int pid = 0;
@@ -133,18 +165,6 @@ static int64_t wait_stats(ferry_loader *ld, int (*pred)(const ferry_stats *), ui
 static int one_worker_down(const ferry_stats *st)
 {
     return st->workers < 2;
-}
-
-static void expect_error(int rc, int want, const char *const *words)
-{
-    if (rc != want)
-        print_error("got %s: %s\n", ferry_err_name(rc), ferry_last_error());
-    assert_int_equal(rc, want);
-    for (int i = 0; words[i]; i++) {
-        if (!strstr(ferry_last_error(), words[i]))
-            print_error("'%s' not in: %s\n", words[i], ferry_last_error());
-        assert_non_null(strstr(ferry_last_error(), words[i]));
-    }
 }
 
 /* ------------------------------------------------------------------------
@@ -254,21 +274,11 @@ static void test_poison_batch_is_given_up_and_run_continues(void **state)
     ferry_config_set_int(cfg, "epochs", 1);
     ferry_config_set_int(cfg, "max_attempts", 3);
     ferry_loader *ld = open_ok(cfg);
-    int ok = 0, failed = 0, rc;
-    ferry_batch *b;
-    while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
-        if (rc == FERRY_EBATCH) {
-            expect_error(rc, FERRY_EBATCH,
-                         (const char *const[]){"batch 2", "indices 32, 33", "(16 in all)",
-                                               "after 3 workers died", "SIGSEGV", NULL});
-            failed++;
-            continue;
-        }
-        assert_int_equal(rc, FERRY_OK);
-        check_content(b);
-        ferry_batch_release(b);
-        ok++;
-    }
+    int ok, failed;
+    count_to_end(ld,
+                 (const char *const[]){"batch 2", "indices 32, 33", "(16 in all)",
+                                       "after 3 workers died", "SIGSEGV", NULL},
+                 &ok, &failed);
     assert_int_equal(failed, 1);
     assert_int_equal(ok, 9);
     ferry_stats st;
@@ -323,19 +333,8 @@ static void test_hanging_batch_times_out_then_is_given_up(void **state)
     ferry_config_set_int(cfg, "timeout_ms", 200);
     ferry_config_set_int(cfg, "max_attempts", 2);
     ferry_loader *ld = open_ok(cfg);
-    int ok = 0, failed = 0, rc;
-    ferry_batch *b;
-    while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
-        if (rc == FERRY_EBATCH) {
-            expect_error(rc, FERRY_EBATCH,
-                         (const char *const[]){"batch 1", "past timeout_ms 200", NULL});
-            failed++;
-            continue;
-        }
-        assert_int_equal(rc, FERRY_OK);
-        ferry_batch_release(b);
-        ok++;
-    }
+    int ok, failed;
+    count_to_end(ld, (const char *const[]){"batch 1", "past timeout_ms 200", NULL}, &ok, &failed);
     assert_int_equal(failed, 1);
     assert_int_equal(ok, 3);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);

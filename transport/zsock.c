@@ -62,19 +62,26 @@ static void drain(void *sock)
     }
 }
 
+/* Receives one frame into a fresh *f; on failure *f is closed and errno kept. */
+static int recv_frame(void *sock, zmq_msg_t *f, int flags)
+{
+    zmq_msg_init(f);
+    if (zmq_msg_recv(f, sock, flags) >= 0)
+        return 0;
+    int e = errno;
+    zmq_msg_close(f);
+    errno = e;
+    return -1;
+}
+
 int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload, int flags)
 {
     zmq_msg_t f;
     int rc;
 
     if (ident) {
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, sock, flags) < 0) {
-            int e = errno;
-            zmq_msg_close(&f);
-            errno = e;
-            return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(e));
-        }
+        if (recv_frame(sock, &f, flags) != 0)
+            return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
         ident->len = zmq_msg_size(&f) < FERRY__IDENT_MAX ? zmq_msg_size(&f) : FERRY__IDENT_MAX;
         memcpy(ident->id, zmq_msg_data(&f), ident->len);
         zmq_msg_close(&f);
@@ -84,13 +91,8 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
             return ferry__seterr(FERRY_EPROTO, "message has no header frame");
     }
 
-    zmq_msg_init(&f);
-    if (zmq_msg_recv(&f, sock, flags) < 0) {
-        int e = errno;
-        zmq_msg_close(&f);
-        errno = e;
-        return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(e));
-    }
+    if (recv_frame(sock, &f, flags) != 0)
+        return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
     size_t hlen = zmq_msg_size(&f);
     if (hlen > FERRY__HDR_MAX) {
         zmq_msg_close(&f);
