@@ -81,6 +81,7 @@ typedef struct wslot {
     int delivered_any;
     int killing;           /* the loader has sent it SIGKILL */
     int unreachable;       /* a send failed: no more tasks until it is replaced */
+    uint64_t ready_by_ms;  /* a (re)started worker must be READY by then */
     char kill_reason[256]; /* why the loader killed it, or "" */
     int errfd;             /* read end of its stderr, -1 when none */
     char tail[512];        /* the end of what it wrote to stderr */
@@ -214,6 +215,7 @@ static int start_worker(ferry_loader *ld, wslot *w)
     w->outstanding = 0;
     w->killing = 0;
     w->unreachable = 0;
+    w->ready_by_ms = now_ms() + (uint64_t)ld->cfg.start_timeout_ms;
     w->kill_reason[0] = '\0';
     w->tail_len = 0;
     if (ld->cfg.worker_mode == FERRY__PLACE_THREAD) {
@@ -458,6 +460,13 @@ static void on_hello(ferry_loader *ld, const ferry__ident *id)
         return;
     }
     w->ident = *id;
+    if (ld->closing) {
+        /* It started just before close: no dataset to open, just go. */
+        ld->out.type = FERRY__MSG_STOP;
+        ferry__zsock_send(ld->router, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT);
+        w->state = W_CONFIGURED;
+        return;
+    }
     ferry__config_msg *c = &ld->out.u.config;
     memset(c, 0, sizeof *c);
     ld->out.type = FERRY__MSG_CONFIG;
@@ -883,6 +892,21 @@ static void check_deadlines(ferry_loader *ld)
         snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms", ld->st.workers,
                  ld->nworkers, (long long)ld->cfg.start_timeout_ms);
         fail_locked(ld, FERRY_ETIMEDOUT, msg);
+    }
+    if (ld->ph == P_RUNNING) {
+        /* A replacement that does not get ready (stopped, stuck opening the
+         * dataset) is killed; its death counts as a failed start. */
+        for (uint32_t i = 0; i < ld->nworkers; i++) {
+            wslot *w = &ld->w[i];
+            if ((w->state == W_SPAWNED || w->state == W_CONFIGURED) && !w->killing &&
+                w->pidfd >= 0 && now >= w->ready_by_ms) {
+                snprintf(w->kill_reason, sizeof w->kill_reason,
+                         "it was not ready within start_timeout_ms %lld",
+                         (long long)ld->cfg.start_timeout_ms);
+                w->killing = 1;
+                pidfd_send_signal(w->pidfd, SIGKILL, NULL, 0);
+            }
+        }
     }
     if (ld->ph == P_RUNNING && ld->cfg.timeout_ms > 0) {
         for (uint32_t i = 0; i < ld->nworkers; i++) {

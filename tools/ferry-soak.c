@@ -16,7 +16,9 @@
  *     TMPDIR;
  *   - when the trainer dies without closing, its workers die on their own
  *     (PR_SET_PDEATHSIG) and nothing stays running;
- *   - nothing blocks past a deadline.
+ *   - nothing blocks past a deadline; with timeout_ms set, no next() blocks
+ *     much longer than that (a stopped worker must be killed and replaced,
+ *     also one caught while it was still starting).
  *
  * How. The parent never opens a loader. Each cycle runs in a forked child, the
  * "trainer", with a fresh TMPDIR (the loader's ipc directory lands there); up
@@ -28,7 +30,9 @@
  * alive 2 s after its trainer ended a leak. It waits on a signalfd (SIGCHLD)
  * and the trainers' pipes with poll(), never with sleep(), and kills a
  * trainer that outlives --deadline-ms as a hang, after printing its plan and
- * what its threads and workers were doing.
+ * what its threads and workers were doing. A close that takes over a second
+ * although every worker could answer STOP is reported as a warning (slow,
+ * bounded, not a hang).
  *
  * Replay: a plan depends only on (seed, cycle number), so `--seed S --cycle C`
  * runs a failing cycle alone. The timing of a fault relative to the workers'
@@ -64,10 +68,16 @@
 #define LOG_TAIL 16384          /* bytes of a trainer's stderr kept for a failure report */
 #define ORPHAN_GRACE_MS 2000    /* a worker may outlive its trainer by this much */
 #define STOP_TIMEOUT_MS 500     /* timeout_ms of a plan that SIGSTOPs a worker */
+/* start_timeout_ms of such a plan: a replacement stopped before it is ready is
+ * killed after this (the loader's rule), well inside NEXT_BOUND_S. */
+#define STOP_START_TIMEOUT_MS 2500
 #define MAX_ATTEMPTS 3          /* the loader's default max_attempts */
 #define TO_END_MAX_BATCHES 1500 /* longest stream a plan reads to its end */
 #define MAX_STRAYS 256
-#define SLOW_CLOSE_MS 1000      /* a close this slow, with no worker stopped, is reported */
+#define SLOW_CLOSE_MS 1000   /* a close this slow, with no worker stopped, is reported */
+#define SLOW_CLOSE_REPORTS 5 /* slow closes described in full; the rest only counted */
+#define NEXT_BOUND_S 6       /* with timeout_ms set, the longest next() may block */
+#define RESPAWN_WAIT_MS 5000 /* how long to look for a killed worker's replacement */
 
 /* How a trainer ends. The parent turns these into the summary's figures. */
 enum trainer_exit {
@@ -78,6 +88,7 @@ enum trainer_exit {
     TR_LEAK = 13,    /* fds, threads, children or files left after close */
     TR_SETUP = 14,   /* the soak could not set the cycle up (not ferry's fault) */
     TR_DIED = 15,    /* the planned _exit() without close: not a failure */
+    TR_HANG = 16,    /* next() blocked past NEXT_BOUND_S although timeout_ms was set */
 };
 
 static uint64_t now_ms(void)
@@ -117,6 +128,11 @@ static int rng_percent(rng *r, unsigned pct)
 
 typedef enum death_how { DIE_NONE = 0, DIE_EXIT, DIE_SIGKILL } death_how;
 
+/* Whom a SIGSTOP hits: a worker at work (the loader must time it out and
+ * replace it), or the replacement of the worker just killed, caught while it
+ * is still starting (it has no task, so no batch timeout covers it). */
+typedef enum stop_kind { STOP_NONE = 0, STOP_RUNNING, STOP_STARTING } stop_kind;
+
 /* Everything a cycle does, drawn by the parent before the fork so that it
  * can print the plan of a cycle that hangs. Fault points are counted in
  * batches consumed: a fault "at k" happens after k batches were taken. */
@@ -124,21 +140,21 @@ typedef struct plan {
     uint64_t cycle;
     int thread_mode;
     int workers, prefetch, batch_size;
-    int n, dim, cost_us;      /* cost_us < 0: not in the spec */
+    int n, dim, cost_us; /* cost_us < 0: not in the spec */
     int in_order, shuffle;
     int64_t shuffle_seed;
-    int epochs;               /* 0: endless */
-    uint64_t total;           /* batches in the stream; UINT64_MAX when endless */
-    uint64_t consume;         /* batches to take; == total: read to EOF */
+    int epochs;       /* 0: endless */
+    uint64_t total;   /* batches in the stream; UINT64_MAX when endless */
+    uint64_t consume; /* batches to take; == total: read to EOF */
     int nkills;
     uint64_t kill_at[2];
-    int stop;                 /* SIGSTOP one worker at stop_at; timeout_ms is set */
+    stop_kind stop; /* SIGSTOP one worker at stop_at; timeout_ms is set */
     uint64_t stop_at;
-    death_how death;          /* the trainer vanishes at death_at without closing */
+    death_how death; /* the trainer vanishes at death_at without closing */
     uint64_t death_at;
-    int hold_prev;            /* keep the previous batch while asking for the next */
-    int hold_over_close;      /* close early with the last batch still held */
-    uint64_t trainer_seed;    /* the trainer's own choices: which worker to hurt */
+    int hold_prev;         /* keep the previous batch while asking for the next */
+    int hold_over_close;   /* close early with the last batch still held */
+    uint64_t trainer_seed; /* the trainer's own choices: which worker to hurt */
     char spec[96];
 } plan;
 
@@ -180,10 +196,15 @@ static void draw_plan(plan *p, uint64_t seed, uint64_t cycle)
                 p->kill_at[i] = rng_below(&r, span);
         }
         if (rng_percent(&r, 12)) {
-            p->stop = 1;
+            p->stop = STOP_RUNNING;
             p->stop_at = rng_below(&r, span);
             if (p->nkills > 1)
                 p->nkills = 1;
+        } else if (rng_percent(&r, 7)) {
+            p->stop = STOP_STARTING;
+            p->nkills = 1;
+            p->kill_at[0] = rng_below(&r, span);
+            p->stop_at = p->kill_at[0];
         }
     }
     if (rng_percent(&r, 10)) {
@@ -213,7 +234,8 @@ static void describe_plan(const plan *p, char *buf, size_t cap)
     else if (p->nkills == 2)
         snprintf(kills, sizeof kills, " kill@%" PRIu64 ",%" PRIu64, p->kill_at[0], p->kill_at[1]);
     if (p->stop)
-        snprintf(stop, sizeof stop, " stop@%" PRIu64 " timeout_ms=%d", p->stop_at,
+        snprintf(stop, sizeof stop, " %s@%" PRIu64 " timeout_ms=%d",
+                 p->stop == STOP_RUNNING ? "stop" : "stop-replacement", p->stop_at,
                  STOP_TIMEOUT_MS);
     if (p->death)
         snprintf(death, sizeof death, " die@%" PRIu64 "(%s)", p->death_at,
@@ -221,9 +243,9 @@ static void describe_plan(const plan *p, char *buf, size_t cap)
     snprintf(buf, cap,
              "%s workers=%d prefetch=%d batch_size=%d dataset=%s in_order=%d shuffle=%d "
              "seed=%" PRId64 " epochs=%d consume=%s%s%s%s%s%s",
-             p->thread_mode ? "thread" : "process", p->workers, p->prefetch, p->batch_size,
-             p->spec, p->in_order, p->shuffle, p->shuffle_seed, p->epochs, consume, kills, stop,
-             death, p->hold_prev ? " hold-prev" : "", p->hold_over_close ? " hold-over-close" : "");
+             p->thread_mode ? "thread" : "process", p->workers, p->prefetch, p->batch_size, p->spec,
+             p->in_order, p->shuffle, p->shuffle_seed, p->epochs, consume, kills, stop, death,
+             p->hold_prev ? " hold-prev" : "", p->hold_over_close ? " hold-over-close" : "");
 }
 
 /* ------------------------------------------------------------------------
@@ -235,7 +257,7 @@ typedef struct cycle_result {
     uint64_t batches;
     uint32_t kills, stops, restarts, timeouts;
     uint32_t early_close, died, poison;
-    uint32_t ready_at_close;  /* stats.workers just before close */
+    uint32_t ready_at_close; /* stats.workers just before close */
     uint64_t close_ms;
 } cycle_result;
 
@@ -281,28 +303,51 @@ static void list_entries(const char *path, int links)
     closedir(d);
 }
 
+/* Reads state and parent of `pid` from /proc/PID/stat; -1 if it is gone. */
+static int proc_stat(pid_t pid, char *state, pid_t *ppid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    /* The command name is in parentheses and may hold anything: parse after
+     * the last ')'. */
+    char *rp = strrchr(buf, ')');
+    int pp;
+    if (!rp || sscanf(rp + 1, " %c %d", state, &pp) != 2)
+        return -1;
+    *ppid = (pid_t)pp;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------
  * The trainer (the forked child of one cycle)
  */
 
 typedef struct trainer {
     const plan *p;
-    uint64_t seed;           /* the soak's seed, for messages */
+    uint64_t seed; /* the soak's seed, for messages */
     const char *worker_path;
     cycle_result *res;
     rng r;
     ferry_loader *ld;
     ferry__sampler s;
     uint64_t consumed;
-    uint64_t *want;          /* batch_size indices from the sampler */
-    unsigned char *seen_item;/* in order: items of the current epoch seen */
-    unsigned char *seen_seq; /* every seq seen, seq_cap of them */
+    uint64_t *want;           /* batch_size indices from the sampler */
+    unsigned char *seen_item; /* in order: items of the current epoch seen */
+    unsigned char *seen_seq;  /* every seq seen, seq_cap of them */
     uint64_t seq_cap;
 } trainer;
 
 static const char *const exit_names[] = {
     [TR_CONTENT] = "CONTENT", [TR_ORDER] = "ORDER", [TR_FERRY] = "FERRY ERROR",
-    [TR_LEAK] = "LEAK",       [TR_SETUP] = "SETUP",
+    [TR_LEAK] = "LEAK",       [TR_SETUP] = "SETUP", [TR_HANG] = "HANG",
 };
 
 /* Reports a failure of this cycle and ends the trainer at once: _exit, so
@@ -321,6 +366,19 @@ __attribute__((format(printf, 3, 4), noreturn)) static void trainer_fail(const t
     _exit(code);
 }
 
+/* The watchdog of a next() that must not block forever: async-signal-safe
+ * writes, then out. */
+static void on_next_alarm(int sig)
+{
+    static const char msg[] = "soak: HANG: ferry_loader_next blocked longer than the bound "
+                              "although timeout_ms is set\n";
+    (void)sig;
+    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) {
+        /* nothing more can be done */
+    }
+    _exit(TR_HANG);
+}
+
 /* Checks one batch's fields against the synthetic dataset: names, dtypes,
  * shapes, alignment, y == the index, x's bytes == the index's bytes. */
 static void check_content(const trainer *t, const ferry_batch *b)
@@ -336,13 +394,15 @@ static void check_content(const trainer *t, const ferry_batch *b)
                      ferry_batch_nfields(b));
     if (x.dtype != FERRY_DTYPE_U8 || x.ndim != 2 || x.shape[0] != info.size ||
         x.shape[1] != p->dim || x.nbytes != (size_t)info.size * (size_t)p->dim)
-        trainer_fail(t, TR_CONTENT, "batch seq %" PRIu64 ": x is dtype %d ndim %d shape [%" PRId64
-                     ", %" PRId64 "] %zu bytes; expected u8 [%u, %d]",
+        trainer_fail(t, TR_CONTENT,
+                     "batch seq %" PRIu64 ": x is dtype %d ndim %d shape [%" PRId64 ", %" PRId64
+                     "] %zu bytes; expected u8 [%u, %d]",
                      info.seq, (int)x.dtype, x.ndim, x.shape[0], x.shape[1], x.nbytes, info.size,
                      p->dim);
     if (y.dtype != FERRY_DTYPE_I64 || y.ndim != 1 || y.shape[0] != info.size ||
         y.nbytes != (size_t)info.size * 8)
-        trainer_fail(t, TR_CONTENT, "batch seq %" PRIu64 ": y is dtype %d ndim %d shape [%" PRId64
+        trainer_fail(t, TR_CONTENT,
+                     "batch seq %" PRIu64 ": y is dtype %d ndim %d shape [%" PRId64
                      "]; expected i64 [%u]",
                      info.seq, (int)y.dtype, y.ndim, y.shape[0], info.size);
     if ((uintptr_t)x.data % 16 || (uintptr_t)y.data % 16)
@@ -352,14 +412,16 @@ static void check_content(const trainer *t, const ferry_batch *b)
     const int64_t *yv = y.data;
     for (uint32_t i = 0; i < info.size; i++) {
         if (idx[i] >= (uint64_t)p->n || (uint64_t)yv[i] != idx[i])
-            trainer_fail(t, TR_CONTENT, "batch seq %" PRIu64 " item %u: y = %" PRId64
-                         ", index %" PRIu64 " (n = %d)",
+            trainer_fail(t, TR_CONTENT,
+                         "batch seq %" PRIu64 " item %u: y = %" PRId64 ", index %" PRIu64
+                         " (n = %d)",
                          info.seq, i, yv[i], idx[i], p->n);
         for (int j = 0; j < p->dim; j++) {
             uint8_t want = ferry__synthetic_byte(idx[i], (uint64_t)j);
             uint8_t got = xb[(size_t)i * (size_t)p->dim + (size_t)j];
             if (got != want)
-                trainer_fail(t, TR_CONTENT, "batch seq %" PRIu64 " item %u (index %" PRIu64
+                trainer_fail(t, TR_CONTENT,
+                             "batch seq %" PRIu64 " item %u (index %" PRIu64
                              ") byte %d is %u, expected %u",
                              info.seq, i, idx[i], j, got, want);
         }
@@ -384,7 +446,8 @@ static void check_sequence(trainer *t, const ferry_batch *b)
     /* Out of order, a delivered seq is below next_seq, which is at most
      * delivered + prefetch: the window bounds how far ahead it can be. */
     if (!p->in_order && info.seq >= t->consumed + (uint64_t)p->prefetch)
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " delivered after %" PRIu64
+        trainer_fail(t, TR_ORDER,
+                     "batch seq %" PRIu64 " delivered after %" PRIu64
                      " batches is beyond the prefetch window (%d)",
                      info.seq, t->consumed, p->prefetch);
     if (info.seq >= t->seq_cap || t->seen_seq[info.seq])
@@ -394,11 +457,11 @@ static void check_sequence(trainer *t, const ferry_batch *b)
 
     ferry__sampler_task st;
     if (ferry__sampler_at(&t->s, info.seq, &st) != FERRY_OK)
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " is past the end of the stream",
-                     info.seq);
+        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " is past the end of the stream", info.seq);
     if (info.epoch != st.epoch || info.batch_in_epoch != st.batch_in_epoch ||
         info.size != st.count || info.last_in_epoch != st.last_in_epoch)
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " says epoch %" PRIu64 " batch %" PRIu64
+        trainer_fail(t, TR_ORDER,
+                     "batch seq %" PRIu64 " says epoch %" PRIu64 " batch %" PRIu64
                      " size %u last %d; the sampler says epoch %" PRIu64 " batch %" PRIu64
                      " size %u last %d",
                      info.seq, info.epoch, info.batch_in_epoch, info.size, info.last_in_epoch,
@@ -414,8 +477,8 @@ static void check_sequence(trainer *t, const ferry_batch *b)
         memset(t->seen_item, 0, (size_t)p->n);
     for (uint32_t i = 0; i < st.count; i++) {
         if (t->seen_item[t->want[i]]++)
-            trainer_fail(t, TR_ORDER, "index %" PRIu64 " came twice in epoch %" PRIu64,
-                         t->want[i], st.epoch);
+            trainer_fail(t, TR_ORDER, "index %" PRIu64 " came twice in epoch %" PRIu64, t->want[i],
+                         st.epoch);
     }
     if (st.last_in_epoch) {
         for (int i = 0; i < p->n; i++) {
@@ -425,19 +488,48 @@ static void check_sequence(trainer *t, const ferry_batch *b)
     }
 }
 
+/* Worker `w`'s pid if it is alive: not 0 (being replaced) and not a zombie
+ * (dead, not yet reaped by the loader); else 0. */
+static int live_worker_pid(const trainer *t, uint32_t w)
+{
+    int pid = 0;
+    if (ferry_loader_worker_pid(t->ld, w, &pid) != FERRY_OK)
+        trainer_fail(t, TR_FERRY, "ferry_loader_worker_pid(%u): %s", w, ferry_last_error());
+    char state;
+    pid_t ppid;
+    if (pid <= 0 || proc_stat(pid, &state, &ppid) != 0 || state == 'Z' || state == 'X')
+        return 0;
+    return pid;
+}
+
 /* SIGKILL or SIGSTOP one live worker process, starting the search at a
- * random index (a worker being replaced has pid 0 and is skipped). Returns
- * 1 if a signal went out. */
-static int hurt_worker(trainer *t, int sig)
+ * random index. Returns the worker's index and its pid in *pid, or -1 if
+ * no worker was alive to take the signal. */
+static int hurt_worker(trainer *t, int sig, int *pid)
 {
     uint32_t first = (uint32_t)rng_below(&t->r, (uint64_t)t->p->workers);
     for (uint32_t k = 0; k < (uint32_t)t->p->workers; k++) {
-        int pid = 0;
         uint32_t w = (first + k) % (uint32_t)t->p->workers;
-        if (ferry_loader_worker_pid(t->ld, w, &pid) != FERRY_OK)
-            trainer_fail(t, TR_FERRY, "ferry_loader_worker_pid(%u): %s", w, ferry_last_error());
-        if (pid > 0 && kill(pid, sig) == 0)
-            return 1;
+        *pid = live_worker_pid(t, w);
+        if (*pid > 0 && kill(*pid, sig) == 0)
+            return (int)w;
+    }
+    return -1;
+}
+
+/* SIGSTOPs the replacement of worker `w` (whose killed process was `old`)
+ * as soon as it appears, so it is caught while starting. The loader offers
+ * no event for a respawn, so this polls, every millisecond, up to
+ * RESPAWN_WAIT_MS. Returns 1 if it stopped one. */
+static int stop_replacement(const trainer *t, uint32_t w, int old)
+{
+    uint64_t deadline = now_ms() + RESPAWN_WAIT_MS;
+    while (now_ms() < deadline) {
+        int pid = live_worker_pid(t, w);
+        if (pid > 0 && pid != old)
+            return kill(pid, SIGSTOP) == 0;
+        struct timespec ms = {.tv_nsec = 1000000};
+        nanosleep(&ms, NULL);
     }
     return 0;
 }
@@ -447,11 +539,15 @@ static int hurt_worker(trainer *t, int sig)
 static void inject_faults(trainer *t, uint64_t at)
 {
     const plan *p = t->p;
+    int killed = -1, killed_pid = 0, pid;
     for (int i = 0; i < p->nkills; i++) {
-        if (p->kill_at[i] == at && hurt_worker(t, SIGKILL))
+        if (p->kill_at[i] == at && (killed = hurt_worker(t, SIGKILL, &killed_pid)) >= 0)
             t->res->kills++;
     }
-    if (p->stop && p->stop_at == at && hurt_worker(t, SIGSTOP))
+    if (p->stop == STOP_RUNNING && p->stop_at == at && hurt_worker(t, SIGSTOP, &pid) >= 0)
+        t->res->stops++;
+    if (p->stop == STOP_STARTING && p->stop_at == at && killed >= 0 &&
+        stop_replacement(t, (uint32_t)killed, killed_pid))
         t->res->stops++;
     if (p->death && p->death_at == at) {
         t->res->died = 1;
@@ -469,14 +565,11 @@ static ferry_config *make_config(const trainer *t)
         const char *key;
         int64_t value;
     } ints[] = {
-        {"workers", p->workers},
-        {"prefetch", p->prefetch},
-        {"batch_size", p->batch_size},
-        {"in_order", p->in_order},
-        {"shuffle", p->shuffle},
-        {"seed", p->shuffle_seed},
-        {"epochs", p->epochs},
-        {"timeout_ms", p->stop ? STOP_TIMEOUT_MS : 0},
+        {"workers", p->workers},       {"prefetch", p->prefetch},
+        {"batch_size", p->batch_size}, {"in_order", p->in_order},
+        {"shuffle", p->shuffle},       {"seed", p->shuffle_seed},
+        {"epochs", p->epochs},         {"timeout_ms", p->stop ? STOP_TIMEOUT_MS : 0},
+        {"start_timeout_ms", p->stop ? STOP_START_TIMEOUT_MS : 30000},
     };
     const struct {
         const char *key;
@@ -508,8 +601,8 @@ static void check_no_leaks(const trainer *t, int fds_before, int threads_before)
     if (fds != fds_before) {
         fprintf(stderr, "soak: open fds after close:\n");
         list_entries("/proc/self/fd", 1);
-        trainer_fail(t, TR_LEAK, "%d fds open before ferry_loader_open, %d after close",
-                     fds_before, fds);
+        trainer_fail(t, TR_LEAK, "%d fds open before ferry_loader_open, %d after close", fds_before,
+                     fds);
     }
     int threads = count_entries("/proc/self/task");
     if (threads != threads_before)
@@ -562,17 +655,25 @@ static int trainer_run(trainer *t)
     uint64_t items, bpe;
     if (ferry_loader_length(t->ld, &items, &bpe) != FERRY_OK || items != (uint64_t)p->n ||
         bpe != t->s.batches_per_epoch)
-        trainer_fail(t, TR_ORDER, "ferry_loader_length says %" PRIu64 " items, %" PRIu64
-                     " batches per epoch", items, bpe);
+        trainer_fail(t, TR_ORDER,
+                     "ferry_loader_length says %" PRIu64 " items, %" PRIu64 " batches per epoch",
+                     items, bpe);
 
     ferry_batch *held = NULL;
     int cut_short = 0;
+    signal(SIGALRM, on_next_alarm);
     for (;;) {
         inject_faults(t, t->consumed);
         if (t->consumed == p->consume)
             break;
         ferry_batch *b;
+        /* With timeout_ms set, a batch that does not come is an error, not a
+         * wait: next() must return within that plus a worker's restart. The
+         * bound is loose on purpose (sanitizers, a loaded machine). */
+        if (p->stop)
+            alarm(NEXT_BOUND_S);
         rc = ferry_loader_next(t->ld, &b);
+        alarm(0);
         if (rc == FERRY_EBATCH) {
             /* Only a batch that took down max_attempts workers may be given
              * up, and only with faults beyond the plan's (a timeout under
@@ -580,8 +681,8 @@ static int trainer_run(trainer *t)
             ferry_stats st;
             ferry_loader_stats(t->ld, &st);
             if (t->res->kills + st.timeouts < MAX_ATTEMPTS)
-                trainer_fail(t, TR_FERRY, "batch %" PRIu64 " failed after %u kills, %" PRIu64
-                             " timeouts: %s",
+                trainer_fail(t, TR_FERRY,
+                             "batch %" PRIu64 " failed after %u kills, %" PRIu64 " timeouts: %s",
                              t->consumed, t->res->kills, st.timeouts, ferry_last_error());
             t->res->poison = 1;
             cut_short = 1;
@@ -619,7 +720,8 @@ static int trainer_run(trainer *t)
     if (ferry_loader_stats(t->ld, &st) != FERRY_OK)
         trainer_fail(t, TR_FERRY, "ferry_loader_stats: %s", ferry_last_error());
     if (st.delivered != t->consumed + (uint64_t)t->res->poison || st.malformed != 0)
-        trainer_fail(t, TR_ORDER, "stats say %" PRIu64 " delivered, %" PRIu64
+        trainer_fail(t, TR_ORDER,
+                     "stats say %" PRIu64 " delivered, %" PRIu64
                      " malformed; the trainer took %" PRIu64,
                      st.delivered, st.malformed, t->consumed);
     t->res->restarts = (uint32_t)st.restarts;
@@ -673,8 +775,7 @@ typedef struct opt_def {
 #define OFF(f) offsetof(soak_opts, f)
 static const opt_def options[] = {
     {"--cycles", OPT_U64, OFF(cycles), 1, UINT32_MAX, "N", "cycles to run (default 300)"},
-    {"--parallel", OPT_U64, OFF(parallel), 1, MAX_PARALLEL, "P",
-     "cycles at once (default 2)"},
+    {"--parallel", OPT_U64, OFF(parallel), 1, MAX_PARALLEL, "P", "cycles at once (default 2)"},
     {"--seed", OPT_U64, OFF(seed), 0, UINT64_MAX, "S", "plan seed (default: from the clock)"},
     {"--cycle", OPT_U64, OFF(only_cycle), 0, UINT32_MAX, "C",
      "run only cycle C of the seed (to replay a failure)"},
@@ -771,9 +872,9 @@ typedef struct slot {
     pid_t pid;
     uint64_t start_ms, deadline_ms;
     int hung;
-    int errfd;               /* read end of the trainer's stderr, -1 when closed */
+    int errfd; /* read end of the trainer's stderr, -1 when closed */
     char tmpdir[64];
-    char log[LOG_TAIL];      /* the end of what the trainer wrote */
+    char log[LOG_TAIL]; /* the end of what the trainer wrote */
     size_t log_len;
 } slot;
 
@@ -783,6 +884,7 @@ typedef struct watch {
     pid_t trainer;
     uint64_t died_ms;
     uint64_t cycle;
+    int had_orphans; /* some were seen alive: time how long they took */
 } watch;
 
 /* A process reparented to us that names no trainer we know (it may have
@@ -796,13 +898,14 @@ typedef struct totals {
     uint64_t done, hangs, leaks, errors;
     uint64_t batches, kills, stops, early_closes, deaths, restarts, timeouts, poison;
     uint64_t orphans_reaped, max_close_ms, slow_closes;
+    uint64_t max_orphan_ms; /* longest a worker outlived its trainer */
 } totals;
 
 typedef struct soak {
     soak_opts o;
     uint64_t first_cycle, end_cycle, next_cycle;
     slot slots[MAX_PARALLEL];
-    cycle_result *shared;    /* one per slot, MAP_SHARED with the trainers */
+    cycle_result *shared; /* one per slot, MAP_SHARED with the trainers */
     int active;
     watch watches[MAX_PARALLEL * 4];
     int nwatches;
@@ -811,7 +914,7 @@ typedef struct soak {
     int sigfd;
     sigset_t oldmask;
     int interrupted;
-    int progress;            /* stderr is a terminal */
+    int progress; /* stderr is a terminal */
     uint64_t t0_ms, last_progress_ms;
     char **shm_before;
     size_t nshm_before;
@@ -830,10 +933,11 @@ static void show_progress(soak *s, int force)
     if (!s->progress || (!force && now - s->last_progress_ms < 200))
         return;
     s->last_progress_ms = now;
-    fprintf(stderr, "\r\033[Ksoak: %" PRIu64 "/%" PRIu64 " cycles, %" PRIu64 " hangs, %" PRIu64
+    fprintf(stderr,
+            "\r\033[Ksoak: %" PRIu64 "/%" PRIu64 " cycles, %" PRIu64 " hangs, %" PRIu64
             " leaks, %" PRIu64 " errors; %" PRIu64 " batches; %.1f s",
-            s->tot.done, s->end_cycle - s->first_cycle, s->tot.hangs, s->tot.leaks,
-            s->tot.errors, s->tot.batches, (double)(now - s->t0_ms) / 1000.0);
+            s->tot.done, s->end_cycle - s->first_cycle, s->tot.hangs, s->tot.leaks, s->tot.errors,
+            s->tot.batches, (double)(now - s->t0_ms) / 1000.0);
 }
 
 /* Removes a directory tree (the stale ipc directory of a trainer that died
@@ -892,29 +996,6 @@ static void drain_log(soak *s, slot *sl)
         memcpy(sl->log + sl->log_len, buf + (size_t)n - add, add);
         sl->log_len += add;
     }
-}
-
-/* Reads state and parent of `pid` from /proc/PID/stat; -1 if it is gone. */
-static int proc_stat(pid_t pid, char *state, pid_t *ppid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    /* The command name is in parentheses and may hold anything: parse after
-     * the last ')'. */
-    char *rp = strrchr(buf, ')');
-    int pp;
-    if (!rp || sscanf(rp + 1, " %c %d", state, &pp) != 2)
-        return -1;
-    *ppid = (pid_t)pp;
-    return 0;
 }
 
 /* The trainer a worker belongs to, from its "--parent PID" argument;
@@ -976,7 +1057,8 @@ static void dump_threads(pid_t pid, const char *role)
             const char *name;
             char *buf;
             size_t cap;
-        } files[] = {{"comm", comm, sizeof comm}, {"wchan", wchan, sizeof wchan},
+        } files[] = {{"comm", comm, sizeof comm},
+                     {"wchan", wchan, sizeof wchan},
                      {"stat", statbuf, sizeof statbuf}};
         for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
             snprintf(f, sizeof f, "/proc/%d/task/%s/%s", (int)pid, e->d_name, files[i].name);
@@ -1029,8 +1111,9 @@ __attribute__((format(printf, 4, 5))) static void report(const soak *s, const sl
     char desc[512];
     describe_plan(&sl->p, desc, sizeof desc);
     clear_progress(s);
-    fprintf(stderr, "soak: cycle %" PRIu64 ": %s: %s\n  plan: %s\n  replay: ferry-soak --seed %"
-            PRIu64 " --cycle %" PRIu64 "%s%s\n",
+    fprintf(stderr,
+            "soak: cycle %" PRIu64 ": %s: %s\n  plan: %s\n  replay: ferry-soak --seed %" PRIu64
+            " --cycle %" PRIu64 "%s%s\n",
             sl->p.cycle, what, detail, desc, s->o.seed, sl->p.cycle,
             s->o.worker_path ? " --worker-path " : "", s->o.worker_path ? s->o.worker_path : "");
 }
@@ -1125,10 +1208,10 @@ static void finish_cycle(soak *s, slot *sl, int status)
     cycle_result *res = &s->shared[sl - s->slots];
     const plan *p = &sl->p;
     drain_log(s, sl);
-    int died_as_planned = res->died && ((p->death == DIE_EXIT && WIFEXITED(status) &&
-                                         WEXITSTATUS(status) == TR_DIED) ||
-                                        (p->death == DIE_SIGKILL && WIFSIGNALED(status) &&
-                                         WTERMSIG(status) == SIGKILL));
+    int died_as_planned =
+        res->died &&
+        ((p->death == DIE_EXIT && WIFEXITED(status) && WEXITSTATUS(status) == TR_DIED) ||
+         (p->death == DIE_SIGKILL && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
     int clean = WIFEXITED(status) && WEXITSTATUS(status) == TR_OK;
     if (sl->hung < 0) {
         /* Stopped by us on SIGINT: neither judged nor counted. */
@@ -1142,6 +1225,13 @@ static void finish_cycle(soak *s, slot *sl, int status)
     }
     if (sl->hung) {
         s->tot.hangs++;
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == TR_HANG) {
+        s->tot.hangs++;
+        report(s, sl, "HANG",
+               "ferry_loader_next blocked over %d s with timeout_ms %d set "
+               "(%" PRIu64 " batches in)",
+               NEXT_BOUND_S, STOP_TIMEOUT_MS, res->batches);
+        print_log(sl);
     } else if (died_as_planned) {
         s->tot.deaths++;
     } else if (!clean) {
@@ -1185,17 +1275,18 @@ static void finish_cycle(soak *s, slot *sl, int status)
          * is no hang; but with every worker able to answer STOP it should be
          * quick, and a slow one points at a worker that was never told to
          * stop. Reported, not failed. */
-        if (!p->stop && res->close_ms >= SLOW_CLOSE_MS) {
-            s->tot.slow_closes++;
-            report(s, sl, "SLOW CLOSE (warning)", "ferry_loader_close took %" PRIu64
+        if (!p->stop && res->close_ms >= SLOW_CLOSE_MS &&
+            ++s->tot.slow_closes <= SLOW_CLOSE_REPORTS) {
+            report(s, sl, "SLOW CLOSE (warning)",
+                   "ferry_loader_close took %" PRIu64
                    " ms with no worker stopped (%u restarts; %u of %d workers ready just "
                    "before close)",
                    res->close_ms, res->restarts, res->ready_at_close, p->workers);
         }
     }
     if (s->nwatches < (int)(sizeof s->watches / sizeof s->watches[0]))
-        s->watches[s->nwatches++] = (watch){.trainer = sl->pid, .died_ms = now_ms(),
-                                            .cycle = p->cycle};
+        s->watches[s->nwatches++] =
+            (watch){.trainer = sl->pid, .died_ms = now_ms(), .cycle = p->cycle};
     if (sl->errfd >= 0)
         close(sl->errfd);
     sl->errfd = -1;
@@ -1238,8 +1329,9 @@ static void check_deadlines(soak *s)
             continue;
         sl->hung = 1;
         drain_log(s, sl);
-        report(s, sl, "HANG", "trainer %d still running after %" PRIu64 " ms, %" PRIu64
-               " batches in", (int)sl->pid, now - sl->start_ms, s->shared[i].batches);
+        report(s, sl, "HANG",
+               "trainer %d still running after %" PRIu64 " ms, %" PRIu64 " batches in",
+               (int)sl->pid, now - sl->start_ms, s->shared[i].batches);
         dump_threads(sl->pid, "trainer");
         for_each_child(sl->pid, dump_worker, NULL);
         print_log(sl);
@@ -1260,8 +1352,10 @@ static void leak_orphan(soak *s, pid_t pid, const char *whose)
 {
     s->tot.leaks++;
     clear_progress(s);
-    fprintf(stderr, "soak: LEAK: process %d (%s) still alive %d ms after its trainer ended; "
-            "killing it\n", (int)pid, whose, ORPHAN_GRACE_MS);
+    fprintf(stderr,
+            "soak: LEAK: process %d (%s) still alive %d ms after its trainer ended; "
+            "killing it\n",
+            (int)pid, whose, ORPHAN_GRACE_MS);
     dump_threads(pid, "orphan");
     int fd = (int)syscall(SYS_pidfd_open, pid, 0);
     kill(pid, SIGKILL);
@@ -1286,6 +1380,12 @@ static void check_orphan(void *ctx, pid_t pid, char state)
         if (s->slots[i].used && s->slots[i].pid == pid)
             return;
     }
+    /* Only the soak stops processes. One stopped before it ran
+     * PR_SET_PDEATHSIG (a replacement caught while starting) can act on
+     * nothing, not even its trainer's death: let it go, and from then on it
+     * must notice on its own (its getppid() check) within the grace. */
+    if (state == 'T' || state == 't')
+        kill(pid, SIGCONT);
     pid_t owner = worker_parent(pid);
     for (int w = 0; w < s->nwatches; w++) {
         if (s->watches[w].trainer != owner)
@@ -1322,8 +1422,13 @@ static void scan_orphans(soak *s)
     for_each_child(getpid(), check_orphan, &sc);
     int keep = 0;
     for (int w = 0; w < s->nwatches; w++) {
-        if (sc.live[w])
-            s->watches[keep++] = s->watches[w];
+        watch *wa = &s->watches[w];
+        if (sc.live[w]) {
+            wa->had_orphans = 1;
+            s->watches[keep++] = *wa;
+        } else if (wa->had_orphans && sc.now - wa->died_ms > s->tot.max_orphan_ms) {
+            s->tot.max_orphan_ms = sc.now - wa->died_ms;
+        }
     }
     s->nwatches = keep;
     keep = 0;
@@ -1442,30 +1547,31 @@ static void print_summary(const soak *s, double secs)
 {
     const totals *t = &s->tot;
     if (s->o.json) {
-        printf("{\"seed\": %" PRIu64 ", \"cycles\": %" PRIu64 ", \"planned\": %" PRIu64
-               ", \"interrupted\": %s, \"hangs\": %" PRIu64 ", \"leaks\": %" PRIu64
-               ", \"errors\": %" PRIu64 ", \"batches\": %" PRIu64 ", \"worker_kills\": %" PRIu64
-               ", \"stops\": %" PRIu64 ", \"early_closes\": %" PRIu64
-               ", \"trainer_deaths\": %" PRIu64 ", \"restarts\": %" PRIu64
-               ", \"timeouts\": %" PRIu64 ", \"poisoned\": %" PRIu64
-               ", \"orphans_reaped\": %" PRIu64 ", \"max_close_ms\": %" PRIu64
-               ", \"slow_closes\": %" PRIu64 ", \"seconds\": %.1f}\n",
-               s->o.seed, t->done, s->end_cycle - s->first_cycle,
-               s->interrupted ? "true" : "false", t->hangs, t->leaks, t->errors, t->batches,
-               t->kills, t->stops, t->early_closes, t->deaths, t->restarts, t->timeouts,
-               t->poison, t->orphans_reaped, t->max_close_ms, t->slow_closes, secs);
+        printf(
+            "{\"seed\": %" PRIu64 ", \"cycles\": %" PRIu64 ", \"planned\": %" PRIu64
+            ", \"interrupted\": %s, \"hangs\": %" PRIu64 ", \"leaks\": %" PRIu64
+            ", \"errors\": %" PRIu64 ", \"batches\": %" PRIu64 ", \"worker_kills\": %" PRIu64
+            ", \"stops\": %" PRIu64 ", \"early_closes\": %" PRIu64 ", \"trainer_deaths\": %" PRIu64
+            ", \"restarts\": %" PRIu64 ", \"timeouts\": %" PRIu64 ", \"poisoned\": %" PRIu64
+            ", \"orphans_reaped\": %" PRIu64 ", \"max_close_ms\": %" PRIu64
+            ", \"slow_closes\": %" PRIu64 ", \"max_orphan_ms\": %" PRIu64 ", \"seconds\": %.1f}\n",
+            s->o.seed, t->done, s->end_cycle - s->first_cycle, s->interrupted ? "true" : "false",
+            t->hangs, t->leaks, t->errors, t->batches, t->kills, t->stops, t->early_closes,
+            t->deaths, t->restarts, t->timeouts, t->poison, t->orphans_reaped, t->max_close_ms,
+            t->slow_closes, t->max_orphan_ms, secs);
         return;
     }
     printf("soak: %" PRIu64 " cycles, %" PRIu64 " hangs, %" PRIu64 " leaks, %" PRIu64
            " errors; %" PRIu64 " batches, %" PRIu64 " worker kills, %" PRIu64 " stops, %" PRIu64
            " early closes, %" PRIu64 " trainer deaths; %.1f s%s\n",
-           t->done, t->hangs, t->leaks, t->errors, t->batches, t->kills, t->stops,
-           t->early_closes, t->deaths, secs, s->interrupted ? " (interrupted)" : "");
+           t->done, t->hangs, t->leaks, t->errors, t->batches, t->kills, t->stops, t->early_closes,
+           t->deaths, secs, s->interrupted ? " (interrupted)" : "");
     printf("soak: seed %" PRIu64 "; %" PRIu64 " restarts, %" PRIu64 " timeouts, %" PRIu64
-           " poisoned batches, %" PRIu64 " orphaned workers reaped; slowest close %" PRIu64
-           " ms, %" PRIu64 " slow closes (warnings)\n",
-           s->o.seed, t->restarts, t->timeouts, t->poison, t->orphans_reaped, t->max_close_ms,
-           t->slow_closes);
+           " poisoned batches; %" PRIu64 " orphaned workers reaped, the slowest gone %" PRIu64
+           " ms after its trainer; slowest close %" PRIu64 " ms, %" PRIu64
+           " slow closes (warnings)\n",
+           s->o.seed, t->restarts, t->timeouts, t->poison, t->orphans_reaped, t->max_orphan_ms,
+           t->max_close_ms, t->slow_closes);
 }
 
 /* ------------------------------------------------------------------------
