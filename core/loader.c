@@ -1024,6 +1024,8 @@ static void shutdown_workers(ferry_loader *ld)
     atomic_store(&ld->cancel_threads, 1);
     if (workers_left(ld)) {
         signal_workers(ld, SIGTERM);
+        /* A stopped worker only acts on SIGTERM once continued. */
+        signal_workers(ld, SIGCONT);
         wait_workers(ld, now_ms() + (grace / 2 > 200 ? grace / 2 : 200));
     }
     if (workers_left(ld)) {
