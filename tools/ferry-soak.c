@@ -65,9 +65,9 @@
 #include "sampler.h"
 
 #define MAX_PARALLEL 64
-#define LOG_TAIL 16384          /* bytes of a trainer's stderr kept for a failure report */
-#define ORPHAN_GRACE_MS 2000    /* a worker may outlive its trainer by this much */
-#define STOP_TIMEOUT_MS 500     /* timeout_ms of a plan that SIGSTOPs a worker */
+#define LOG_TAIL 16384       /* bytes of a trainer's stderr kept for a failure report */
+#define ORPHAN_GRACE_MS 2000 /* a worker may outlive its trainer by this much */
+#define STOP_TIMEOUT_MS 500  /* timeout_ms of a plan that SIGSTOPs a worker */
 /* start_timeout_ms of such a plan: a replacement stopped before it is ready is
  * killed after this (the loader's rule), well inside NEXT_BOUND_S. */
 #define STOP_START_TIMEOUT_MS 2500
@@ -78,6 +78,10 @@
 #define SLOW_CLOSE_REPORTS 5 /* slow closes described in full; the rest only counted */
 #define NEXT_BOUND_S 6       /* with timeout_ms set, the longest next() may block */
 #define RESPAWN_WAIT_MS 5000 /* how long to look for a killed worker's replacement */
+/* The longest close may take: close_grace_ms (default 2000) for STOP, half
+ * of it for SIGTERM, then SIGKILL and reaping; plus a margin for a loaded
+ * machine and sanitizers. Past this, close is not bounded as documented. */
+#define CLOSE_BOUND_MS (2000 + 1000 + 2000)
 
 /* How a trainer ends. The parent turns these into the summary's figures. */
 enum trainer_exit {
@@ -565,10 +569,14 @@ static ferry_config *make_config(const trainer *t)
         const char *key;
         int64_t value;
     } ints[] = {
-        {"workers", p->workers},       {"prefetch", p->prefetch},
-        {"batch_size", p->batch_size}, {"in_order", p->in_order},
-        {"shuffle", p->shuffle},       {"seed", p->shuffle_seed},
-        {"epochs", p->epochs},         {"timeout_ms", p->stop ? STOP_TIMEOUT_MS : 0},
+        {"workers", p->workers},
+        {"prefetch", p->prefetch},
+        {"batch_size", p->batch_size},
+        {"in_order", p->in_order},
+        {"shuffle", p->shuffle},
+        {"seed", p->shuffle_seed},
+        {"epochs", p->epochs},
+        {"timeout_ms", p->stop ? STOP_TIMEOUT_MS : 0},
         {"start_timeout_ms", p->stop ? STOP_START_TIMEOUT_MS : 30000},
     };
     const struct {
@@ -741,6 +749,9 @@ static int trainer_run(trainer *t)
     if (rc != FERRY_OK)
         trainer_fail(t, TR_FERRY, "ferry_loader_close: %s: %s", ferry_err_name(rc),
                      ferry_last_error());
+    if (t->res->close_ms > CLOSE_BOUND_MS)
+        trainer_fail(t, TR_FERRY, "ferry_loader_close took %" PRIu64 " ms, past its bound (%d ms)",
+                     t->res->close_ms, CLOSE_BOUND_MS);
     if (held) {
         check_content(t, held);
         ferry_batch_release(held);
