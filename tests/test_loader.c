@@ -265,6 +265,19 @@ static int wait_completed_above(ferry_loader *ld, uint64_t count, uint64_t ms)
     return 0;
 }
 
+/* The trainer asks again: epoch 1's first batch comes; then close. */
+static void next_is_first_of_epoch1_then_close(ferry_loader *ld)
+{
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_info info;
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.epoch, 1);
+    assert_int_equal(info.batch_in_epoch, 0);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+}
+
 static void test_next_epoch_is_built_while_trainer_holds_last_batch(void **state)
 {
     (void)state;
@@ -286,15 +299,7 @@ static void test_next_epoch_is_built_while_trainer_holds_last_batch(void **state
     assert_int_equal(st.delivered, bpe);
     assert_true(st.dispatched >= bpe + 2);
     ferry_batch_release(last);
-
-    ferry_batch *b;
-    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
-    ferry_batch_info info;
-    ferry_batch_get_info(b, &info);
-    assert_int_equal(info.epoch, 1);
-    assert_int_equal(info.batch_in_epoch, 0);
-    ferry_batch_release(b);
-    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    next_is_first_of_epoch1_then_close(ld);
     ft_end(&snap);
 }
 
@@ -320,14 +325,7 @@ static void test_epoch_barrier_holds_next_epoch_until_asked(void **state)
     ferry_loader_stats(ld, &st);
     assert_int_equal(st.dispatched, bpe);
     ferry_batch_release(last);
-
-    ferry_batch *b;
-    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
-    ferry_batch_info info;
-    ferry_batch_get_info(b, &info);
-    assert_int_equal(info.epoch, 1);
-    ferry_batch_release(b);
-    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    next_is_first_of_epoch1_then_close(ld);
     ft_end(&snap);
 }
 
