@@ -5,6 +5,7 @@
 #   tools/setup.sh bench [ferry-bench args...]   build, then run ferry-bench
 #   tools/setup.sh test                          build, then run the test suite
 #   tools/setup.sh build                         build only
+#   tools/setup.sh fuzz [SECONDS]                libFuzzer on the protocol decoders
 #
 # Environment: BUILD_DIR (default build), FERRY_SANITIZE (e.g.
 # address,undefined), JOBS (default: number of cores).
@@ -21,6 +22,7 @@ jobs=${JOBS:-$(nproc)}
 # (ZeroMQ transport, msgpack wire encoding, cmocka tests), and clang for the
 # fuzz target.
 packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev)
+[ "$job" = fuzz ] && packages+=(clang)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,6 +35,19 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+if [ "$job" = fuzz ]; then
+    # Its own build folder, with clang; runs on a scratch copy of the seed
+    # corpus so the repository's corpus is never rewritten.
+    cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON \
+        -DFERRY_BUILD_TESTS=OFF >/dev/null
+    cmake --build build-fuzz -j "$jobs" --target fuzz_protocol
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    cp tests/fuzz/corpus/* "$scratch"/
+    build-fuzz/fuzz_protocol "$scratch" -max_total_time="${1:-60}" -print_final_stats=1
+    exit $?
+fi
+
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFERRY_SANITIZE="${FERRY_SANITIZE:-}" >/dev/null
 cmake --build "$build" -j "$jobs"
@@ -41,5 +56,5 @@ case "$job" in
     build) ;;
     bench) exec "$build/ferry-bench" "$@" ;;
     test) cd "$build" && exec ctest --output-on-failure --timeout 600 "$@" ;;
-    *) echo "usage: tools/setup.sh [build|bench|test] [args...]" >&2; exit 2 ;;
+    *) echo "usage: tools/setup.sh [build|bench|test|fuzz] [args...]" >&2; exit 2 ;;
 esac
