@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -80,6 +81,11 @@ void ft_end(ft_snapshot *s)
     }
     assert_int_equal(errno, ECHILD);
     assert_int_equal(ft_count_fds(), s->nfds);
+    /* pthread_join can return a moment before the kernel drops the thread
+     * from /proc/self/task: re-count for a bounded time before failing. */
+    uint64_t until = ft_now_ms() + 500;
+    while (ft_count_threads() != s->nthreads && ft_now_ms() < until)
+        sched_yield();
     assert_int_equal(ft_count_threads(), s->nthreads);
     assert_int_equal(ft_count_entries(s->tmpdir), 0);
     int nshm = count_prefixed("/dev/shm", "ferry");

@@ -82,6 +82,7 @@
  * of it for SIGTERM, then SIGKILL and reaping; plus a margin for a loaded
  * machine and sanitizers. Past this, close is not bounded as documented. */
 #define CLOSE_BOUND_MS (2000 + 1000 + 2000)
+#define THREAD_SETTLE_MS 500 /* how long a joined thread may linger in /proc */
 
 /* How a trainer ends. The parent turns these into the summary's figures. */
 enum trainer_exit {
@@ -328,6 +329,45 @@ static int proc_stat(pid_t pid, char *state, pid_t *ppid)
         return -1;
     *ppid = (pid_t)pp;
     return 0;
+}
+
+/* Prints every thread of `pid` with its state and where it sleeps in the
+ * kernel: enough to tell a deadlock from a lost wakeup in a hang report. */
+static void dump_threads(pid_t pid, const char *role)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return;
+    fprintf(stderr, "  %s %d:\n", role, (int)pid);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        char f[128], comm[64] = "?", wchan[64] = "?", statbuf[512] = "";
+        const struct {
+            const char *name;
+            char *buf;
+            size_t cap;
+        } files[] = {{"comm", comm, sizeof comm},
+                     {"wchan", wchan, sizeof wchan},
+                     {"stat", statbuf, sizeof statbuf}};
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            snprintf(f, sizeof f, "/proc/%d/task/%s/%s", (int)pid, e->d_name, files[i].name);
+            int fd = open(f, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;
+            ssize_t n = read(fd, files[i].buf, files[i].cap - 1);
+            close(fd);
+            files[i].buf[n > 0 ? n : 0] = '\0';
+            files[i].buf[strcspn(files[i].buf, "\n")] = '\0';
+        }
+        char *rp = strrchr(statbuf, ')');
+        fprintf(stderr, "    thread %s %-16s state %c wchan %s\n", e->d_name, comm,
+                rp && rp[1] ? rp[2] : '?', wchan);
+    }
+    closedir(d);
 }
 
 /* ------------------------------------------------------------------------
@@ -612,10 +652,21 @@ static void check_no_leaks(const trainer *t, int fds_before, int threads_before)
         trainer_fail(t, TR_LEAK, "%d fds open before ferry_loader_open, %d after close", fds_before,
                      fds);
     }
+    /* pthread_join() returns once the thread has exited, but the kernel may
+     * list it in /proc/self/task a little longer (about 1 in 2000 joins here),
+     * so a count above the start gets THREAD_SETTLE_MS to come back down. */
     int threads = count_entries("/proc/self/task");
-    if (threads != threads_before)
+    uint64_t settle_by = now_ms() + THREAD_SETTLE_MS;
+    while (threads != threads_before && now_ms() < settle_by) {
+        struct timespec ms = {.tv_nsec = 1000000};
+        nanosleep(&ms, NULL);
+        threads = count_entries("/proc/self/task");
+    }
+    if (threads != threads_before) {
+        dump_threads(getpid(), "trainer (after close)");
         trainer_fail(t, TR_LEAK, "%d threads before ferry_loader_open, %d after close",
                      threads_before, threads);
+    }
     int st;
     pid_t left = waitpid(-1, &st, WNOHANG);
     if (left == 0)
@@ -1045,45 +1096,6 @@ static void for_each_child(pid_t parent, void (*fn)(void *, pid_t, char), void *
         pid_t ppid;
         if (proc_stat(pid, &state, &ppid) == 0 && ppid == parent)
             fn(ctx, pid, state);
-    }
-    closedir(d);
-}
-
-/* Prints every thread of `pid` with its state and where it sleeps in the
- * kernel: enough to tell a deadlock from a lost wakeup in a hang report. */
-static void dump_threads(pid_t pid, const char *role)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return;
-    fprintf(stderr, "  %s %d:\n", role, (int)pid);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!isdigit((unsigned char)e->d_name[0]))
-            continue;
-        char f[128], comm[64] = "?", wchan[64] = "?", statbuf[512] = "";
-        const struct {
-            const char *name;
-            char *buf;
-            size_t cap;
-        } files[] = {{"comm", comm, sizeof comm},
-                     {"wchan", wchan, sizeof wchan},
-                     {"stat", statbuf, sizeof statbuf}};
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-            snprintf(f, sizeof f, "/proc/%d/task/%s/%s", (int)pid, e->d_name, files[i].name);
-            int fd = open(f, O_RDONLY | O_CLOEXEC);
-            if (fd < 0)
-                continue;
-            ssize_t n = read(fd, files[i].buf, files[i].cap - 1);
-            close(fd);
-            files[i].buf[n > 0 ? n : 0] = '\0';
-            files[i].buf[strcspn(files[i].buf, "\n")] = '\0';
-        }
-        char *rp = strrchr(statbuf, ')');
-        fprintf(stderr, "    thread %s %-16s state %c wchan %s\n", e->d_name, comm,
-                rp && rp[1] ? rp[2] : '?', wchan);
     }
     closedir(d);
 }
