@@ -9,8 +9,6 @@
 #include "alloc.h"
 #include "error.h"
 
-#define ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
-
 /* Points every field at its bytes, in the frame when aligned, else in one
  * aligned copy holding all fields. */
 static int place_fields(ferry_batch *b, const ferry__batch_hdr *h)
@@ -21,11 +19,11 @@ static int place_fields(ferry_batch *b, const ferry__batch_hdr *h)
     for (uint32_t f = 0; f < h->nfields; f++) {
         if ((uintptr_t)(base + h->fields[f].offset) % FERRY__ALIGN)
             aligned = 0;
-        total += ROUND_UP(h->fields[f].nbytes, 64);
+        total += FERRY__ROUND_UP(h->fields[f].nbytes, FERRY__FIELD_ALIGN);
     }
     unsigned char *dst = NULL;
     if (!aligned) {
-        dst = ferry__aligned_alloc(64, total ? total : 64);
+        dst = ferry__aligned_alloc(FERRY__FIELD_ALIGN, total ? total : 64);
         if (!dst)
             return FERRY_ENOMEM;
         b->copy = dst;
@@ -45,7 +43,7 @@ static int place_fields(ferry_batch *b, const ferry__batch_hdr *h)
         } else {
             memcpy(dst, base + d->offset, d->nbytes);
             t->data = dst;
-            dst += ROUND_UP(d->nbytes, 64);
+            dst += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
         }
     }
     b->nfields = (int)h->nfields;

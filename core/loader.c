@@ -154,6 +154,20 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* The absolute time `ms` from now on `clock`, for the timed pthread waits. */
+static struct timespec deadline_ts(clockid_t clock, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 static void wake(ferry_loader *ld)
 {
     uint64_t one = 1;
@@ -310,12 +324,7 @@ static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
     size_t n = e->t.count;
     if (zmq_msg_init_size(&p, n * 8) != 0)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for a task");
-    unsigned char *raw = zmq_msg_data(&p);
-    for (size_t i = 0; i < n; i++) {
-        uint64_t v = e->indices[i];
-        for (int b = 0; b < 8; b++)
-            raw[i * 8 + (size_t)b] = (unsigned char)(v >> (8 * b));
-    }
+    ferry__indices_pack(e->indices, n, zmq_msg_data(&p));
     ld->out.type = FERRY__MSG_TASK;
     ld->out.u.task = (ferry__task){.id = e->t.seq,
                                    .epoch = e->t.epoch,
@@ -1051,15 +1060,8 @@ static void shutdown_workers(ferry_loader *ld)
         wslot *w = &ld->w[i];
         if (!w->thread_live)
             continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t left = deadline > now_ms() ? deadline - now_ms() : 0;
-        ts.tv_sec += (time_t)(left / 1000);
-        ts.tv_nsec += (long)(left % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = deadline_ts(CLOCK_REALTIME, left);
         if (pthread_timedjoin_np(w->thread, NULL, &ts) != 0) {
             /* A thread stuck inside dataset code cannot be stopped safely; it
              * keeps the ZeroMQ context, which is then left alive. */
@@ -1254,14 +1256,7 @@ fail:
 /* Waits on the condition variable for at most `ms`. Caller holds mu. */
 static void wait_cv(ferry_loader *ld, int ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = deadline_ts(CLOCK_MONOTONIC, (uint64_t)ms);
     pthread_cond_timedwait(&ld->cv, &ld->mu, &ts);
 }
 
@@ -1366,12 +1361,17 @@ int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
             e->errmsg = NULL;
             e->err = 0;
             e->state = T_FREE;
-            ld->in_flight--;
+            /* Only a full window waits on the trainer (the barrier has its
+             * own wake-up below); otherwise the scheduler is woken by the
+             * replies and deaths it polls for, and this saves a syscall per
+             * batch. */
+            int was_full = ld->in_flight-- >= ld->prefetch;
             ld->st.delivered++;
             if (err)
                 ld->st.failed++;
             pthread_mutex_unlock(&ld->mu);
-            wake(ld);
+            if (was_full)
+                wake(ld);
             if (err) {
                 ferry__seterr_str(err, msg ? msg
                                            : "a worker failed on a batch (no memory "

@@ -29,7 +29,6 @@
 #include "zsock.h"
 
 #define POLL_MS 200
-#define ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 typedef struct wstate {
     const ferry__worker_opts *o;
@@ -138,24 +137,18 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
         w->indices = p;
         w->indices_cap = t.count;
     }
-    const unsigned char *raw = zmq_msg_data(task_payload);
-    for (uint32_t i = 0; i < t.count; i++) {
-        uint64_t v = 0;
-        for (int b = 7; b >= 0; b--)
-            v = (v << 8) | raw[i * 8 + (size_t)b];
-        w->indices[i] = v;
-    }
+    ferry__indices_unpack(zmq_msg_data(task_payload), t.count, w->indices);
 
     const ferry_dataset_schema *s = &w->ds.schema;
-    size_t total = 64;
+    size_t total = FERRY__FIELD_ALIGN; /* room for the lead */
     for (int f = 0; f < s->nfields; f++)
-        total += ROUND_UP(w->ds.item_bytes[f] * t.count, 64);
+        total += FERRY__ROUND_UP(w->ds.item_bytes[f] * t.count, FERRY__FIELD_ALIGN);
 
     zmq_msg_t payload;
     if (zmq_msg_init_size(&payload, total) != 0)
         return send_fail(w, t.id, FERRY_ENOMEM, w->indices[0], "worker out of memory for batch");
     unsigned char *base = zmq_msg_data(&payload);
-    size_t off = (64 - (uintptr_t)base % 64) % 64;
+    size_t off = (FERRY__FIELD_ALIGN - (uintptr_t)base % FERRY__FIELD_ALIGN) % FERRY__FIELD_ALIGN;
 
     ferry__batch_hdr *h = &w->out.u.batch;
     void *dst[FERRY_MAX_FIELDS];
@@ -173,7 +166,7 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
         d->offset = off;
         d->nbytes = w->ds.item_bytes[f] * t.count;
         dst[f] = base + off;
-        off += ROUND_UP(d->nbytes, 64);
+        off += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
     }
 
     ferry_batch_request req = {.epoch = t.epoch,

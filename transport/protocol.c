@@ -858,3 +858,25 @@ const char *ferry__msg_name(int type)
     const msg_spec *spec = type < 0 ? NULL : spec_of((uint64_t)type);
     return spec != NULL ? spec->name : "?";
 }
+
+/* --- TASK payload --- */
+
+void ferry__indices_pack(const uint64_t *idx, size_t n, void *out)
+{
+    unsigned char *raw = out;
+    for (size_t i = 0; i < n; i++) {
+        for (int b = 0; b < 8; b++)
+            raw[i * 8 + (size_t)b] = (unsigned char)(idx[i] >> (8 * b));
+    }
+}
+
+void ferry__indices_unpack(const void *in, size_t n, uint64_t *idx)
+{
+    const unsigned char *raw = in;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        for (int b = 7; b >= 0; b--)
+            v = (v << 8) | raw[i * 8 + (size_t)b];
+        idx[i] = v;
+    }
+}
