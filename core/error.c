@@ -5,9 +5,11 @@
  */
 #include "error.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static __thread char last_error[FERRY__ERRMSG_MAX];
 
@@ -102,4 +104,17 @@ const char *ferry_dtype_name(int dtype)
     if (dtype <= 0 || dtype >= (int)(sizeof names / sizeof names[0]))
         return NULL;
     return names[dtype];
+}
+
+int ferry__syserr(int code, const char *what, int e)
+{
+    if (e == EMFILE || e == ENFILE || e == EAGAIN) {
+        int files = e != EAGAIN;
+        struct rlimit rl = {0, 0};
+        getrlimit(files ? RLIMIT_NOFILE : RLIMIT_NPROC, &rl);
+        return ferry__seterr(FERRY_ELIMIT, "%s: %s (the %s limit is %llu)", what, strerror(e),
+                             files ? "open file (RLIMIT_NOFILE)" : "process (RLIMIT_NPROC)",
+                             (unsigned long long)rl.rlim_cur);
+    }
+    return ferry__seterr(code, "%s: %s", what, strerror(e));
 }

@@ -19,6 +19,12 @@ int ferry__seterr(int code, const char *fmt, ...) __attribute__((format(printf, 
 /* Records a detail already formatted (e.g. from an error buffer). */
 int ferry__seterr_str(int code, const char *msg);
 
+/* Records a failed system call. EMFILE/ENFILE become FERRY_ELIMIT naming the
+ * open-file limit and its value, EAGAIN (fork, clone, pthread_create) becomes
+ * FERRY_ELIMIT naming the process limit; anything else is `code` with
+ * "what: strerror(e)". Returns the code chosen. */
+int ferry__syserr(int code, const char *what, int e);
+
 /* Clears the detail (after a successful call that must not leave a stale one). */
 void ferry__clearerr(void);
 

@@ -232,6 +232,14 @@ static int start_worker(ferry_loader *ld, wslot *w)
     w->ready_by_ms = now_ms() + (uint64_t)ld->cfg.start_timeout_ms;
     w->kill_reason[0] = '\0';
     w->tail_len = 0;
+    /* A process worker holds a pidfd and a stderr pipe, and its connection
+     * an accepted socket; a thread worker a socket pair and a mailbox. Four
+     * beyond that are left for the trainer. */
+    char what[48];
+    snprintf(what, sizeof what, "starting worker %d", w->index);
+    int rc = ferry__fd_headroom(8, what);
+    if (rc != FERRY_OK)
+        return rc;
     if (ld->cfg.worker_mode == FERRY__PLACE_THREAD) {
         thread_arg *a = ferry__malloc(sizeof *a);
         if (!a)
@@ -241,14 +249,13 @@ static int start_worker(ferry_loader *ld, wslot *w)
         int e = pthread_create(&w->thread, NULL, thread_worker_main, a);
         if (e) {
             free(a);
-            return ferry__seterr(e == EAGAIN ? FERRY_ELIMIT : FERRY_ESPAWN,
-                                 "could not start worker thread %d: %s", w->index, strerror(e));
+            return ferry__syserr(FERRY_ESPAWN, "could not start a worker thread", e);
         }
         w->thread_live = 1;
     } else {
         pid_t pid;
-        int rc = ferry__spawn_worker(ld->worker_path, ld->endpoint, w->index, &pid, &w->pidfd,
-                                     &w->errfd);
+        rc = ferry__spawn_worker(ld->worker_path, ld->endpoint, w->index, &pid, &w->pidfd,
+                                 &w->errfd);
         if (rc != FERRY_OK)
             return rc;
         set_pid(ld, w, pid);
@@ -1190,31 +1197,33 @@ static int make_endpoint(ferry_loader *ld)
 
 static int setup_sockets(ferry_loader *ld)
 {
+    /* libzmq aborts rather than fail when its threads' pollers cannot get an
+     * fd; its context, socket, listener and our eventfd take about nine. */
+    int rc = ferry__fd_headroom(12, "opening a loader");
+    if (rc != FERRY_OK)
+        return rc;
     ld->zctx = zmq_ctx_new();
     if (!ld->zctx)
-        return ferry__seterr(FERRY_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
+        return ferry__syserr(FERRY_ESYS, "zmq_ctx_new", errno);
     int zero = 0, one = 1;
     zmq_ctx_set(ld->zctx, ZMQ_BLOCKY, zero);
     ld->router = zmq_socket(ld->zctx, ZMQ_ROUTER);
-    if (!ld->router) {
-        int e = errno;
-        return ferry__seterr(e == EMFILE ? FERRY_ELIMIT : FERRY_ESYS, "zmq_socket: %s",
-                             zmq_strerror(e));
-    }
-    int rc = ferry__zsock_setup(ld->router, ld->cfg.max_message);
+    if (!ld->router)
+        return ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
+    rc = ferry__zsock_setup(ld->router, ld->cfg.max_message);
     if (rc != FERRY_OK)
         return rc;
     if (zmq_setsockopt(ld->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0)
         return ferry__seterr(FERRY_ESYS, "ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(errno));
     if (zmq_bind(ld->router, ld->endpoint) != 0) {
         int e = errno;
-        return ferry__seterr(e == EMFILE ? FERRY_ELIMIT : FERRY_ESYS, "binding %s: %s",
-                             ld->endpoint, zmq_strerror(e));
+        if (e == EMFILE || e == ENFILE)
+            return ferry__syserr(FERRY_ESYS, "binding the loader's socket", e);
+        return ferry__seterr(FERRY_ESYS, "binding %s: %s", ld->endpoint, zmq_strerror(e));
     }
     ld->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (ld->wake_fd < 0)
-        return ferry__seterr(errno == EMFILE ? FERRY_ELIMIT : FERRY_ESYS, "eventfd: %s",
-                             strerror(errno));
+        return ferry__syserr(FERRY_ESYS, "eventfd", errno);
     return FERRY_OK;
 }
 
@@ -1291,8 +1300,7 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
     int e = pthread_create(&ld->sched, NULL, scheduler_main, ld);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (e) {
-        rc = ferry__seterr(e == EAGAIN ? FERRY_ELIMIT : FERRY_ESYS,
-                           "could not start the scheduler thread: %s", strerror(e));
+        rc = ferry__syserr(FERRY_ESYS, "could not start the scheduler thread", e);
         goto fail;
     }
     ld->sched_live = 1;

@@ -3,6 +3,7 @@
  */
 #include "process.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -67,13 +68,25 @@ int ferry__find_worker(const char *configured, char *out, size_t cap)
     return FERRY_OK;
 }
 
-static int limit_error(const char *what, int e)
+int ferry__fd_headroom(int need, const char *what)
 {
     struct rlimit rl;
-    getrlimit(e == EAGAIN ? RLIMIT_NPROC : RLIMIT_NOFILE, &rl);
-    return ferry__seterr(FERRY_ELIMIT, "%s: %s (the %s limit is %llu)", what, strerror(e),
-                         e == EAGAIN ? "process (RLIMIT_NPROC)" : "open file (RLIMIT_NOFILE)",
-                         (unsigned long long)rl.rlim_cur);
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return FERRY_OK;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return FERRY_OK; /* no /proc: the calls themselves will report */
+    unsigned long long used = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        used += e->d_name[0] != '.';
+    closedir(d);
+    used--; /* the directory's own fd */
+    if (used + (unsigned long long)need <= (unsigned long long)rl.rlim_cur)
+        return FERRY_OK;
+    return ferry__seterr(FERRY_ELIMIT,
+                         "%s needs %d more file descriptors; %llu of the open file "
+                         "(RLIMIT_NOFILE) limit of %llu are in use (raise it with ulimit -n)",
+                         what, need, used, (unsigned long long)rl.rlim_cur);
 }
 
 int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid_out,
@@ -81,10 +94,7 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
 {
     int errpipe[2];
     if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-        int e = errno;
-        if (e == EMFILE || e == ENFILE)
-            return limit_error("starting a worker", e);
-        return ferry__seterr(FERRY_ESPAWN, "pipe2: %s", strerror(e));
+        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
     }
     /* The child's end must block like any stderr. */
     fcntl(errpipe[1], F_SETFL, 0);
@@ -120,7 +130,7 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
     if (e != 0) {
         close(errpipe[0]);
         if (e == EAGAIN || e == EMFILE || e == ENFILE)
-            return limit_error("starting a worker", e);
+            return ferry__syserr(FERRY_ESPAWN, "starting a worker", e);
         return ferry__seterr(FERRY_ESPAWN, "could not start worker program '%s': %s", path,
                              strerror(e));
     }
@@ -132,9 +142,7 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         close(errpipe[0]);
-        if (e == EMFILE || e == ENFILE)
-            return limit_error("watching a worker", e);
-        return ferry__seterr(FERRY_ESPAWN, "pidfd_open: %s", strerror(e));
+        return ferry__syserr(FERRY_ESPAWN, "watching a worker: pidfd_open", e);
     }
     *pid_out = pid;
     *pidfd_out = fd;

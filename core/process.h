@@ -31,6 +31,13 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
 int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid, int *pidfd,
                         int *errfd);
 
+/* FERRY_OK if at least `need` more file descriptors can be opened under the
+ * soft RLIMIT_NOFILE, else FERRY_ELIMIT saying what needed them. Checked
+ * before each worker starts: libzmq aborts the whole process if its ipc
+ * listener cannot accept a worker's connection for want of an fd, so ferry
+ * refuses early instead. Counts /proc/self/fd (one readdir). */
+int ferry__fd_headroom(int need, const char *what);
+
 /* "SIGKILL" for 9, "signal 77" for unknown ones (buf used then). */
 const char *ferry__signal_name(int sig, char *buf, size_t cap);
 

@@ -209,13 +209,13 @@ int ferry__worker_run(const ferry__worker_opts *o)
     if (!ctx) {
         ctx = own_ctx = zmq_ctx_new();
         if (!ctx) {
-            rc = ferry__seterr(FERRY_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
+            rc = ferry__syserr(FERRY_ESYS, "zmq_ctx_new", errno);
             goto done;
         }
     }
     w->sock = zmq_socket(ctx, ZMQ_DEALER);
     if (!w->sock) {
-        rc = ferry__seterr(FERRY_ESYS, "zmq_socket: %s", zmq_strerror(errno));
+        rc = ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
         goto done;
     }
     /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
