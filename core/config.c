@@ -40,7 +40,7 @@ static const opt_def options[] = {
     {"seed", OPT_INT, OFF(seed), 0, INT64_MAX, NULL, "shuffle and augmentation seed"},
     {"rank", OPT_INT, OFF(rank), 0, UINT32_MAX - 1, NULL, "this trainer's shard"},
     {"world_size", OPT_INT, OFF(world_size), 1, UINT32_MAX, NULL, "number of shards"},
-    {"workers", OPT_INT, OFF(workers), 1, 256, NULL, "worker processes or threads"},
+    {"workers", OPT_INT, OFF(workers), 0, 256, NULL, "local worker processes or threads"},
     {"worker_mode", OPT_ENUM, OFF(worker_mode), 0, 0, placement_names, "process or thread"},
     {"prefetch", OPT_INT, OFF(prefetch), 0, 1024, NULL, "batches in flight (0: auto)"},
     {"credits", OPT_INT, OFF(credits), 1, FERRY__MAX_CREDITS, NULL, "tasks queued per worker"},
@@ -55,6 +55,16 @@ static const opt_def options[] = {
     {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names, "restart or fail"},
     {"max_attempts", OPT_INT, OFF(max_attempts), 1, 100, NULL, "tries of a batch that kills"},
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
+    {"bind", OPT_STR, OFF(bind), 0, FERRY__ENDPOINT_MAX, NULL,
+     "tcp:// endpoint for remote workers"},
+    {"curve_key", OPT_STR, OFF(curve_key), 0, PATH_MAX, NULL, "the loader's key pair file"},
+    {"curve_allow", OPT_STR, OFF(curve_allow), 0, PATH_MAX, NULL, "allowed worker keys"},
+    {"insecure", OPT_BOOL, OFF(insecure), 0, 1, NULL, "plain TCP, no authentication"},
+    {"min_workers", OPT_INT, OFF(min_workers), -1, 1280, NULL, "ready workers before open returns"},
+    {"max_remote", OPT_INT, OFF(max_remote), 1, 1024, NULL, "remote workers at once"},
+    {"heartbeat_ms", OPT_INT, OFF(heartbeat_ms), 10, 600000, NULL, "remote heartbeat interval"},
+    {"heartbeat_liveness", OPT_INT, OFF(heartbeat_liveness), 1, 1000, NULL,
+     "silent intervals before a remote worker is lost"},
 };
 #undef OFF
 
@@ -76,6 +86,10 @@ ferry_config *ferry_config_new(void)
     c->max_message = (int64_t)1 << 31;
     c->on_worker_failure = FERRY__ON_FAILURE_RESTART;
     c->max_attempts = 3;
+    c->min_workers = -1;
+    c->max_remote = 16;
+    c->heartbeat_ms = 1000;
+    c->heartbeat_liveness = 3;
     return c;
 }
 
@@ -86,7 +100,23 @@ void ferry_config_free(ferry_config *cfg)
 
 int64_t ferry__config_prefetch(const ferry_config *cfg)
 {
-    return cfg->prefetch > 0 ? cfg->prefetch : 2 * cfg->workers * cfg->credits;
+    if (cfg->prefetch > 0)
+        return cfg->prefetch;
+    int64_t slots = ferry__config_slots(cfg);
+    int64_t auto_window = 2 * slots * cfg->credits;
+    return cfg->bind[0] && auto_window > 1024 ? 1024 : auto_window;
+}
+
+int64_t ferry__config_slots(const ferry_config *cfg)
+{
+    return cfg->workers + (cfg->bind[0] ? cfg->max_remote : 0);
+}
+
+int64_t ferry__config_min_workers(const ferry_config *cfg)
+{
+    if (cfg->min_workers >= 0)
+        return cfg->min_workers;
+    return cfg->workers > 0 ? cfg->workers : 1;
 }
 
 static const opt_def *find_option(const char *key)

@@ -14,6 +14,8 @@
 #include "ferry.h"
 #include "protocol.h"
 
+#define FERRY__ENDPOINT_MAX 256
+
 typedef enum ferry__on_failure {
     FERRY__ON_FAILURE_RESTART = 0,
     FERRY__ON_FAILURE_FAIL = 1,
@@ -48,11 +50,26 @@ struct ferry_config {
     int64_t on_worker_failure; /* ferry__on_failure */
     int64_t max_attempts;      /* workers a batch may take down before it is given up */
     char worker_path[PATH_MAX];
+    char bind[FERRY__ENDPOINT_MAX]; /* tcp:// endpoint for remote workers, "" = none */
+    char curve_key[PATH_MAX];       /* the loader's key pair file */
+    char curve_allow[PATH_MAX];     /* allow-list file or directory of worker .pub files */
+    int64_t insecure;               /* plain TCP allowed (warned about) */
+    int64_t min_workers;            /* -1: workers, or 1 when there are none */
+    int64_t max_remote;
+    int64_t heartbeat_ms;
+    int64_t heartbeat_liveness;
     unsigned char state[FERRY_STATE_MAX];
     size_t state_len;
 };
 
-/* The effective prefetch window of a config. */
+/* The effective prefetch window of a config: 2 x credits per worker slot
+ * (local workers plus max_remote when bound), at most 1024 when remote. */
 int64_t ferry__config_prefetch(const ferry_config *cfg);
+
+/* Worker slots: local workers, then max_remote remote ones when bound. */
+int64_t ferry__config_slots(const ferry_config *cfg);
+
+/* Ready workers (local and remote) open waits for. */
+int64_t ferry__config_min_workers(const ferry_config *cfg);
 
 #endif

@@ -50,7 +50,9 @@
 #include "error.h"
 #include "sampler.h"
 #include "process.h"
+#include "keys.h"
 #include "worker.h"
+#include "zap.h"
 #include "zsock.h"
 
 #define TICK_MS 100
@@ -69,6 +71,8 @@ typedef enum wstate {
 
 typedef struct wslot {
     int index;
+    int remote; /* a slot for workers that connect over tcp:// on their own */
+    void *sock; /* the ROUTER it talks through */
     wstate state;
     pid_t pid; /* 0 for a thread */
     int pidfd; /* -1 when none */
@@ -86,6 +90,10 @@ typedef struct wslot {
     int errfd;             /* read end of its stderr, -1 when none */
     char tail[512];        /* the end of what it wrote to stderr */
     size_t tail_len;
+    uint64_t heard_ms; /* remote: when it last said anything */
+    uint64_t sent_ms;  /* remote: when it was last sent anything */
+    uint32_t rpid;     /* remote: its pid on its host, for messages */
+    char host[64];     /* remote: its host name, for messages */
 } wslot;
 
 typedef enum tstate { T_FREE = 0, T_PENDING, T_DONE } tstate;
@@ -109,9 +117,17 @@ typedef enum phase { P_STARTING, P_RUNNING, P_FAILED } phase;
 struct ferry_loader {
     ferry_config cfg;
     uint32_t prefetch;
-    uint32_t nworkers;
+    uint32_t nworkers; /* slots: nlocal local ones, then the remote ones */
+    uint32_t nlocal;
+    uint32_t min_workers;
     void *zctx;
-    void *router;
+    void *router;        /* local workers (ipc:// or inproc://) */
+    void *remote_router; /* remote workers (tcp://), NULL without bind */
+    void *zap;           /* the ZAP handler's socket when CURVE is on */
+    ferry__allow allow;
+    char bound[FERRY__ENDPOINT_MAX];
+    zmq_pollitem_t *items; /* poll_once's scratch, 4 + 2 * nworkers */
+    struct wslot **owner;
     int wake_fd;
     char ipc_dir[PATH_MAX];
     char endpoint[PATH_MAX + 32];
@@ -127,6 +143,8 @@ struct ferry_loader {
     uint64_t send_counter;
     int closing; /* shutdown has begun: deaths are expected */
     uint64_t start_deadline_ms;
+    uint64_t idle_since_ms; /* running with no ready worker since then; 0 = has some */
+    uint64_t rejected_logged;
     ferry__msg in, out; /* message scratch, too big for the stack */
 
     /* --- shared, under mu --- */
@@ -199,7 +217,10 @@ static void fail(ferry_loader *ld, int code, const char *msg)
 
 static void describe_worker(const ferry_loader *ld, const wslot *w, char *buf, size_t cap)
 {
-    if (w->pid)
+    (void)ld;
+    if (w->remote)
+        snprintf(buf, cap, "remote worker %d (%s, pid %u)", w->index, w->host, w->rpid);
+    else if (w->pid)
         snprintf(buf, cap, "worker %d (pid %d)", w->index, (int)w->pid);
     else
         snprintf(buf, cap, "worker %d (thread)", w->index);
@@ -289,6 +310,8 @@ static void *thread_worker_main(void *arg)
  * Dispatch
  */
 
+static void lose_remote(ferry_loader *ld, wslot *w, const char *why, int charge);
+
 static wslot *pick_worker(ferry_loader *ld)
 {
     wslot *best = NULL;
@@ -338,13 +361,13 @@ static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
                                    .batch_in_epoch = e->t.batch_in_epoch,
                                    .seq = e->t.seq,
                                    .count = e->t.count};
-    int rc = ferry__zsock_send(ld->router, &w->ident, &ld->out, &p, ZMQ_DONTWAIT);
+    int rc = ferry__zsock_send(w->sock, &w->ident, &ld->out, &p, ZMQ_DONTWAIT);
     if (rc != FERRY_OK) {
         zmq_msg_close(&p);
         return rc;
     }
     e->worker = w->index;
-    e->sent_ms = now_ms();
+    e->sent_ms = w->sent_ms = now_ms();
     e->sent_order = ld->send_counter++;
     if (w->outstanding++ == 0)
         w->busy_since_ms = e->sent_ms;
@@ -354,12 +377,19 @@ static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
 /* A task could not be sent to w. For a local process that means it has just
  * gone away and its pidfd has not said so yet: the task stays queued, w
  * takes no more work, and the death (with its exit status, under either
- * policy) is handled when the pidfd fires. Returns 1 to go on dispatching.
- * Anything else fails the loader. */
+ * policy) is handled when the pidfd fires. A remote worker whose connection
+ * is gone is given up at once. Returns 1 to go on dispatching. Anything else
+ * fails the loader. */
 static int send_failed(ferry_loader *ld, wslot *w)
 {
     if (w->pid) {
         w->unreachable = 1;
+        return 1;
+    }
+    if (w->remote) {
+        char why[128];
+        snprintf(why, sizeof why, "its connection is gone (%s)", ferry_last_error());
+        lose_remote(ld, w, why, 0);
         return 1;
     }
     char who[64], msg[FERRY__ERRMSG_MAX];
@@ -432,12 +462,12 @@ static void dispatch(ferry_loader *ld)
  * Messages from workers
  */
 
-static wslot *find_by_ident(ferry_loader *ld, const ferry__ident *id)
+static wslot *find_by_ident(ferry_loader *ld, void *sock, const ferry__ident *id)
 {
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         wslot *w = &ld->w[i];
-        if (w->ident.len == id->len && w->state != W_GONE && w->state != W_EMPTY &&
-            memcmp(w->ident.id, id->id, id->len) == 0)
+        if (w->sock == sock && w->ident.len == id->len && w->state != W_GONE &&
+            w->state != W_EMPTY && memcmp(w->ident.id, id->id, id->len) == 0)
             return w;
     }
     return NULL;
@@ -460,10 +490,93 @@ static void count_stale(ferry_loader *ld)
     pthread_mutex_unlock(&ld->mu);
 }
 
-static void on_hello(ferry_loader *ld, const ferry__ident *id)
+/* A remote worker refused: counted, said so (the first few times, then
+ * every hundredth: a misconfigured host retries forever), and sent STOP so
+ * it backs off instead of waiting for a CONFIG that will not come. */
+static void reject_remote(ferry_loader *ld, void *sock, const ferry__ident *id, const char *why)
+{
+    pthread_mutex_lock(&ld->mu);
+    uint64_t n = ++ld->st.rejected;
+    pthread_mutex_unlock(&ld->mu);
+    if (n <= 10 || n % 100 == 0)
+        fprintf(stderr, "ferry: refused a remote worker (%llu refused so far): %s\n",
+                (unsigned long long)n, why);
+    if (sock && id) {
+        ld->out.type = FERRY__MSG_STOP;
+        ferry__zsock_send(sock, id, &ld->out, NULL, ZMQ_DONTWAIT);
+    }
+}
+
+/* Sends CONFIG (or, while closing, STOP) to a worker that said HELLO. */
+static void configure(ferry_loader *ld, wslot *w)
+{
+    if (ld->closing) {
+        /* It started just before close: no dataset to open, just go. */
+        ld->out.type = FERRY__MSG_STOP;
+        ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT);
+        w->state = W_CONFIGURED;
+        return;
+    }
+    ferry__config_msg *c = &ld->out.u.config;
+    memset(c, 0, sizeof *c);
+    ld->out.type = FERRY__MSG_CONFIG;
+    snprintf(c->dataset, sizeof c->dataset, "%s", ld->cfg.dataset);
+    c->worker_index = (uint32_t)w->index;
+    c->num_workers = ld->nworkers;
+    c->seed = (uint64_t)ld->cfg.seed;
+    c->credits = (uint32_t)ld->cfg.credits;
+    /* Local workers are watched through their pidfds (or are threads). */
+    c->heartbeat_ms = w->remote ? (uint32_t)ld->cfg.heartbeat_ms : 0;
+    c->liveness = (uint32_t)ld->cfg.heartbeat_liveness;
+    if (ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK) {
+        w->state = W_CONFIGURED;
+        w->sent_ms = now_ms();
+    }
+}
+
+static void on_hello_remote(ferry_loader *ld, const ferry__ident *id)
 {
     const ferry__hello *h = &ld->in.u.hello;
-    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 || (uint32_t)h->slot >= ld->nworkers) {
+    char why[FERRY__ERRMSG_MAX];
+    if (h->version != FERRY_PROTOCOL_VERSION || h->slot != -1) {
+        snprintf(why, sizeof why, "HELLO from %s (pid %u) with protocol version %u, slot %d",
+                 h->host, h->pid, h->version, h->slot);
+        reject_remote(ld, ld->remote_router, id, why);
+        return;
+    }
+    wslot *w = find_by_ident(ld, ld->remote_router, id);
+    if (w) {
+        /* A second HELLO on one connection: a new session; the old one ends. */
+        lose_remote(ld, w, "it started a new session", 0);
+    }
+    for (uint32_t i = ld->nlocal; i < ld->nworkers && !w; i++) {
+        if (ld->w[i].state == W_EMPTY || ld->w[i].state == W_GONE)
+            w = &ld->w[i];
+    }
+    if (!w) {
+        snprintf(why, sizeof why, "%s (pid %u): all %lld remote slots are taken (max_remote)",
+                 h->host, h->pid, (long long)ld->cfg.max_remote);
+        reject_remote(ld, ld->remote_router, id, why);
+        return;
+    }
+    w->ident = *id;
+    w->outstanding = 0;
+    w->unreachable = 0;
+    w->delivered_any = 0;
+    w->rpid = h->pid;
+    snprintf(w->host, sizeof w->host, "%s", h->host);
+    w->heard_ms = now_ms();
+    configure(ld, w);
+}
+
+static void on_hello(ferry_loader *ld, void *sock, const ferry__ident *id)
+{
+    if (sock == ld->remote_router) {
+        on_hello_remote(ld, id);
+        return;
+    }
+    const ferry__hello *h = &ld->in.u.hello;
+    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 || (uint32_t)h->slot >= ld->nlocal) {
         fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n", h->version,
                 h->slot, h->host);
         count_malformed(ld);
@@ -476,23 +589,7 @@ static void on_hello(ferry_loader *ld, const ferry__ident *id)
         return;
     }
     w->ident = *id;
-    if (ld->closing) {
-        /* It started just before close: no dataset to open, just go. */
-        ld->out.type = FERRY__MSG_STOP;
-        ferry__zsock_send(ld->router, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT);
-        w->state = W_CONFIGURED;
-        return;
-    }
-    ferry__config_msg *c = &ld->out.u.config;
-    memset(c, 0, sizeof *c);
-    ld->out.type = FERRY__MSG_CONFIG;
-    snprintf(c->dataset, sizeof c->dataset, "%s", ld->cfg.dataset);
-    c->worker_index = (uint32_t)w->index;
-    c->num_workers = ld->nworkers;
-    c->seed = (uint64_t)ld->cfg.seed;
-    c->credits = (uint32_t)ld->cfg.credits;
-    if (ferry__zsock_send(ld->router, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK)
-        w->state = W_CONFIGURED;
+    configure(ld, w);
 }
 
 /* Once every worker is ready: the dataset length is known, so the sampler
@@ -521,10 +618,23 @@ static void all_ready_locked(ferry_loader *ld)
     pthread_cond_broadcast(&ld->cv);
 }
 
+/* Open returns once every local worker and at least min_workers in all
+ * are ready. Caller holds mu. */
+static void maybe_start_locked(ferry_loader *ld)
+{
+    if (ld->ph != P_STARTING || ld->st.workers < ld->min_workers)
+        return;
+    for (uint32_t i = 0; i < ld->nlocal; i++) {
+        if (ld->w[i].state != W_READY)
+            return;
+    }
+    all_ready_locked(ld);
+}
+
 static void on_ready(ferry_loader *ld, wslot *w)
 {
     const ferry__ready *r = &ld->in.u.ready;
-    char who[64], msg[FERRY__ERRMSG_MAX];
+    char who[96], msg[FERRY__ERRMSG_MAX];
     describe_worker(ld, w, who, sizeof who);
     if (w->state != W_CONFIGURED) {
         count_malformed(ld);
@@ -534,19 +644,32 @@ static void on_ready(ferry_loader *ld, wslot *w)
     if (r->code != 0) {
         snprintf(msg, sizeof msg, "%s could not open dataset '%s': %s", who, ld->cfg.dataset,
                  r->error);
-        fail_locked(ld, r->code, msg);
     } else if (ld->n && r->length != ld->n) {
         snprintf(msg, sizeof msg, "%s sees %llu items in dataset '%s', others see %llu", who,
                  (unsigned long long)r->length, ld->cfg.dataset, (unsigned long long)ld->n);
-        fail_locked(ld, FERRY_EMISMATCH, msg);
     } else {
+        msg[0] = '\0';
         ld->n = r->length;
         w->state = W_READY;
         ld->st.workers++;
-        if (ld->ph == P_STARTING && ld->st.workers == ld->nworkers)
-            all_ready_locked(ld);
+        ld->idle_since_ms = 0;
+        if (w->remote) {
+            ld->st.joined++;
+            if (ld->ph == P_RUNNING)
+                fprintf(stderr, "ferry: %s joined\n", who);
+        }
+        maybe_start_locked(ld);
     }
     pthread_mutex_unlock(&ld->mu);
+    if (!msg[0])
+        return;
+    if (!w->remote) {
+        fail(ld, r->code != 0 ? r->code : FERRY_EMISMATCH, msg);
+        return;
+    }
+    /* A remote host with the wrong data must not take the run down. */
+    reject_remote(ld, w->sock, &w->ident, msg);
+    w->state = W_EMPTY;
 }
 
 /* The PENDING entry for task `id` if worker w owns it: a reply for anything
@@ -626,17 +749,18 @@ static void on_fail(ferry_loader *ld, wslot *w)
     pthread_mutex_unlock(&ld->mu);
 }
 
-static void on_message(ferry_loader *ld, const ferry__ident *id, zmq_msg_t *payload)
+static void on_message(ferry_loader *ld, void *sock, const ferry__ident *id, zmq_msg_t *payload)
 {
     if (ld->in.type == FERRY__MSG_HELLO) {
-        on_hello(ld, id);
+        on_hello(ld, sock, id);
         return;
     }
-    wslot *w = find_by_ident(ld, id);
+    wslot *w = find_by_ident(ld, sock, id);
     if (!w) {
         count_stale(ld);
         return;
     }
+    w->heard_ms = now_ms();
     switch (ld->in.type) {
     case FERRY__MSG_READY:
         on_ready(ld, w);
@@ -654,7 +778,10 @@ static void on_message(ferry_loader *ld, const ferry__ident *id, zmq_msg_t *payl
             count_malformed(ld);
         break;
     case FERRY__MSG_BYE:
-        w->state = W_GONE;
+        if (w->remote && !ld->closing)
+            lose_remote(ld, w, "it said BYE", 0);
+        else
+            w->state = W_GONE;
         break;
     case FERRY__MSG_HEARTBEAT:
         break;
@@ -666,19 +793,19 @@ static void on_message(ferry_loader *ld, const ferry__ident *id, zmq_msg_t *payl
 
 /* Reads what is waiting on the socket, at most `budget` messages so the
  * loop also gets round to dispatching and to the pidfds. */
-static void drain_socket(ferry_loader *ld, int budget)
+static void drain_socket(ferry_loader *ld, void *sock, int budget)
 {
     while (budget-- > 0) {
         ferry__ident id;
         zmq_msg_t payload;
-        int rc = ferry__zsock_recv(ld->router, &id, &ld->in, &payload, ZMQ_DONTWAIT);
+        int rc = ferry__zsock_recv(sock, &id, &ld->in, &payload, ZMQ_DONTWAIT);
         if (rc == FERRY_EPROTO) {
             count_malformed(ld);
             continue;
         }
         if (rc != FERRY_OK)
             return; /* EAGAIN: nothing more */
-        on_message(ld, &id, &payload);
+        on_message(ld, sock, &id, &payload);
         zmq_msg_close(&payload);
     }
 }
@@ -791,8 +918,9 @@ static void describe_indices(const task_ent *e, char *buf, size_t cap)
  * it was working on (its oldest) is charged an attempt, and once a batch has
  * taken down max_attempts workers it is given up as poison and reported, so
  * the run goes on without it. The others were only queued behind it and go
- * out again free of charge. Caller holds mu. */
-static void requeue_locked(ferry_loader *ld, wslot *w, const char *death)
+ * out again free of charge; so do all of them when `charge` is 0 (a remote
+ * worker that said BYE or could not be reached). Caller holds mu. */
+static void requeue_locked(ferry_loader *ld, wslot *w, const char *death, int charge)
 {
     task_ent *oldest = NULL;
     for (uint32_t i = 0; i < ld->prefetch; i++) {
@@ -804,7 +932,7 @@ static void requeue_locked(ferry_loader *ld, wslot *w, const char *death)
             oldest = e;
     }
     w->outstanding = 0;
-    if (!oldest || ++oldest->attempts < (uint32_t)ld->cfg.max_attempts)
+    if (!charge || !oldest || ++oldest->attempts < (uint32_t)ld->cfg.max_attempts)
         return;
     char idx[256];
     describe_indices(oldest, idx, sizeof idx);
@@ -846,7 +974,7 @@ static void on_worker_exit(ferry_loader *ld, wslot *w)
         pthread_mutex_unlock(&ld->mu);
         return;
     }
-    requeue_locked(ld, w, msg);
+    requeue_locked(ld, w, msg, 1);
     if (!w->delivered_any && ++w->failed_starts > (uint32_t)ld->cfg.max_attempts + 2) {
         char m2[FERRY__ERRMSG_MAX];
         snprintf(m2, sizeof m2,
@@ -865,6 +993,63 @@ static void on_worker_exit(ferry_loader *ld, wslot *w)
     int rc = start_worker(ld, w);
     if (rc != FERRY_OK)
         fail(ld, rc, NULL);
+}
+
+/* A remote worker is given up: gone silent past heartbeat_ms x liveness (a
+ * cut link, a frozen host, a stopped process), unreachable, or it said BYE.
+ * Its tasks go to the others, exactly like a dead local worker's (charged an
+ * attempt only when it went silent: that may be a crash on the batch); its
+ * slot is free for the next remote worker, and anything it sends later is
+ * dropped as stale (its routing id is no longer known). */
+static void lose_remote(ferry_loader *ld, wslot *w, const char *why, int charge)
+{
+    char who[96], msg[FERRY__ERRMSG_MAX];
+    describe_worker(ld, w, who, sizeof who);
+    snprintf(msg, sizeof msg, "%s left: %s", who, why);
+    wstate was = w->state;
+    w->state = W_EMPTY;
+    w->ident.len = 0;
+    pthread_mutex_lock(&ld->mu);
+    if (was == W_READY && ld->st.workers)
+        ld->st.workers--;
+    if (was == W_READY)
+        ld->st.lost++;
+    requeue_locked(ld, w, msg, charge);
+    if (charge && was == W_READY && ld->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL)
+        fail_locked(ld, FERRY_EWORKER, msg);
+    pthread_mutex_unlock(&ld->mu);
+    if (was == W_READY && !ld->closing)
+        fprintf(stderr, "ferry: %s\n", msg);
+}
+
+/* Remote liveness, both ways: a HEARTBEAT to each remote worker that has
+ * been sent nothing for heartbeat_ms, and the loss of any that has said
+ * nothing for heartbeat_ms x liveness. */
+static void check_remote(ferry_loader *ld, uint64_t now)
+{
+    uint64_t hb = (uint64_t)ld->cfg.heartbeat_ms;
+    uint64_t dead_after = hb * (uint64_t)ld->cfg.heartbeat_liveness;
+    for (uint32_t i = ld->nlocal; i < ld->nworkers; i++) {
+        wslot *w = &ld->w[i];
+        if (w->state != W_CONFIGURED && w->state != W_READY)
+            continue;
+        if (now - w->heard_ms >= dead_after) {
+            char why[128];
+            snprintf(why, sizeof why,
+                     "nothing heard from it for %llu ms (heartbeat_ms %lld x %lld)",
+                     (unsigned long long)(now - w->heard_ms), (long long)hb,
+                     (long long)ld->cfg.heartbeat_liveness);
+            lose_remote(ld, w, why, 1);
+            continue;
+        }
+        if (now - w->sent_ms >= hb) {
+            ld->out.type = FERRY__MSG_HEARTBEAT;
+            if (ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK)
+                w->sent_ms = now;
+            else
+                lose_remote(ld, w, "its connection is gone", 0);
+        }
+    }
 }
 
 /* A worker past timeout_ms on its current task: under restart (process
@@ -904,10 +1089,33 @@ static void check_deadlines(ferry_loader *ld)
     uint64_t now = now_ms();
     pthread_mutex_lock(&ld->mu);
     if (ld->ph == P_STARTING && now >= ld->start_deadline_ms) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms", ld->st.workers,
-                 ld->nworkers, (long long)ld->cfg.start_timeout_ms);
+        char msg[512];
+        uint32_t local_ready = 0;
+        for (uint32_t i = 0; i < ld->nlocal; i++)
+            local_ready += ld->w[i].state == W_READY;
+        if (ld->remote_router)
+            snprintf(msg, sizeof msg,
+                     "only %u workers were ready after %lld ms (%u of %u local, %u remote on %s); "
+                     "open waits for every local worker and min_workers %u in all",
+                     ld->st.workers, (long long)ld->cfg.start_timeout_ms, local_ready, ld->nlocal,
+                     ld->st.workers - local_ready, ld->bound, ld->min_workers);
+        else
+            snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms",
+                     ld->st.workers, ld->nworkers, (long long)ld->cfg.start_timeout_ms);
         fail_locked(ld, FERRY_ETIMEDOUT, msg);
+    }
+    /* With no worker at all (every remote host gone, and no local ones,
+     * which are replaced under their own limits), next() would wait forever:
+     * after start_timeout_ms of that the loader fails. */
+    if (ld->ph == P_RUNNING && ld->nlocal == 0 && ld->st.workers == 0) {
+        if (!ld->idle_since_ms)
+            ld->idle_since_ms = now;
+        else if (now - ld->idle_since_ms >= (uint64_t)ld->cfg.start_timeout_ms) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "no worker has been ready for %llu ms (start_timeout_ms)",
+                     (unsigned long long)(now - ld->idle_since_ms));
+            fail_locked(ld, FERRY_ETIMEDOUT, msg);
+        }
     }
     if (ld->ph == P_RUNNING) {
         /* A replacement that does not get ready (stopped, stuck opening the
@@ -927,32 +1135,72 @@ static void check_deadlines(ferry_loader *ld)
     if (ld->ph == P_RUNNING && ld->cfg.timeout_ms > 0) {
         for (uint32_t i = 0; i < ld->nworkers; i++) {
             wslot *w = &ld->w[i];
-            if (w->state == W_READY && w->outstanding && !w->killing &&
+            if (w->state == W_READY && w->outstanding && !w->killing && !w->remote &&
                 now - w->busy_since_ms >= (uint64_t)ld->cfg.timeout_ms)
                 on_timeout_locked(ld, w, now);
         }
     }
+    int running = ld->ph == P_RUNNING || ld->ph == P_STARTING;
     pthread_mutex_unlock(&ld->mu);
+    if (!ld->remote_router || !running)
+        return;
+    check_remote(ld, now);
+    /* A remote worker past timeout_ms cannot be killed from here: it is
+     * given up (its tasks requeued, a late answer dropped as stale). */
+    for (uint32_t i = ld->nlocal; ld->cfg.timeout_ms > 0 && i < ld->nworkers; i++) {
+        wslot *w = &ld->w[i];
+        if (w->state == W_READY && w->outstanding &&
+            now - w->busy_since_ms >= (uint64_t)ld->cfg.timeout_ms) {
+            char why[160];
+            snprintf(why, sizeof why, "it spent %llu ms on one batch, past timeout_ms %lld",
+                     (unsigned long long)(now - w->busy_since_ms), (long long)ld->cfg.timeout_ms);
+            pthread_mutex_lock(&ld->mu);
+            ld->st.timeouts++;
+            pthread_mutex_unlock(&ld->mu);
+            lose_remote(ld, w, why, 1);
+        }
+    }
 }
 
-/* One round of waiting: the socket, the wake fd, and every live worker's
- * pidfd and stderr. */
+static void serve_zap(ferry_loader *ld)
+{
+    char why[256];
+    for (int k = 0; k < 16; k++) {
+        int r = ferry__zap_serve(ld->zap, &ld->allow, why, sizeof why);
+        if (r < 0)
+            return;
+        if (r == 0)
+            reject_remote(ld, NULL, NULL, why);
+    }
+}
+
+/* One round of waiting: the sockets, the wake fd, the ZAP handler, and
+ * every live worker's pidfd and stderr. */
 static void poll_once(ferry_loader *ld, int timeout_ms)
 {
-    zmq_pollitem_t items[2 + 2 * 256];
-    wslot *owner[2 + 2 * 256];
+    zmq_pollitem_t *items = ld->items;
+    wslot **owner = ld->owner;
     int n = 0;
     items[n++] = (zmq_pollitem_t){.socket = ld->router, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ld->wake_fd, .events = ZMQ_POLLIN};
+    int i_remote = -1, i_zap = -1;
+    if (ld->remote_router) {
+        i_remote = n;
+        items[n++] = (zmq_pollitem_t){.socket = ld->remote_router, .events = ZMQ_POLLIN};
+    }
+    if (ld->zap) {
+        i_zap = n;
+        items[n++] = (zmq_pollitem_t){.socket = ld->zap, .events = ZMQ_POLLIN};
+    }
     int first_errfd = n;
-    for (uint32_t i = 0; i < ld->nworkers; i++) {
+    for (uint32_t i = 0; i < ld->nlocal; i++) {
         if (ld->w[i].errfd >= 0) {
             owner[n] = &ld->w[i];
             items[n++] = (zmq_pollitem_t){.fd = ld->w[i].errfd, .events = ZMQ_POLLIN};
         }
     }
     int first_pidfd = n;
-    for (uint32_t i = 0; i < ld->nworkers; i++) {
+    for (uint32_t i = 0; i < ld->nlocal; i++) {
         if (ld->w[i].pidfd >= 0) {
             owner[n] = &ld->w[i];
             items[n++] = (zmq_pollitem_t){.fd = ld->w[i].pidfd, .events = ZMQ_POLLIN};
@@ -965,8 +1213,12 @@ static void poll_once(ferry_loader *ld, int timeout_ms)
         while (read(ld->wake_fd, &v, sizeof v) < 0 && errno == EINTR)
             ;
     }
+    if (i_zap >= 0 && (items[i_zap].revents & ZMQ_POLLIN))
+        serve_zap(ld);
     if (items[0].revents & ZMQ_POLLIN)
-        drain_socket(ld, 64);
+        drain_socket(ld, ld->router, 64);
+    if (i_remote >= 0 && (items[i_remote].revents & ZMQ_POLLIN))
+        drain_socket(ld, ld->remote_router, 64);
     for (int i = first_errfd; i < first_pidfd; i++) {
         if (items[i].revents)
             pump_stderr(owner[i]);
@@ -988,7 +1240,10 @@ static int workers_left(ferry_loader *ld)
     int left = 0;
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         wslot *w = &ld->w[i];
-        if (w->pid || (w->thread_live && w->state != W_GONE))
+        /* A remote worker counts until its BYE: its STOP is then known to
+         * have got out before the socket closes. */
+        if (w->pid || (w->thread_live && w->state != W_GONE) ||
+            (w->remote && (w->state == W_CONFIGURED || w->state == W_READY)))
             left++;
     }
     return left;
@@ -1028,8 +1283,8 @@ static void shutdown_workers(ferry_loader *ld)
     ld->out.type = FERRY__MSG_STOP;
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         wslot *w = &ld->w[i];
-        if (w->ident.len && w->state != W_GONE)
-            ferry__zsock_send(ld->router, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT);
+        if (w->ident.len && w->state != W_GONE && w->state != W_EMPTY)
+            ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT);
     }
     /* While waiting, poll_once still files replies: they are dropped with the
      * loader, but reading them lets the workers finish their sends. */
@@ -1037,6 +1292,12 @@ static void shutdown_workers(ferry_loader *ld)
     fail_locked(ld, FERRY_ECLOSED, "the loader is closing");
     pthread_mutex_unlock(&ld->mu);
     wait_workers(ld, now_ms() + grace);
+    /* A remote worker that has not said BYE by now cannot be made to: it
+     * finds the loader gone by its heartbeats and reconnects. */
+    for (uint32_t i = ld->nlocal; i < ld->nworkers; i++) {
+        if (ld->w[i].state == W_CONFIGURED || ld->w[i].state == W_READY)
+            ld->w[i].state = W_GONE;
+    }
     atomic_store(&ld->cancel_threads, 1);
     if (workers_left(ld)) {
         signal_workers(ld, SIGTERM);
@@ -1087,7 +1348,7 @@ static void shutdown_workers(ferry_loader *ld)
 static void *scheduler_main(void *arg)
 {
     ferry_loader *ld = arg;
-    for (uint32_t i = 0; i < ld->nworkers; i++) {
+    for (uint32_t i = 0; i < ld->nlocal; i++) {
         int rc = start_worker(ld, &ld->w[i]);
         if (rc != FERRY_OK) {
             fail(ld, rc, NULL);
@@ -1121,6 +1382,18 @@ static int check_config(const ferry_config *cfg)
     if (cfg->rank >= cfg->world_size)
         return ferry__seterr(FERRY_EINVAL, "rank %lld must be below world_size %lld",
                              (long long)cfg->rank, (long long)cfg->world_size);
+    if (cfg->workers == 0 && !cfg->bind[0])
+        return ferry__seterr(FERRY_EINVAL, "workers is 0 and no bind endpoint is set: the loader "
+                                           "would have no workers");
+    if (ferry__config_min_workers(cfg) > ferry__config_slots(cfg))
+        return ferry__seterr(FERRY_EINVAL,
+                             "min_workers %lld is more than the %lld workers the loader can have "
+                             "(workers + max_remote)",
+                             (long long)ferry__config_min_workers(cfg),
+                             (long long)ferry__config_slots(cfg));
+    if (cfg->workers == 0 && ferry__config_min_workers(cfg) == 0)
+        return ferry__seterr(FERRY_EINVAL, "min_workers must be at least 1 without local workers "
+                                           "(the dataset's length comes from a worker)");
     if (ferry__config_prefetch(cfg) > 1024)
         return ferry__seterr(FERRY_EINVAL, "prefetch %lld is more than 1024",
                              (long long)ferry__config_prefetch(cfg));
@@ -1140,6 +1413,11 @@ static void destroy(ferry_loader *ld)
     }
     if (ld->router)
         zmq_close(ld->router);
+    if (ld->remote_router)
+        zmq_close(ld->remote_router);
+    if (ld->zap)
+        zmq_close(ld->zap);
+    ferry__allow_free(&ld->allow);
     if (ld->zctx && !ld->ctx_leaked)
         zmq_ctx_term(ld->zctx);
     if (ld->wake_fd >= 0)
@@ -1154,6 +1432,8 @@ static void destroy(ferry_loader *ld)
     pthread_cond_destroy(&ld->cv);
     free(ld->tasks);
     free(ld->w);
+    free(ld->items);
+    free(ld->owner);
     free(ld);
 }
 
@@ -1195,6 +1475,98 @@ static int make_endpoint(ferry_loader *ld)
     return FERRY_OK;
 }
 
+static int sockopt(void *sock, int opt, const void *v, size_t len, const char *name)
+{
+    if (zmq_setsockopt(sock, opt, v, len) != 0)
+        return ferry__seterr(FERRY_ESYS, "setting %s on the remote socket: %s", name,
+                             zmq_strerror(errno));
+    return FERRY_OK;
+}
+
+#ifndef ZMQ_ZAP_ENFORCE_DOMAIN
+#define ZMQ_ZAP_ENFORCE_DOMAIN 93 /* a draft option in libzmq 4.3's header */
+#endif
+
+/* The CURVE server side: the loader's key pair, the allow-list, and the ZAP
+ * handler that applies it, bound before the endpoint so no handshake can
+ * come first. */
+static int setup_curve(ferry_loader *ld)
+{
+    if (!ld->cfg.curve_key[0] || !ld->cfg.curve_allow[0])
+        return ferry__seterr(FERRY_EOPTION,
+                             "bind %s needs curve_key (the loader's key pair, from ferry-keygen) "
+                             "and curve_allow (the workers' public keys), or insecure=1 for "
+                             "plain TCP",
+                             ld->cfg.bind);
+    char pub[FERRY__Z85_KEY + 1], sec[FERRY__Z85_KEY + 1];
+    int rc = ferry__key_pair_load(ld->cfg.curve_key, pub, sec);
+    if (rc != FERRY_OK)
+        return rc;
+    rc = ferry__allow_load(ld->cfg.curve_allow, &ld->allow);
+    if (rc == FERRY_OK)
+        rc = ferry__zap_open(ld->zctx, &ld->zap);
+    int one = 1;
+    if (rc == FERRY_OK)
+        rc = sockopt(ld->remote_router, ZMQ_CURVE_SERVER, &one, sizeof one, "ZMQ_CURVE_SERVER");
+    if (rc == FERRY_OK)
+        rc = sockopt(ld->remote_router, ZMQ_CURVE_SECRETKEY, sec, FERRY__Z85_KEY,
+                     "ZMQ_CURVE_SECRETKEY");
+    explicit_bzero(sec, sizeof sec);
+    if (rc == FERRY_OK)
+        rc = sockopt(ld->remote_router, ZMQ_ZAP_DOMAIN, FERRY__ZAP_DOMAIN,
+                     strlen(FERRY__ZAP_DOMAIN), "ZMQ_ZAP_DOMAIN");
+    if (rc == FERRY_OK)
+        rc = sockopt(ld->remote_router, ZMQ_ZAP_ENFORCE_DOMAIN, &one, sizeof one,
+                     "ZMQ_ZAP_ENFORCE_DOMAIN");
+    return rc;
+}
+
+/* The ROUTER remote workers connect to: CURVE (or, asked for, plain TCP),
+ * ZeroMQ's own heartbeats so a dead TCP connection is closed, the same
+ * message size limit as the local socket. */
+static int setup_remote(ferry_loader *ld)
+{
+    if (strncmp(ld->cfg.bind, "tcp://", 6) != 0)
+        return ferry__seterr(FERRY_EOPTION, "bind '%s' is not a tcp:// endpoint", ld->cfg.bind);
+    ld->remote_router = zmq_socket(ld->zctx, ZMQ_ROUTER);
+    if (!ld->remote_router)
+        return ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
+    int rc = ferry__zsock_setup(ld->remote_router, ld->cfg.max_message);
+    if (rc != FERRY_OK)
+        return rc;
+    int one = 1;
+    int ivl = (int)ld->cfg.heartbeat_ms;
+    int64_t dead = ld->cfg.heartbeat_ms * ld->cfg.heartbeat_liveness;
+    int timeout = dead > INT32_MAX ? INT32_MAX : (int)dead;
+    rc = sockopt(ld->remote_router, ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY");
+    if (rc == FERRY_OK)
+        rc = sockopt(ld->remote_router, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl, "ZMQ_HEARTBEAT_IVL");
+    if (rc == FERRY_OK)
+        rc = sockopt(ld->remote_router, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout,
+                     "ZMQ_HEARTBEAT_TIMEOUT");
+    if (rc == FERRY_OK)
+        rc = ld->cfg.insecure ? FERRY_OK : setup_curve(ld);
+    if (rc != FERRY_OK)
+        return rc;
+    if (zmq_bind(ld->remote_router, ld->cfg.bind) != 0) {
+        int e = errno;
+        if (e == EMFILE || e == ENFILE)
+            return ferry__syserr(FERRY_ESYS, "binding the remote socket", e);
+        return ferry__seterr(FERRY_EOPTION, "binding %s: %s", ld->cfg.bind, zmq_strerror(e));
+    }
+    size_t len = sizeof ld->bound;
+    if (zmq_getsockopt(ld->remote_router, ZMQ_LAST_ENDPOINT, ld->bound, &len) != 0)
+        snprintf(ld->bound, sizeof ld->bound, "%s", ld->cfg.bind);
+    if (ld->cfg.insecure)
+        fprintf(stderr,
+                "ferry: WARNING: remote workers on %s are neither authenticated nor encrypted "
+                "(insecure=1): anyone who can reach it can join and read every batch\n",
+                ld->bound);
+    for (uint32_t i = ld->nlocal; i < ld->nworkers; i++)
+        ld->w[i].sock = ld->remote_router;
+    return FERRY_OK;
+}
+
 static int setup_sockets(ferry_loader *ld)
 {
     /* libzmq aborts rather than fail when its threads' pollers cannot get an
@@ -1221,10 +1593,12 @@ static int setup_sockets(ferry_loader *ld)
             return ferry__syserr(FERRY_ESYS, "binding the loader's socket", e);
         return ferry__seterr(FERRY_ESYS, "binding %s: %s", ld->endpoint, zmq_strerror(e));
     }
+    for (uint32_t i = 0; i < ld->nlocal; i++)
+        ld->w[i].sock = ld->router;
     ld->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (ld->wake_fd < 0)
         return ferry__syserr(FERRY_ESYS, "eventfd", errno);
-    return FERRY_OK;
+    return ld->cfg.bind[0] ? setup_remote(ld) : FERRY_OK;
 }
 
 static ferry_loader *alloc_loader(const ferry_config *cfg)
@@ -1235,7 +1609,9 @@ static ferry_loader *alloc_loader(const ferry_config *cfg)
     ld->wake_fd = -1;
     ld->cfg = *cfg;
     ld->prefetch = (uint32_t)ferry__config_prefetch(cfg);
-    ld->nworkers = (uint32_t)cfg->workers;
+    ld->nworkers = (uint32_t)ferry__config_slots(cfg);
+    ld->nlocal = (uint32_t)cfg->workers;
+    ld->min_workers = (uint32_t)ferry__config_min_workers(cfg);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1244,7 +1620,9 @@ static ferry_loader *alloc_loader(const ferry_config *cfg)
     pthread_mutex_init(&ld->mu, NULL);
     ld->tasks = ferry__calloc(ld->prefetch, sizeof *ld->tasks);
     ld->w = ferry__calloc(ld->nworkers, sizeof *ld->w);
-    if (!ld->tasks || !ld->w)
+    ld->items = ferry__calloc(4 + 2 * (size_t)ld->nworkers, sizeof *ld->items);
+    ld->owner = ferry__calloc(4 + 2 * (size_t)ld->nworkers, sizeof *ld->owner);
+    if (!ld->tasks || !ld->w || !ld->items || !ld->owner)
         goto fail;
     for (uint32_t i = 0; i < ld->prefetch; i++) {
         ld->tasks[i].indices = ferry__malloc((size_t)cfg->batch_size * sizeof(uint64_t));
@@ -1253,6 +1631,7 @@ static ferry_loader *alloc_loader(const ferry_config *cfg)
     }
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         ld->w[i].index = (int)i;
+        ld->w[i].remote = i >= ld->nlocal;
         ld->w[i].pidfd = -1;
         ld->w[i].errfd = -1;
     }
@@ -1438,6 +1817,19 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
     *st = ld->st;
     st->in_flight = ld->in_flight;
     pthread_mutex_unlock(&ld->mu);
+    return FERRY_OK;
+}
+
+int ferry_loader_endpoint(ferry_loader *ld, char *buf, size_t cap)
+{
+    if (!ld || !buf)
+        return ferry__seterr(FERRY_EINVAL, "loader and buf must not be NULL");
+    if (!ld->bound[0])
+        return ferry__seterr(FERRY_ESTATE, "the loader was opened without 'bind'");
+    size_t len = strlen(ld->bound);
+    if (len >= cap)
+        return ferry__seterr(FERRY_ELIMIT, "the endpoint needs %zu bytes", len + 1);
+    memcpy(buf, ld->bound, len + 1);
     return FERRY_OK;
 }
 

@@ -15,10 +15,13 @@
 #include "worker.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -33,6 +36,18 @@
 typedef struct wstate {
     const ferry__worker_opts *o;
     void *sock;
+    /* The socket is shared with the heartbeat thread: whoever uses it holds
+     * sock_mu (the mutex is also the memory barrier ZeroMQ asks for when a
+     * socket changes threads). */
+    pthread_mutex_t sock_mu;
+    pthread_cond_t hb_cv;
+    pthread_t hb_thread;
+    int hb_live;
+    int hb_stop;
+    uint64_t hb_ms, dead_ms;
+    uint64_t sent_ms;              /* last send, under sock_mu */
+    uint64_t heard_ms;             /* last message from the loader */
+    char refusal[FERRY__TEXT_MAX]; /* why the dataset did not open here, for the log */
     ferry__dataset ds;
     int ds_open;
     uint64_t seed;
@@ -41,6 +56,81 @@ typedef struct wstate {
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } wstate;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Every send goes through here: it holds the socket and notes the time. */
+static int send_msg(wstate *w, zmq_msg_t *payload, int flags)
+{
+    pthread_mutex_lock(&w->sock_mu);
+    int rc = ferry__zsock_send(w->sock, NULL, &w->out, payload, flags);
+    if (rc == FERRY_OK)
+        w->sent_ms = mono_ms();
+    pthread_mutex_unlock(&w->sock_mu);
+    return rc;
+}
+
+/* The heartbeat thread: while the main thread is busy in dataset code, it
+ * keeps the loader from taking this worker for dead. Its own message
+ * struct, so it never touches the main thread's. */
+static void *heartbeat_main(void *arg)
+{
+    wstate *w = arg;
+    ferry__msg hb;
+    memset(&hb, 0, sizeof hb);
+    hb.type = FERRY__MSG_HEARTBEAT;
+    pthread_mutex_lock(&w->sock_mu);
+    while (!w->hb_stop) {
+        uint64_t now = mono_ms();
+        if (now - w->sent_ms >= w->hb_ms) {
+            if (ferry__zsock_send(w->sock, NULL, &hb, NULL, ZMQ_DONTWAIT) == FERRY_OK)
+                w->sent_ms = now;
+        }
+        uint64_t due = w->sent_ms + w->hb_ms;
+        uint64_t wait = due > now ? due - now : w->hb_ms;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += (time_t)(wait / 1000);
+        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&w->hb_cv, &w->sock_mu, &ts);
+    }
+    pthread_mutex_unlock(&w->sock_mu);
+    return NULL;
+}
+
+static int start_heartbeats(wstate *w, uint32_t ms, uint32_t liveness)
+{
+    if (w->hb_live || ms == 0)
+        return FERRY_OK;
+    w->hb_ms = ms;
+    w->dead_ms = (uint64_t)ms * (liveness ? liveness : 1);
+    int e = pthread_create(&w->hb_thread, NULL, heartbeat_main, w);
+    if (e)
+        return ferry__syserr(FERRY_ESYS, "starting the heartbeat thread", e);
+    w->hb_live = 1;
+    return FERRY_OK;
+}
+
+static void stop_heartbeats(wstate *w)
+{
+    if (!w->hb_live)
+        return;
+    pthread_mutex_lock(&w->sock_mu);
+    w->hb_stop = 1;
+    pthread_cond_signal(&w->hb_cv);
+    pthread_mutex_unlock(&w->sock_mu);
+    pthread_join(w->hb_thread, NULL);
+    w->hb_live = 0;
+}
 
 static int should_quit(const wstate *w)
 {
@@ -54,7 +144,7 @@ static int should_quit(const wstate *w)
 static int send_simple(wstate *w, ferry__msg_type type)
 {
     w->out.type = type;
-    return ferry__zsock_send(w->sock, NULL, &w->out, NULL, 0);
+    return send_msg(w, NULL, 0);
 }
 
 static int send_fail(wstate *w, uint64_t id, int code, uint64_t index, const char *msg)
@@ -65,7 +155,7 @@ static int send_fail(wstate *w, uint64_t id, int code, uint64_t index, const cha
     w->out.u.fail.code = code < 0 ? code : FERRY_EBATCH;
     w->out.u.fail.index = index;
     snprintf(w->out.u.fail.message, sizeof w->out.u.fail.message, "%s", msg);
-    return ferry__zsock_send(w->sock, NULL, &w->out, NULL, 0);
+    return send_msg(w, NULL, 0);
 }
 
 /* Waits up to `ms` for a message. FERRY_OK with *got set when one came,
@@ -73,23 +163,59 @@ static int send_fail(wstate *w, uint64_t id, int code, uint64_t index, const cha
 static int wait_msg(wstate *w, int ms, zmq_msg_t *payload, int *got)
 {
     *got = 0;
+    pthread_mutex_lock(&w->sock_mu);
     zmq_pollitem_t it = {.socket = w->sock, .events = ZMQ_POLLIN};
     int n = zmq_poll(&it, 1, ms);
+    int e = errno;
+    int rc = n > 0 ? ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT) : FERRY_OK;
+    if (n > 0 && rc != FERRY_EPROTO)
+        e = errno;
+    pthread_mutex_unlock(&w->sock_mu);
     if (n < 0) {
-        if (errno == EINTR)
+        if (e == EINTR)
             return FERRY_OK;
-        return ferry__seterr(FERRY_ESYS, "zmq_poll: %s", zmq_strerror(errno));
+        return ferry__seterr(FERRY_ESYS, "zmq_poll: %s", zmq_strerror(e));
     }
     if (n == 0)
         return should_quit(w) ? ferry__seterr(FERRY_ETIMEDOUT, "worker told to quit") : FERRY_OK;
-    int rc = ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT);
     if (rc == FERRY_EPROTO) {
         fprintf(stderr, "ferry-worker: dropped a malformed message: %s\n", ferry_last_error());
         return FERRY_OK;
     }
     if (rc != FERRY_OK)
-        return errno == EAGAIN ? FERRY_OK : rc;
+        return e == EAGAIN ? FERRY_OK : rc;
     *got = 1;
+    w->heard_ms = mono_ms();
+    return FERRY_OK;
+}
+
+/* A remote worker loads plugins only from its own plugin_dir, and only by
+ * file name: the network never names a path to dlopen. Writes the spec to
+ * open into out. */
+static int confine_plugin(const ferry__worker_opts *o, const char *spec, char *out, size_t cap,
+                          char *err, size_t errcap)
+{
+    if (!o->confine_plugins || strncmp(spec, "plugin:", 7) != 0) {
+        snprintf(out, cap, "%s", spec);
+        return FERRY_OK;
+    }
+    const char *name = spec + 7;
+    size_t len = strcspn(name, "?");
+    if (!o->plugin_dir || !o->plugin_dir[0]) {
+        snprintf(err, errcap, "this worker loads no plugins (start it with --plugin-dir DIR)");
+        return FERRY_EDATASET;
+    }
+    if (len == 0 || memchr(name, '/', len) || (len == 1 && name[0] == '.') ||
+        (len == 2 && name[0] == '.' && name[1] == '.')) {
+        snprintf(err, errcap, "plugin '%.*s' must be a file name in this worker's plugin directory",
+                 (int)len, name);
+        return FERRY_EDATASET;
+    }
+    int n = snprintf(out, cap, "plugin:%s/%s", o->plugin_dir, name);
+    if (n < 0 || (size_t)n >= cap) {
+        snprintf(err, errcap, "plugin path is too long");
+        return FERRY_EDATASET;
+    }
     return FERRY_OK;
 }
 
@@ -107,8 +233,14 @@ static int on_config(wstate *w)
         ferry__dataset_close(&w->ds);
         w->ds_open = 0;
     }
+    int rc = start_heartbeats(w, c->heartbeat_ms, c->liveness);
+    if (rc != FERRY_OK)
+        return rc;
+    char spec[FERRY__SPEC_MAX + PATH_MAX];
+    rc = confine_plugin(w->o, c->dataset, spec, sizeof spec, err, sizeof err);
     memset(&w->out.u.ready, 0, sizeof w->out.u.ready);
-    int rc = ferry__dataset_open_flags(&w->ds, c->dataset, &ctx,
+    if (rc == FERRY_OK)
+        rc = ferry__dataset_open_flags(&w->ds, spec, &ctx,
                                        w->o->keep_plugins ? FERRY__DATASET_KEEP_LOADED : 0, err,
                                        sizeof err);
     if (rc == FERRY_OK) {
@@ -118,9 +250,11 @@ static int on_config(wstate *w)
         w->out.u.ready.code = rc;
         snprintf(w->out.u.ready.error, sizeof w->out.u.ready.error, "%s",
                  err[0] ? err : ferry_strerror(rc));
+        snprintf(w->refusal, sizeof w->refusal, "could not open dataset '%s': %s", c->dataset,
+                 w->out.u.ready.error);
     }
     w->out.type = FERRY__MSG_READY;
-    return ferry__zsock_send(w->sock, NULL, &w->out, NULL, 0);
+    return send_msg(w, NULL, 0);
 }
 
 /* Handles TASK: builds the batch in a new payload frame and sends it. */
@@ -190,10 +324,66 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
         return send_fail(w, t.id, rc, derr.index, derr.message);
     }
     w->out.type = FERRY__MSG_BATCH;
-    rc = ferry__zsock_send(w->sock, NULL, &w->out, &payload, 0);
+    rc = send_msg(w, &payload, 0);
     if (rc != FERRY_OK)
         zmq_msg_close(&payload);
     return rc;
+}
+
+/* The DEALER: limits, then for tcp:// ZeroMQ's heartbeats (a dead
+ * connection is closed and redialled), a reconnect interval that backs off
+ * to 5 s, and CURVE when a server key is given. */
+static int setup_socket(wstate *w)
+{
+    const ferry__worker_opts *o = w->o;
+    /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
+    int rc = ferry__zsock_setup(w->sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
+    if (rc != FERRY_OK || strncmp(o->endpoint, "tcp://", 6) != 0)
+        return rc;
+    int ivl = 1000, timeout = 5000, max_ivl = 2000;
+    zmq_setsockopt(w->sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(w->sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
+    zmq_setsockopt(w->sock, ZMQ_RECONNECT_IVL_MAX, &max_ivl, sizeof max_ivl);
+    if (!o->server_key)
+        return FERRY_OK;
+    if (zmq_setsockopt(w->sock, ZMQ_CURVE_SERVERKEY, o->server_key, 40) != 0 ||
+        zmq_setsockopt(w->sock, ZMQ_CURVE_PUBLICKEY, o->public_key, 40) != 0 ||
+        zmq_setsockopt(w->sock, ZMQ_CURVE_SECRETKEY, o->secret_key, 40) != 0)
+        return ferry__seterr(FERRY_EOPTION, "setting the CURVE keys: %s", zmq_strerror(errno));
+    return FERRY_OK;
+}
+
+/* BYE, with a short, bounded linger so it is not dropped at close. */
+static void say_bye(wstate *w)
+{
+    int linger = 200;
+    pthread_mutex_lock(&w->sock_mu);
+    zmq_setsockopt(w->sock, ZMQ_LINGER, &linger, sizeof linger);
+    pthread_mutex_unlock(&w->sock_mu);
+    send_simple(w, FERRY__MSG_BYE);
+}
+
+/* What the main loop does when no message came: heartbeats while idle,
+ * and the end of the session when the loader has gone silent. */
+static int on_idle(wstate *w, int configured, uint64_t waited)
+{
+    if (!configured) {
+        if (w->o->handshake_ms > 0 && waited >= (uint64_t)w->o->handshake_ms)
+            return ferry__seterr(FERRY_ETIMEDOUT, "no CONFIG from %s within %d ms", w->o->endpoint,
+                                 w->o->handshake_ms);
+        return FERRY_OK;
+    }
+    if (!w->hb_ms)
+        return FERRY_OK;
+    uint64_t now = mono_ms();
+    if (now - w->heard_ms >= w->dead_ms)
+        return ferry__seterr(
+            FERRY_ETIMEDOUT, "the loader at %s has been silent for %llu ms (heartbeat %llu ms)",
+            w->o->endpoint, (unsigned long long)(now - w->heard_ms), (unsigned long long)w->hb_ms);
+    pthread_mutex_lock(&w->sock_mu);
+    uint64_t since = now - w->sent_ms;
+    pthread_mutex_unlock(&w->sock_mu);
+    return since >= w->hb_ms ? send_simple(w, FERRY__MSG_HEARTBEAT) : FERRY_OK;
 }
 
 int ferry__worker_run(const ferry__worker_opts *o)
@@ -204,6 +394,12 @@ int ferry__worker_run(const ferry__worker_opts *o)
     if (!w)
         return ferry__seterr(FERRY_ENOMEM, "worker state");
     w->o = o;
+    pthread_mutex_init(&w->sock_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->hb_cv, &ca);
+    pthread_condattr_destroy(&ca);
 
     void *ctx = o->zctx;
     if (!ctx) {
@@ -218,8 +414,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
         rc = ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
         goto done;
     }
-    /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
-    rc = ferry__zsock_setup(w->sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
+    rc = setup_socket(w);
     if (rc != FERRY_OK)
         goto done;
     if (zmq_connect(w->sock, o->endpoint) != 0) {
@@ -235,31 +430,33 @@ int ferry__worker_run(const ferry__worker_opts *o)
     gethostname(w->out.u.hello.host, sizeof w->out.u.hello.host - 1);
     snprintf(w->out.u.hello.program, sizeof w->out.u.hello.program, "ferry-worker %s",
              ferry_version());
-    rc = ferry__zsock_send(w->sock, NULL, &w->out, NULL, 0);
+    rc = send_msg(w, NULL, 0);
     if (rc != FERRY_OK)
         goto done;
 
     int configured = 0;
-    int waited = 0;
+    uint64_t start = mono_ms();
     for (;;) {
         zmq_msg_t payload;
         int got;
         rc = wait_msg(w, POLL_MS, &payload, &got);
-        if (rc != FERRY_OK)
+        if (rc != FERRY_OK) {
+            if (should_quit(w) && configured)
+                say_bye(w); /* so the loader requeues at once */
             goto done;
+        }
         if (!got) {
-            waited += POLL_MS;
-            if (!configured && o->handshake_ms > 0 && waited >= o->handshake_ms) {
-                rc = ferry__seterr(FERRY_ETIMEDOUT, "no CONFIG from %s within %d ms", o->endpoint,
-                                   o->handshake_ms);
+            rc = on_idle(w, configured, mono_ms() - start);
+            if (rc != FERRY_OK)
                 goto done;
-            }
             continue;
         }
         switch (w->in.type) {
         case FERRY__MSG_CONFIG:
             configured = 1;
             rc = on_config(w);
+            if (rc == FERRY_OK && w->ds_open && o->configured)
+                *o->configured = 1;
             break;
         case FERRY__MSG_TASK:
             rc = on_task(w, &payload);
@@ -269,11 +466,17 @@ int ferry__worker_run(const ferry__worker_opts *o)
             break;
         case FERRY__MSG_STOP: {
             zmq_msg_close(&payload);
-            /* A short, bounded linger so the BYE is not dropped at close. */
-            int linger = 200;
-            zmq_setsockopt(w->sock, ZMQ_LINGER, &linger, sizeof linger);
-            send_simple(w, FERRY__MSG_BYE);
-            rc = FERRY_OK;
+            say_bye(w);
+            if (w->ds_open)
+                rc = FERRY_OK;
+            else if (configured)
+                rc = ferry__seterr(FERRY_ECLOSED, "the loader at %s turned this worker away: %s",
+                                   o->endpoint, w->refusal);
+            else
+                rc = ferry__seterr(FERRY_ECLOSED,
+                                   "the loader at %s refused this worker (it is "
+                                   "full, closing, or speaks another protocol)",
+                                   o->endpoint);
             goto done;
         }
         default:
@@ -288,12 +491,15 @@ int ferry__worker_run(const ferry__worker_opts *o)
     }
 
 done:
+    stop_heartbeats(w);
     if (w->ds_open)
         ferry__dataset_close(&w->ds);
     if (w->sock)
         zmq_close(w->sock);
     if (own_ctx)
         zmq_ctx_term(own_ctx);
+    pthread_cond_destroy(&w->hb_cv);
+    pthread_mutex_destroy(&w->sock_mu);
     free(w->indices);
     free(w);
     return rc;

@@ -29,11 +29,26 @@ typedef struct ferry__worker_opts {
     int keep_plugins;         /* never unload a dataset plugin (worker processes) */
     char *note;               /* if set, what the worker is doing is written here */
     size_t note_len;          /* before each batch, for a crash handler to print */
+    /* Remote workers (tcp://). */
+    const char *server_key; /* the loader's CURVE public key (Z85); NULL: plain TCP */
+    const char *public_key; /* this worker's key pair (Z85), with server_key */
+    const char *secret_key;
+    const char *plugin_dir; /* plugins only from here, by file name; NULL: none at all */
+    int confine_plugins;    /* apply plugin_dir (remote); 0: any path (local workers) */
+    int *configured;        /* if set, becomes 1 once CONFIG has come */
 } ferry__worker_opts;
 
-/* Runs one session. Returns FERRY_OK after STOP, or a negative code when the
- * loader went away, the handshake timed out or a socket failed (with
- * detail). Never exits the process. */
+/* Runs one session. Returns FERRY_OK after STOP, FERRY_ECLOSED when the
+ * loader answered HELLO with STOP (it refused this worker or is closing),
+ * or a negative code when the loader went away or fell silent past its
+ * heartbeat liveness, the handshake timed out, or a socket failed (with
+ * detail). When `cancel` becomes set the worker says BYE and returns
+ * FERRY_ETIMEDOUT. Never exits the process.
+ *
+ * With a heartbeat interval in CONFIG the worker sends HEARTBEAT whenever it
+ * has sent nothing for that long, from a second thread while the dataset is
+ * busy, and gives the session up when the loader has been silent for
+ * interval x liveness. */
 int ferry__worker_run(const ferry__worker_opts *o);
 
 #endif

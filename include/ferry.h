@@ -172,13 +172,22 @@ typedef struct ferry_stats {
     uint64_t stale;      /* replies dropped: from a worker given up on, or for no task */
     uint64_t restarts;   /* workers replaced after dying or timing out */
     uint64_t timeouts;   /* batches that ran past timeout_ms */
-    uint32_t workers;    /* workers alive and ready */
+    uint64_t joined;     /* remote workers that became ready */
+    uint64_t lost;       /* remote workers given up: silent, unreachable, or said BYE */
+    uint64_t rejected;   /* remote workers refused: key not allowed, bad HELLO or READY, full */
+    uint32_t workers;    /* workers alive and ready, local and remote */
     uint32_t in_flight;  /* dispatched, not yet delivered */
 } ferry_stats;
 
 /* A snapshot of the loader's counters; safe while another thread is in
  * ferry_loader_next(). */
 FERRY_API int ferry_loader_stats(ferry_loader *ld, ferry_stats *st);
+
+/* The TCP endpoint remote workers connect to, as bound (a `*` port in the
+ * `bind` option resolved to the real one), e.g. "tcp://10.0.0.5:5555".
+ * FERRY_ESTATE when the loader was opened without `bind`; FERRY_ELIMIT when
+ * it does not fit in cap bytes. */
+FERRY_API int ferry_loader_endpoint(ferry_loader *ld, char *buf, size_t cap);
 
 /* The process id of local worker `index` (0 <= index < workers), or 0 in
  * *pid when it is a thread or not running at the moment (being replaced). */

@@ -166,6 +166,7 @@ static void sample(ferry__msg *m, ferry__msg_type type, int variant)
         m->u.config.seed = ext ? UINT64_MAX : 1234;
         m->u.config.credits = ext ? FERRY__MAX_CREDITS : 2;
         m->u.config.heartbeat_ms = ext ? UINT32_MAX : 500;
+        m->u.config.liveness = ext ? 1000 : 3;
         break;
     case FERRY__MSG_READY:
         if (ext) {
@@ -508,6 +509,7 @@ static const struct key_path {
     {FERRY__MSG_CONFIG, "seed", 'U', "seed"},
     {FERRY__MSG_CONFIG, "credits", 'U', "credits"},
     {FERRY__MSG_CONFIG, "heartbeat_ms", 'U', "heartbeat_ms"},
+    {FERRY__MSG_CONFIG, "liveness", 'U', "liveness"},
     {FERRY__MSG_READY, "length", 'U', "length"},
     {FERRY__MSG_READY, "code", 'I', "code"},
     {FERRY__MSG_READY, "error", 'S', "error"},
@@ -651,6 +653,8 @@ static void test_decode_rejects_out_of_range_scalars(void **state)
         {FERRY__MSG_CONFIG, "num_workers", mp_uint(0), "'num_workers'"},
         {FERRY__MSG_CONFIG, "worker_index", mp_uint(4), "'worker_index' is 4"},
         {FERRY__MSG_CONFIG, "heartbeat_ms", mp_uint(UINT64_C(1) << 32), "'heartbeat_ms'"},
+        {FERRY__MSG_CONFIG, "liveness", mp_uint(0), "'liveness' is 0, must be 1..1000"},
+        {FERRY__MSG_CONFIG, "liveness", mp_uint(1001), "'liveness' is 1001"},
         {FERRY__MSG_READY, "code", mp_int(1), "'code' is 1"},
         {FERRY__MSG_READY, "code", mp_int((int64_t)INT32_MIN - 1), "'code'"},
         {FERRY__MSG_READY, "code", mp_int(FERRY_EDATASET), "'length'"},

@@ -96,6 +96,7 @@ static const key_spec config_keys[] = {
     {KEY_UINT(ferry__config_msg, seed, 0, UINT64_MAX)},
     {KEY_UINT(ferry__config_msg, credits, 1, FERRY__MAX_CREDITS)},
     {KEY_UINT(ferry__config_msg, heartbeat_ms, 0, UINT32_MAX)},
+    {KEY_UINT(ferry__config_msg, liveness, 1, 1000)},
 };
 
 static const key_spec ready_keys[] = {

@@ -64,6 +64,7 @@ typedef struct ferry__config_msg {
     uint64_t seed;
     uint32_t credits;      /* 1..FERRY__MAX_CREDITS */
     uint32_t heartbeat_ms; /* 0 = off */
+    uint32_t liveness;     /* intervals of silence before a peer is given up; 1..1000 */
 } ferry__config_msg;
 
 /* worker -> loader, after CONFIG. code == 0: the dataset opened and has

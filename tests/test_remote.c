@@ -1,0 +1,759 @@
+/*
+ * test_remote.c - remote workers over real TCP (loopback): ferry-worker
+ * daemons started as separate processes, CURVE keys and the allow-list,
+ * heartbeats, hosts that stop answering (SIGSTOP, which freezes a process
+ * exactly as a cut link or a frozen machine looks from the loader), workers
+ * joining mid-run, and a raw ZeroMQ peer sending garbage.
+ *
+ * Every case runs between ft_begin() and ft_end(): a hard time limit, and
+ * afterwards no child process, no extra fd or thread, nothing left in the
+ * private TMPDIR. Key files live in a directory of their own, removed at the
+ * end of each case.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "ferry.h"
+#include "harness.h"
+#include "keys.h"
+#include "protocol.h"
+#include "sampler.h"
+#include "zsock.h"
+
+extern char **environ;
+
+#define N_ITEMS 2000
+#define DIM 16
+#define BATCH 16
+#define HB_MS 200
+#define LIVENESS 3
+
+/* ------------------------------------------------------------------------
+ * Helpers
+ */
+
+typedef struct keys {
+    char dir[64];
+    char loader_key[128], loader_pub[128], allow[128];
+    char w1[128], w2[128], stranger[128]; /* worker key pair files */
+} keys;
+
+static void key_path(char *out, size_t cap, const char *dir, const char *name, const char *ext)
+{
+    snprintf(out, cap, "%s/%s%s", dir, name, ext);
+}
+
+/* A loader key pair, two allowed worker key pairs and one that is not on
+ * the allow-list. */
+static void make_keys(keys *k)
+{
+    snprintf(k->dir, sizeof k->dir, "/tmp/ferry-keys-XXXXXX");
+    assert_non_null(mkdtemp(k->dir));
+    char base[128], pub[FERRY__Z85_KEY + 1];
+    const char *names[] = {"loader", "w1", "w2", "stranger"};
+    char allow_text[256] = "";
+    for (int i = 0; i < 4; i++) {
+        snprintf(base, sizeof base, "%s/%s", k->dir, names[i]);
+        assert_int_equal(ferry__key_pair_write(base, 0, pub), FERRY_OK);
+        if (i == 1 || i == 2) {
+            strcat(allow_text, "public-key = ");
+            strcat(allow_text, pub);
+            strcat(allow_text, "\n");
+        }
+    }
+    key_path(k->loader_key, sizeof k->loader_key, k->dir, "loader", ".key");
+    key_path(k->loader_pub, sizeof k->loader_pub, k->dir, "loader", ".pub");
+    key_path(k->w1, sizeof k->w1, k->dir, "w1", ".key");
+    key_path(k->w2, sizeof k->w2, k->dir, "w2", ".key");
+    key_path(k->stranger, sizeof k->stranger, k->dir, "stranger", ".key");
+    key_path(k->allow, sizeof k->allow, k->dir, "allowed", "");
+    FILE *f = fopen(k->allow, "w");
+    assert_non_null(f);
+    fputs(allow_text, f);
+    fclose(f);
+}
+
+static void remove_keys(keys *k)
+{
+    DIR *d = opendir(k->dir);
+    assert_non_null(d);
+    struct dirent *e;
+    char p[512];
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(p, sizeof p, "%s/%s", k->dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    assert_int_equal(rmdir(k->dir), 0);
+}
+
+/* A TCP port nothing listens on right now (the kernel's pick). */
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+/* Starts `ferry-worker --connect ep` with a worker key (NULL: --insecure)
+ * and up to four more arguments. */
+static pid_t start_daemon(const char *ep, const keys *k, const char *key, const char *a1,
+                          const char *a2, const char *a3)
+{
+    const char *argv[16];
+    int n = 0;
+    argv[n++] = FERRY_TEST_WORKER;
+    argv[n++] = "--connect";
+    argv[n++] = ep;
+    if (key) {
+        argv[n++] = "--key";
+        argv[n++] = key;
+        argv[n++] = "--server-key";
+        argv[n++] = k->loader_pub;
+    } else {
+        argv[n++] = "--insecure";
+    }
+    const char *extra[] = {a1, a2, a3};
+    for (int i = 0; i < 3; i++) {
+        if (extra[i])
+            argv[n++] = extra[i];
+    }
+    argv[n] = NULL;
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, FERRY_TEST_WORKER, NULL, NULL, (char **)argv, environ), 0);
+    return pid;
+}
+
+/* SIGTERM (the daemon finishes its batch, says BYE, exits), then waits; a
+ * daemon that has not gone in 10 s fails the test (and is killed). */
+static void stop_daemon(pid_t pid)
+{
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+    uint64_t deadline = ft_now_ms() + 10000;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        if (ft_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("ferry-worker %d did not exit within 10 s of SIGTERM", (int)pid);
+        }
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static ferry_config *remote_cfg(const keys *k, int port, int local, int min_workers)
+{
+    ferry_config *cfg = ferry_config_new();
+    assert_non_null(cfg);
+    char ep[64], spec[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d", N_ITEMS, DIM);
+    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_WORKER), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "bind", ep), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "curve_key", k->loader_key), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "curve_allow", k->allow), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "workers", local), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "min_workers", min_workers), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "batch_size", BATCH), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", HB_MS), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_liveness", LIVENESS), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 20000), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 1000), FERRY_OK);
+    return cfg;
+}
+
+static void endpoint_of(int port, char *ep, size_t cap)
+{
+    snprintf(ep, cap, "tcp://127.0.0.1:%d", port);
+}
+
+/* Reads batches and checks each against the sampler's stream: the next seq,
+ * the same indices, and bytes that are a function of the index. Returns the
+ * worker that built it. */
+typedef struct stream_check {
+    ferry__sampler s;
+    uint64_t next;
+    uint64_t *want;
+} stream_check;
+
+static void stream_init(stream_check *c, uint64_t epochs)
+{
+    ferry__sampler_opts o = {
+        .batch_size = BATCH, .shuffle = 1, .seed = 7, .world_size = 1, .epochs = epochs};
+    assert_int_equal(ferry__sampler_init(&c->s, N_ITEMS, &o), FERRY_OK);
+    c->next = 0;
+    c->want = calloc(BATCH, sizeof *c->want);
+    assert_non_null(c->want);
+}
+
+static uint32_t read_one(ferry_loader *ld, stream_check *c)
+{
+    ferry_batch *b = NULL;
+    int rc = ferry_loader_next(ld, &b);
+    if (rc != FERRY_OK)
+        fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+    ferry_batch_info info;
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.seq, c->next);
+    ferry__sampler_task t;
+    assert_int_equal(ferry__sampler_at(&c->s, c->next, &t), FERRY_OK);
+    ferry__sampler_indices(&c->s, &t, c->want);
+    assert_int_equal(info.size, t.count);
+    const uint64_t *idx = ferry_batch_indices(b);
+    assert_memory_equal(idx, c->want, t.count * sizeof *idx);
+    ferry_tensor y;
+    assert_int_equal(ferry_batch_field(b, "y", &y), FERRY_OK);
+    for (uint32_t i = 0; i < t.count; i++)
+        assert_int_equal(((const int64_t *)y.data)[i], (int64_t)idx[i]);
+    c->next++;
+    uint32_t w = info.worker;
+    ferry_batch_release(b);
+    return w;
+}
+
+static void stream_free(stream_check *c)
+{
+    free(c->want);
+}
+
+static ferry_stats stats_of(ferry_loader *ld)
+{
+    ferry_stats st;
+    assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
+    return st;
+}
+
+/* Polls the loader's stats until pred holds or ms pass; returns the time it
+ * took, or -1. */
+typedef int (*stats_pred)(const ferry_stats *, uint64_t arg);
+static int64_t wait_stats(ferry_loader *ld, stats_pred pred, uint64_t arg, uint64_t ms)
+{
+    uint64_t t0 = ft_now_ms();
+    for (;;) {
+        ferry_stats st = stats_of(ld);
+        if (pred(&st, arg))
+            return (int64_t)(ft_now_ms() - t0);
+        if (ft_now_ms() - t0 > ms)
+            return -1;
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int lost_at_least(const ferry_stats *st, uint64_t n)
+{
+    return st->lost >= n;
+}
+static int joined_at_least(const ferry_stats *st, uint64_t n)
+{
+    return st->joined >= n;
+}
+static int rejected_at_least(const ferry_stats *st, uint64_t n)
+{
+    return st->rejected >= n;
+}
+
+/* ------------------------------------------------------------------------
+ * Cases
+ */
+
+/* Remote workers only: daemons started before the loader exists (they back
+ * off and retry), one of them running two processes. Three epochs arrive
+ * exactly once and in order. Then a second loader on the same port is
+ * served by the same daemons, without restarting them. */
+static void test_remote_workers_serve_successive_loaders(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    keys k;
+    make_keys(&k);
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    pid_t d1 = start_daemon(ep, &k, k.w1, "--processes", "2", NULL);
+    pid_t d2 = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
+
+    for (int round = 0; round < 2; round++) {
+        ferry_config *cfg = remote_cfg(&k, port, 0, 3);
+        assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+        ferry_loader *ld = NULL;
+        int rc = ferry_loader_open(&ld, cfg);
+        ferry_config_free(cfg);
+        if (rc != FERRY_OK)
+            fail_msg("open: %s", ferry_last_error());
+        char bound[128];
+        assert_int_equal(ferry_loader_endpoint(ld, bound, sizeof bound), FERRY_OK);
+        assert_string_equal(bound, ep);
+
+        stream_check c;
+        stream_init(&c, 3);
+        uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
+        uint32_t seen[64] = {0};
+        for (uint64_t i = 0; i < 3 * per_epoch; i++) {
+            uint32_t w = read_one(ld, &c);
+            assert_true(w < 64);
+            seen[w]++;
+        }
+        ferry_batch *b = NULL;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+        int used = 0;
+        for (int w = 0; w < 64; w++)
+            used += seen[w] > 0;
+        ferry_stats st = stats_of(ld);
+        printf("round %d: %llu batches from %d remote workers; joined %llu, lost %llu, "
+               "rejected %llu, malformed %llu\n",
+               round, (unsigned long long)(3 * per_epoch), used, (unsigned long long)st.joined,
+               (unsigned long long)st.lost, (unsigned long long)st.rejected,
+               (unsigned long long)st.malformed);
+        assert_true(st.joined >= 3);
+        assert_int_equal(used, 3);
+        assert_int_equal(st.malformed, 0);
+        stream_free(&c);
+        assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    }
+    stop_daemon(d1);
+    stop_daemon(d2);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* A host frozen mid-epoch: nothing lost, nothing twice, and it is declared
+ * gone within heartbeat_ms x liveness (plus one scheduler tick). When it
+ * thaws it finds the session over and joins again. */
+static void test_host_cut_mid_epoch_loses_nothing(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    keys k;
+    make_keys(&k);
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    pid_t d1 = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
+    pid_t d2 = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&k, port, 0, 2);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 4), FERRY_OK);
+    ferry_loader *ld = NULL;
+    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
+        fail_msg("open: %s", ferry_last_error());
+    ferry_config_free(cfg);
+
+    stream_check c;
+    stream_init(&c, 4);
+    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
+    for (uint64_t i = 0; i < per_epoch / 3; i++)
+        read_one(ld, &c);
+    uint64_t t_stop = ft_now_ms();
+    kill(d1, SIGSTOP);
+    /* The run goes on while the loader has not yet noticed, and after. */
+    int64_t noticed = -1;
+    while (c.next < 2 * per_epoch) {
+        read_one(ld, &c);
+        if (noticed < 0 && stats_of(ld).lost >= 1)
+            noticed = (int64_t)(ft_now_ms() - t_stop);
+    }
+    if (noticed < 0) {
+        int64_t more = wait_stats(ld, lost_at_least, 1, 5000);
+        assert_true(more >= 0);
+        noticed = (int64_t)(ft_now_ms() - t_stop);
+    }
+    printf("frozen worker declared lost after %lld ms (bound %d ms + a 100 ms tick)\n",
+           (long long)noticed, HB_MS * LIVENESS);
+    assert_true(noticed <= HB_MS * LIVENESS + 100 + 150);
+
+    kill(d1, SIGCONT);
+    uint64_t t_cont = ft_now_ms();
+    int64_t rejoin = wait_stats(ld, joined_at_least, 3, 10000);
+    assert_true(rejoin >= 0);
+    printf("thawed worker joined again %lld ms after SIGCONT\n", (long long)(ft_now_ms() - t_cont));
+    while (c.next < 4 * per_epoch)
+        read_one(ld, &c);
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    ferry_stats st = stats_of(ld);
+    printf("delivered %llu, dispatched %llu, stale %llu, lost %llu, joined %llu\n",
+           (unsigned long long)st.delivered, (unsigned long long)st.dispatched,
+           (unsigned long long)st.stale, (unsigned long long)st.lost,
+           (unsigned long long)st.joined);
+    assert_int_equal(st.delivered, 4 * per_epoch);
+    assert_int_equal(st.failed, 0);
+    stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d1);
+    stop_daemon(d2);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* One local worker process, then a remote one joining mid-run: it gets
+ * work at once, and the stream stays exact. */
+static void test_worker_joining_mid_run_takes_work(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    keys k;
+    make_keys(&k);
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    ferry_config *cfg = remote_cfg(&k, port, 1, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    ferry_loader *ld = NULL;
+    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
+        fail_msg("open: %s", ferry_last_error());
+    ferry_config_free(cfg);
+    stream_check c;
+    stream_init(&c, 2);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(read_one(ld, &c), 0);
+
+    pid_t d = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
+    assert_true(wait_stats(ld, joined_at_least, 1, 10000) >= 0);
+    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
+    uint64_t remote_batches = 0;
+    while (c.next < 2 * per_epoch)
+        remote_batches += read_one(ld, &c) != 0;
+    printf("the remote worker built %llu of the %llu batches after it joined\n",
+           (unsigned long long)remote_batches, (unsigned long long)(2 * per_epoch - 20));
+    assert_true(remote_batches > 0);
+    stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* A worker whose key is not on the allow-list, and one without CURVE at
+ * all: refused at the handshake, never given a task. */
+static void test_unknown_key_is_rejected(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    keys k;
+    make_keys(&k);
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    pid_t good = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
+    pid_t stranger = start_daemon(ep, &k, k.stranger, NULL, NULL, NULL);
+    pid_t plain = start_daemon(ep, &k, NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&k, port, 0, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    ferry_loader *ld = NULL;
+    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
+        fail_msg("open: %s", ferry_last_error());
+    ferry_config_free(cfg);
+    assert_true(wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
+    stream_check c;
+    stream_init(&c, 2);
+    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
+    uint32_t first = read_one(ld, &c);
+    while (c.next < 2 * per_epoch)
+        assert_int_equal(read_one(ld, &c), first);
+    ferry_stats st = stats_of(ld);
+    printf("rejected %llu handshakes; joined %llu\n", (unsigned long long)st.rejected,
+           (unsigned long long)st.joined);
+    assert_int_equal(st.joined, 1);
+    assert_int_equal(st.workers, 1);
+    stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    stop_daemon(stranger);
+    stop_daemon(plain);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* A raw ZeroMQ peer with an allowed key (authenticated, but hostile) sends
+ * garbage, truncated and out-of-order messages and one over max_message,
+ * while a real worker serves the run: the run is exact, the garbage is
+ * counted. */
+static void send_raw(void *s, const void *a, size_t alen, const void *b, size_t blen)
+{
+    zmq_send(s, a, alen, b ? ZMQ_SNDMORE : 0);
+    if (b)
+        zmq_send(s, b, blen, 0);
+}
+
+static void test_raw_peer_garbage_changes_nothing(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    keys k;
+    make_keys(&k);
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    pid_t good = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&k, port, 0, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "max_message", 1 << 20), FERRY_OK);
+    ferry_loader *ld = NULL;
+    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
+        fail_msg("open: %s", ferry_last_error());
+    ferry_config_free(cfg);
+
+    char pub[41], sec[41], srv[41];
+    assert_int_equal(ferry__key_pair_load(k.w2, pub, sec), FERRY_OK);
+    assert_int_equal(ferry__key_public_load(k.loader_pub, srv), FERRY_OK);
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, srv, 40);
+    zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 40);
+    zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 40);
+    assert_int_equal(zmq_connect(s, ep), 0);
+
+    stream_check c;
+    stream_init(&c, 2);
+    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
+    for (int i = 0; i < 10; i++)
+        read_one(ld, &c);
+
+    /* Garbage, a truncated header, a map that is no message, a BATCH for a
+     * task nobody sent, a TASK (the loader's own message) and a HELLO
+     * claiming a local slot. */
+    static const unsigned char junk[] = {0xc1, 0xff, 0x00, 0x13};
+    static const unsigned char truncated[] = {0x85, 0xa4, 't', 'y', 'p', 'e'};
+    static const unsigned char nomsg[] = {0x81, 0xa1, 'x', 0x01};
+    send_raw(s, junk, sizeof junk, NULL, 0);
+    send_raw(s, truncated, sizeof truncated, NULL, 0);
+    send_raw(s, nomsg, sizeof nomsg, junk, sizeof junk);
+    ferry__msg m;
+    unsigned char hdr[FERRY__HDR_MAX];
+    size_t len;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_HELLO;
+    m.u.hello.version = FERRY_PROTOCOL_VERSION;
+    m.u.hello.slot = 0;
+    m.u.hello.pid = 1;
+    assert_int_equal(ferry__msg_encode(&m, hdr, sizeof hdr, &len), FERRY_OK);
+    send_raw(s, hdr, len, NULL, 0);
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_FAIL;
+    m.u.fail.id = 3;
+    m.u.fail.code = FERRY_EBATCH;
+    assert_int_equal(ferry__msg_encode(&m, hdr, sizeof hdr, &len), FERRY_OK);
+    send_raw(s, hdr, len, NULL, 0);
+    /* Over max_message: ZeroMQ drops the connection on its own. */
+    size_t big = (1 << 20) + 4096;
+    unsigned char *huge = calloc(1, big);
+    assert_non_null(huge);
+    send_raw(s, huge, big, NULL, 0);
+    free(huge);
+
+    while (c.next < 2 * per_epoch)
+        read_one(ld, &c);
+    ferry_stats st = stats_of(ld);
+    printf("malformed %llu, rejected %llu, stale %llu, delivered %llu\n",
+           (unsigned long long)st.malformed, (unsigned long long)st.rejected,
+           (unsigned long long)st.stale, (unsigned long long)st.delivered);
+    assert_true(st.malformed + st.rejected + st.stale >= 1);
+    assert_int_equal(st.delivered, 2 * per_epoch);
+    assert_int_equal(st.failed, 0);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    explicit_bzero(sec, sizeof sec);
+    stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* Too few workers by start_timeout_ms: a clear timeout, nothing left. */
+static void test_min_workers_timeout_is_clear(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    keys k;
+    make_keys(&k);
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    pid_t d = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&k, port, 0, 2);
+    assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1500), FERRY_OK);
+    ferry_loader *ld = NULL;
+    int rc = ferry_loader_open(&ld, cfg);
+    ferry_config_free(cfg);
+    printf("%s\n", ferry_last_error());
+    assert_int_equal(rc, FERRY_ETIMEDOUT);
+    assert_null(ld);
+    assert_non_null(strstr(ferry_last_error(), "min_workers 2"));
+    assert_non_null(strstr(ferry_last_error(), "1 remote"));
+    stop_daemon(d);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* A remote worker loads plugins only from its --plugin-dir, by file name;
+ * without one, or for a path, the worker refuses and the loader turns it
+ * away (the run does not fail: other workers may have the data). */
+static void test_remote_plugins_only_from_plugin_dir(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    keys k;
+    make_keys(&k);
+    char dir[256], name[128];
+    snprintf(dir, sizeof dir, "%s", FERRY_TEST_PLUGIN);
+    char *slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    snprintf(name, sizeof name, "%s", slash + 1);
+    *slash = '\0';
+
+    int port = free_port();
+    char ep[64], spec[512];
+    endpoint_of(port, ep, sizeof ep);
+    pid_t confined = start_daemon(ep, &k, k.w1, "--plugin-dir", dir, NULL);
+    pid_t none = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
+    for (int c = 0; c < 2; c++) {
+        ferry_config *cfg = remote_cfg(&k, port, 0, 1);
+        if (c == 0)
+            snprintf(spec, sizeof spec, "plugin:%s?n=100", name);
+        else
+            snprintf(spec, sizeof spec, "plugin:%s?n=100", FERRY_TEST_PLUGIN);
+        assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "max_batches", 5), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 3000), FERRY_OK);
+        ferry_loader *ld = NULL;
+        int rc = ferry_loader_open(&ld, cfg);
+        ferry_config_free(cfg);
+        if (c == 0) {
+            /* Only the confined worker can open it by name. */
+            if (rc != FERRY_OK)
+                fail_msg("open: %s", ferry_last_error());
+            assert_true(wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
+            ferry_batch *b;
+            for (int i = 0; i < 5; i++) {
+                assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+                ferry_batch_release(b);
+            }
+            assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+            assert_int_equal(stats_of(ld).joined, 1);
+            assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+        } else {
+            /* A path from the network: nobody loads it. */
+            assert_int_equal(rc, FERRY_ETIMEDOUT);
+            assert_null(ld);
+        }
+    }
+    stop_daemon(confined);
+    stop_daemon(none);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+/* Options that cannot work are refused at open, each with its reason. */
+static void test_bad_remote_options_are_refused(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    keys k;
+    make_keys(&k);
+    struct {
+        const char *key, *value;
+        int code;
+        const char *words;
+    } cases[] = {
+        {"curve_key", "", FERRY_EOPTION, "needs curve_key"},
+        {"bind", "ipc:///tmp/x", FERRY_EOPTION, "not a tcp:// endpoint"},
+        {"bind", "tcp://256.1.1.1:1", FERRY_EOPTION, "binding tcp://256.1.1.1:1"},
+        {"curve_allow", "/nonexistent/allow", FERRY_EOPTION, "/nonexistent/allow"},
+        {"min_workers", "100", FERRY_EINVAL, "min_workers 100"},
+        {"min_workers", "0", FERRY_EINVAL, "min_workers must be at least 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ferry_config *cfg = remote_cfg(&k, free_port(), 0, 1);
+        assert_int_equal(ferry_config_set(cfg, cases[i].key, cases[i].value), FERRY_OK);
+        ferry_loader *ld = NULL;
+        int rc = ferry_loader_open(&ld, cfg);
+        ferry_config_free(cfg);
+        if (rc != cases[i].code || !strstr(ferry_last_error(), cases[i].words))
+            fail_msg("%s=%s: got %s: %s", cases[i].key, cases[i].value, ferry_err_name(rc),
+                     ferry_last_error());
+        assert_null(ld);
+    }
+    /* A key pair others can read. */
+    chmod(k.loader_key, 0644);
+    ferry_config *cfg = remote_cfg(&k, free_port(), 0, 1);
+    ferry_loader *ld = NULL;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_EOPTION);
+    assert_non_null(strstr(ferry_last_error(), "chmod 600"));
+    /* No workers and nowhere for remote ones to come from. */
+    assert_int_equal(ferry_config_set(cfg, "bind", ""), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "workers", 0), FERRY_OK);
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_EINVAL);
+    /* The endpoint of a loader that has none. */
+    assert_int_equal(ferry_config_set_int(cfg, "workers", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "min_workers", -1), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    char buf[64];
+    assert_int_equal(ferry_loader_endpoint(ld, buf, sizeof buf), FERRY_ESTATE);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ferry_config_free(cfg);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_remote_options_are_refused),
+        cmocka_unit_test(test_min_workers_timeout_is_clear),
+        cmocka_unit_test(test_remote_workers_serve_successive_loaders),
+        cmocka_unit_test(test_host_cut_mid_epoch_loses_nothing),
+        cmocka_unit_test(test_worker_joining_mid_run_takes_work),
+        cmocka_unit_test(test_unknown_key_is_rejected),
+        cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
+        cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
+    };
+    return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
+}
