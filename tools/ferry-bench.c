@@ -16,23 +16,43 @@
  * works (prefetch straight across epochs), then with epoch_barrier (the next
  * epoch starts only once the trainer has consumed the previous one, which is
  * what PyTorch's persistent workers do), and prints both with their ratios.
+ *
+ * Remote workers: --bind tcp://HOST:PORT (with --curve-key/--curve-allow, or
+ * --insecure) makes the loader wait for --min-workers ferry-worker daemons
+ * started separately (docs/remote.md). --compare-remote runs the same work
+ * twice in this invocation: --workers local worker processes over ipc://,
+ * then as many ferry-worker daemons that this program starts itself on
+ * 127.0.0.1 over TCP with CURVE (keys made with ferry-keygen in a private
+ * directory), and prints both with their ratios.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ferry.h"
 
+extern char **environ;
+
 typedef struct bench_opts {
     const char *dataset;
     const char *worker_mode;
     const char *worker_path;
-    long workers, batch_size, epochs, batches, prefetch, seed, step_us;
-    int epoch_barrier, compare, json, progress, in_order;
+    const char *bind, *curve_key, *curve_allow;
+    long workers, batch_size, epochs, batches, prefetch, seed, step_us, min_workers;
+    int epoch_barrier, compare, json, progress, in_order, insecure, compare_remote;
 } bench_opts;
 
 typedef struct bench_result {
@@ -121,6 +141,20 @@ static int set_all(ferry_config *cfg, const bench_opts *o, int barrier)
         SETS("worker_path", o->worker_path);
     }
     SETI("workers", o->workers);
+    if (o->bind) {
+        SETS("bind", o->bind);
+        SETI("insecure", o->insecure);
+        if (o->min_workers >= 0) {
+            SETI("min_workers", o->min_workers);
+        }
+        if (o->curve_key) {
+            SETS("curve_key", o->curve_key);
+        }
+        if (o->curve_allow) {
+            SETS("curve_allow", o->curve_allow);
+        }
+        SETI("start_timeout_ms", 120000);
+    }
     SETI("batch_size", o->batch_size);
     SETI("prefetch", o->prefetch);
     SETI("in_order", o->in_order);
@@ -269,9 +303,15 @@ static void print_text(const bench_opts *o, const bench_result *r)
     printf("%s\n", r->epoch_barrier ? "epoch barrier (the next epoch starts after the last "
                                       "batch is consumed)"
                                     : "prefetch across epochs (ferry's default)");
-    printf("  batches       %llu over %llu epochs (%ld %s workers, batch %ld)\n",
-           (unsigned long long)r->batches, (unsigned long long)r->epochs_seen, o->workers,
-           o->worker_mode, o->batch_size);
+    if (o->bind)
+        printf("  batches       %llu over %llu epochs (%ld local %s + remote workers on %s, "
+               "batch %ld)\n",
+               (unsigned long long)r->batches, (unsigned long long)r->epochs_seen, o->workers,
+               o->worker_mode, o->bind, o->batch_size);
+    else
+        printf("  batches       %llu over %llu epochs (%ld %s workers, batch %ld)\n",
+               (unsigned long long)r->batches, (unsigned long long)r->epochs_seen, o->workers,
+               o->worker_mode, o->batch_size);
     printf("  throughput    %.0f batches/s  %.0f items/s  %.1f MB/s\n", r->batches_per_s,
            r->items_per_s, r->mb_per_s);
     printf("  startup       %.2f ms (open -> first batch)\n", r->startup_ms);
@@ -282,6 +322,179 @@ static void print_text(const bench_opts *o, const bench_result *r)
            r->gap_ms_median > 0 ? r->stall_ms_median / r->gap_ms_median : 0);
     if (r->failed)
         printf("  failed        %llu batches\n", (unsigned long long)r->failed);
+}
+
+/* ------------------------------------------------------------------------
+ * --compare-remote
+ */
+
+/* The directory holding this program (where ferry-worker and ferry-keygen
+ * are, in the build tree and in an install's bin). */
+static int own_dir(char *out, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    if (n <= 0)
+        return -1;
+    out[n] = '\0';
+    char *slash = strrchr(out, '/');
+    if (!slash)
+        return -1;
+    *slash = '\0';
+    return 0;
+}
+
+/* Starts argv; quiet: its stdout and stderr go to /dev/null. */
+static pid_t spawn(char *const argv[], int quiet)
+{
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (quiet) {
+        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+        posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    }
+    int e = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return e ? -1 : pid;
+}
+
+static int run_and_wait(char *const argv[])
+{
+    pid_t pid = spawn(argv, 1);
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    return port;
+}
+
+static void remove_tree(const char *dir, long n)
+{
+    char p[PATH_MAX + 64];
+    const char *names[] = {"loader.key", "loader.pub"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        unlink(p);
+    }
+    for (long i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/allow/w%ld.key", dir, i);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/allow/w%ld.pub", dir, i);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/allow", dir);
+    rmdir(p);
+    rmdir(dir);
+}
+
+static int compare_remote(bench_opts *o)
+{
+    long n = o->workers > 0 ? o->workers : 1;
+    char bin[PATH_MAX], worker[PATH_MAX + 32], keygen[PATH_MAX + 32];
+    if (own_dir(bin, sizeof bin) != 0) {
+        fprintf(stderr, "ferry-bench: cannot find my own directory\n");
+        return 1;
+    }
+    snprintf(worker, sizeof worker, "%s", o->worker_path ? o->worker_path : "");
+    if (!o->worker_path)
+        snprintf(worker, sizeof worker, "%s/ferry-worker", bin);
+    snprintf(keygen, sizeof keygen, "%s/ferry-keygen", bin);
+
+    char dir[] = "/tmp/ferry-bench-keys-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "ferry-bench: mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    char base[PATH_MAX], pub[PATH_MAX + 8], key[PATH_MAX + 8], allow[PATH_MAX + 8];
+    snprintf(allow, sizeof allow, "%s/allow", dir);
+    int ok = mkdir(allow, 0700) == 0;
+    snprintf(base, sizeof base, "%s/loader", dir);
+    char *kg[] = {keygen, base, NULL};
+    ok = ok && run_and_wait(kg) == 0;
+    for (long i = 0; ok && i < n; i++) {
+        snprintf(base, sizeof base, "%s/allow/w%ld", dir, i);
+        ok = run_and_wait(kg) == 0;
+    }
+    if (!ok) {
+        fprintf(stderr, "ferry-bench: could not make keys with %s\n", keygen);
+        remove_tree(dir, n);
+        return 1;
+    }
+
+    /* Local, then remote with CURVE, then remote over plain TCP (what the
+     * encryption costs). */
+    bench_result r[3];
+    bench_opts ro[3];
+    int rc = run_once(o, o->epoch_barrier, &r[0]);
+    ro[0] = *o;
+    pid_t *pids = calloc((size_t)n, sizeof *pids);
+    snprintf(pub, sizeof pub, "%s/loader.pub", dir);
+    snprintf(key, sizeof key, "%s/loader.key", dir);
+    char ep[2][64], wkey[PATH_MAX + 8];
+    for (int k = 1; k < 3 && rc == FERRY_OK && pids; k++) {
+        int plain = k == 2;
+        snprintf(ep[k - 1], sizeof ep[k - 1], "tcp://127.0.0.1:%d", free_port());
+        for (long i = 0; i < n; i++) {
+            snprintf(wkey, sizeof wkey, "%s/allow/w%ld.key", dir, i);
+            char *curve[] = {worker, "--connect",    ep[k - 1], "--key",
+                             wkey,   "--server-key", pub,       NULL};
+            char *insecure[] = {worker, "--connect", ep[k - 1], "--insecure", NULL};
+            pids[i] = spawn(plain ? insecure : curve, plain);
+        }
+        ro[k] = *o;
+        ro[k].bind = ep[k - 1];
+        ro[k].workers = 0;
+        ro[k].min_workers = n;
+        ro[k].curve_key = key;
+        ro[k].curve_allow = allow;
+        ro[k].insecure = plain;
+        rc = run_once(&ro[k], o->epoch_barrier, &r[k]);
+        for (long i = 0; i < n; i++) {
+            if (pids[i] > 0) {
+                kill(pids[i], SIGTERM);
+                waitpid(pids[i], NULL, 0);
+            }
+        }
+    }
+    free(pids);
+    remove_tree(dir, n);
+    if (rc != FERRY_OK)
+        return 1;
+    static const char *const names[] = {"local", "remote_curve", "remote_plain"};
+    if (o->json) {
+        for (int k = 0; k < 3; k++) {
+            printf("%s\"%s\": ", k ? ", " : "{", names[k]);
+            print_json(&r[k], stdout);
+        }
+        printf("}\n");
+        return 0;
+    }
+    static const char *const what[] = {"worker processes over ipc://",
+                                       "ferry-worker daemons over tcp://127.0.0.1 with CURVE",
+                                       "ferry-worker daemons over tcp://127.0.0.1, plain"};
+    for (int k = 0; k < 3; k++) {
+        printf("%s: %ld %s\n", names[k], n, what[k]);
+        print_text(&ro[k], &r[k]);
+    }
+    for (int k = 1; k < 3; k++)
+        printf("%s / local: throughput %.2fx, startup %.2fx, median gap %.2fx\n", names[k],
+               r[0].batches_per_s > 0 ? r[k].batches_per_s / r[0].batches_per_s : 0,
+               r[0].startup_ms > 0 ? r[k].startup_ms / r[0].startup_ms : 0,
+               r[0].gap_ms_median > 0 ? r[k].gap_ms_median / r[0].gap_ms_median : 0);
+    return 0;
 }
 
 static void usage(FILE *f)
@@ -300,6 +513,13 @@ static void usage(FILE *f)
                "  --epoch-barrier     wait at each epoch boundary (PyTorch persistent workers)\n"
                "  --compare           run without and with the barrier, print both\n"
                "  --worker-path PATH  the ferry-worker program\n"
+               "  --bind ENDPOINT     also take remote workers at tcp://HOST:PORT\n"
+               "  --min-workers N     workers to wait for before the first batch\n"
+               "  --curve-key FILE    the loader's key pair (ferry-keygen)\n"
+               "  --curve-allow PATH  allowed worker keys (file, or directory of .pub files)\n"
+               "  --insecure          plain TCP for --bind (trusted networks only)\n"
+               "  --compare-remote    --workers local processes, then as many remote ones\n"
+               "                      over TCP+CURVE on 127.0.0.1; print both\n"
                "  --json              print one JSON object\n"
                "  --no-progress       no progress bar\n");
 }
@@ -324,13 +544,15 @@ int main(int argc, char **argv)
                     .epochs = 10,
                     .seed = -1,
                     .progress = 1,
-                    .in_order = 1};
+                    .in_order = 1,
+                    .min_workers = -1};
     static const struct {
         const char *name;
         size_t off;
         long min;
     } nums[] = {
-        {"--workers", offsetof(bench_opts, workers), 1},
+        {"--workers", offsetof(bench_opts, workers), 0},
+        {"--min-workers", offsetof(bench_opts, min_workers), 0},
         {"--batch-size", offsetof(bench_opts, batch_size), 1},
         {"--epochs", offsetof(bench_opts, epochs), 1},
         {"--batches", offsetof(bench_opts, batches), 1},
@@ -358,6 +580,16 @@ int main(int argc, char **argv)
             o.dataset = argv[++i];
         } else if (!strcmp(a, "--worker-path") && v) {
             o.worker_path = argv[++i];
+        } else if (!strcmp(a, "--bind") && v) {
+            o.bind = argv[++i];
+        } else if (!strcmp(a, "--curve-key") && v) {
+            o.curve_key = argv[++i];
+        } else if (!strcmp(a, "--curve-allow") && v) {
+            o.curve_allow = argv[++i];
+        } else if (!strcmp(a, "--insecure")) {
+            o.insecure = 1;
+        } else if (!strcmp(a, "--compare-remote")) {
+            o.compare_remote = 1;
         } else if (!strcmp(a, "--threads")) {
             o.worker_mode = "thread";
         } else if (!strcmp(a, "--epoch-barrier")) {
@@ -380,6 +612,8 @@ int main(int argc, char **argv)
         }
     }
 
+    if (o.compare_remote)
+        return compare_remote(&o);
     bench_result r[2];
     int runs = o.compare ? 2 : 1;
     for (int k = 0; k < runs; k++) {
