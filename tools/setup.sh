@@ -21,7 +21,7 @@ jobs=${JOBS:-$(nproc)}
 # Debian packages ferry needs: compiler and build tools, the three libraries
 # (ZeroMQ transport, msgpack wire encoding, cmocka tests), and clang for the
 # fuzz target.
-packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev)
+packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev iproute2)
 [ "$job" = fuzz ] && packages+=(clang)
 missing=()
 for p in "${packages[@]}"; do
