@@ -93,7 +93,11 @@ typedef struct wslot {
     uint64_t heard_ms; /* remote: when it last said anything */
     uint64_t sent_ms;  /* remote: when it was last sent anything */
     uint32_t rpid;     /* remote: its pid on its host, for messages */
-    char host[64];     /* remote: its host name, for messages */
+    int death_pending; /* reaped, but its last replies may still be on the way */
+    int exit_status;   /* its wait status, while death_pending */
+    pid_t dead_pid;
+    uint64_t settle_by_ms; /* handle the death by then, replies or not */
+    char host[64];         /* remote: its host name, for messages */
 } wslot;
 
 typedef enum tstate { T_FREE = 0, T_PENDING, T_DONE } tstate;
@@ -143,7 +147,8 @@ struct ferry_loader {
     uint64_t send_counter;
     int closing; /* shutdown has begun: deaths are expected */
     uint64_t start_deadline_ms;
-    uint64_t idle_since_ms; /* running with no ready worker since then; 0 = has some */
+    uint64_t idle_since_ms;  /* running with no ready worker since then; 0 = has some */
+    uint32_t deaths_pending; /* local workers reaped, death not yet handled */
     uint64_t rejected_logged;
     ferry__msg in, out; /* message scratch, too big for the stack */
 
@@ -947,12 +952,48 @@ static void requeue_locked(ferry_loader *ld, wslot *w, const char *death, int ch
     complete_locked(ld, oldest, NULL);
 }
 
+/* A worker process has died: its death is handled (tasks requeued, the one
+ * it was on charged an attempt) only once every reply it sent before dying
+ * has been read, or the charge would fall on a batch it had already
+ * answered. The reaped process's connection is probed: while ZeroMQ still
+ * routes to it, its pipe (and maybe a reply) is still draining; once the
+ * send fails with EHOSTUNREACH, the pipe has ended after its last message.
+ * Bounded at 500 ms. */
+static void handle_death(ferry_loader *ld, wslot *w);
+
 static void on_worker_exit(ferry_loader *ld, wslot *w)
 {
     int status;
     pid_t pid = w->pid;
     if (!reap(ld, w, &status))
         return;
+    w->exit_status = status;
+    w->dead_pid = pid;
+    w->unreachable = 1; /* no task goes to it meanwhile */
+    w->death_pending = 1;
+    w->settle_by_ms = now_ms() + 500;
+    ld->deaths_pending++;
+}
+
+static void settle_death(ferry_loader *ld, wslot *w)
+{
+    if (!w->death_pending)
+        return;
+    if (!ld->closing && w->ident.len && now_ms() < w->settle_by_ms) {
+        ld->out.type = FERRY__MSG_HEARTBEAT;
+        if (ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK ||
+            errno != EHOSTUNREACH)
+            return;
+    }
+    w->death_pending = 0;
+    ld->deaths_pending--;
+    handle_death(ld, w);
+}
+
+static void handle_death(ferry_loader *ld, wslot *w)
+{
+    int status = w->exit_status;
+    pid_t pid = w->dead_pid;
     wstate was = w->state;
     w->state = W_GONE;
     if (ld->closing)
@@ -1136,7 +1177,7 @@ static void check_deadlines(ferry_loader *ld)
         for (uint32_t i = 0; i < ld->nworkers; i++) {
             wslot *w = &ld->w[i];
             if (w->state == W_READY && w->outstanding && !w->killing && !w->remote &&
-                now - w->busy_since_ms >= (uint64_t)ld->cfg.timeout_ms)
+                !w->death_pending && now - w->busy_since_ms >= (uint64_t)ld->cfg.timeout_ms)
                 on_timeout_locked(ld, w, now);
         }
     }
@@ -1192,6 +1233,8 @@ static void poll_once(ferry_loader *ld, int timeout_ms)
         i_zap = n;
         items[n++] = (zmq_pollitem_t){.socket = ld->zap, .events = ZMQ_POLLIN};
     }
+    if (ld->deaths_pending && timeout_ms > 2)
+        timeout_ms = 2; /* a dead worker's last replies are being waited for */
     int first_errfd = n;
     for (uint32_t i = 0; i < ld->nlocal; i++) {
         if (ld->w[i].errfd >= 0) {
@@ -1206,8 +1249,11 @@ static void poll_once(ferry_loader *ld, int timeout_ms)
             items[n++] = (zmq_pollitem_t){.fd = ld->w[i].pidfd, .events = ZMQ_POLLIN};
         }
     }
-    if (zmq_poll(items, n, timeout_ms) <= 0)
+    if (zmq_poll(items, n, timeout_ms) <= 0) {
+        for (uint32_t i = 0; ld->deaths_pending && i < ld->nlocal; i++)
+            settle_death(ld, &ld->w[i]);
         return;
+    }
     if (items[1].revents & ZMQ_POLLIN) {
         uint64_t v;
         while (read(ld->wake_fd, &v, sizeof v) < 0 && errno == EINTR)
@@ -1229,6 +1275,8 @@ static void poll_once(ferry_loader *ld, int timeout_ms)
         if (items[i].revents & ZMQ_POLLIN)
             on_worker_exit(ld, owner[i]);
     }
+    for (uint32_t i = 0; ld->deaths_pending && i < ld->nlocal; i++)
+        settle_death(ld, &ld->w[i]);
 }
 
 /* ------------------------------------------------------------------------
