@@ -394,7 +394,9 @@ static int send_failed(ferry_loader *ld, wslot *w)
     if (w->remote) {
         char why[128];
         snprintf(why, sizeof why, "its connection is gone (%s)", ferry_last_error());
-        lose_remote(ld, w, why, 0);
+        /* Charged: a remote process that crashed on a batch looks just like
+         * this, and a poison batch must still be given up. */
+        lose_remote(ld, w, why, 1);
         return 1;
     }
     char who[64], msg[FERRY__ERRMSG_MAX];
@@ -924,7 +926,7 @@ static void describe_indices(const task_ent *e, char *buf, size_t cap)
  * taken down max_attempts workers it is given up as poison and reported, so
  * the run goes on without it. The others were only queued behind it and go
  * out again free of charge; so do all of them when `charge` is 0 (a remote
- * worker that said BYE or could not be reached). Caller holds mu. */
+ * worker that said BYE). Caller holds mu. */
 static void requeue_locked(ferry_loader *ld, wslot *w, const char *death, int charge)
 {
     task_ent *oldest = NULL;
@@ -1038,8 +1040,9 @@ static void handle_death(ferry_loader *ld, wslot *w)
 
 /* A remote worker is given up: gone silent past heartbeat_ms x liveness (a
  * cut link, a frozen host, a stopped process), unreachable, or it said BYE.
- * Its tasks go to the others, exactly like a dead local worker's (charged an
- * attempt only when it went silent: that may be a crash on the batch); its
+ * Its tasks go to the others, exactly like a dead local worker's (the batch
+ * it was on is charged an attempt unless it said BYE: silence or a dropped
+ * connection may be a crash on that batch); its
  * slot is free for the next remote worker, and anything it sends later is
  * dropped as stale (its routing id is no longer known). */
 static void lose_remote(ferry_loader *ld, wslot *w, const char *why, int charge)
@@ -1088,7 +1091,7 @@ static void check_remote(ferry_loader *ld, uint64_t now)
             if (ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK)
                 w->sent_ms = now;
             else
-                lose_remote(ld, w, "its connection is gone", 0);
+                lose_remote(ld, w, "its connection is gone", 1);
         }
     }
 }

@@ -332,7 +332,7 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
 
 /* The DEALER: limits, then for tcp:// ZeroMQ's heartbeats (a dead
  * connection is closed and redialled), a reconnect interval that backs off
- * to 5 s, and CURVE when a server key is given. */
+ * to 2 s, and CURVE when a server key is given. */
 static int setup_socket(wstate *w)
 {
     const ferry__worker_opts *o = w->o;
@@ -340,7 +340,7 @@ static int setup_socket(wstate *w)
     int rc = ferry__zsock_setup(w->sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
     if (rc != FERRY_OK || strncmp(o->endpoint, "tcp://", 6) != 0)
         return rc;
-    int ivl = 1000, timeout = 5000, max_ivl = 2000;
+    int ivl = 1000, timeout = 5000, max_ivl = 2000; /* redial backs off to 2 s */
     zmq_setsockopt(w->sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(w->sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
     zmq_setsockopt(w->sock, ZMQ_RECONNECT_IVL_MAX, &max_ivl, sizeof max_ivl);
@@ -363,14 +363,29 @@ static void say_bye(wstate *w)
     send_simple(w, FERRY__MSG_BYE);
 }
 
+/* A HEARTBEAT if nothing has been sent for an interval. Checked after
+ * every message as well as when idle: a worker that only ever receives (the
+ * loader's own heartbeats) must still be heard. */
+static int heartbeat_if_due(wstate *w)
+{
+    if (!w->hb_ms)
+        return FERRY_OK;
+    pthread_mutex_lock(&w->sock_mu);
+    uint64_t since = mono_ms() - w->sent_ms;
+    pthread_mutex_unlock(&w->sock_mu);
+    return since >= w->hb_ms ? send_simple(w, FERRY__MSG_HEARTBEAT) : FERRY_OK;
+}
+
 /* What the main loop does when no message came: heartbeats while idle,
  * and the end of the session when the loader has gone silent. */
 static int on_idle(wstate *w, int configured, uint64_t waited)
 {
     if (!configured) {
         if (w->o->handshake_ms > 0 && waited >= (uint64_t)w->o->handshake_ms)
-            return ferry__seterr(FERRY_ETIMEDOUT, "no CONFIG from %s within %d ms", w->o->endpoint,
-                                 w->o->handshake_ms);
+            return ferry__seterr(FERRY_ETIMEDOUT,
+                                 "no CONFIG from %s within %d ms (no loader there yet, or it "
+                                 "refused this worker's key or protocol)",
+                                 w->o->endpoint, w->o->handshake_ms);
         return FERRY_OK;
     }
     if (!w->hb_ms)
@@ -380,10 +395,7 @@ static int on_idle(wstate *w, int configured, uint64_t waited)
         return ferry__seterr(
             FERRY_ETIMEDOUT, "the loader at %s has been silent for %llu ms (heartbeat %llu ms)",
             w->o->endpoint, (unsigned long long)(now - w->heard_ms), (unsigned long long)w->hb_ms);
-    pthread_mutex_lock(&w->sock_mu);
-    uint64_t since = now - w->sent_ms;
-    pthread_mutex_unlock(&w->sock_mu);
-    return since >= w->hb_ms ? send_simple(w, FERRY__MSG_HEARTBEAT) : FERRY_OK;
+    return heartbeat_if_due(w);
 }
 
 int ferry__worker_run(const ferry__worker_opts *o)
@@ -439,7 +451,9 @@ int ferry__worker_run(const ferry__worker_opts *o)
     for (;;) {
         zmq_msg_t payload;
         int got;
-        rc = wait_msg(w, POLL_MS, &payload, &got);
+        /* Short enough polls that heartbeats go out on time. */
+        int poll_ms = w->hb_ms && w->hb_ms / 2 < POLL_MS ? (int)(w->hb_ms / 2) : POLL_MS;
+        rc = wait_msg(w, poll_ms > 0 ? poll_ms : 1, &payload, &got);
         if (rc != FERRY_OK) {
             if (should_quit(w) && configured)
                 say_bye(w); /* so the loader requeues at once */
@@ -486,8 +500,15 @@ int ferry__worker_run(const ferry__worker_opts *o)
             break;
         }
         zmq_msg_close(&payload);
-        if (rc != FERRY_OK)
+        if (rc == FERRY_OK)
+            rc = heartbeat_if_due(w);
+        if (rc == FERRY_OK && should_quit(w))
+            rc = ferry__seterr(FERRY_ETIMEDOUT, "worker told to quit");
+        if (rc != FERRY_OK) {
+            if (should_quit(w) && configured)
+                say_bye(w); /* between batches: the loader requeues at once */
             goto done;
+        }
     }
 
 done:

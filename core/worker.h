@@ -35,7 +35,7 @@ typedef struct ferry__worker_opts {
     const char *secret_key;
     const char *plugin_dir; /* plugins only from here, by file name; NULL: none at all */
     int confine_plugins;    /* apply plugin_dir (remote); 0: any path (local workers) */
-    int *configured;        /* if set, becomes 1 once CONFIG has come */
+    int *configured;        /* if set, becomes 1 once CONFIG came and the dataset opened */
 } ferry__worker_opts;
 
 /* Runs one session. Returns FERRY_OK after STOP, FERRY_ECLOSED when the

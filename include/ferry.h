@@ -169,7 +169,7 @@ typedef struct ferry_stats {
     uint64_t failed;     /* batches the dataset failed on */
     uint64_t realigned;  /* batches copied to meet the alignment promise */
     uint64_t malformed;  /* messages dropped as malformed */
-    uint64_t stale;      /* replies dropped: from a worker given up on, or for no task */
+    uint64_t stale;      /* messages dropped: from a worker given up on, or replies for no task */
     uint64_t restarts;   /* workers replaced after dying or timing out */
     uint64_t timeouts;   /* batches that ran past timeout_ms */
     uint64_t joined;     /* remote workers that became ready */

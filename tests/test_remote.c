@@ -142,8 +142,8 @@ static pid_t spawn_tied(const char *const *argv)
 
 /* Starts `ferry-worker --connect ep` with a worker key (NULL: --insecure)
  * and up to four more arguments. */
-static pid_t start_daemon(const char *ep, const keys *k, const char *key, const char *a1,
-                          const char *a2, const char *a3)
+static pid_t start_daemon_v(const char *ep, const keys *k, const char *key,
+                            const char *const *extra)
 {
     const char *argv[16];
     int n = 0;
@@ -158,13 +158,17 @@ static pid_t start_daemon(const char *ep, const keys *k, const char *key, const 
     } else {
         argv[n++] = "--insecure";
     }
-    const char *extra[] = {a1, a2, a3};
-    for (int i = 0; i < 3; i++) {
-        if (extra[i])
-            argv[n++] = extra[i];
-    }
+    for (int i = 0; extra && extra[i] && n < 15; i++)
+        argv[n++] = extra[i];
     argv[n] = NULL;
     return spawn_tied(argv);
+}
+
+static pid_t start_daemon(const char *ep, const keys *k, const char *key, const char *a1,
+                          const char *a2, const char *a3)
+{
+    const char *extra[] = {a1, a2, a3, NULL};
+    return start_daemon_v(ep, k, key, extra);
 }
 
 /* SIGTERM (the daemon finishes its batch, says BYE, exits), then waits; a
@@ -723,6 +727,62 @@ static void test_remote_plugins_only_from_plugin_dir(void **state)
     ft_end(&snap);
 }
 
+/* A batch that crashes remote worker processes: each crash drops the
+ * connection and is charged to the batch, which is given up after
+ * max_attempts (FERRY_EBATCH naming its indices) while the rest of the
+ * epoch arrives; the daemons' supervisors restart the crashed processes. */
+static void test_remote_poison_batch_is_given_up(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    keys k;
+    make_keys(&k);
+    char dir[256], spec[512];
+    snprintf(dir, sizeof dir, "%s", FERRY_TEST_HOSTILE);
+    char *slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    snprintf(spec, sizeof spec, "plugin:%s?n=160,crash_at=37", slash + 1);
+    *slash = '\0';
+    int port = free_port();
+    char ep[64];
+    endpoint_of(port, ep, sizeof ep);
+    const char *extra[] = {"--processes", "2", "--plugin-dir", dir, NULL};
+    pid_t d = start_daemon_v(ep, &k, k.w1, extra);
+    ferry_config *cfg = remote_cfg(&k, port, 0, 2);
+    assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "max_attempts", 2), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "shuffle", 0), FERRY_OK); /* batch 2 holds 37 */
+    ferry_loader *ld = NULL;
+    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
+        fail_msg("open: %s", ferry_last_error());
+    ferry_config_free(cfg);
+    int ok = 0, failed = 0;
+    for (;;) {
+        ferry_batch *b = NULL;
+        int rc = ferry_loader_next(ld, &b);
+        if (rc == FERRY_EOF)
+            break;
+        if (rc == FERRY_EBATCH) {
+            printf("%s\n", ferry_last_error());
+            assert_non_null(strstr(ferry_last_error(), "indices 32, 33"));
+            failed++;
+            continue;
+        }
+        if (rc != FERRY_OK)
+            fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+        ok++;
+        ferry_batch_release(b);
+    }
+    assert_int_equal(failed, 1);
+    assert_int_equal(ok, 9);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d);
+    remove_keys(&k);
+    ft_end(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * A real link cut: the worker in its own network namespace (a separate
  * host as far as TCP is concerned), joined by a veth pair whose host end is
@@ -914,6 +974,7 @@ int main(void)
         cmocka_unit_test(test_unknown_key_is_rejected),
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
+        cmocka_unit_test(test_remote_poison_batch_is_given_up),
         cmocka_unit_test(test_link_cut_between_namespaces_loses_nothing),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;

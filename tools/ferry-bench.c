@@ -499,29 +499,30 @@ static int compare_remote(bench_opts *o)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry-bench [options]\n"
-               "  --dataset SPEC      dataset (default synthetic:n=60000,dim=784, MNIST-sized)\n"
-               "  --workers N         workers (default 2)\n"
-               "  --threads           workers are threads, not processes\n"
-               "  --batch-size N      items per batch (default 256)\n"
-               "  --epochs N          epochs to run (default 10)\n"
-               "  --batches N         run N batches instead of whole epochs\n"
-               "  --prefetch N        batches in flight (default: auto)\n"
-               "  --seed N            shuffle with this seed\n"
-               "  --out-of-order      deliver batches as they complete\n"
-               "  --step-us N         CPU time the 'trainer' spends per batch (default 0)\n"
-               "  --epoch-barrier     wait at each epoch boundary (PyTorch persistent workers)\n"
-               "  --compare           run without and with the barrier, print both\n"
-               "  --worker-path PATH  the ferry-worker program\n"
-               "  --bind ENDPOINT     also take remote workers at tcp://HOST:PORT\n"
-               "  --min-workers N     workers to wait for before the first batch\n"
-               "  --curve-key FILE    the loader's key pair (ferry-keygen)\n"
-               "  --curve-allow PATH  allowed worker keys (file, or directory of .pub files)\n"
-               "  --insecure          plain TCP for --bind (trusted networks only)\n"
-               "  --compare-remote    --workers local processes, then as many remote ones\n"
-               "                      over TCP+CURVE on 127.0.0.1; print both\n"
-               "  --json              print one JSON object\n"
-               "  --no-progress       no progress bar\n");
+    fprintf(f,
+            "usage: ferry-bench [options]\n"
+            "  --dataset SPEC      dataset (default synthetic:n=60000,dim=784, MNIST-sized)\n"
+            "  --workers N         workers (default 2)\n"
+            "  --threads           workers are threads, not processes\n"
+            "  --batch-size N      items per batch (default 256)\n"
+            "  --epochs N          epochs to run (default 10)\n"
+            "  --batches N         run N batches instead of whole epochs\n"
+            "  --prefetch N        batches in flight (default: auto)\n"
+            "  --seed N            shuffle with this seed\n"
+            "  --out-of-order      deliver batches as they complete\n"
+            "  --step-us N         CPU time the 'trainer' spends per batch (default 0)\n"
+            "  --epoch-barrier     wait at each epoch boundary (PyTorch persistent workers)\n"
+            "  --compare           run without and with the barrier, print both\n"
+            "  --worker-path PATH  the ferry-worker program\n"
+            "  --bind ENDPOINT     also take remote workers at tcp://HOST:PORT\n"
+            "  --min-workers N     workers to wait for before the first batch\n"
+            "  --curve-key FILE    the loader's key pair (ferry-keygen)\n"
+            "  --curve-allow PATH  allowed worker keys (file, or directory of .pub files)\n"
+            "  --insecure          plain TCP for --bind (trusted networks only)\n"
+            "  --compare-remote    --workers local processes, then as many remote ones\n"
+            "                      over TCP+CURVE, then plain TCP, on 127.0.0.1; print all three\n"
+            "  --json              print one JSON object\n"
+            "  --no-progress       no progress bar\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)

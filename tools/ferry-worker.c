@@ -99,7 +99,7 @@ static void nap(unsigned ms)
 }
 
 /* A remote worker's life: sessions, one loader after another. A session
- * that ran (CONFIG came) is followed by a quick reconnect; one that did not
+ * that ran (the dataset opened) is followed by a quick reconnect; one that did not
  * (nobody there, refused, key not allowed) by a backoff that doubles up to
  * 8 s, with jitter so a rack of workers does not knock in step. */
 static int serve(ferry__worker_opts *o, int once)
@@ -155,12 +155,17 @@ static int supervise(long n, ferry__worker_opts *o, int once)
                 prctl(PR_SET_PDEATHSIG, SIGTERM);
                 if (getppid() != me)
                     _exit(0);
+                snprintf(head, sizeof head, "ferry-worker (pid %d): crashed while ", (int)getpid());
                 _exit(serve(o, once));
             }
             kids[i] = pid;
         }
+        /* Polled, not a blocking wait(): a SIGTERM that lands between two
+         * calls must not be missed. */
         int status;
-        pid_t pid = wait(&status);
+        pid_t pid;
+        while ((pid = waitpid(-1, &status, WNOHANG)) == 0 && !atomic_load(&stop_flag))
+            nap(50);
         if (pid < 0 && errno == ECHILD)
             break;
         if (atomic_load(&stop_flag))
