@@ -218,6 +218,27 @@ static ferry_config *remote_cfg(const keys *k, int port, int local, int min_work
     return cfg;
 }
 
+/* Opens a loader that must open; frees cfg. */
+static ferry_loader *open_ok(ferry_config *cfg)
+{
+    ferry_loader *ld = NULL;
+    int rc = ferry_loader_open(&ld, cfg);
+    ferry_config_free(cfg);
+    if (rc != FERRY_OK)
+        fail_msg("open: %s", ferry_last_error());
+    return ld;
+}
+
+/* dir and file name of a path (a plugin's, for --plugin-dir). */
+static void split_path(const char *path, char *dir, size_t dcap, char *name, size_t ncap)
+{
+    snprintf(dir, dcap, "%s", path);
+    char *slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    snprintf(name, ncap, "%s", slash + 1);
+    *slash = '\0';
+}
+
 static void endpoint_of(int port, char *ep, size_t cap)
 {
     snprintf(ep, cap, "tcp://127.0.0.1:%d", port);
@@ -391,10 +412,7 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
     pid_t d2 = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&k, port, 0, 2);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 4), FERRY_OK);
-    ferry_loader *ld = NULL;
-    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    ferry_config_free(cfg);
+    ferry_loader *ld = open_ok(cfg);
 
     stream_check c;
     stream_init(&c, 4);
@@ -457,10 +475,7 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     endpoint_of(port, ep, sizeof ep);
     ferry_config *cfg = remote_cfg(&k, port, 1, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
-    ferry_loader *ld = NULL;
-    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    ferry_config_free(cfg);
+    ferry_loader *ld = open_ok(cfg);
     stream_check c;
     stream_init(&c, 2);
     for (int i = 0; i < 20; i++)
@@ -499,10 +514,7 @@ static void test_unknown_key_is_rejected(void **state)
     pid_t plain = start_daemon(ep, &k, NULL, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&k, port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
-    ferry_loader *ld = NULL;
-    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    ferry_config_free(cfg);
+    ferry_loader *ld = open_ok(cfg);
     assert_true(wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
     stream_check c;
     stream_init(&c, 2);
@@ -549,10 +561,7 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     ferry_config *cfg = remote_cfg(&k, port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_message", 1 << 20), FERRY_OK);
-    ferry_loader *ld = NULL;
-    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    ferry_config_free(cfg);
+    ferry_loader *ld = open_ok(cfg);
 
     char pub[41], sec[41], srv[41];
     assert_int_equal(ferry__key_pair_load(k.w2, pub, sec), FERRY_OK);
@@ -679,11 +688,7 @@ static void test_remote_plugins_only_from_plugin_dir(void **state)
     keys k;
     make_keys(&k);
     char dir[256], name[128];
-    snprintf(dir, sizeof dir, "%s", FERRY_TEST_PLUGIN);
-    char *slash = strrchr(dir, '/');
-    assert_non_null(slash);
-    snprintf(name, sizeof name, "%s", slash + 1);
-    *slash = '\0';
+    split_path(FERRY_TEST_PLUGIN, dir, sizeof dir, name, sizeof name);
 
     int port = free_port();
     char ep[64], spec[512];
@@ -738,12 +743,9 @@ static void test_remote_poison_batch_is_given_up(void **state)
     ft_begin(&snap, 120);
     keys k;
     make_keys(&k);
-    char dir[256], spec[512];
-    snprintf(dir, sizeof dir, "%s", FERRY_TEST_HOSTILE);
-    char *slash = strrchr(dir, '/');
-    assert_non_null(slash);
-    snprintf(spec, sizeof spec, "plugin:%s?n=160,crash_at=37", slash + 1);
-    *slash = '\0';
+    char dir[256], name[128], spec[512];
+    split_path(FERRY_TEST_HOSTILE, dir, sizeof dir, name, sizeof name);
+    snprintf(spec, sizeof spec, "plugin:%s?n=160,crash_at=37", name);
     int port = free_port();
     char ep[64];
     endpoint_of(port, ep, sizeof ep);
@@ -754,10 +756,7 @@ static void test_remote_poison_batch_is_given_up(void **state)
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_attempts", 2), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "shuffle", 0), FERRY_OK); /* batch 2 holds 37 */
-    ferry_loader *ld = NULL;
-    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    ferry_config_free(cfg);
+    ferry_loader *ld = open_ok(cfg);
     int ok = 0, failed = 0;
     for (;;) {
         ferry_batch *b = NULL;
@@ -856,10 +855,7 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
     snprintf(bind_ep, sizeof bind_ep, "tcp://%s:*", n.host_ip);
     assert_int_equal(ferry_config_set(cfg, "bind", bind_ep), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 6), FERRY_OK);
-    ferry_loader *ld = NULL;
-    if (ferry_loader_open(&ld, cfg) != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    ferry_config_free(cfg);
+    ferry_loader *ld = open_ok(cfg);
     char ep[128];
     assert_int_equal(ferry_loader_endpoint(ld, ep, sizeof ep), FERRY_OK);
 
