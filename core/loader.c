@@ -45,6 +45,7 @@
 #include <zmq.h>
 
 #include "batch.h"
+#include "clock.h"
 #include "config.h"
 #include "alloc.h"
 #include "error.h"
@@ -170,27 +171,6 @@ struct ferry_loader {
     ferry_stats st;
 };
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* The absolute time `ms` from now on `clock`, for the timed pthread waits. */
-static struct timespec deadline_ts(clockid_t clock, uint64_t ms)
-{
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 static void wake(ferry_loader *ld)
 {
     uint64_t one = 1;
@@ -255,7 +235,7 @@ static int start_worker(ferry_loader *ld, wslot *w)
     w->outstanding = 0;
     w->killing = 0;
     w->unreachable = 0;
-    w->ready_by_ms = now_ms() + (uint64_t)ld->cfg.start_timeout_ms;
+    w->ready_by_ms = ferry__now_ms() + (uint64_t)ld->cfg.start_timeout_ms;
     w->kill_reason[0] = '\0';
     w->tail_len = 0;
     /* A process worker holds a pidfd and a stderr pipe, and its connection
@@ -372,7 +352,7 @@ static int send_task(ferry_loader *ld, task_ent *e, wslot *w)
         return rc;
     }
     e->worker = w->index;
-    e->sent_ms = w->sent_ms = now_ms();
+    e->sent_ms = w->sent_ms = ferry__now_ms();
     e->sent_order = ld->send_counter++;
     if (w->outstanding++ == 0)
         w->busy_since_ms = e->sent_ms;
@@ -537,7 +517,7 @@ static void configure(ferry_loader *ld, wslot *w)
     c->liveness = (uint32_t)ld->cfg.heartbeat_liveness;
     if (ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK) {
         w->state = W_CONFIGURED;
-        w->sent_ms = now_ms();
+        w->sent_ms = ferry__now_ms();
     }
 }
 
@@ -572,7 +552,7 @@ static void on_hello_remote(ferry_loader *ld, const ferry__ident *id)
     w->delivered_any = 0;
     w->rpid = h->pid;
     snprintf(w->host, sizeof w->host, "%s", h->host);
-    w->heard_ms = now_ms();
+    w->heard_ms = ferry__now_ms();
     configure(ld, w);
 }
 
@@ -702,7 +682,7 @@ static void complete_locked(ferry_loader *ld, task_ent *e, wslot *w)
         w->delivered_any = 1;
         w->failed_starts = 0;
         if (w->outstanding && --w->outstanding)
-            w->busy_since_ms = now_ms();
+            w->busy_since_ms = ferry__now_ms();
     }
     pthread_cond_broadcast(&ld->cv);
 }
@@ -767,7 +747,7 @@ static void on_message(ferry_loader *ld, void *sock, const ferry__ident *id, zmq
         count_stale(ld);
         return;
     }
-    w->heard_ms = now_ms();
+    w->heard_ms = ferry__now_ms();
     switch (ld->in.type) {
     case FERRY__MSG_READY:
         on_ready(ld, w);
@@ -973,7 +953,7 @@ static void on_worker_exit(ferry_loader *ld, wslot *w)
     w->dead_pid = pid;
     w->unreachable = 1; /* no task goes to it meanwhile */
     w->death_pending = 1;
-    w->settle_by_ms = now_ms() + 500;
+    w->settle_by_ms = ferry__now_ms() + 500;
     ld->deaths_pending++;
 }
 
@@ -981,7 +961,7 @@ static void settle_death(ferry_loader *ld, wslot *w)
 {
     if (!w->death_pending)
         return;
-    if (!ld->closing && w->ident.len && now_ms() < w->settle_by_ms) {
+    if (!ld->closing && w->ident.len && ferry__now_ms() < w->settle_by_ms) {
         ld->out.type = FERRY__MSG_HEARTBEAT;
         if (ferry__zsock_send(w->sock, &w->ident, &ld->out, NULL, ZMQ_DONTWAIT) == FERRY_OK ||
             errno != EHOSTUNREACH)
@@ -1130,7 +1110,7 @@ static void on_timeout_locked(ferry_loader *ld, wslot *w, uint64_t now)
 
 static void check_deadlines(ferry_loader *ld)
 {
-    uint64_t now = now_ms();
+    uint64_t now = ferry__now_ms();
     pthread_mutex_lock(&ld->mu);
     if (ld->ph == P_STARTING && now >= ld->start_deadline_ms) {
         char msg[512];
@@ -1311,7 +1291,7 @@ static void wait_workers(ferry_loader *ld, uint64_t deadline)
         }
         if (!workers_left(ld))
             return;
-        uint64_t now = now_ms();
+        uint64_t now = ferry__now_ms();
         if (now >= deadline)
             return;
         uint64_t left = deadline - now;
@@ -1342,7 +1322,7 @@ static void shutdown_workers(ferry_loader *ld)
     pthread_mutex_lock(&ld->mu);
     fail_locked(ld, FERRY_ECLOSED, "the loader is closing");
     pthread_mutex_unlock(&ld->mu);
-    wait_workers(ld, now_ms() + grace);
+    wait_workers(ld, ferry__now_ms() + grace);
     /* A remote worker that has not said BYE by now cannot be made to: it
      * finds the loader gone by its heartbeats and reconnects. */
     for (uint32_t i = ld->nlocal; i < ld->nworkers; i++) {
@@ -1354,7 +1334,7 @@ static void shutdown_workers(ferry_loader *ld)
         signal_workers(ld, SIGTERM);
         /* A stopped worker only acts on SIGTERM once continued. */
         signal_workers(ld, SIGCONT);
-        wait_workers(ld, now_ms() + (grace / 2 > 200 ? grace / 2 : 200));
+        wait_workers(ld, ferry__now_ms() + (grace / 2 > 200 ? grace / 2 : 200));
     }
     if (workers_left(ld)) {
         signal_workers(ld, SIGKILL);
@@ -1374,13 +1354,13 @@ static void shutdown_workers(ferry_loader *ld)
         }
     }
     /* Thread workers see cancel_threads within one poll period. */
-    uint64_t deadline = now_ms() + (grace > 1000 ? grace : 1000);
+    uint64_t deadline = ferry__now_ms() + (grace > 1000 ? grace : 1000);
     for (uint32_t i = 0; i < ld->nworkers; i++) {
         wslot *w = &ld->w[i];
         if (!w->thread_live)
             continue;
-        uint64_t left = deadline > now_ms() ? deadline - now_ms() : 0;
-        struct timespec ts = deadline_ts(CLOCK_REALTIME, left);
+        uint64_t left = deadline > ferry__now_ms() ? deadline - ferry__now_ms() : 0;
+        struct timespec ts = ferry__deadline_ts(CLOCK_REALTIME, left);
         if (pthread_timedjoin_np(w->thread, NULL, &ts) != 0) {
             /* A thread stuck inside dataset code cannot be stopped safely; it
              * keeps the ZeroMQ context, which is then left alive. */
@@ -1695,7 +1675,7 @@ fail:
 /* Waits on the condition variable for at most `ms`. Caller holds mu. */
 static void wait_cv(ferry_loader *ld, int ms)
 {
-    struct timespec ts = deadline_ts(CLOCK_MONOTONIC, (uint64_t)ms);
+    struct timespec ts = ferry__deadline_ts(CLOCK_MONOTONIC, (uint64_t)ms);
     pthread_cond_timedwait(&ld->cv, &ld->mu, &ts);
 }
 
@@ -1722,7 +1702,7 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
     if (rc != FERRY_OK)
         goto fail;
 
-    ld->start_deadline_ms = now_ms() + (uint64_t)cfg->start_timeout_ms;
+    ld->start_deadline_ms = ferry__now_ms() + (uint64_t)cfg->start_timeout_ms;
     /* The scheduler thread takes no signals: they stay the trainer's. */
     sigset_t all, old;
     sigfillset(&all);

@@ -26,6 +26,7 @@
 
 #include <zmq.h>
 
+#include "clock.h"
 #include "dataset.h"
 #include "alloc.h"
 #include "error.h"
@@ -57,20 +58,13 @@ typedef struct wstate {
     ferry__msg in;
 } wstate;
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Every send goes through here: it holds the socket and notes the time. */
 static int send_msg(wstate *w, zmq_msg_t *payload, int flags)
 {
     pthread_mutex_lock(&w->sock_mu);
     int rc = ferry__zsock_send(w->sock, NULL, &w->out, payload, flags);
     if (rc == FERRY_OK)
-        w->sent_ms = mono_ms();
+        w->sent_ms = ferry__now_ms();
     pthread_mutex_unlock(&w->sock_mu);
     return rc;
 }
@@ -86,21 +80,13 @@ static void *heartbeat_main(void *arg)
     hb.type = FERRY__MSG_HEARTBEAT;
     pthread_mutex_lock(&w->sock_mu);
     while (!w->hb_stop) {
-        uint64_t now = mono_ms();
+        uint64_t now = ferry__now_ms();
         if (now - w->sent_ms >= w->hb_ms) {
             if (ferry__zsock_send(w->sock, NULL, &hb, NULL, ZMQ_DONTWAIT) == FERRY_OK)
                 w->sent_ms = now;
         }
         uint64_t due = w->sent_ms + w->hb_ms;
-        uint64_t wait = due > now ? due - now : w->hb_ms;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += (time_t)(wait / 1000);
-        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = ferry__deadline_ts(CLOCK_MONOTONIC, due > now ? due - now : w->hb_ms);
         pthread_cond_timedwait(&w->hb_cv, &w->sock_mu, &ts);
     }
     pthread_mutex_unlock(&w->sock_mu);
@@ -185,7 +171,7 @@ static int wait_msg(wstate *w, int ms, zmq_msg_t *payload, int *got)
     if (rc != FERRY_OK)
         return e == EAGAIN ? FERRY_OK : rc;
     *got = 1;
-    w->heard_ms = mono_ms();
+    w->heard_ms = ferry__now_ms();
     return FERRY_OK;
 }
 
@@ -371,7 +357,7 @@ static int heartbeat_if_due(wstate *w)
     if (!w->hb_ms)
         return FERRY_OK;
     pthread_mutex_lock(&w->sock_mu);
-    uint64_t since = mono_ms() - w->sent_ms;
+    uint64_t since = ferry__now_ms() - w->sent_ms;
     pthread_mutex_unlock(&w->sock_mu);
     return since >= w->hb_ms ? send_simple(w, FERRY__MSG_HEARTBEAT) : FERRY_OK;
 }
@@ -390,7 +376,7 @@ static int on_idle(wstate *w, int configured, uint64_t waited)
     }
     if (!w->hb_ms)
         return FERRY_OK;
-    uint64_t now = mono_ms();
+    uint64_t now = ferry__now_ms();
     if (now - w->heard_ms >= w->dead_ms)
         return ferry__seterr(
             FERRY_ETIMEDOUT, "the loader at %s has been silent for %llu ms (heartbeat %llu ms)",
@@ -447,7 +433,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
         goto done;
 
     int configured = 0;
-    uint64_t start = mono_ms();
+    uint64_t start = ferry__now_ms();
     for (;;) {
         zmq_msg_t payload;
         int got;
@@ -460,7 +446,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
             goto done;
         }
         if (!got) {
-            rc = on_idle(w, configured, mono_ms() - start);
+            rc = on_idle(w, configured, ferry__now_ms() - start);
             if (rc != FERRY_OK)
                 goto done;
             continue;

@@ -244,6 +244,29 @@ static void endpoint_of(int port, char *ep, size_t cap)
     snprintf(ep, cap, "tcp://127.0.0.1:%d", port);
 }
 
+/* What every TCP case starts and ends with: the leak snapshot, key files,
+ * and a free loopback port for the loader. */
+typedef struct remote_case {
+    ft_snapshot snap;
+    keys k;
+    int port;
+    char ep[64];
+} remote_case;
+
+static void case_begin(remote_case *t, unsigned limit_s)
+{
+    ft_begin(&t->snap, limit_s);
+    make_keys(&t->k);
+    t->port = free_port();
+    endpoint_of(t->port, t->ep, sizeof t->ep);
+}
+
+static void case_end(remote_case *t)
+{
+    remove_keys(&t->k);
+    ft_end(&t->snap);
+}
+
 /* Reads batches and checks each against the sampler's stream: the next seq,
  * the same indices, and bytes that are a function of the index. Returns the
  * worker that built it. */
@@ -341,18 +364,13 @@ static int rejected_at_least(const ferry_stats *st, uint64_t n)
 static void test_remote_workers_serve_successive_loaders(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 120);
-    keys k;
-    make_keys(&k);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
-    pid_t d1 = start_daemon(ep, &k, k.w1, "--processes", "2", NULL);
-    pid_t d2 = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
+    remote_case t;
+    case_begin(&t, 120);
+    pid_t d1 = start_daemon(t.ep, &t.k, t.k.w1, "--processes", "2", NULL);
+    pid_t d2 = start_daemon(t.ep, &t.k, t.k.w2, NULL, NULL, NULL);
 
     for (int round = 0; round < 2; round++) {
-        ferry_config *cfg = remote_cfg(&k, port, 0, 3);
+        ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 3);
         assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
         ferry_loader *ld = NULL;
         int rc = ferry_loader_open(&ld, cfg);
@@ -361,7 +379,7 @@ static void test_remote_workers_serve_successive_loaders(void **state)
             fail_msg("open: %s", ferry_last_error());
         char bound[128];
         assert_int_equal(ferry_loader_endpoint(ld, bound, sizeof bound), FERRY_OK);
-        assert_string_equal(bound, ep);
+        assert_string_equal(bound, t.ep);
 
         stream_check c;
         stream_init(&c, 3);
@@ -391,8 +409,7 @@ static void test_remote_workers_serve_successive_loaders(void **state)
     }
     stop_daemon(d1);
     stop_daemon(d2);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* A host frozen mid-epoch: nothing lost, nothing twice, and it is declared
@@ -401,16 +418,11 @@ static void test_remote_workers_serve_successive_loaders(void **state)
 static void test_host_cut_mid_epoch_loses_nothing(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 120);
-    keys k;
-    make_keys(&k);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
-    pid_t d1 = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
-    pid_t d2 = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
-    ferry_config *cfg = remote_cfg(&k, port, 0, 2);
+    remote_case t;
+    case_begin(&t, 120);
+    pid_t d1 = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
+    pid_t d2 = start_daemon(t.ep, &t.k, t.k.w2, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 4), FERRY_OK);
     ferry_loader *ld = open_ok(cfg);
 
@@ -457,8 +469,7 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d1);
     stop_daemon(d2);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* One local worker process, then a remote one joining mid-run: it gets
@@ -466,14 +477,9 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
 static void test_worker_joining_mid_run_takes_work(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 120);
-    keys k;
-    make_keys(&k);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
-    ferry_config *cfg = remote_cfg(&k, port, 1, 1);
+    remote_case t;
+    case_begin(&t, 120);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 1, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
     ferry_loader *ld = open_ok(cfg);
     stream_check c;
@@ -481,7 +487,7 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     for (int i = 0; i < 20; i++)
         assert_int_equal(read_one(ld, &c), 0);
 
-    pid_t d = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
+    pid_t d = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
     assert_true(wait_stats(ld, joined_at_least, 1, 10000) >= 0);
     uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
     uint64_t remote_batches = 0;
@@ -493,8 +499,7 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* A worker whose key is not on the allow-list, and one without CURVE at
@@ -502,17 +507,12 @@ static void test_worker_joining_mid_run_takes_work(void **state)
 static void test_unknown_key_is_rejected(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 120);
-    keys k;
-    make_keys(&k);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
-    pid_t good = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
-    pid_t stranger = start_daemon(ep, &k, k.stranger, NULL, NULL, NULL);
-    pid_t plain = start_daemon(ep, &k, NULL, NULL, NULL, NULL);
-    ferry_config *cfg = remote_cfg(&k, port, 0, 1);
+    remote_case t;
+    case_begin(&t, 120);
+    pid_t good = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
+    pid_t stranger = start_daemon(t.ep, &t.k, t.k.stranger, NULL, NULL, NULL);
+    pid_t plain = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
     ferry_loader *ld = open_ok(cfg);
     assert_true(wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
@@ -532,8 +532,7 @@ static void test_unknown_key_is_rejected(void **state)
     stop_daemon(good);
     stop_daemon(stranger);
     stop_daemon(plain);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* A raw ZeroMQ peer with an allowed key (authenticated, but hostile) sends
@@ -550,22 +549,17 @@ static void send_raw(void *s, const void *a, size_t alen, const void *b, size_t 
 static void test_raw_peer_garbage_changes_nothing(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 120);
-    keys k;
-    make_keys(&k);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
-    pid_t good = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
-    ferry_config *cfg = remote_cfg(&k, port, 0, 1);
+    remote_case t;
+    case_begin(&t, 120);
+    pid_t good = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_message", 1 << 20), FERRY_OK);
     ferry_loader *ld = open_ok(cfg);
 
     char pub[41], sec[41], srv[41];
-    assert_int_equal(ferry__key_pair_load(k.w2, pub, sec), FERRY_OK);
-    assert_int_equal(ferry__key_public_load(k.loader_pub, srv), FERRY_OK);
+    assert_int_equal(ferry__key_pair_load(t.k.w2, pub, sec), FERRY_OK);
+    assert_int_equal(ferry__key_public_load(t.k.loader_pub, srv), FERRY_OK);
     void *ctx = zmq_ctx_new();
     void *s = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
@@ -573,7 +567,7 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, srv, 40);
     zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 40);
     zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 40);
-    assert_int_equal(zmq_connect(s, ep), 0);
+    assert_int_equal(zmq_connect(s, t.ep), 0);
 
     stream_check c;
     stream_init(&c, 2);
@@ -646,23 +640,17 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(good);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* Too few workers by start_timeout_ms: a clear timeout, nothing left. */
 static void test_min_workers_timeout_is_clear(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 60);
-    keys k;
-    make_keys(&k);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
-    pid_t d = start_daemon(ep, &k, k.w1, NULL, NULL, NULL);
-    ferry_config *cfg = remote_cfg(&k, port, 0, 2);
+    remote_case t;
+    case_begin(&t, 60);
+    pid_t d = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
     assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1500), FERRY_OK);
     ferry_loader *ld = NULL;
     int rc = ferry_loader_open(&ld, cfg);
@@ -673,8 +661,7 @@ static void test_min_workers_timeout_is_clear(void **state)
     assert_non_null(strstr(ferry_last_error(), "min_workers 2"));
     assert_non_null(strstr(ferry_last_error(), "1 remote"));
     stop_daemon(d);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* A remote worker loads plugins only from its --plugin-dir, by file name;
@@ -683,20 +670,14 @@ static void test_min_workers_timeout_is_clear(void **state)
 static void test_remote_plugins_only_from_plugin_dir(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 60);
-    keys k;
-    make_keys(&k);
-    char dir[256], name[128];
+    remote_case t;
+    case_begin(&t, 60);
+    char dir[256], name[128], spec[512];
     split_path(FERRY_TEST_PLUGIN, dir, sizeof dir, name, sizeof name);
-
-    int port = free_port();
-    char ep[64], spec[512];
-    endpoint_of(port, ep, sizeof ep);
-    pid_t confined = start_daemon(ep, &k, k.w1, "--plugin-dir", dir, NULL);
-    pid_t none = start_daemon(ep, &k, k.w2, NULL, NULL, NULL);
+    pid_t confined = start_daemon(t.ep, &t.k, t.k.w1, "--plugin-dir", dir, NULL);
+    pid_t none = start_daemon(t.ep, &t.k, t.k.w2, NULL, NULL, NULL);
     for (int c = 0; c < 2; c++) {
-        ferry_config *cfg = remote_cfg(&k, port, 0, 1);
+        ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
         if (c == 0)
             snprintf(spec, sizeof spec, "plugin:%s?n=100", name);
         else
@@ -728,8 +709,7 @@ static void test_remote_plugins_only_from_plugin_dir(void **state)
     }
     stop_daemon(confined);
     stop_daemon(none);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* A batch that crashes remote worker processes: each crash drops the
@@ -739,19 +719,14 @@ static void test_remote_plugins_only_from_plugin_dir(void **state)
 static void test_remote_poison_batch_is_given_up(void **state)
 {
     (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 120);
-    keys k;
-    make_keys(&k);
+    remote_case t;
+    case_begin(&t, 120);
     char dir[256], name[128], spec[512];
     split_path(FERRY_TEST_HOSTILE, dir, sizeof dir, name, sizeof name);
     snprintf(spec, sizeof spec, "plugin:%s?n=160,crash_at=37", name);
-    int port = free_port();
-    char ep[64];
-    endpoint_of(port, ep, sizeof ep);
     const char *extra[] = {"--processes", "2", "--plugin-dir", dir, NULL};
-    pid_t d = start_daemon_v(ep, &k, k.w1, extra);
-    ferry_config *cfg = remote_cfg(&k, port, 0, 2);
+    pid_t d = start_daemon_v(t.ep, &t.k, t.k.w1, extra);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
     assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_attempts", 2), FERRY_OK);
@@ -778,8 +753,7 @@ static void test_remote_poison_batch_is_given_up(void **state)
     assert_int_equal(ok, 9);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
-    remove_keys(&k);
-    ft_end(&snap);
+    case_end(&t);
 }
 
 /* ------------------------------------------------------------------------

@@ -1,0 +1,34 @@
+/*
+ * clock.h - monotonic milliseconds and absolute deadlines, for every timed
+ * wait in ferry (the scheduler, the trainer's waits, the worker's
+ * heartbeats). Header-only: two tiny functions.
+ */
+#ifndef FERRY_CORE_CLOCK_H
+#define FERRY_CORE_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+static inline uint64_t ferry__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The absolute time `ms` from now on `clock`, for the timed pthread waits. */
+static inline struct timespec ferry__deadline_ts(clockid_t clock, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+#endif
