@@ -5,8 +5,8 @@
  * its code; the public layer passes both on. Touched by every thread, each
  * its own copy (thread-local storage).
  */
-#ifndef FERRY_CORE_ERROR_H
-#define FERRY_CORE_ERROR_H
+#ifndef FERRY_BASE_ERROR_H
+#define FERRY_BASE_ERROR_H
 
 #include "ferry.h"
 

@@ -3,8 +3,8 @@
  * wait in ferry (the scheduler, the trainer's waits, the worker's
  * heartbeats). Header-only: two tiny functions.
  */
-#ifndef FERRY_CORE_CLOCK_H
-#define FERRY_CORE_CLOCK_H
+#ifndef FERRY_BASE_CLOCK_H
+#define FERRY_BASE_CLOCK_H
 
 #include <stdint.h>
 #include <time.h>

@@ -7,8 +7,8 @@
  * FERRY_ENOMEM (the SQLite way of testing out-of-memory). Counting is atomic:
  * the scheduler and worker threads allocate too.
  */
-#ifndef FERRY_CORE_ALLOC_H
-#define FERRY_CORE_ALLOC_H
+#ifndef FERRY_BASE_ALLOC_H
+#define FERRY_BASE_ALLOC_H
 
 #include <stddef.h>
 #include <stdint.h>
