@@ -13,6 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* x rounded up to a multiple of a. */
+#define FERRY__ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
+
 void *ferry__malloc(size_t n);
 void *ferry__calloc(size_t n, size_t size);
 void *ferry__realloc(void *p, size_t n);

@@ -1,5 +1,5 @@
 /*
- * batch.c - ferry_batch: zero-copy views of a received BATCH (see batch.h).
+ * batch.c - ferry_batch: views over a backing (see batch.h).
  */
 #include "batch.h"
 
@@ -9,63 +9,60 @@
 #include "alloc.h"
 #include "error.h"
 
-/* Points every field at its bytes, in the frame when aligned, else in one
- * aligned copy holding all fields. */
-static int place_fields(ferry_batch *b, const ferry__batch_hdr *h)
+static int all_aligned(const ferry_tensor *fields, int nfields)
 {
-    const unsigned char *base = zmq_msg_data(&b->payload);
-    int aligned = 1;
+    for (int f = 0; f < nfields; f++) {
+        if ((uintptr_t)fields[f].data % FERRY__ALIGN)
+            return 0;
+    }
+    return 1;
+}
+
+/* Copies every field into one aligned block, keeping the wire spacing. */
+static int copy_aligned(ferry_batch *b)
+{
     size_t total = 0;
-    for (uint32_t f = 0; f < h->nfields; f++) {
-        if ((uintptr_t)(base + h->fields[f].offset) % FERRY__ALIGN)
-            aligned = 0;
-        total += FERRY__ROUND_UP(h->fields[f].nbytes, FERRY__FIELD_ALIGN);
+    for (int f = 0; f < b->nfields; f++)
+        total += FERRY__ROUND_UP(b->fields[f].nbytes, FERRY__BATCH_FIELD_SPACING);
+    unsigned char *dst = ferry__aligned_alloc(FERRY__BATCH_FIELD_SPACING, total ? total : 64);
+    if (!dst)
+        return FERRY_ENOMEM;
+    b->copy = dst;
+    for (int f = 0; f < b->nfields; f++) {
+        memcpy(dst, b->fields[f].data, b->fields[f].nbytes);
+        b->fields[f].data = dst;
+        dst += FERRY__ROUND_UP(b->fields[f].nbytes, FERRY__BATCH_FIELD_SPACING);
     }
-    unsigned char *dst = NULL;
-    if (!aligned) {
-        dst = ferry__aligned_alloc(FERRY__FIELD_ALIGN, total ? total : 64);
-        if (!dst)
-            return FERRY_ENOMEM;
-        b->copy = dst;
-        b->realigned = 1;
-    }
-    for (uint32_t f = 0; f < h->nfields; f++) {
-        const ferry__field_desc *d = &h->fields[f];
-        ferry_tensor *t = &b->fields[f];
-        memcpy(b->names[f], d->name, FERRY_NAME_MAX);
-        t->name = b->names[f];
-        t->dtype = d->dtype;
-        t->ndim = d->ndim;
-        memcpy(t->shape, d->shape, sizeof t->shape);
-        t->nbytes = d->nbytes;
-        if (aligned) {
-            t->data = base + d->offset;
-        } else {
-            memcpy(dst, base + d->offset, d->nbytes);
-            t->data = dst;
-            dst += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
-        }
-    }
-    b->nfields = (int)h->nfields;
+    b->realigned = 1;
     return FERRY_OK;
 }
 
-int ferry__batch_new(ferry_batch **out, const ferry__batch_hdr *h, zmq_msg_t *payload,
-                     const ferry_batch_info *info, const uint64_t *indices)
+int ferry__batch_new(ferry_batch **out, const ferry_tensor *fields, int nfields,
+                     const ferry_batch_info *info, const uint64_t *indices,
+                     ferry__batch_backing backing)
 {
     ferry_batch *b = ferry__calloc(1, sizeof *b + (size_t)info->size * sizeof(uint64_t));
     if (!b)
         return FERRY_ENOMEM;
     b->info = *info;
     memcpy(b->indices, indices, (size_t)info->size * sizeof(uint64_t));
-    zmq_msg_init(&b->payload);
-    zmq_msg_move(&b->payload, payload);
-    if (place_fields(b, h) != FERRY_OK) {
-        zmq_msg_move(payload, &b->payload); /* hand the frame back untouched */
-        zmq_msg_close(&b->payload);
-        free(b);
-        return FERRY_ENOMEM;
+    b->nfields = nfields;
+    for (int f = 0; f < nfields; f++) {
+        b->fields[f] = fields[f];
+        size_t len = strnlen(fields[f].name, FERRY_NAME_MAX - 1);
+        memcpy(b->names[f], fields[f].name, len);
+        b->names[f][len] = '\0';
+        b->fields[f].name = b->names[f];
     }
+    if (!all_aligned(fields, nfields)) {
+        if (copy_aligned(b) != FERRY_OK) {
+            free(b);
+            return FERRY_ENOMEM;
+        }
+        backing.release(backing.ctx); /* everything is in the copy now */
+        backing.release = NULL;
+    }
+    b->backing = backing;
     *out = b;
     return FERRY_OK;
 }
@@ -112,7 +109,8 @@ void ferry_batch_release(ferry_batch *b)
 {
     if (!b)
         return;
-    zmq_msg_close(&b->payload);
+    if (b->backing.release)
+        b->backing.release(b->backing.ctx);
     free(b->copy);
     free(b);
 }

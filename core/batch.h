@@ -1,24 +1,36 @@
 /*
- * batch.h - a delivered batch: views into the received payload frame.
+ * batch.h - a delivered batch: named views over bytes that live somewhere
+ * else (the backing).
  *
- * Position in the data flow: last. The scheduler makes a ferry_batch from a
- * BATCH message and its payload frame (taking the frame, so the tensors'
- * bytes are never copied); the trainer reads views and releases it. When a
- * field's bytes do not sit at a 16-byte boundary in the received frame (the
- * worker guessed the receiver's buffer alignment wrong), they are copied once
- * into an aligned block, and `realigned` says so.
+ * Position in the data flow: last. The scheduler makes a ferry_batch from
+ * the fields of a reply (name, dtype, shape, pointer) and the thing their
+ * bytes live in, with the function that gives it back: today a received
+ * ZeroMQ message (transport/zsock.h); a shared-memory slot can back a batch
+ * the same way without any user of batches knowing. The trainer reads views
+ * and releases the batch, which releases the backing.
+ *
+ * Alignment: every field's data is at least FERRY__ALIGN aligned. When a
+ * field's bytes do not sit on such a boundary where they arrived (the
+ * producer guessed the receiver's buffer alignment wrong), all fields are
+ * copied once into one aligned block, the backing is given back at once, and
+ * `realigned` says so.
  *
  * Thread safety: a batch is owned by one thread at a time; release from any.
  */
 #ifndef FERRY_CORE_BATCH_H
 #define FERRY_CORE_BATCH_H
 
-#include <zmq.h>
-
 #include "ferry.h"
-#include "protocol.h"
 
 #define FERRY__ALIGN 16
+/* Copies keep fields this far apart, like the wire layout does. */
+#define FERRY__BATCH_FIELD_SPACING 64
+
+/* Where a batch's bytes live, and how to give them back. */
+typedef struct ferry__batch_backing {
+    void (*release)(void *ctx);
+    void *ctx;
+} ferry__batch_backing;
 
 struct ferry_batch {
     ferry_batch_info info;
@@ -26,16 +38,18 @@ struct ferry_batch {
     int realigned;
     ferry_tensor fields[FERRY_MAX_FIELDS];
     char names[FERRY_MAX_FIELDS][FERRY_NAME_MAX];
-    zmq_msg_t payload;
-    void *copy;         /* aligned copy, when realigned */
-    uint64_t indices[]; /* info.size entries */
+    ferry__batch_backing backing; /* release == NULL once given back */
+    void *copy;                   /* aligned copy, when realigned */
+    uint64_t indices[];           /* info.size entries */
 };
 
-/* Builds a batch from a checked header (ferry__msg_check_payload passed) and
- * its payload frame, which it takes over on success (left to the caller on
- * failure). indices: the task's info.size indices, copied. FERRY_ENOMEM on
- * failure. */
-int ferry__batch_new(ferry_batch **out, const ferry__batch_hdr *h, zmq_msg_t *payload,
-                     const ferry_batch_info *info, const uint64_t *indices);
+/* Builds a batch from nfields (1..FERRY_MAX_FIELDS) field views whose data
+ * lies in `backing`. Names are copied; indices (info->size of them) are
+ * copied. On success the batch owns the backing (released with the batch,
+ * or at once when the fields were realigned); on failure (FERRY_ENOMEM)
+ * nothing is released and the caller still owns it. */
+int ferry__batch_new(ferry_batch **out, const ferry_tensor *fields, int nfields,
+                     const ferry_batch_info *info, const uint64_t *indices,
+                     ferry__batch_backing backing);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "protocol.h"
 
 typedef enum opt_kind { OPT_INT, OPT_BOOL, OPT_STR, OPT_ENUM } opt_kind;
 
@@ -33,7 +34,7 @@ static const char *const failure_names[] = {"restart", "fail", NULL};
 
 #define OFF(f) offsetof(struct ferry_config, f)
 static const opt_def options[] = {
-    {"dataset", OPT_STR, OFF(dataset), 0, FERRY__SPEC_MAX, NULL, "dataset spec"},
+    {"dataset", OPT_STR, OFF(dataset), 0, FERRY__DATASET_MAX, NULL, "dataset spec"},
     {"batch_size", OPT_INT, OFF(batch_size), 1, FERRY__MAX_BATCH, NULL, "items per batch"},
     {"drop_last", OPT_BOOL, OFF(drop_last), 0, 1, NULL, "drop a short last batch"},
     {"shuffle", OPT_BOOL, OFF(shuffle), 0, 1, NULL, "shuffle each epoch"},

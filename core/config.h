@@ -12,9 +12,11 @@
 #include <stdint.h>
 
 #include "ferry.h"
-#include "protocol.h"
 
 #define FERRY__ENDPOINT_MAX 256
+/* A dataset spec, with its NUL; the wire protocol carries as much (checked
+ * where CONFIG is built). */
+#define FERRY__DATASET_MAX 4096
 
 typedef enum ferry__on_failure {
     FERRY__ON_FAILURE_RESTART = 0,
@@ -27,7 +29,7 @@ typedef enum ferry__placement {
 } ferry__placement;
 
 struct ferry_config {
-    char dataset[FERRY__SPEC_MAX];
+    char dataset[FERRY__DATASET_MAX];
     int64_t batch_size;
     int64_t drop_last;
     int64_t shuffle; /* -1: on when a seed was set */

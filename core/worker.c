@@ -29,6 +29,7 @@
 #include "clock.h"
 #include "dataset.h"
 #include "alloc.h"
+#include "endpoint.h"
 #include "error.h"
 #include "zsock.h"
 
@@ -323,15 +324,16 @@ static int setup_socket(wstate *w)
 {
     const ferry__worker_opts *o = w->o;
     /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
-    int rc = ferry__zsock_setup(w->sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
+    int rc = ferry__socket_setup(w->sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
     if (rc != FERRY_OK || strncmp(o->endpoint, "tcp://", 6) != 0)
         return rc;
-    int ivl = 1000, timeout = 5000, max_ivl = 2000; /* redial backs off to 2 s */
-    zmq_setsockopt(w->sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    zmq_setsockopt(w->sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
-    zmq_setsockopt(w->sock, ZMQ_RECONNECT_IVL_MAX, &max_ivl, sizeof max_ivl);
-    if (!o->server_key)
-        return FERRY_OK;
+    rc = ferry__sockopt_int(w->sock, ZMQ_HEARTBEAT_IVL, 1000, "ZMQ_HEARTBEAT_IVL");
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt_int(w->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000, "ZMQ_HEARTBEAT_TIMEOUT");
+    if (rc == FERRY_OK) /* redial backs off to 2 s */
+        rc = ferry__sockopt_int(w->sock, ZMQ_RECONNECT_IVL_MAX, 2000, "ZMQ_RECONNECT_IVL_MAX");
+    if (rc != FERRY_OK || !o->server_key)
+        return rc;
     if (zmq_setsockopt(w->sock, ZMQ_CURVE_SERVERKEY, o->server_key, 40) != 0 ||
         zmq_setsockopt(w->sock, ZMQ_CURVE_PUBLICKEY, o->public_key, 40) != 0 ||
         zmq_setsockopt(w->sock, ZMQ_CURVE_SECRETKEY, o->secret_key, 40) != 0)

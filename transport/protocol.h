@@ -143,7 +143,6 @@ int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len);
 /* BATCH layout: every field starts on a multiple of this from the worker's
  * lead offset (see docs/protocol.md), and copies keep the same spacing. */
 #define FERRY__FIELD_ALIGN 64
-#define FERRY__ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 /* The TASK payload: `n` indices as little-endian uint64, 8 * n bytes. */
 void ferry__indices_pack(const uint64_t *idx, size_t n, void *out);

@@ -4,20 +4,11 @@
 #include "zsock.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "error.h"
-
-int ferry__zsock_setup(void *sock, int64_t max_message)
-{
-    int zero = 0;
-    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero) != 0 ||
-        zmq_setsockopt(sock, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
-        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message) != 0)
-        return ferry__seterr(FERRY_ESYS, "zmq_setsockopt: %s", zmq_strerror(errno));
-    return FERRY_OK;
-}
 
 int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m,
                       zmq_msg_t *payload, int flags)
@@ -129,4 +120,22 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
                              ferry__msg_name(m->type));
     }
     return FERRY_OK;
+}
+
+int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder)
+{
+    zmq_msg_t *m = ferry__malloc(sizeof *m);
+    if (!m)
+        return FERRY_ENOMEM;
+    zmq_msg_init(m);
+    zmq_msg_move(m, payload);
+    *holder = m;
+    return FERRY_OK;
+}
+
+void ferry__zsock_payload_release(void *holder)
+{
+    zmq_msg_t *m = holder;
+    zmq_msg_close(m);
+    free(m);
 }

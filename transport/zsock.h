@@ -25,11 +25,6 @@ typedef struct ferry__ident {
     size_t len;
 } ferry__ident;
 
-/* Options every ferry socket gets: LINGER 0 (close never waits on a dead
- * peer), the largest message accepted, no HWM drops (credits bound the
- * queues instead). */
-int ferry__zsock_setup(void *sock, int64_t max_message);
-
 /* Sends m (and *payload if m's type has one; the payload message is moved
  * out on success and left intact on failure). ident: the ROUTER routing id,
  * NULL on a DEALER. flags: ZMQ_DONTWAIT or 0. Returns FERRY_OK, FERRY_EINVAL
@@ -46,5 +41,12 @@ int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m
  * FERRY_ESYS with errno (EAGAIN with ZMQ_DONTWAIT when nothing is waiting). */
 int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload,
                       int flags);
+
+/* A received payload frame kept alive past the receive, to back a batch's
+ * views (batch.h): *payload is moved into a small holder, and released with
+ * ferry__zsock_payload_release (which matches ferry__batch_backing's
+ * release). FERRY_ENOMEM with *payload left as it was. */
+int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder);
+void ferry__zsock_payload_release(void *holder);
 
 #endif
