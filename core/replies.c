@@ -1,0 +1,325 @@
+/*
+ * replies.c - what the scheduler does with each message from a worker
+ * (see sched_internal.h): HELLO is answered with CONFIG (or refused),
+ * READY starts the run once enough workers are ready, BATCH and FAIL are
+ * filed in the window as the answer to their task, BYE ends a session.
+ * Anything else, or anything from a worker that may not send it now, is
+ * counted as malformed or stale and dropped: nothing a peer sends can crash
+ * the loader or reach the trainer unchecked.
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "batch.h"
+#include "clock.h"
+#include "error.h"
+#include "sched_internal.h"
+
+static sched_worker *find_by_ident(ferry__scheduler *s, void *sock, const ferry__ident *id)
+{
+    for (uint32_t i = 0; i < s->nworkers; i++) {
+        sched_worker *w = &s->w[i];
+        if (w->p.sock == sock && w->p.ident.len == id->len && w->p.state != FERRY__PEER_GONE &&
+            w->p.state != FERRY__PEER_EMPTY && memcmp(w->p.ident.id, id->id, id->len) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+/* A remote worker refused: counted, said so (rate-limited), and sent STOP
+ * so it backs off instead of waiting for a CONFIG that will not come. */
+static void reject_remote(ferry__scheduler *s, const ferry__ident *id, const char *why)
+{
+    ferry__remote_log_refusal(ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
+    if (id) {
+        s->out.type = FERRY__MSG_STOP;
+        ferry__zsock_send(ferry__remote_socket(s->remote), id, &s->out, NULL, ZMQ_DONTWAIT);
+    }
+}
+
+void ferry__sched_zap_refused(void *arg, const char *why)
+{
+    reject_remote(arg, NULL, why);
+}
+
+/* Sends CONFIG (or, while closing, STOP) to a worker that said HELLO. */
+static void configure_worker(ferry__scheduler *s, sched_worker *w)
+{
+    if (s->closing) {
+        /* It started just before close: no dataset to open, just go. */
+        sched_send_simple(s, w, FERRY__MSG_STOP);
+        w->p.state = FERRY__PEER_CONFIGURED;
+        return;
+    }
+    ferry__config_msg *c = &s->out.u.config;
+    memset(c, 0, sizeof *c);
+    s->out.type = FERRY__MSG_CONFIG;
+    memcpy(c->dataset, s->cfg.dataset, sizeof s->cfg.dataset);
+    c->worker_index = w->p.index;
+    c->num_workers = s->nworkers;
+    c->seed = (uint64_t)s->cfg.seed;
+    c->credits = (uint32_t)s->cfg.credits;
+    /* Local workers are watched through their pidfds (or are threads). */
+    c->heartbeat_ms = w->p.remote ? (uint32_t)s->cfg.heartbeat_ms : 0;
+    c->liveness = (uint32_t)s->cfg.heartbeat_liveness;
+    if (sched_send(s, w, NULL) == FERRY_OK) {
+        w->p.state = FERRY__PEER_CONFIGURED;
+        w->p.sent_ms = ferry__now_ms();
+    }
+}
+
+/* A free remote slot: this connection's own if it had one, else the
+ * first that is empty; NULL when max_remote are taken. */
+static sched_worker *free_remote_slot(ferry__scheduler *s, sched_worker *own)
+{
+    if (own && own->p.state == FERRY__PEER_EMPTY)
+        return own;
+    for (uint32_t i = s->nlocal; i < s->nworkers; i++) {
+        if (s->w[i].p.state == FERRY__PEER_EMPTY || s->w[i].p.state == FERRY__PEER_GONE)
+            return &s->w[i];
+    }
+    return NULL;
+}
+
+static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
+{
+    const ferry__hello *h = &s->in.u.hello;
+    char why[FERRY__ERRMSG_MAX];
+    if (!ferry__remote_hello_ok(h, why, sizeof why)) {
+        reject_remote(s, id, why);
+        return;
+    }
+    sched_worker *w = find_by_ident(s, ferry__remote_socket(s->remote), id);
+    if (w) /* a second HELLO on one connection: a new session; the old one ends */
+        ferry__sched_lose_remote(s, w, "it started a new session", 0);
+    w = free_remote_slot(s, w);
+    if (!w) {
+        snprintf(why, sizeof why, "%s (pid %u): all %lld remote slots are taken (max_remote)",
+                 h->host, h->pid, (long long)s->cfg.max_remote);
+        reject_remote(s, id, why);
+        return;
+    }
+    w->p.ident = *id;
+    w->p.unreachable = 0;
+    w->p.delivered_any = 0;
+    w->p.rpid = h->pid;
+    snprintf(w->p.host, sizeof w->p.host, "%s", h->host);
+    w->p.heard_ms = ferry__now_ms();
+    configure_worker(s, w);
+}
+
+static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
+{
+    if (s->remote && sock == ferry__remote_socket(s->remote)) {
+        on_hello_remote(s, id);
+        return;
+    }
+    const ferry__hello *h = &s->in.u.hello;
+    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 || (uint32_t)h->slot >= s->nlocal) {
+        fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n", h->version,
+                h->slot, h->host);
+        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+        return;
+    }
+    sched_worker *w = &s->w[h->slot];
+    pid_t pid = ferry__pool_pid(s->pool, w->p.index);
+    if (w->p.state != FERRY__PEER_SPAWNED || (pid_t)h->pid != (pid ? pid : getpid())) {
+        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+        return;
+    }
+    w->p.ident = *id;
+    configure_worker(s, w);
+}
+
+/* Open returns once every local worker and at least min_workers in all are
+ * ready: the dataset's length is known then, so the window can start. */
+static void maybe_start(ferry__scheduler *s, uint32_t ready)
+{
+    if (ferry__window_phase(s->win) != FERRY__PHASE_STARTING || ready < s->min_workers)
+        return;
+    for (uint32_t i = 0; i < s->nlocal; i++) {
+        if (s->w[i].p.state != FERRY__PEER_READY)
+            return;
+    }
+    ferry__window_start(s->win, s->n);
+}
+
+/* READY: the worker's dataset opened with the same length as everyone
+ * else's, or it did not. A local worker that cannot open the dataset fails
+ * the loader; a remote host with the wrong data is turned away. */
+static void on_ready(ferry__scheduler *s, sched_worker *w)
+{
+    const ferry__ready *r = &s->in.u.ready;
+    char who[96], msg[FERRY__ERRMSG_MAX];
+    if (w->p.state != FERRY__PEER_CONFIGURED) {
+        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+        return;
+    }
+    sched_describe(s, w, who, sizeof who);
+    if (r->code != 0) {
+        snprintf(msg, sizeof msg, "%s could not open dataset '%s': %s", who, s->cfg.dataset,
+                 r->error);
+    } else if (s->n && r->length != s->n) {
+        snprintf(msg, sizeof msg, "%s sees %llu items in dataset '%s', others see %llu", who,
+                 (unsigned long long)r->length, s->cfg.dataset, (unsigned long long)s->n);
+    } else {
+        s->n = r->length;
+        w->p.state = FERRY__PEER_READY;
+        uint32_t ready = ferry__window_add_workers(s->win, +1);
+        s->idle_since_ms = 0;
+        if (w->p.remote) {
+            ferry__window_count(s->win, FERRY__STAT_JOINED);
+            if (ferry__window_phase(s->win) == FERRY__PHASE_RUNNING)
+                fprintf(stderr, "ferry: %s joined\n", who);
+        }
+        maybe_start(s, ready);
+        return;
+    }
+    if (!w->p.remote) {
+        ferry__window_fail(s->win, r->code != 0 ? r->code : FERRY_EMISMATCH, msg);
+        return;
+    }
+    reject_remote(s, &w->p.ident, msg);
+    w->p.state = FERRY__PEER_EMPTY;
+}
+
+/* The worker delivered (or failed on) a task: it is alive and useful. */
+static void credit_worker(sched_worker *w)
+{
+    w->p.delivered_any = 1;
+    w->p.failed_starts = 0;
+}
+
+/* The batch's fields as views into the received payload. */
+static void field_views(const ferry__batch_hdr *h, const unsigned char *base, ferry_tensor *out)
+{
+    for (uint32_t f = 0; f < h->nfields; f++) {
+        const ferry__field_desc *d = &h->fields[f];
+        out[f] = (ferry_tensor){.name = d->name,
+                                .dtype = d->dtype,
+                                .ndim = d->ndim,
+                                .data = base + d->offset,
+                                .nbytes = d->nbytes};
+        memcpy(out[f].shape, d->shape, sizeof out[f].shape);
+    }
+}
+
+static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
+{
+    const ferry__batch_hdr *h = &s->in.u.batch;
+    ferry__window_entry *e = ferry__window_find(s->win, w->p.index, h->id);
+    if (!e || h->count != e->t.count) {
+        ferry__window_count(s->win, FERRY__STAT_STALE);
+        return;
+    }
+    ferry_batch_info info = {.epoch = e->t.epoch,
+                             .batch_in_epoch = e->t.batch_in_epoch,
+                             .seq = e->t.seq,
+                             .size = e->t.count,
+                             .last_in_epoch = e->t.last_in_epoch,
+                             .worker = w->p.index};
+    ferry_tensor fields[FERRY_MAX_FIELDS];
+    field_views(h, zmq_msg_data(payload), fields);
+    ferry__batch_backing backing = {.release = ferry__zsock_payload_release};
+    ferry_batch *b = NULL;
+    int rc = ferry__zsock_payload_keep(payload, &backing.ctx);
+    if (rc == FERRY_OK) {
+        rc = ferry__batch_new(&b, fields, (int)h->nfields, &info, e->indices, backing);
+        if (rc != FERRY_OK)
+            ferry__zsock_payload_release(backing.ctx);
+    }
+    if (rc != FERRY_OK) {
+        ferry__window_fail(s->win, FERRY_ENOMEM, "out of memory receiving a batch");
+        return;
+    }
+    credit_worker(w);
+    ferry__window_complete(s->win, e, b, 0, NULL, ferry__now_ms());
+}
+
+static void on_fail(ferry__scheduler *s, sched_worker *w)
+{
+    const ferry__fail *f = &s->in.u.fail;
+    ferry__window_entry *e = ferry__window_find(s->win, w->p.index, f->id);
+    if (!e) {
+        ferry__window_count(s->win, FERRY__STAT_STALE);
+        return;
+    }
+    char who[96];
+    sched_describe(s, w, who, sizeof who);
+    char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
+    if (msg)
+        snprintf(msg, FERRY__ERRMSG_MAX, "%s failed on index %llu (epoch %llu, batch %llu): %s",
+                 who, (unsigned long long)f->index, (unsigned long long)e->t.epoch,
+                 (unsigned long long)e->t.batch_in_epoch, f->message);
+    credit_worker(w);
+    ferry__window_complete(s->win, e, NULL, f->code == FERRY_ERANGE ? FERRY_ERANGE : FERRY_EBATCH,
+                           msg, ferry__now_ms());
+}
+
+/* A message that only a ready worker may send. */
+static int ready_or_malformed(ferry__scheduler *s, const sched_worker *w)
+{
+    if (w->p.state == FERRY__PEER_READY)
+        return 1;
+    ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+    return 0;
+}
+
+static void on_message(ferry__scheduler *s, void *sock, const ferry__ident *id, zmq_msg_t *payload)
+{
+    if (s->in.type == FERRY__MSG_HELLO) {
+        on_hello(s, sock, id);
+        return;
+    }
+    sched_worker *w = find_by_ident(s, sock, id);
+    if (!w) {
+        ferry__window_count(s->win, FERRY__STAT_STALE);
+        return;
+    }
+    w->p.heard_ms = ferry__now_ms();
+    switch (s->in.type) {
+    case FERRY__MSG_READY:
+        on_ready(s, w);
+        break;
+    case FERRY__MSG_BATCH:
+        if (ready_or_malformed(s, w))
+            on_batch(s, w, payload);
+        break;
+    case FERRY__MSG_FAIL:
+        if (ready_or_malformed(s, w))
+            on_fail(s, w);
+        break;
+    case FERRY__MSG_BYE:
+        if (w->p.remote && !s->closing)
+            ferry__sched_lose_remote(s, w, "it said BYE", 0);
+        else
+            w->p.state = FERRY__PEER_GONE;
+        break;
+    case FERRY__MSG_HEARTBEAT:
+        break;
+    default:
+        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+        break;
+    }
+}
+
+/* Reads what is waiting on the socket, at most `budget` messages so the
+ * loop also gets round to dispatching and to the pidfds. */
+void ferry__sched_drain(ferry__scheduler *s, void *sock, int budget)
+{
+    while (budget-- > 0) {
+        ferry__ident id;
+        zmq_msg_t payload;
+        int rc = ferry__zsock_recv(sock, &id, &s->in, &payload, ZMQ_DONTWAIT);
+        if (rc == FERRY_EPROTO) {
+            ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+            continue;
+        }
+        if (rc != FERRY_OK)
+            return; /* EAGAIN: nothing more */
+        on_message(s, sock, &id, &payload);
+        zmq_msg_close(&payload);
+    }
+}

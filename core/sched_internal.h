@@ -1,0 +1,118 @@
+/*
+ * sched_internal.h - the scheduler's own state, shared by the three files
+ * of the scheduler's room and nothing else:
+ *   scheduler.c  the thread: its loop, waiting, dispatch, start and shutdown
+ *   replies.c    what each message from a worker means (HELLO ... BYE)
+ *   supervise.c  what a worker's death, silence or timeout means for the run
+ * Calls run one way: scheduler.c -> replies.c -> supervise.c -> this header.
+ *
+ * Everything here is the scheduler thread's, except where a field says
+ * otherwise.
+ */
+#ifndef FERRY_CORE_SCHED_INTERNAL_H
+#define FERRY_CORE_SCHED_INTERNAL_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include <zmq.h>
+
+#include "config.h"
+#include "endpoint.h"
+#include "peer.h"
+#include "pool.h"
+#include "remote.h"
+#include "scheduler.h"
+#include "window.h"
+#include "zsock.h"
+
+/* A worker as the scheduler sees it: the peer record, and a local
+ * worker's death while it settles. */
+typedef struct sched_worker {
+    ferry__peer p;
+    int death_pending;
+    uint64_t settle_by_ms;
+    ferry__pool_event death;
+} sched_worker;
+
+struct ferry__scheduler {
+    ferry_config cfg;
+    ferry__window *win;
+    ferry__pool *pool;
+    ferry__remote *remote; /* NULL without bind */
+    void *zctx;
+    void *router; /* local workers (ipc:// or inproc://) */
+    int wake_fd;
+    char ipc_dir[FERRY__IPC_DIR_MAX];
+    char endpoint[FERRY__LOCAL_ENDPOINT_MAX];
+    char worker_path[PATH_MAX];
+    sched_worker *w;
+    uint32_t nworkers; /* slots: nlocal local ones, then the remote ones */
+    uint32_t nlocal;
+    uint32_t min_workers;
+    zmq_pollitem_t *items;    /* poll_once's scratch: 4 + 2 * nlocal */
+    ferry__pool_event *events; /* nlocal */
+    pthread_t thread;
+    int thread_live;
+    atomic_int stop;
+    int ctx_leaked;
+
+    /* --- scheduler thread only --- */
+    int closing; /* shutdown has begun: deaths are expected */
+    uint32_t rr; /* round-robin start for picking workers */
+    uint64_t n;  /* the dataset's length, from the first READY */
+    uint64_t start_deadline_ms;
+    uint64_t idle_since_ms;  /* running with no ready worker since then; 0 = has some */
+    uint32_t deaths_pending; /* local workers reaped, death not yet handled */
+    ferry__msg in, out;      /* message scratch, too big for the stack */
+};
+
+static inline void sched_describe(const ferry__scheduler *s, const sched_worker *w, char *buf, size_t cap)
+{
+    pid_t pid = w->p.remote ? 0 : ferry__pool_pid(s->pool, w->p.index);
+    if (w->p.remote)
+        snprintf(buf, cap, "remote worker %u (%s, pid %u)", w->p.index, w->p.host, w->p.rpid);
+    else if (pid)
+        snprintf(buf, cap, "worker %u (pid %d)", w->p.index, (int)pid);
+    else
+        snprintf(buf, cap, "worker %u (thread)", w->p.index);
+}
+
+static inline int sched_send(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
+{
+    return ferry__zsock_send(w->p.sock, &w->p.ident, &s->out, payload, ZMQ_DONTWAIT);
+}
+
+static inline int sched_send_simple(ferry__scheduler *s, sched_worker *w, ferry__msg_type type)
+{
+    s->out.type = type;
+    return sched_send(s, w, NULL);
+}
+
+/* ---- replies.c ---- */
+
+/* Reads what is waiting on `sock`, at most `budget` messages, and acts on
+ * each. */
+void ferry__sched_drain(ferry__scheduler *s, void *sock, int budget);
+
+/* The ZAP handler refused a key (remote.h's refused callback). */
+void ferry__sched_zap_refused(void *s, const char *why);
+
+/* ---- supervise.c ---- */
+
+/* A local process worker died (a pool event); handled once it settles. */
+void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev);
+
+/* Handles the deaths whose last replies are in (or that waited long
+ * enough). */
+void ferry__sched_settle_deaths(ferry__scheduler *s);
+
+/* Gives remote worker w up (see supervise.c). */
+void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why, int charge);
+
+/* Start deadline, idle loader, replacements, timeouts, remote liveness. */
+void ferry__sched_check_deadlines(ferry__scheduler *s);
+
+#endif

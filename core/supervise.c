@@ -1,0 +1,278 @@
+/*
+ * supervise.c - what a worker's death, silence or timeout means for the run
+ * (see sched_internal.h). A dead local worker's tasks go back to the window
+ * (the one it was on charged an attempt) and the slot is started again
+ * under the restart policy; a remote worker gone silent is given up and its
+ * slot freed; a worker past timeout_ms is killed (local) or given up
+ * (remote); a loader that cannot start, or is left with no worker, fails
+ * with a sentence that says why.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "clock.h"
+#include "error.h"
+#include "process.h"
+#include "sched_internal.h"
+
+#define SETTLE_MS 500 /* the longest a dead worker's last replies are waited for */
+
+/* A local process worker has died. Its death is handled (tasks requeued,
+ * the one it was on charged) only once every reply it sent before dying has
+ * been read, or the charge would fall on a batch it had already answered:
+ * its connection is probed, and while ZeroMQ still routes to it, its pipe
+ * (and maybe a reply) is still draining; once the send fails with
+ * EHOSTUNREACH the pipe has ended after its last message. Bounded by
+ * SETTLE_MS. */
+void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev)
+{
+    sched_worker *w = &s->w[ev->index];
+    w->death = *ev;
+    w->p.unreachable = 1; /* no task goes to it meanwhile */
+    w->death_pending = 1;
+    w->settle_by_ms = ferry__now_ms() + SETTLE_MS;
+    s->deaths_pending++;
+}
+
+/* The death message: who, how, and what it said last. */
+static void death_message(const sched_worker *w, ferry__peer_state was, char *msg, size_t cap)
+{
+    char how[256];
+    const ferry__pool_event *ev = &w->death;
+    ferry__describe_status(ev->status, how, sizeof how);
+    snprintf(msg, cap, "worker %u (pid %d) %s%s%s%s%s%s", w->p.index, (int)ev->pid, how,
+             was == FERRY__PEER_SPAWNED || was == FERRY__PEER_CONFIGURED ? " while starting" : "",
+             ev->kill_reason[0] ? ", killed by ferry because " : "", ev->kill_reason,
+             ev->words[0] ? "; its last words: " : "", ev->words);
+}
+
+/* The settled death of local worker w: its tasks go back to the window
+ * (the one it was on charged), and under the restart policy the slot is
+ * started again, unless it keeps dying without delivering anything. */
+static void handle_death(ferry__scheduler *s, sched_worker *w)
+{
+    ferry__peer_state was = w->p.state;
+    w->p.state = FERRY__PEER_GONE;
+    if (s->closing)
+        return;
+    char msg[FERRY__ERRMSG_MAX];
+    death_message(w, was, msg, sizeof msg);
+    if (was == FERRY__PEER_READY)
+        ferry__window_add_workers(s->win, -1);
+    if (ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
+        s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
+        ferry__window_fail(s->win, FERRY_EWORKER, msg);
+        return;
+    }
+    ferry__window_requeue(s->win, w->p.index, 1, msg);
+    if (!w->p.delivered_any && ++w->p.failed_starts > (uint32_t)s->cfg.max_attempts + 2) {
+        char m2[FERRY__ERRMSG_MAX];
+        snprintf(m2, sizeof m2,
+                 "worker %u died %u times in a row without delivering a batch; the last: %s",
+                 w->p.index, w->p.failed_starts, msg);
+        ferry__window_fail(s->win, FERRY_EWORKER, m2);
+        return;
+    }
+    ferry__window_count(s->win, FERRY__STAT_RESTARTS);
+    fprintf(stderr, "ferry: %s; starting a replacement\n", msg);
+    w->p.delivered_any = 0;
+    w->p.ident.len = 0;
+    w->p.unreachable = 0;
+    int rc = ferry__pool_start(s->pool, w->p.index);
+    if (rc != FERRY_OK)
+        ferry__window_fail(s->win, rc, NULL);
+    else
+        w->p.state = FERRY__PEER_SPAWNED;
+}
+
+static void settle_death(ferry__scheduler *s, sched_worker *w)
+{
+    if (!w->death_pending)
+        return;
+    if (!s->closing && w->p.ident.len && ferry__now_ms() < w->settle_by_ms) {
+        if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK || errno != EHOSTUNREACH)
+            return;
+    }
+    w->death_pending = 0;
+    s->deaths_pending--;
+    handle_death(s, w);
+}
+
+void ferry__sched_settle_deaths(ferry__scheduler *s)
+{
+    for (uint32_t i = 0; s->deaths_pending && i < s->nlocal; i++)
+        settle_death(s, &s->w[i]);
+}
+
+/* A remote worker is given up: gone silent past heartbeat_ms x liveness (a
+ * cut link, a frozen host, a stopped process), unreachable, past its
+ * timeout, or it said BYE. Its tasks go to the others, exactly like a dead
+ * local worker's: the batch it was on is charged unless it said BYE
+ * (silence or a dropped connection may be a crash on that batch). Its slot
+ * is free for the next remote worker, and anything it sends later is
+ * dropped as stale (its routing id is no longer known). */
+void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why, int charge)
+{
+    char who[96], msg[FERRY__ERRMSG_MAX];
+    sched_describe(s, w, who, sizeof who);
+    snprintf(msg, sizeof msg, "%s left: %s", who, why);
+    ferry__peer_state was = w->p.state;
+    w->p.state = FERRY__PEER_EMPTY;
+    w->p.ident.len = 0;
+    if (was == FERRY__PEER_READY) {
+        ferry__window_add_workers(s->win, -1);
+        ferry__window_count(s->win, FERRY__STAT_LOST);
+    }
+    ferry__window_requeue(s->win, w->p.index, charge, msg);
+    if (charge && was == FERRY__PEER_READY && s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL)
+        ferry__window_fail(s->win, FERRY_EWORKER, msg);
+    if (was == FERRY__PEER_READY && !s->closing)
+        fprintf(stderr, "ferry: %s\n", msg);
+}
+
+/* ------------------------------------------------------------------------
+ * Deadlines
+ */
+
+static void check_start_deadline(ferry__scheduler *s, uint64_t now)
+{
+    if (now < s->start_deadline_ms)
+        return;
+    ferry_stats st;
+    ferry__window_stats(s->win, &st);
+    uint32_t local_ready = 0;
+    for (uint32_t i = 0; i < s->nlocal; i++)
+        local_ready += s->w[i].p.state == FERRY__PEER_READY;
+    char msg[512];
+    if (s->remote)
+        snprintf(msg, sizeof msg,
+                 "only %u workers were ready after %lld ms (%u of %u local, %u remote on %s); "
+                 "open waits for every local worker and min_workers %u in all",
+                 st.workers, (long long)s->cfg.start_timeout_ms, local_ready, s->nlocal,
+                 st.workers - local_ready, ferry__remote_endpoint(s->remote), s->min_workers);
+    else
+        snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms", st.workers,
+                 s->nworkers, (long long)s->cfg.start_timeout_ms);
+    ferry__window_fail(s->win, FERRY_ETIMEDOUT, msg);
+}
+
+/* With no worker at all (every remote host gone, and no local ones, which
+ * are replaced under their own limits), next() would wait forever: after
+ * start_timeout_ms of that the loader fails. */
+static void check_idle(ferry__scheduler *s, uint64_t now)
+{
+    if (s->nlocal || ferry__window_add_workers(s->win, 0))
+        return;
+    if (!s->idle_since_ms) {
+        s->idle_since_ms = now;
+    } else if (now - s->idle_since_ms >= (uint64_t)s->cfg.start_timeout_ms) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "no worker has been ready for %llu ms (start_timeout_ms)",
+                 (unsigned long long)(now - s->idle_since_ms));
+        ferry__window_fail(s->win, FERRY_ETIMEDOUT, msg);
+    }
+}
+
+/* A local worker past timeout_ms on its current task: under restart
+ * (process workers) it is killed, and its death requeues the task;
+ * otherwise the loader fails with a timeout naming the worker and the
+ * task. A remote one cannot be killed from here: it is given up. */
+static void on_timeout(ferry__scheduler *s, sched_worker *w, const ferry__window_entry *cur,
+                       uint64_t busy_ms)
+{
+    char who[96], why[256], msg[FERRY__ERRMSG_MAX];
+    ferry__window_count(s->win, FERRY__STAT_TIMEOUTS);
+    if (w->p.remote) {
+        snprintf(why, sizeof why, "it spent %llu ms on one batch, past timeout_ms %lld",
+                 (unsigned long long)busy_ms, (long long)s->cfg.timeout_ms);
+        ferry__sched_lose_remote(s, w, why, 1);
+        return;
+    }
+    snprintf(why, sizeof why,
+             "it spent %llu ms on batch %llu (epoch %llu, batch %llu), past timeout_ms %lld",
+             (unsigned long long)busy_ms, (unsigned long long)cur->t.seq,
+             (unsigned long long)cur->t.epoch, (unsigned long long)cur->t.batch_in_epoch,
+             (long long)s->cfg.timeout_ms);
+    if (s->cfg.on_worker_failure == FERRY__ON_FAILURE_RESTART &&
+        ferry__pool_kill(s->pool, w->p.index, why))
+        return;
+    sched_describe(s, w, who, sizeof who);
+    snprintf(msg, sizeof msg, "%s timed out: %s", who, why);
+    ferry__window_fail(s->win, FERRY_ETIMEDOUT, msg);
+}
+
+static void check_timeouts(ferry__scheduler *s, uint64_t now)
+{
+    for (uint32_t i = 0; i < s->nworkers; i++) {
+        sched_worker *w = &s->w[i];
+        uint64_t since;
+        const ferry__window_entry *cur;
+        if (w->p.state != FERRY__PEER_READY || w->death_pending ||
+            (!w->p.remote && ferry__pool_killing(s->pool, i)) ||
+            !(cur = ferry__window_current(s->win, i, &since)) ||
+            now - since < (uint64_t)s->cfg.timeout_ms)
+            continue;
+        on_timeout(s, w, cur, now - since);
+        if (ferry__window_phase(s->win) != FERRY__PHASE_RUNNING)
+            return;
+    }
+}
+
+/* A replacement that does not get ready (stopped, stuck opening the
+ * dataset) is killed; its death counts as a failed start. */
+static void check_replacements(ferry__scheduler *s, uint64_t now)
+{
+    for (uint32_t i = 0; i < s->nlocal; i++) {
+        ferry__peer_state st = s->w[i].p.state;
+        if ((st == FERRY__PEER_SPAWNED || st == FERRY__PEER_CONFIGURED) &&
+            ferry__pool_ready_overdue(s->pool, i, now)) {
+            char why[128];
+            snprintf(why, sizeof why, "it was not ready within start_timeout_ms %lld",
+                     (long long)s->cfg.start_timeout_ms);
+            ferry__pool_kill(s->pool, i, why);
+        }
+    }
+}
+
+/* Remote liveness, both ways: a HEARTBEAT to each remote worker that has
+ * been sent nothing for heartbeat_ms, and the loss of any that has said
+ * nothing for heartbeat_ms x liveness. */
+static void check_remote(ferry__scheduler *s, uint64_t now)
+{
+    for (uint32_t i = s->nlocal; i < s->nworkers; i++) {
+        sched_worker *w = &s->w[i];
+        if (w->p.state != FERRY__PEER_CONFIGURED && w->p.state != FERRY__PEER_READY)
+            continue;
+        char why[160];
+        switch (ferry__remote_liveness(s->remote, &w->p, now, why, sizeof why)) {
+        case FERRY__LIVE_LOST:
+            ferry__sched_lose_remote(s, w, why, 1);
+            break;
+        case FERRY__LIVE_HEARTBEAT:
+            if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
+                w->p.sent_ms = now;
+            else
+                ferry__sched_lose_remote(s, w, "its connection is gone", 1);
+            break;
+        case FERRY__LIVE_OK:
+            break;
+        }
+    }
+}
+
+void ferry__sched_check_deadlines(ferry__scheduler *s)
+{
+    uint64_t now = ferry__now_ms();
+    ferry__phase ph = ferry__window_phase(s->win);
+    if (ph == FERRY__PHASE_STARTING)
+        check_start_deadline(s, now);
+    if (ph == FERRY__PHASE_RUNNING) {
+        check_idle(s, now);
+        check_replacements(s, now);
+        if (s->cfg.timeout_ms > 0)
+            check_timeouts(s, now);
+    }
+    if (s->remote && ferry__window_phase(s->win) != FERRY__PHASE_FAILED)
+        check_remote(s, now);
+}
