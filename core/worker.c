@@ -35,7 +35,7 @@
 
 #define POLL_MS 200
 
-typedef struct wstate {
+typedef struct worker_session {
     const ferry__worker_opts *o;
     void *sock;
     /* The socket is shared with the heartbeat thread: whoever uses it holds
@@ -57,10 +57,10 @@ typedef struct wstate {
     size_t indices_cap;
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
-} wstate;
+} worker_session;
 
 /* Every send goes through here: it holds the socket and notes the time. */
-static int send_msg(wstate *w, zmq_msg_t *payload, int flags)
+static int send_msg(worker_session *w, zmq_msg_t *payload, int flags)
 {
     pthread_mutex_lock(&w->sock_mu);
     int rc = ferry__zsock_send(w->sock, NULL, &w->out, payload, flags);
@@ -75,7 +75,7 @@ static int send_msg(wstate *w, zmq_msg_t *payload, int flags)
  * struct, so it never touches the main thread's. */
 static void *heartbeat_main(void *arg)
 {
-    wstate *w = arg;
+    worker_session *w = arg;
     ferry__msg hb;
     memset(&hb, 0, sizeof hb);
     hb.type = FERRY__MSG_HEARTBEAT;
@@ -94,7 +94,7 @@ static void *heartbeat_main(void *arg)
     return NULL;
 }
 
-static int start_heartbeats(wstate *w, uint32_t ms, uint32_t liveness)
+static int start_heartbeats(worker_session *w, uint32_t ms, uint32_t liveness)
 {
     if (w->hb_live || ms == 0)
         return FERRY_OK;
@@ -107,7 +107,7 @@ static int start_heartbeats(wstate *w, uint32_t ms, uint32_t liveness)
     return FERRY_OK;
 }
 
-static void stop_heartbeats(wstate *w)
+static void stop_heartbeats(worker_session *w)
 {
     if (!w->hb_live)
         return;
@@ -119,7 +119,7 @@ static void stop_heartbeats(wstate *w)
     w->hb_live = 0;
 }
 
-static int should_quit(const wstate *w)
+static int should_quit(const worker_session *w)
 {
     if (w->o->cancel && atomic_load(w->o->cancel))
         return 1;
@@ -128,13 +128,13 @@ static int should_quit(const wstate *w)
     return 0;
 }
 
-static int send_simple(wstate *w, ferry__msg_type type)
+static int send_simple(worker_session *w, ferry__msg_type type)
 {
     w->out.type = type;
     return send_msg(w, NULL, 0);
 }
 
-static int send_fail(wstate *w, uint64_t id, int code, uint64_t index, const char *msg)
+static int send_fail(worker_session *w, uint64_t id, int code, uint64_t index, const char *msg)
 {
     memset(&w->out.u.fail, 0, sizeof w->out.u.fail);
     w->out.type = FERRY__MSG_FAIL;
@@ -147,7 +147,7 @@ static int send_fail(wstate *w, uint64_t id, int code, uint64_t index, const cha
 
 /* Waits up to `ms` for a message. FERRY_OK with *got set when one came,
  * FERRY_ETIMEDOUT when told to quit. Malformed messages are dropped. */
-static int wait_msg(wstate *w, int ms, zmq_msg_t *payload, int *got)
+static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
 {
     *got = 0;
     pthread_mutex_lock(&w->sock_mu);
@@ -208,7 +208,7 @@ static int confine_plugin(const ferry__worker_opts *o, const char *spec, char *o
 
 /* Handles CONFIG: opens the dataset and answers READY (with the error when
  * it does not open; the loader decides what happens next). */
-static int on_config(wstate *w)
+static int on_config(worker_session *w)
 {
     const ferry__config_msg *c = &w->in.u.config;
     ferry_dataset_ctx ctx = {
@@ -244,8 +244,42 @@ static int on_config(wstate *w)
     return send_msg(w, NULL, 0);
 }
 
+/* Sizes the payload frame for task t from the schema and fills the BATCH
+ * header: every field starts 64-byte aligned in this process's buffer (see
+ * the top of this file). dst[f] is where the dataset writes field f.
+ * FERRY_ENOMEM when the frame cannot be had. */
+static int lay_out_batch(worker_session *w, const ferry__task *t, zmq_msg_t *payload, void **dst)
+{
+    const ferry_dataset_schema *s = &w->ds.schema;
+    size_t total = FERRY__FIELD_ALIGN; /* room for the lead */
+    for (int f = 0; f < s->nfields; f++)
+        total += FERRY__ROUND_UP(w->ds.item_bytes[f] * t->count, FERRY__FIELD_ALIGN);
+    if (zmq_msg_init_size(payload, total) != 0)
+        return FERRY_ENOMEM;
+    unsigned char *base = zmq_msg_data(payload);
+    size_t off = (FERRY__FIELD_ALIGN - (uintptr_t)base % FERRY__FIELD_ALIGN) % FERRY__FIELD_ALIGN;
+    ferry__batch_hdr *h = &w->out.u.batch;
+    memset(h, 0, sizeof *h);
+    h->id = t->id;
+    h->count = t->count;
+    h->nfields = (uint32_t)s->nfields;
+    for (int f = 0; f < s->nfields; f++) {
+        ferry__field_desc *d = &h->fields[f];
+        memcpy(d->name, s->fields[f].name, FERRY_NAME_MAX);
+        d->dtype = s->fields[f].dtype;
+        d->ndim = s->fields[f].ndim + 1;
+        d->shape[0] = t->count;
+        memcpy(&d->shape[1], s->fields[f].shape, sizeof(int64_t) * (size_t)s->fields[f].ndim);
+        d->offset = off;
+        d->nbytes = w->ds.item_bytes[f] * t->count;
+        dst[f] = base + off;
+        off += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
+    }
+    return FERRY_OK;
+}
+
 /* Handles TASK: builds the batch in a new payload frame and sends it. */
-static int on_task(wstate *w, zmq_msg_t *task_payload)
+static int on_task(worker_session *w, zmq_msg_t *task_payload)
 {
     const ferry__task t = w->in.u.task;
     if (!w->ds_open)
@@ -260,35 +294,10 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
     }
     ferry__indices_unpack(zmq_msg_data(task_payload), t.count, w->indices);
 
-    const ferry_dataset_schema *s = &w->ds.schema;
-    size_t total = FERRY__FIELD_ALIGN; /* room for the lead */
-    for (int f = 0; f < s->nfields; f++)
-        total += FERRY__ROUND_UP(w->ds.item_bytes[f] * t.count, FERRY__FIELD_ALIGN);
-
     zmq_msg_t payload;
-    if (zmq_msg_init_size(&payload, total) != 0)
-        return send_fail(w, t.id, FERRY_ENOMEM, w->indices[0], "worker out of memory for batch");
-    unsigned char *base = zmq_msg_data(&payload);
-    size_t off = (FERRY__FIELD_ALIGN - (uintptr_t)base % FERRY__FIELD_ALIGN) % FERRY__FIELD_ALIGN;
-
-    ferry__batch_hdr *h = &w->out.u.batch;
     void *dst[FERRY_MAX_FIELDS];
-    memset(h, 0, sizeof *h);
-    h->id = t.id;
-    h->count = t.count;
-    h->nfields = (uint32_t)s->nfields;
-    for (int f = 0; f < s->nfields; f++) {
-        ferry__field_desc *d = &h->fields[f];
-        memcpy(d->name, s->fields[f].name, FERRY_NAME_MAX);
-        d->dtype = s->fields[f].dtype;
-        d->ndim = s->fields[f].ndim + 1;
-        d->shape[0] = t.count;
-        memcpy(&d->shape[1], s->fields[f].shape, sizeof(int64_t) * (size_t)s->fields[f].ndim);
-        d->offset = off;
-        d->nbytes = w->ds.item_bytes[f] * t.count;
-        dst[f] = base + off;
-        off += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
-    }
+    if (lay_out_batch(w, &t, &payload, dst) != FERRY_OK)
+        return send_fail(w, t.id, FERRY_ENOMEM, w->indices[0], "worker out of memory for batch");
 
     ferry_batch_request req = {.epoch = t.epoch,
                                .batch_in_epoch = t.batch_in_epoch,
@@ -320,7 +329,7 @@ static int on_task(wstate *w, zmq_msg_t *task_payload)
 /* The DEALER: limits, then for tcp:// ZeroMQ's heartbeats (a dead
  * connection is closed and redialled), a reconnect interval that backs off
  * to 2 s, and CURVE when a server key is given. */
-static int setup_socket(wstate *w)
+static int setup_socket(worker_session *w)
 {
     const ferry__worker_opts *o = w->o;
     /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
@@ -342,7 +351,7 @@ static int setup_socket(wstate *w)
 }
 
 /* BYE, with a short, bounded linger so it is not dropped at close. */
-static void say_bye(wstate *w)
+static void say_bye(worker_session *w)
 {
     int linger = 200;
     pthread_mutex_lock(&w->sock_mu);
@@ -354,7 +363,7 @@ static void say_bye(wstate *w)
 /* A HEARTBEAT if nothing has been sent for an interval. Checked after
  * every message as well as when idle: a worker that only ever receives (the
  * loader's own heartbeats) must still be heard. */
-static int heartbeat_if_due(wstate *w)
+static int heartbeat_if_due(worker_session *w)
 {
     if (!w->hb_ms)
         return FERRY_OK;
@@ -366,7 +375,7 @@ static int heartbeat_if_due(wstate *w)
 
 /* What the main loop does when no message came: heartbeats while idle,
  * and the end of the session when the loader has gone silent. */
-static int on_idle(wstate *w, int configured, uint64_t waited)
+static int on_idle(worker_session *w, int configured, uint64_t waited)
 {
     if (!configured) {
         if (w->o->handshake_ms > 0 && waited >= (uint64_t)w->o->handshake_ms)
@@ -386,11 +395,110 @@ static int on_idle(wstate *w, int configured, uint64_t waited)
     return heartbeat_if_due(w);
 }
 
+/* STOP: the session ends with BYE. FERRY_OK after a normal session, else
+ * FERRY_ECLOSED saying why the loader turned this worker away. */
+static int on_stop(worker_session *w, int configured)
+{
+    say_bye(w);
+    if (w->ds_open)
+        return FERRY_OK;
+    if (configured)
+        return ferry__seterr(FERRY_ECLOSED, "the loader at %s turned this worker away: %s",
+                             w->o->endpoint, w->refusal);
+    return ferry__seterr(FERRY_ECLOSED,
+                         "the loader at %s refused this worker (it is full, closing, or speaks "
+                         "another protocol)",
+                         w->o->endpoint);
+}
+
+/* Acts on one message from the loader; *stopped is set when it ended the
+ * session (STOP). */
+static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, int *stopped)
+{
+    switch (w->in.type) {
+    case FERRY__MSG_CONFIG: {
+        *configured = 1;
+        int rc = on_config(w);
+        if (rc == FERRY_OK && w->ds_open && w->o->configured)
+            *w->o->configured = 1;
+        return rc;
+    }
+    case FERRY__MSG_TASK:
+        return on_task(w, payload);
+    case FERRY__MSG_HEARTBEAT:
+        return FERRY_OK;
+    case FERRY__MSG_STOP:
+        *stopped = 1;
+        return on_stop(w, *configured);
+    default:
+        fprintf(stderr, "ferry-worker: unexpected %s from the loader, dropped\n",
+                ferry__msg_name(w->in.type));
+        return FERRY_OK;
+    }
+}
+
+/* The session's loop: messages until STOP, a failure, silence, or being
+ * told to quit (then BYE, so the loader requeues at once). */
+static int serve(worker_session *w)
+{
+    int configured = 0, stopped = 0;
+    uint64_t start = ferry__now_ms();
+    for (;;) {
+        zmq_msg_t payload;
+        int got;
+        /* Short enough polls that heartbeats go out on time. */
+        int poll_ms = w->hb_ms && w->hb_ms / 2 < POLL_MS ? (int)(w->hb_ms / 2) : POLL_MS;
+        int rc = wait_msg(w, poll_ms > 0 ? poll_ms : 1, &payload, &got);
+        if (rc == FERRY_OK && !got) {
+            rc = on_idle(w, configured, ferry__now_ms() - start);
+            if (rc == FERRY_OK)
+                continue;
+            return rc;
+        }
+        if (rc == FERRY_OK) {
+            rc = on_message(w, &payload, &configured, &stopped);
+            zmq_msg_close(&payload);
+            if (stopped)
+                return rc;
+        }
+        if (rc == FERRY_OK)
+            rc = heartbeat_if_due(w);
+        if (rc == FERRY_OK && should_quit(w))
+            rc = ferry__seterr(FERRY_ETIMEDOUT, "worker told to quit");
+        if (rc != FERRY_OK) {
+            if (should_quit(w) && configured)
+                say_bye(w);
+            return rc;
+        }
+    }
+}
+
+/* The DEALER, connected, and HELLO sent. */
+static int open_session(worker_session *w, void *ctx)
+{
+    const ferry__worker_opts *o = w->o;
+    w->sock = zmq_socket(ctx, ZMQ_DEALER);
+    if (!w->sock)
+        return ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
+    int rc = setup_socket(w);
+    if (rc != FERRY_OK)
+        return rc;
+    if (zmq_connect(w->sock, o->endpoint) != 0)
+        return ferry__seterr(FERRY_ESYS, "connecting to %s: %s", o->endpoint, zmq_strerror(errno));
+    memset(&w->out.u.hello, 0, sizeof w->out.u.hello);
+    w->out.type = FERRY__MSG_HELLO;
+    w->out.u.hello.version = FERRY_PROTOCOL_VERSION;
+    w->out.u.hello.pid = (uint32_t)getpid();
+    w->out.u.hello.slot = o->slot;
+    gethostname(w->out.u.hello.host, sizeof w->out.u.hello.host - 1);
+    snprintf(w->out.u.hello.program, sizeof w->out.u.hello.program, "ferry-worker %s",
+             ferry_version());
+    return send_msg(w, NULL, 0);
+}
+
 int ferry__worker_run(const ferry__worker_opts *o)
 {
-    wstate *w = ferry__calloc(1, sizeof *w);
-    void *own_ctx = NULL;
-    int rc;
+    worker_session *w = ferry__calloc(1, sizeof *w);
     if (!w)
         return ferry__seterr(FERRY_ENOMEM, "worker state");
     w->o = o;
@@ -401,105 +509,18 @@ int ferry__worker_run(const ferry__worker_opts *o)
     pthread_cond_init(&w->hb_cv, &ca);
     pthread_condattr_destroy(&ca);
 
-    void *ctx = o->zctx;
+    int rc = FERRY_OK;
+    void *ctx = o->zctx, *own_ctx = NULL;
     if (!ctx) {
         ctx = own_ctx = zmq_ctx_new();
-        if (!ctx) {
+        if (!ctx)
             rc = ferry__syserr(FERRY_ESYS, "zmq_ctx_new", errno);
-            goto done;
-        }
     }
-    w->sock = zmq_socket(ctx, ZMQ_DEALER);
-    if (!w->sock) {
-        rc = ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
-        goto done;
-    }
-    rc = setup_socket(w);
-    if (rc != FERRY_OK)
-        goto done;
-    if (zmq_connect(w->sock, o->endpoint) != 0) {
-        rc = ferry__seterr(FERRY_ESYS, "connecting to %s: %s", o->endpoint, zmq_strerror(errno));
-        goto done;
-    }
+    if (rc == FERRY_OK)
+        rc = open_session(w, ctx);
+    if (rc == FERRY_OK)
+        rc = serve(w);
 
-    memset(&w->out.u.hello, 0, sizeof w->out.u.hello);
-    w->out.type = FERRY__MSG_HELLO;
-    w->out.u.hello.version = FERRY_PROTOCOL_VERSION;
-    w->out.u.hello.pid = (uint32_t)getpid();
-    w->out.u.hello.slot = o->slot;
-    gethostname(w->out.u.hello.host, sizeof w->out.u.hello.host - 1);
-    snprintf(w->out.u.hello.program, sizeof w->out.u.hello.program, "ferry-worker %s",
-             ferry_version());
-    rc = send_msg(w, NULL, 0);
-    if (rc != FERRY_OK)
-        goto done;
-
-    int configured = 0;
-    uint64_t start = ferry__now_ms();
-    for (;;) {
-        zmq_msg_t payload;
-        int got;
-        /* Short enough polls that heartbeats go out on time. */
-        int poll_ms = w->hb_ms && w->hb_ms / 2 < POLL_MS ? (int)(w->hb_ms / 2) : POLL_MS;
-        rc = wait_msg(w, poll_ms > 0 ? poll_ms : 1, &payload, &got);
-        if (rc != FERRY_OK) {
-            if (should_quit(w) && configured)
-                say_bye(w); /* so the loader requeues at once */
-            goto done;
-        }
-        if (!got) {
-            rc = on_idle(w, configured, ferry__now_ms() - start);
-            if (rc != FERRY_OK)
-                goto done;
-            continue;
-        }
-        switch (w->in.type) {
-        case FERRY__MSG_CONFIG:
-            configured = 1;
-            rc = on_config(w);
-            if (rc == FERRY_OK && w->ds_open && o->configured)
-                *o->configured = 1;
-            break;
-        case FERRY__MSG_TASK:
-            rc = on_task(w, &payload);
-            break;
-        case FERRY__MSG_HEARTBEAT:
-            rc = FERRY_OK;
-            break;
-        case FERRY__MSG_STOP: {
-            zmq_msg_close(&payload);
-            say_bye(w);
-            if (w->ds_open)
-                rc = FERRY_OK;
-            else if (configured)
-                rc = ferry__seterr(FERRY_ECLOSED, "the loader at %s turned this worker away: %s",
-                                   o->endpoint, w->refusal);
-            else
-                rc = ferry__seterr(FERRY_ECLOSED,
-                                   "the loader at %s refused this worker (it is "
-                                   "full, closing, or speaks another protocol)",
-                                   o->endpoint);
-            goto done;
-        }
-        default:
-            fprintf(stderr, "ferry-worker: unexpected %s from the loader, dropped\n",
-                    ferry__msg_name(w->in.type));
-            rc = FERRY_OK;
-            break;
-        }
-        zmq_msg_close(&payload);
-        if (rc == FERRY_OK)
-            rc = heartbeat_if_due(w);
-        if (rc == FERRY_OK && should_quit(w))
-            rc = ferry__seterr(FERRY_ETIMEDOUT, "worker told to quit");
-        if (rc != FERRY_OK) {
-            if (should_quit(w) && configured)
-                say_bye(w); /* between batches: the loader requeues at once */
-            goto done;
-        }
-    }
-
-done:
     stop_heartbeats(w);
     if (w->ds_open)
         ferry__dataset_close(&w->ds);
