@@ -1,0 +1,346 @@
+/*
+ * test_window.c - the prefetch window by itself, in one process, with no
+ * sockets and no workers: the test plays the scheduler (take, sent,
+ * complete, requeue) and the trainer (next), so ordering, requeue, give-up
+ * and resume are checked exactly and fast.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "batch.h"
+#include "error.h"
+#include "window.h"
+
+#define N_ITEMS 10
+#define BATCH 2 /* 5 batches an epoch */
+
+static ferry__window_opts opts(uint32_t prefetch, int in_order)
+{
+    ferry__window_opts o = {.prefetch = prefetch,
+                            .nworkers = 2,
+                            .in_order = in_order,
+                            .max_attempts = 2,
+                            .sampler = {.batch_size = BATCH, .world_size = 1, .epochs = 2}};
+    return o;
+}
+
+static ferry__window *open_window(const ferry__window_opts *o)
+{
+    ferry__window *win = NULL;
+    assert_int_equal(ferry__window_new(&win, o), FERRY_OK);
+    assert_int_equal(ferry__window_phase(win), FERRY__PHASE_STARTING);
+    assert_int_equal(ferry__window_start(win, N_ITEMS), FERRY_OK);
+    assert_int_equal(ferry__window_wait_started(win), FERRY_OK);
+    return win;
+}
+
+/* A batch whose one field holds its seq, backed by a heap block. */
+static ferry_batch *make_batch(const ferry__window_entry *e)
+{
+    uint64_t *data = aligned_alloc(64, 64);
+    assert_non_null(data);
+    data[0] = e->t.seq;
+    ferry_tensor f = {.name = "seq", .dtype = FERRY_DTYPE_U64, .ndim = 1, .data = data,
+                      .nbytes = 8};
+    f.shape[0] = 1;
+    ferry_batch_info info = {.seq = e->t.seq, .epoch = e->t.epoch, .size = e->t.count};
+    ferry_batch *b = NULL;
+    ferry__batch_backing backing = {.release = free, .ctx = data};
+    assert_int_equal(ferry__batch_new(&b, &f, 1, &info, e->indices, backing), FERRY_OK);
+    return b;
+}
+
+static ferry__window_entry *take_and_send(ferry__window *win, uint32_t worker)
+{
+    ferry__window_entry *e = ferry__window_take(win);
+    assert_non_null(e);
+    ferry__window_sent(win, e, worker, 1000);
+    return e;
+}
+
+static void answer(ferry__window *win, ferry__window_entry *e)
+{
+    ferry__window_complete(win, e, make_batch(e), 0, NULL, 2000);
+}
+
+/* The seq of the next delivered batch (which must be a batch). */
+static uint64_t next_seq(ferry__window *win)
+{
+    ferry_batch *b = NULL;
+    int rc = ferry__window_next(win, &b);
+    if (rc != FERRY_OK)
+        fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+    ferry_tensor t;
+    assert_int_equal(ferry_batch_field(b, "seq", &t), FERRY_OK);
+    uint64_t seq = *(const uint64_t *)t.data;
+    ferry_batch_info info;
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.seq, seq);
+    ferry_batch_release(b);
+    return seq;
+}
+
+static void test_window_fills_to_prefetch_and_no_further(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(3, 1);
+    ferry__window *win = open_window(&o);
+    for (uint64_t i = 0; i < 3; i++) {
+        ferry__window_entry *e = take_and_send(win, (uint32_t)i % 2);
+        assert_int_equal(e->t.seq, i);
+        assert_int_equal(e->t.count, BATCH);
+        assert_int_equal(e->indices[0], i * BATCH); /* no shuffle: positions in order */
+    }
+    assert_null(ferry__window_take(win));
+    assert_int_equal(ferry__window_outstanding(win, 0), 2);
+    assert_int_equal(ferry__window_outstanding(win, 1), 1);
+    ferry_stats st;
+    ferry__window_stats(win, &st);
+    assert_int_equal(st.in_flight, 3);
+    assert_int_equal(st.dispatched, 3);
+    ferry__window_free(win); /* frees what is still in flight */
+}
+
+static void test_window_delivers_in_order_whatever_the_completion_order(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *e[4];
+    for (int i = 0; i < 4; i++)
+        e[i] = take_and_send(win, (uint32_t)i % 2);
+    for (int i = 3; i >= 0; i--)
+        answer(win, e[i]);
+    for (uint64_t i = 0; i < 4; i++) {
+        assert_int_equal(next_seq(win), i);
+        /* Each delivery frees a slot, and the window takes the next seq. */
+        ferry__window_entry *n = take_and_send(win, 0);
+        assert_int_equal(n->t.seq, 4 + i);
+        answer(win, n);
+    }
+    for (uint64_t i = 4; i < 8; i++)
+        assert_int_equal(next_seq(win), i);
+    ferry__window_free(win);
+}
+
+static void test_window_out_of_order_delivers_as_completed(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 0);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *e[4];
+    for (int i = 0; i < 4; i++)
+        e[i] = take_and_send(win, (uint32_t)i % 2);
+    answer(win, e[2]);
+    answer(win, e[0]);
+    assert_int_equal(next_seq(win), 2);
+    assert_int_equal(next_seq(win), 0);
+    /* A straggler (seq 1) does not hold the window: two new tasks go out. */
+    assert_int_equal(take_and_send(win, 0)->t.seq, 4);
+    assert_int_equal(take_and_send(win, 0)->t.seq, 5);
+    assert_null(ferry__window_take(win));
+    answer(win, e[1]);
+    assert_int_equal(next_seq(win), 1);
+    ferry__window_free(win);
+}
+
+static void test_window_find_names_exactly_one_task(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *a = take_and_send(win, 0);
+    ferry__window_entry *b = take_and_send(win, 1);
+    assert_ptr_equal(ferry__window_find(win, 0, a->id), a);
+    assert_ptr_equal(ferry__window_find(win, 1, b->id), b);
+    assert_null(ferry__window_find(win, 1, a->id)); /* another worker's task */
+    assert_null(ferry__window_find(win, 0, a->id + (1u << 10))); /* same slot, other seq */
+    assert_null(ferry__window_find(win, 0, 1023));                 /* a slot past prefetch */
+    uint64_t old = a->id;
+    answer(win, a);
+    assert_null(ferry__window_find(win, 0, old)); /* answered: a second reply is stale */
+    ferry__window_free(win);
+}
+
+static void test_window_requeue_resends_lowest_seq_first_and_charges_the_current_task(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *e[4];
+    for (int i = 0; i < 4; i++)
+        e[i] = take_and_send(win, (uint32_t)i % 2); /* worker 0: seqs 0, 2 */
+    uint64_t since = 0;
+    assert_ptr_equal(ferry__window_current(win, 0, &since), e[0]);
+    assert_int_equal(since, 1000);
+    uint64_t id0 = e[0]->id;
+    ferry__window_requeue(win, 0, 1, "worker 0 died");
+    assert_int_equal(ferry__window_outstanding(win, 0), 0);
+    assert_null(ferry__window_current(win, 0, NULL));
+    assert_null(ferry__window_find(win, 0, id0)); /* its late reply is stale */
+    /* Sent again, lowest seq first, to the surviving worker. */
+    ferry__window_entry *r0 = take_and_send(win, 1);
+    ferry__window_entry *r2 = take_and_send(win, 1);
+    assert_int_equal(r0->t.seq, 0);
+    assert_int_equal(r0->attempts, 1); /* the task it was on */
+    assert_int_equal(r2->t.seq, 2);
+    assert_int_equal(r2->attempts, 0); /* only queued behind it: free */
+    assert_null(ferry__window_take(win)); /* window still full */
+    for (int i = 0; i < 4; i++)
+        answer(win, e[i]);
+    for (uint64_t i = 0; i < 4; i++)
+        assert_int_equal(next_seq(win), i);
+    ferry__window_free(win);
+}
+
+static void test_window_unsent_task_goes_out_again_first(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *a = ferry__window_take(win);
+    ferry__window_entry *b = ferry__window_take(win);
+    ferry__window_unsent(win, b); /* the send failed */
+    ferry__window_unsent(win, a);
+    assert_ptr_equal(ferry__window_take(win), a);
+    assert_ptr_equal(ferry__window_take(win), b);
+    assert_int_equal(ferry__window_take(win)->t.seq, 2);
+    ferry__window_free(win);
+}
+
+static void test_window_gives_a_batch_up_after_max_attempts(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *a = take_and_send(win, 0);
+    ferry__window_entry *b = take_and_send(win, 1);
+    ferry__window_requeue(win, 0, 1, "first death");
+    assert_ptr_equal(take_and_send(win, 0), a);
+    ferry__window_requeue(win, 0, 1, "worker 0 (pid 42) was killed by signal SIGSEGV");
+    /* Given up: not sent again, delivered as a failure naming its indices. */
+    assert_int_equal(ferry__window_take(win)->t.seq, 2);
+    answer(win, b);
+    ferry_batch *out = NULL;
+    assert_int_equal(ferry__window_next(win, &out), FERRY_EBATCH);
+    assert_null(out);
+    assert_non_null(strstr(ferry_last_error(), "indices 0, 1"));
+    assert_non_null(strstr(ferry_last_error(), "after 2 workers died"));
+    assert_non_null(strstr(ferry_last_error(), "SIGSEGV"));
+    assert_int_equal(next_seq(win), 1); /* the run goes on */
+    ferry_stats st;
+    ferry__window_stats(win, &st);
+    assert_int_equal(st.failed, 1);
+    assert_int_equal(st.delivered, 2);
+    ferry__window_free(win);
+}
+
+static void test_window_uncharged_requeue_never_gives_up(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(2, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *a = take_and_send(win, 0);
+    for (int i = 0; i < 5; i++) { /* a remote worker that said BYE, five times */
+        ferry__window_requeue(win, 0, 0, "it said BYE");
+        assert_ptr_equal(take_and_send(win, 0), a);
+    }
+    assert_int_equal(a->attempts, 0);
+    answer(win, a);
+    assert_int_equal(next_seq(win), 0);
+    ferry__window_free(win);
+}
+
+static void test_window_resume_starts_after_the_last_delivered_batch(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(3, 1);
+    ferry__window *win = open_window(&o);
+    for (uint64_t i = 0; i < 6; i++) { /* across the epoch boundary (5 a epoch) */
+        ferry__window_entry *e = take_and_send(win, 0);
+        answer(win, e);
+        assert_int_equal(next_seq(win), i);
+    }
+    take_and_send(win, 0); /* in flight, not delivered: not part of the position */
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len = 0;
+    assert_int_equal(ferry__window_save(win, blob, sizeof blob, &len), FERRY_OK);
+    ferry__window_free(win);
+
+    o.state = blob;
+    o.state_len = len;
+    win = open_window(&o);
+    ferry__window_entry *e = take_and_send(win, 1);
+    assert_int_equal(e->t.seq, 6);
+    assert_int_equal(e->t.epoch, 1);
+    assert_int_equal(e->t.batch_in_epoch, 1);
+    answer(win, e);
+    assert_int_equal(next_seq(win), 6);
+    ferry__window_free(win);
+}
+
+static void test_window_end_of_stream_and_failure_are_reported(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(8, 1);
+    ferry__window *win = open_window(&o);
+    for (uint64_t i = 0; i < 10; i++) { /* 2 epochs of 5 */
+        answer(win, take_and_send(win, 0));
+        if (i >= 2)
+            assert_int_equal(next_seq(win), i - 2);
+    }
+    assert_null(ferry__window_take(win)); /* the sampler has ended */
+    assert_int_equal(next_seq(win), 8);
+    assert_int_equal(next_seq(win), 9);
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry__window_next(win, &b), FERRY_EOF);
+
+    ferry__window_fail(win, FERRY_EWORKER, "worker 1 (pid 7) exited with code 3");
+    ferry__window_fail(win, FERRY_ECLOSED, "a later cause"); /* the first one stays */
+    assert_int_equal(ferry__window_next(win, &b), FERRY_EWORKER);
+    assert_string_equal(ferry_last_error(), "worker 1 (pid 7) exited with code 3");
+    assert_int_equal(ferry__window_phase(win), FERRY__PHASE_FAILED);
+    assert_null(ferry__window_take(win));
+    ferry__window_free(win);
+}
+
+static void test_window_bad_resume_state_fails_the_start(void **state)
+{
+    (void)state;
+    unsigned char junk[16] = {1, 2, 3};
+    ferry__window_opts o = opts(2, 1);
+    o.state = junk;
+    o.state_len = sizeof junk;
+    ferry__window *win = NULL;
+    assert_int_equal(ferry__window_new(&win, &o), FERRY_OK);
+    assert_int_equal(ferry__window_start(win, N_ITEMS), FERRY_ESTATE);
+    assert_int_equal(ferry__window_wait_started(win), FERRY_ESTATE);
+    ferry__window_free(win);
+    o.prefetch = FERRY__WINDOW_MAX + 1;
+    assert_int_equal(ferry__window_new(&win, &o), FERRY_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_fills_to_prefetch_and_no_further),
+        cmocka_unit_test(test_window_delivers_in_order_whatever_the_completion_order),
+        cmocka_unit_test(test_window_out_of_order_delivers_as_completed),
+        cmocka_unit_test(test_window_find_names_exactly_one_task),
+        cmocka_unit_test(
+            test_window_requeue_resends_lowest_seq_first_and_charges_the_current_task),
+        cmocka_unit_test(test_window_unsent_task_goes_out_again_first),
+        cmocka_unit_test(test_window_gives_a_batch_up_after_max_attempts),
+        cmocka_unit_test(test_window_uncharged_requeue_never_gives_up),
+        cmocka_unit_test(test_window_resume_starts_after_the_last_delivered_batch),
+        cmocka_unit_test(test_window_end_of_stream_and_failure_are_reported),
+        cmocka_unit_test(test_window_bad_resume_state_fails_the_start),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
