@@ -172,6 +172,9 @@ static int set_all(ferry_config *cfg, const bench_opts *o, int barrier)
     return rc;
 }
 
+/* One measured run, start to close. Long because it is one straight
+ * sequence of timed steps (open, first batch, the epochs, close) whose
+ * timestamps are compared with each other. */
 static int run_once(const bench_opts *o, int barrier, bench_result *r)
 {
     memset(r, 0, sizeof *r);
@@ -400,6 +403,8 @@ static void remove_tree(const char *dir, long n)
     rmdir(dir);
 }
 
+/* The three placements in one invocation. Long because it is one straight
+ * sequence: keys, daemons, three runs, teardown, the table. */
 static int compare_remote(bench_opts *o)
 {
     long n = o->workers > 0 ? o->workers : 1;
@@ -536,17 +541,10 @@ static int parse_long(const char *s, long lo, long *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* Fills *o from the command line. Returns -1 to go on, else the exit code
+ * (0 after --help, 2 for a bad argument). */
+static int parse_args(int argc, char **argv, bench_opts *o)
 {
-    bench_opts o = {.dataset = "synthetic:n=60000,dim=784",
-                    .worker_mode = "process",
-                    .workers = 2,
-                    .batch_size = 256,
-                    .epochs = 10,
-                    .seed = -1,
-                    .progress = 1,
-                    .in_order = 1,
-                    .min_workers = -1};
     static const struct {
         const char *name;
         size_t off;
@@ -567,7 +565,7 @@ int main(int argc, char **argv)
         int matched = 0;
         for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++) {
             if (strcmp(a, nums[k].name) == 0) {
-                if (!v || parse_long(v, nums[k].min, (long *)((char *)&o + nums[k].off))) {
+                if (!v || parse_long(v, nums[k].min, (long *)((char *)o + nums[k].off))) {
                     fprintf(stderr, "ferry-bench: %s needs a number >= %ld\n", a, nums[k].min);
                     return 2;
                 }
@@ -578,31 +576,31 @@ int main(int argc, char **argv)
         if (matched)
             continue;
         if (!strcmp(a, "--dataset") && v) {
-            o.dataset = argv[++i];
+            o->dataset = argv[++i];
         } else if (!strcmp(a, "--worker-path") && v) {
-            o.worker_path = argv[++i];
+            o->worker_path = argv[++i];
         } else if (!strcmp(a, "--bind") && v) {
-            o.bind = argv[++i];
+            o->bind = argv[++i];
         } else if (!strcmp(a, "--curve-key") && v) {
-            o.curve_key = argv[++i];
+            o->curve_key = argv[++i];
         } else if (!strcmp(a, "--curve-allow") && v) {
-            o.curve_allow = argv[++i];
+            o->curve_allow = argv[++i];
         } else if (!strcmp(a, "--insecure")) {
-            o.insecure = 1;
+            o->insecure = 1;
         } else if (!strcmp(a, "--compare-remote")) {
-            o.compare_remote = 1;
+            o->compare_remote = 1;
         } else if (!strcmp(a, "--threads")) {
-            o.worker_mode = "thread";
+            o->worker_mode = "thread";
         } else if (!strcmp(a, "--epoch-barrier")) {
-            o.epoch_barrier = 1;
+            o->epoch_barrier = 1;
         } else if (!strcmp(a, "--compare")) {
-            o.compare = 1;
+            o->compare = 1;
         } else if (!strcmp(a, "--out-of-order")) {
-            o.in_order = 0;
+            o->in_order = 0;
         } else if (!strcmp(a, "--json")) {
-            o.json = 1;
+            o->json = 1;
         } else if (!strcmp(a, "--no-progress")) {
-            o.progress = 0;
+            o->progress = 0;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -612,7 +610,23 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    return -1;
+}
 
+int main(int argc, char **argv)
+{
+    bench_opts o = {.dataset = "synthetic:n=60000,dim=784",
+                    .worker_mode = "process",
+                    .workers = 2,
+                    .batch_size = 256,
+                    .epochs = 10,
+                    .seed = -1,
+                    .progress = 1,
+                    .in_order = 1,
+                    .min_workers = -1};
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
     if (o.compare_remote)
         return compare_remote(&o);
     bench_result r[2];
