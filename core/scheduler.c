@@ -330,7 +330,8 @@ static int setup_sockets(ferry__scheduler *s)
     s->zctx = zmq_ctx_new();
     if (!s->zctx)
         return ferry__syserr(FERRY_ESYS, "zmq_ctx_new", errno);
-    zmq_ctx_set(s->zctx, ZMQ_BLOCKY, 0);
+    if (zmq_ctx_set(s->zctx, ZMQ_BLOCKY, 0) != 0)
+        return ferry__seterr(FERRY_ESYS, "setting ZMQ_BLOCKY: %s", zmq_strerror(errno));
     rc = ferry__socket_new(s->zctx, ZMQ_ROUTER, s->cfg.max_message, &s->router);
     if (rc == FERRY_OK)
         rc = ferry__socket_bind(s->router, s->endpoint, FERRY_ESYS);

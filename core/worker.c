@@ -350,12 +350,15 @@ static int setup_socket(worker_session *w)
     return FERRY_OK;
 }
 
-/* BYE, with a short, bounded linger so it is not dropped at close. */
+/* BYE, with a short, bounded linger so it is not dropped at close. Should
+ * the linger not take, the BYE may be lost at close: the loader then finds
+ * this worker gone by its pidfd or heartbeats, as it would a crash, so the
+ * session ends either way. */
 static void say_bye(worker_session *w)
 {
-    int linger = 200;
     pthread_mutex_lock(&w->sock_mu);
-    zmq_setsockopt(w->sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (ferry__sockopt_int(w->sock, ZMQ_LINGER, 200, "ZMQ_LINGER") != FERRY_OK)
+        fprintf(stderr, "ferry-worker: %s; BYE may be lost\n", ferry_last_error());
     pthread_mutex_unlock(&w->sock_mu);
     send_simple(w, FERRY__MSG_BYE);
 }

@@ -13,6 +13,7 @@
 
 #include <zmq.h>
 
+#include "endpoint.h"
 #include "error.h"
 
 #define ZAP_FRAMES 8
@@ -23,12 +24,12 @@ int ferry__zap_open(void *ctx, void **out)
     void *s = zmq_socket(ctx, ZMQ_REP);
     if (!s)
         return ferry__syserr(FERRY_ESYS, "zmq_socket (ZAP handler)", errno);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_bind(s, "inproc://zeromq.zap.01") != 0) {
-        int e = errno;
+    int rc = ferry__sockopt_int(s, ZMQ_LINGER, 0, "ZMQ_LINGER (ZAP handler)");
+    if (rc == FERRY_OK)
+        rc = ferry__socket_bind(s, "inproc://zeromq.zap.01", FERRY_ESYS);
+    if (rc != FERRY_OK) {
         zmq_close(s);
-        return ferry__seterr(FERRY_ESYS, "binding the ZAP handler: %s", zmq_strerror(e));
+        return rc;
     }
     *out = s;
     return FERRY_OK;
