@@ -102,7 +102,11 @@ static void *thread_main(void *arg)
                              .slot = (int)w->index,
                              .zctx = p->o.zctx,
                              .cancel = &p->cancel,
-                             .handshake_ms = p->o.start_timeout_ms};
+                             .handshake_ms = p->o.start_timeout_ms,
+                             /* A plugin may have started threads (an OpenMP pool)
+                              * that outlive its loader: unloading it would leave
+                              * them running unmapped code. */
+                             .keep_plugins = 1};
     int rc = ferry__worker_run(&wo);
     w->thread_rc = rc;
     if (rc != FERRY_OK)
@@ -235,7 +239,11 @@ static void forget_process(local_worker *w)
 }
 
 /* Reaps worker w's process if it has exited: returns 1 with its wait
- * status. */
+ * status, or with *status -1 when someone else collected it. That happens
+ * when the trainer sets SIGCHLD to SIG_IGN (the kernel reaps at once) or
+ * reaps children in its own handler: waitpid then fails with ECHILD. The
+ * pid is not signalled or waited for again, so a reused pid is never
+ * touched; the pidfd, which said the process is gone, is closed. */
 static int reap(local_worker *w, int *status)
 {
     pid_t pid = atomic_load(&w->pid);
@@ -245,7 +253,9 @@ static int reap(local_worker *w, int *status)
     do
         r = waitpid(pid, status, WNOHANG);
     while (r < 0 && errno == EINTR);
-    if (r != pid)
+    if (r < 0 && errno == ECHILD)
+        *status = -1;
+    else if (r != pid)
         return 0;
     forget_process(w);
     return 1;

@@ -43,7 +43,7 @@ typedef struct ferry__pool_event {
     ferry__pool_event_kind kind;
     uint32_t index;
     pid_t pid;             /* DIED */
-    int status;            /* DIED: the wait status */
+    int status;            /* DIED: the wait status; -1 when someone else reaped it */
     int code;              /* THREAD_FAILED: its error code */
     char kill_reason[256]; /* DIED: why the pool killed it, or "" */
     char words[1024];      /* DIED: its last lines of stderr; THREAD_FAILED: its error */

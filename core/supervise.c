@@ -40,7 +40,12 @@ static void death_message(const sched_worker *w, ferry__peer_state was, char *ms
 {
     char how[256];
     const ferry__pool_event *ev = &w->death;
-    ferry__describe_status(ev->status, how, sizeof how);
+    if (ev->status == -1)
+        snprintf(how, sizeof how,
+                 "exited; its exit status is unknown (the program ignores SIGCHLD or reaps "
+                 "children itself)");
+    else
+        ferry__describe_status(ev->status, how, sizeof how);
     snprintf(msg, cap, "worker %u (pid %d) %s%s%s%s%s%s", w->p.index, (int)ev->pid, how,
              was == FERRY__PEER_SPAWNED || was == FERRY__PEER_CONFIGURED ? " while starting" : "",
              ev->kill_reason[0] ? ", killed by ferry because " : "", ev->kill_reason,

@@ -26,7 +26,7 @@ typedef struct ferry__worker_opts {
     pid_t parent;             /* exit when getppid() differs; 0: no check */
     const atomic_int *cancel; /* exit when it becomes non-zero; NULL: none */
     int handshake_ms;         /* give up when no CONFIG comes within this */
-    int keep_plugins;         /* never unload a dataset plugin (worker processes) */
+    int keep_plugins;         /* never unload a dataset plugin (every placement) */
     char *note;               /* if set, what the worker is doing is written here */
     size_t note_len;          /* before each batch, for a crash handler to print */
     /* Remote workers (tcp://). */
