@@ -7,7 +7,8 @@
  *   npy:PATH[,PATH...]      .npy files mapped read-only, one field per file
  *   plugin:PATH[?ARGS]      a shared object exporting ferry_dataset_plugin()
  * Each kind is a ferry_dataset_ops table (the plugin ABI in
- * include/ferry_dataset.h); built-ins use the same table shape.
+ * include/ferry_dataset.h); built-ins use the same table shape. The kinds
+ * live in core/datasets/, one file each.
  *
  * Thread safety: a ferry__dataset belongs to one worker.
  */

@@ -37,7 +37,7 @@ typedef struct hostile {
 
 static uint8_t item_byte(uint64_t i, uint64_t j)
 {
-    /* The same formula as the built-in synthetic dataset (core/dataset.c). */
+    /* The same formula as the built-in synthetic dataset (core/datasets/synthetic.c). */
     return (uint8_t)(ferry_mix64(i * 0x9E3779B97F4A7C15ULL + j / 8) >> (8 * (j % 8)));
 }
 

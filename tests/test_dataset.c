@@ -6,8 +6,9 @@
  * kind against .npy files written here into a private temporary directory
  * (valid ones in several header styles and a corrupt one per failure mode),
  * the plugin kind against tools/example_plugin.c (FERRY_TEST_PLUGIN) and its
- * documented formula. Every failed open must leave the struct zeroed, no fd
- * open and nothing mapped.
+ * documented formula, and against tests/broken_plugin.c's wrong entry points.
+ * Every failed open must leave the struct zeroed, no fd open and nothing
+ * mapped (a refused plugin no longer loaded).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -865,6 +866,58 @@ static void test_plugin_is_unloaded_on_close(void **state)
     ft_end(&s);
 }
 
+/* Whether the shared object at `path` is loaded in this process (RTLD_NOLOAD
+ * loads nothing; the reference it takes is given back). */
+static int is_loaded(const char *path)
+{
+    void *dl = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (dl != NULL)
+        dlclose(dl);
+    return dl != NULL;
+}
+
+static void test_plugin_with_a_bad_table_is_refused_and_unloaded(void **state)
+{
+    static const struct {
+        const char *path;
+        int code;
+        const char *says;
+    } cases[] = {
+        {FERRY_TEST_BROKEN_ABI, FERRY_EVERSION, "has ABI version 2, this ferry supports 1"},
+        {FERRY_TEST_BROKEN_NO_TABLE, FERRY_EDATASET,
+         "ferry_dataset_plugin() returned no ops table"},
+        {FERRY_TEST_BROKEN_NO_GET_BATCH, FERRY_EDATASET, "ops table lacks get_batch()"},
+    };
+    ft_snapshot s;
+    char spec[4096];
+
+    ft_begin(&s, 30);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        snprintf(spec, sizeof spec, "plugin:%s?n=3", cases[k].path);
+        expect_open_fails(spec, cases[k].code, cases[k].path, cases[k].says, NULL);
+        assert_false(is_loaded(cases[k].path));
+    }
+    ft_end(&s);
+}
+
+/* FERRY__DATASET_KEEP_LOADED keeps a plugin whose own open failed loaded (a
+ * worker's plugin may have started threads by then). This leaves the hostile
+ * plugin in this process for good; no other case here uses it. */
+static void test_keep_loaded_plugin_stays_after_its_open_fails(void **state)
+{
+    ferry__dataset ds;
+    char errbuf[1024];
+    int rc;
+
+    assert_false(is_loaded(FERRY_TEST_HOSTILE));
+    rc = ferry__dataset_open_flags(&ds, "plugin:" FERRY_TEST_HOSTILE "?bogus", NULL,
+                                   FERRY__DATASET_KEEP_LOADED, errbuf, sizeof errbuf);
+    assert_int_equal(rc, FERRY_EDATASET);
+    assert_non_null(strstr(errbuf, "plugin " FERRY_TEST_HOSTILE ": hostile: 'bogus' has no '='"));
+    assert_true(is_zero(&ds, sizeof ds));
+    assert_true(is_loaded(FERRY_TEST_HOSTILE));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -891,6 +944,8 @@ int main(void)
         cmocka_unit_test(test_plugin_defaults_without_args),
         cmocka_unit_test(test_plugin_load_failures_are_explained),
         cmocka_unit_test(test_plugin_is_unloaded_on_close),
+        cmocka_unit_test(test_plugin_with_a_bad_table_is_refused_and_unloaded),
+        cmocka_unit_test(test_keep_loaded_plugin_stays_after_its_open_fails),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
