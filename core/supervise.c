@@ -70,8 +70,11 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
         return;
     }
-    ferry__window_requeue(s->win, w->p.index, 1, msg);
-    if (!w->p.delivered_any && ++w->p.failed_starts > (uint32_t)s->cfg.max_attempts + 2) {
+    /* Decided and counted before the requeue: the requeue may finish the
+     * stream (a poison batch given up), and a trainer that then reads the
+     * stats must find this death's restart counted. */
+    int hopeless = !w->p.delivered_any && ++w->p.failed_starts > (uint32_t)s->cfg.max_attempts + 2;
+    if (hopeless) {
         char m2[FERRY__ERRMSG_MAX];
         snprintf(m2, sizeof m2,
                  "worker %u died %u times in a row without delivering a batch; the last: %s",
@@ -80,6 +83,7 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
         return;
     }
     ferry__window_count(s->win, FERRY__STAT_RESTARTS);
+    ferry__window_requeue(s->win, w->p.index, 1, msg);
     fprintf(stderr, "ferry: %s; starting a replacement\n", msg);
     w->p.delivered_any = 0;
     w->p.ident.len = 0;
@@ -129,9 +133,11 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
         ferry__window_add_workers(s->win, -1);
         ferry__window_count(s->win, FERRY__STAT_LOST);
     }
-    ferry__window_requeue(s->win, w->p.index, charge, msg);
+    /* Under the fail policy the failure goes first, so the trainer never
+     * sees a batch given up by this requeue before the reason for it. */
     if (charge && was == FERRY__PEER_READY && s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL)
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
+    ferry__window_requeue(s->win, w->p.index, charge, msg);
     if (was == FERRY__PEER_READY && !s->closing)
         fprintf(stderr, "ferry: %s\n", msg);
 }
