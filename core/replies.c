@@ -126,7 +126,10 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
     sched_worker *w = &s->w[h->slot];
     pid_t pid = ferry__pool_pid(s->pool, w->p.index);
     if (w->p.state != FERRY__PEER_SPAWNED || (pid_t)h->pid != (pid ? pid : getpid())) {
-        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+        /* The HELLO of the process this slot had before (it died or was
+         * killed just after saying it) is late, not forged. */
+        int late = w->death.pid && (pid_t)h->pid == w->death.pid && (pid_t)h->pid != pid;
+        ferry__window_count(s->win, late ? FERRY__STAT_STALE : FERRY__STAT_MALFORMED);
         return;
     }
     w->p.ident = *id;
