@@ -11,6 +11,7 @@
  * mapped (a refused plugin no longer loaded).
  */
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -671,6 +672,26 @@ static void test_npy_corrupt_files_fail_with_code_and_path(void **state)
     ft_end(&s);
 }
 
+/* A FIFO (or a device) named as an npy file is refused at once: opening
+ * it for reading would otherwise block until a writer came. The case's
+ * time limit turns a blocking open into a failure. */
+static void test_npy_fifo_is_refused_without_blocking(void **state)
+{
+    (void)state;
+    ft_snapshot s;
+    char fifo[300], spec[400];
+    ft_begin(&s, 10);
+    snprintf(fifo, sizeof fifo, "%s/x.npy", s.tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(spec, sizeof spec, "npy:%s", fifo);
+    uint64_t t0 = ft_now_ms();
+    expect_open_fails(spec, FERRY_EDATASET, fifo, "not a regular file", NULL);
+    assert_true(ft_now_ms() - t0 < 1000);
+    expect_open_fails("npy:/dev/zero", FERRY_EDATASET, "/dev/zero", "not a regular file", NULL);
+    unlink(fifo);
+    ft_end(&s);
+}
+
 static void test_npy_files_must_agree_and_exist(void **state)
 {
     ft_snapshot s;
@@ -938,6 +959,7 @@ int main(void)
         cmocka_unit_test(test_npy_accepts_every_supported_dtype),
         cmocka_unit_test(test_npy_corrupt_files_fail_with_code_and_path),
         cmocka_unit_test(test_npy_files_must_agree_and_exist),
+        cmocka_unit_test(test_npy_fifo_is_refused_without_blocking),
         cmocka_unit_test(test_npy_item_shape_is_validated),
         cmocka_unit_test(test_plugin_values_follow_the_formula),
         cmocka_unit_test(test_plugin_noise_changes_per_epoch_but_not_per_batch),

@@ -321,7 +321,9 @@ static int npy_map(npy_file *file, const char *path, ferry_field_spec *f, char *
     void *map = MAP_FAILED;
     int fd, rc;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO or a device named by mistake must not block the
+     * open (it is refused just below); a regular file is unaffected. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET, "npy: cannot open %s: %s", path,
                                   strerror(errno));
