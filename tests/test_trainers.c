@@ -1,0 +1,225 @@
+/*
+ * test_trainers.c - trainers that do what real programs do to their own
+ * process, and a loader that must still work: SIGCHLD ignored (the kernel
+ * reaps children at once), SIGCHLD handled by the program's own reaper
+ * (servers, job runners, Python), and a thread-placement loader whose
+ * dataset plugin started an OpenMP pool, closed while the trainer goes on.
+ *
+ * Each case runs in its own child process (ft_run_each) under a hard time
+ * limit: a loader that spins or hangs after a worker death fails the case
+ * instead of blocking the suite.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+
+#define N_ITEMS 640
+#define DIM 16
+#define BATCH 32 /* 20 batches an epoch */
+
+/* A trainer's own SIGCHLD handler that reaps every child it can: it races
+ * ferry for its workers' exit statuses, and usually wins. */
+static void reap_everything(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+    errno = saved;
+}
+
+typedef enum sigchld_setup { CHLD_IGNORED, CHLD_OWN_REAPER } sigchld_setup;
+
+static void set_sigchld(sigchld_setup how)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    if (how == CHLD_IGNORED) {
+        sa.sa_handler = SIG_IGN;
+    } else {
+        sa.sa_handler = reap_everything;
+        sa.sa_flags = SA_RESTART;
+    }
+    assert_int_equal(sigaction(SIGCHLD, &sa, NULL), 0);
+}
+
+static ferry_loader *open_loader(const char *policy)
+{
+    char spec[128];
+    snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d", N_ITEMS, DIM);
+    ferry_config *cfg = ft_config(spec, 2, BATCH);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "on_worker_failure", policy), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 300), FERRY_OK);
+    return ft_open_ok(cfg);
+}
+
+/* Kills local worker 0 with SIGKILL. */
+static void kill_worker0(ferry_loader *ld)
+{
+    int pid = 0;
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &pid), FERRY_OK);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+}
+
+/* A process that keeps one core busy until killed: the deaths below are
+ * handled under load, where the races they could hide show up. */
+static pid_t start_load(void)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        for (volatile uint64_t x = 0;; x++)
+            ;
+    }
+    return pid;
+}
+
+static void stop_load(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    assert_true(ft_wait_gone(pid, 5000) >= 0);
+    waitpid(pid, NULL, WNOHANG); /* ours to reap unless the trainer's setup did */
+}
+
+/* Restart policy: the dead worker is replaced and every batch of both
+ * epochs arrives once, in order, intact, however the trainer treats
+ * SIGCHLD. Five loaders in a row, under load. */
+static void death_is_survived(sigchld_setup how)
+{
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    set_sigchld(how);
+    pid_t load = start_load();
+    for (int round = 0; round < 5; round++) {
+        ferry_loader *ld = open_loader("restart");
+        uint64_t seq = 0;
+        ferry_batch *b = NULL;
+        int rc;
+        while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+            ferry_batch_info info;
+            ferry_batch_get_info(b, &info);
+            assert_int_equal(info.seq, seq);
+            ft_assert_synthetic(b, DIM);
+            ferry_batch_release(b);
+            if (++seq == 5)
+                kill_worker0(ld);
+        }
+        if (rc != FERRY_EOF)
+            fail_msg("round %d: %s: %s", round, ferry_err_name(rc), ferry_last_error());
+        assert_int_equal(seq, 2 * N_ITEMS / BATCH);
+        assert_true(ft_stats(ld).restarts >= 1);
+        ft_close_within(ld, 5000);
+    }
+    stop_load(load);
+    ft_end(&snap);
+}
+
+/* Fail policy: the loader fails with FERRY_EWORKER naming the worker, even
+ * though the exit status went to someone else. */
+static void death_is_reported(sigchld_setup how)
+{
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    set_sigchld(how);
+    ferry_loader *ld = open_loader("fail");
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_release(b);
+    kill_worker0(ld);
+    int rc;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK)
+        ferry_batch_release(b);
+    FT_EXPECT_ERROR(rc, FERRY_EWORKER, "worker 0", NULL);
+    /* Once the status is lost the message says so; when ferry won the race
+     * it names the signal. Either way it explains. */
+    const char *e = ferry_last_error();
+    assert_true(strstr(e, "SIGKILL") || strstr(e, "status is unknown"));
+    if (how == CHLD_IGNORED)
+        assert_non_null(strstr(e, "ignores SIGCHLD or reaps children itself"));
+    ft_close_within(ld, 5000);
+    ft_end(&snap);
+}
+
+static void test_worker_death_with_sigchld_ignored_is_survived(void **state)
+{
+    (void)state;
+    death_is_survived(CHLD_IGNORED);
+}
+
+static void test_worker_death_with_sigchld_ignored_is_reported(void **state)
+{
+    (void)state;
+    death_is_reported(CHLD_IGNORED);
+}
+
+static void test_worker_death_with_the_trainers_own_reaper_is_survived(void **state)
+{
+    (void)state;
+    death_is_survived(CHLD_OWN_REAPER);
+}
+
+static void test_worker_death_with_the_trainers_own_reaper_is_reported(void **state)
+{
+    (void)state;
+    death_is_reported(CHLD_OWN_REAPER);
+}
+
+/* Thread workers whose plugin ran an OpenMP loop: the pool's threads
+ * outlive the loader, so the plugin (and the OpenMP runtime it brought)
+ * must stay loaded after close, or the trainer crashes when they next run.
+ * This binary does not link OpenMP itself: only the plugin holds it. */
+static void test_thread_workers_with_an_openmp_plugin_close_cleanly(void **state)
+{
+    (void)state;
+    char spec[512];
+    snprintf(spec, sizeof spec, "plugin:%s?n=%d,dim=%d,omp=1", FERRY_TEST_HOSTILE, N_ITEMS, DIM);
+    for (int round = 0; round < 3; round++) {
+        ferry_config *cfg = ft_config(spec, 2, BATCH);
+        assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+        ferry_loader *ld = ft_open_ok(cfg);
+        ferry_batch *b = NULL;
+        int n = 0, rc;
+        while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+            ft_assert_synthetic(b, DIM);
+            ferry_batch_release(b);
+            n++;
+        }
+        assert_int_equal(rc, FERRY_EOF);
+        assert_int_equal(n, N_ITEMS / BATCH);
+        ft_close_within(ld, 5000);
+    }
+    /* The OpenMP pool's threads wake from their spin-wait within this; a
+     * crash in them kills this case's process and fails it. */
+    uint64_t until = ft_now_ms() + 300;
+    while (ft_now_ms() < until)
+        ft_sleep_ms(20);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_worker_death_with_sigchld_ignored_is_survived),
+        cmocka_unit_test(test_worker_death_with_sigchld_ignored_is_reported),
+        cmocka_unit_test(test_worker_death_with_the_trainers_own_reaper_is_survived),
+        cmocka_unit_test(test_worker_death_with_the_trainers_own_reaper_is_reported),
+        cmocka_unit_test(test_thread_workers_with_an_openmp_plugin_close_cleanly),
+    };
+    return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
+}
