@@ -5,7 +5,7 @@
  * The synthetic dataset is checked against ferry__synthetic_byte, the npy
  * kind against .npy files written here into a private temporary directory
  * (valid ones in several header styles and a corrupt one per failure mode),
- * the plugin kind against tools/example_plugin.c (FERRY_TEST_PLUGIN) and its
+ * the plugin kind against examples/example_plugin.c (FERRY_TEST_PLUGIN) and its
  * documented formula. Every failed open must leave the struct zeroed, no fd
  * open and nothing mapped.
  */
