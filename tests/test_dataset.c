@@ -5,10 +5,10 @@
  * The synthetic dataset is checked against ferry__synthetic_byte, the npy
  * kind against .npy files written here into a private temporary directory
  * (valid ones in several header styles and a corrupt one per failure mode),
- * the plugin kind against tools/example_plugin.c (FERRY_TEST_PLUGIN) and its
- * documented formula, and against tests/broken_plugin.c's wrong entry points.
- * Every failed open must leave the struct zeroed, no fd open and nothing
- * mapped (a refused plugin no longer loaded).
+ * the plugin kind against examples/example_plugin.c (FERRY_TEST_PLUGIN) and
+ * its documented formula, and against tests/broken_plugin.c's wrong entry
+ * points. Every failed open must leave the struct zeroed, no fd open and
+ * nothing mapped (a refused plugin no longer loaded).
  */
 #include <dlfcn.h>
 #include <sys/stat.h>

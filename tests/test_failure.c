@@ -7,9 +7,7 @@
  * case runs between ft_begin() and ft_end(): a hard time limit, then no child,
  * fd, thread or file left behind.
  */
-#include <errno.h>
 #include <omp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -19,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/pidfd.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,7 +24,6 @@
 #include <cmocka.h>
 
 #include "alloc.h"
-#include "dataset.h"
 #include "ferry.h"
 #include "harness.h"
 
@@ -37,12 +33,7 @@
 
 static ferry_config *make_cfg(int workers, int batch, const char *dataset)
 {
-    ferry_config *cfg = ferry_config_new();
-    assert_non_null(cfg);
-    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_WORKER), FERRY_OK);
-    assert_int_equal(ferry_config_set(cfg, "dataset", dataset), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "workers", workers), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "batch_size", batch), FERRY_OK);
+    ferry_config *cfg = ft_config(dataset, workers, batch);
     assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 300), FERRY_OK);
     return cfg;
 }
@@ -52,36 +43,6 @@ static const char *hostile(const char *args)
     static char spec[512];
     snprintf(spec, sizeof spec, "plugin:%s?%s", FERRY_TEST_HOSTILE, args);
     return spec;
-}
-
-static ferry_loader *open_ok(ferry_config *cfg)
-{
-    ferry_loader *ld = NULL;
-    int rc = ferry_loader_open(&ld, cfg);
-    if (rc != FERRY_OK)
-        print_error("open: %s: %s\n", ferry_err_name(rc), ferry_last_error());
-    assert_int_equal(rc, FERRY_OK);
-    ferry_config_free(cfg);
-    return ld;
-}
-
-/* x's bytes are the synthetic formula of the index, y is the index. */
-static void check_content(const ferry_batch *b)
-{
-    ferry_batch_info info;
-    ferry_batch_get_info(b, &info);
-    const uint64_t *idx = ferry_batch_indices(b);
-    ferry_tensor x, y;
-    assert_int_equal(ferry_batch_field(b, "x", &x), FERRY_OK);
-    assert_int_equal(ferry_batch_field(b, "y", &y), FERRY_OK);
-    const unsigned char *xb = x.data;
-    const int64_t *yv = y.data;
-    size_t dim = (size_t)x.shape[1];
-    for (uint32_t i = 0; i < info.size; i++) {
-        assert_int_equal((uint64_t)yv[i], idx[i]);
-        for (size_t j = 0; j < dim; j++)
-            assert_int_equal(xb[i * dim + j], ferry__synthetic_byte(idx[i], j));
-    }
 }
 
 /* Consumes to the end: every batch in order (seq 0, 1, 2, ...) and intact;
@@ -100,7 +61,7 @@ static uint64_t consume_in_order(ferry_loader *ld, void (*hook)(ferry_loader *, 
         ferry_batch_info info;
         ferry_batch_get_info(b, &info);
         assert_int_equal(info.seq, k);
-        check_content(b);
+        ft_assert_synthetic(b, 0);
         ferry_batch_release(b);
         k++;
     }
@@ -108,18 +69,6 @@ static uint64_t consume_in_order(ferry_loader *ld, void (*hook)(ferry_loader *, 
         print_error("next: %s: %s\n", ferry_err_name(rc), ferry_last_error());
     assert_int_equal(rc, FERRY_EOF);
     return k;
-}
-
-static void expect_error(int rc, int want, const char *const *words)
-{
-    if (rc != want)
-        print_error("got %s: %s\n", ferry_err_name(rc), ferry_last_error());
-    assert_int_equal(rc, want);
-    for (int i = 0; words[i]; i++) {
-        if (!strstr(ferry_last_error(), words[i]))
-            print_error("'%s' not in: %s\n", words[i], ferry_last_error());
-        assert_non_null(strstr(ferry_last_error(), words[i]));
-    }
 }
 
 /* Consumes to the end, counting good batches and FERRY_EBATCH results;
@@ -131,12 +80,12 @@ static void count_to_end(ferry_loader *ld, const char *const *words, int *ok, in
     *ok = *failed = 0;
     while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
         if (rc == FERRY_EBATCH) {
-            expect_error(rc, FERRY_EBATCH, words);
+            ft_expect_error(rc, FERRY_EBATCH, words);
             (*failed)++;
             continue;
         }
         assert_int_equal(rc, FERRY_OK);
-        check_content(b);
+        ft_assert_synthetic(b, 0);
         ferry_batch_release(b);
         (*ok)++;
     }
@@ -149,22 +98,10 @@ static int worker_pid(ferry_loader *ld, uint32_t i)
     return pid;
 }
 
-/* Polls stats until pred holds or ms pass; returns the ms it took, or -1. */
-static int64_t wait_stats(ferry_loader *ld, int (*pred)(const ferry_stats *), uint64_t ms)
+/* For ft_wait_stats: fewer than `n` workers alive and ready. */
+static int workers_below(const ferry_stats *st, uint64_t n)
 {
-    uint64_t t0 = ft_now_ms();
-    ferry_stats st;
-    do {
-        assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
-        if (pred(&st))
-            return (int64_t)(ft_now_ms() - t0);
-    } while (ft_now_ms() - t0 < ms);
-    return -1;
-}
-
-static int one_worker_down(const ferry_stats *st)
-{
-    return st->workers < 2;
+    return st->workers < n;
 }
 
 /* ------------------------------------------------------------------------
@@ -178,7 +115,7 @@ static void test_dead_worker_is_noticed_within_100ms_and_named(void **state)
     ft_begin(&snap, 30);
     ferry_config *cfg = make_cfg(2, 32, "synthetic:n=1000,dim=16");
     ferry_config_set(cfg, "on_worker_failure", "fail");
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     ferry_batch *b;
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
     ferry_batch_release(b);
@@ -187,7 +124,7 @@ static void test_dead_worker_is_noticed_within_100ms_and_named(void **state)
     int pid = worker_pid(ld, 1);
     assert_true(pid > 0);
     assert_int_equal(kill(pid, SIGKILL), 0);
-    int64_t took = wait_stats(ld, one_worker_down, 5000);
+    int64_t took = ft_wait_stats(ld, workers_below, 2, 5000);
     print_message("death noticed after %lld ms\n", (long long)took);
     assert_true(took >= 0 && took < 100);
 
@@ -196,7 +133,7 @@ static void test_dead_worker_is_noticed_within_100ms_and_named(void **state)
     int rc;
     while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK)
         ferry_batch_release(b);
-    expect_error(rc, FERRY_EWORKER, (const char *const[]){want, NULL});
+    FT_EXPECT_ERROR(rc, FERRY_EWORKER, want, NULL);
     /* It stays failed, and still closes cleanly. */
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_EWORKER);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
@@ -219,12 +156,12 @@ static void test_crash_is_explained_with_signal_and_last_words(void **state)
         ft_begin(&snap, 30);
         ferry_config *cfg = make_cfg(1, 32, hostile(cases[c].args));
         ferry_config_set(cfg, "on_worker_failure", "fail");
-        ferry_loader *ld = open_ok(cfg);
+        ferry_loader *ld = ft_open_ok(cfg);
         ferry_batch *b;
         int rc;
         while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK)
             ferry_batch_release(b);
-        expect_error(rc, FERRY_EWORKER, cases[c].words);
+        ft_expect_error(rc, FERRY_EWORKER, cases[c].words);
         assert_non_null(strstr(ferry_last_error(), "worker 0 (pid "));
         assert_int_equal(ferry_loader_close(ld), FERRY_OK);
         ft_end(&snap);
@@ -253,7 +190,7 @@ static void test_restart_replaces_killed_workers_and_loses_nothing(void **state)
     ferry_config *cfg = make_cfg(2, 20, "synthetic:n=400,dim=24,cost_us=50");
     ferry_config_set_int(cfg, "epochs", 3);
     ferry_config_set_int(cfg, "prefetch", 6);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     uint64_t n = consume_in_order(ld, kill_two_workers);
     assert_int_equal(n, 3 * 20);
     ferry_stats st;
@@ -273,7 +210,7 @@ static void test_poison_batch_is_given_up_and_run_continues(void **state)
     ferry_config *cfg = make_cfg(2, 16, hostile("n=160,crash_at=37"));
     ferry_config_set_int(cfg, "epochs", 1);
     ferry_config_set_int(cfg, "max_attempts", 3);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     int ok, failed;
     count_to_end(ld,
                  (const char *const[]){"batch 2", "indices 32, 33", "(16 in all)",
@@ -311,7 +248,7 @@ static void test_stopped_worker_is_replaced_after_timeout(void **state)
     ferry_config *cfg = make_cfg(2, 20, "synthetic:n=400,dim=24,cost_us=20");
     ferry_config_set_int(cfg, "epochs", 2);
     ferry_config_set_int(cfg, "timeout_ms", 300);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     uint64_t n = consume_in_order(ld, stop_a_worker);
     assert_int_equal(n, 40);
     ferry_stats st;
@@ -332,7 +269,7 @@ static void test_hanging_batch_times_out_then_is_given_up(void **state)
     ferry_config_set_int(cfg, "epochs", 1);
     ferry_config_set_int(cfg, "timeout_ms", 200);
     ferry_config_set_int(cfg, "max_attempts", 2);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     int ok, failed;
     count_to_end(ld, (const char *const[]){"batch 1", "past timeout_ms 200", NULL}, &ok, &failed);
     assert_int_equal(failed, 1);
@@ -349,16 +286,13 @@ static void test_timeout_under_fail_policy_names_worker_and_task(void **state)
     ferry_config *cfg = make_cfg(1, 16, hostile("n=64,spin_at=40"));
     ferry_config_set(cfg, "on_worker_failure", "fail");
     ferry_config_set_int(cfg, "timeout_ms", 200);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     ferry_batch *b;
     int rc;
     while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK)
         ferry_batch_release(b);
-    expect_error(rc, FERRY_ETIMEDOUT,
-                 (const char *const[]){"worker 0 (pid ", "batch 2", "timeout_ms 200", NULL});
-    uint64_t t0 = ft_now_ms();
-    assert_int_equal(ferry_loader_close(ld), FERRY_OK); /* the spinning worker is killed */
-    assert_true(ft_now_ms() - t0 < 3000);
+    FT_EXPECT_ERROR(rc, FERRY_ETIMEDOUT, "worker 0 (pid ", "batch 2", "timeout_ms 200", NULL);
+    ft_close_within(ld, 3000); /* the spinning worker is killed */
     ft_end(&snap);
 }
 
@@ -373,7 +307,7 @@ static void test_workers_ignore_sigint(void **state)
     ft_begin(&snap, 30);
     ferry_config *cfg = make_cfg(2, 32, "synthetic:n=640,dim=8");
     ferry_config_set_int(cfg, "epochs", 2);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     int p0 = worker_pid(ld, 0), p1 = worker_pid(ld, 1);
     assert_int_equal(kill(p0, SIGINT), 0);
     assert_int_equal(kill(p1, SIGINT), 0);
@@ -385,19 +319,6 @@ static void test_workers_ignore_sigint(void **state)
     assert_int_equal(worker_pid(ld, 1), p1);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     ft_end(&snap);
-}
-
-/* Waits until process `pid` (not our child) has exited; returns ms or -1. */
-static int64_t wait_gone(int pid, int ms)
-{
-    uint64_t t0 = ft_now_ms();
-    int fd = pidfd_open(pid, 0);
-    if (fd < 0)
-        return errno == ESRCH ? 0 : -1;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    int r = poll(&p, 1, ms);
-    close(fd);
-    return r == 1 ? (int64_t)(ft_now_ms() - t0) : -1;
 }
 
 static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
@@ -435,7 +356,7 @@ static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
     int st;
     assert_int_equal(waitpid(trainer, &st, 0), trainer);
     for (int i = 0; i < 3; i++) {
-        int64_t took = wait_gone(pids[i], 1000);
+        int64_t took = ft_wait_gone(pids[i], 1000);
         print_message("worker %d gone %lld ms after the trainer\n", i, (long long)took);
         assert_true(took >= 0);
     }
@@ -443,9 +364,7 @@ static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
     close(to_child[1]);
     /* The killed trainer could not remove its ipc directory: that one is
      * expected; clear it so ft_end checks the rest. */
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s/ferry-*", snap.tmpdir);
-    assert_int_equal(system(cmd), 0);
+    assert_true(ft_empty_dir(snap.tmpdir, "ferry-") >= 0);
     ft_end(&snap);
 }
 
@@ -453,13 +372,10 @@ static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
  * Shutdown is bounded in every state
  */
 
-static void close_within(ferry_loader *ld, uint64_t ms)
+/* For ft_wait_stats: at least `n` batches (or failures) received. */
+static int completed_at_least(const ferry_stats *st, uint64_t n)
 {
-    uint64_t t0 = ft_now_ms();
-    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    uint64_t took = ft_now_ms() - t0;
-    print_message("close took %llu ms\n", (unsigned long long)took);
-    assert_true(took < ms);
+    return st->completed >= n;
 }
 
 static void test_close_is_bounded_with_hung_stopped_or_deaf_workers(void **state)
@@ -473,45 +389,41 @@ static void test_close_is_bounded_with_hung_stopped_or_deaf_workers(void **state
         ft_snapshot snap;
         ft_begin(&snap, 30);
         ferry_config *cfg = make_cfg(2, 16, hostile(specs[c]));
-        ferry_loader *ld = open_ok(cfg);
+        ferry_loader *ld = ft_open_ok(cfg);
         ferry_batch *b;
         assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
         ferry_batch_release(b);
         /* Let the hang happen: batch 1 holds index 20. */
-        ferry_stats st;
-        uint64_t t0 = ft_now_ms();
-        do
-            ferry_loader_stats(ld, &st);
-        while (st.completed < 1 && ft_now_ms() - t0 < 5000);
-        close_within(ld, 300 + 300 + 2000);
+        ft_wait_stats(ld, completed_at_least, 1, 5000);
+        ft_close_within(ld, 300 + 300 + 2000);
         ft_end(&snap);
     }
 
     /* A stopped worker: SIGTERM stays pending on it, only SIGKILL works. */
     ft_snapshot snap;
     ft_begin(&snap, 30);
-    ferry_loader *ld = open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
+    ferry_loader *ld = ft_open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
     assert_int_equal(kill(worker_pid(ld, 0), SIGSTOP), 0);
-    close_within(ld, 300 + 300 + 2000);
+    ft_close_within(ld, 300 + 300 + 2000);
     ft_end(&snap);
 
     /* Before any next(), and after an error. */
     ft_begin(&snap, 30);
-    ld = open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
-    close_within(ld, 2000);
+    ld = ft_open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
+    ft_close_within(ld, 2000);
     ft_end(&snap);
 
     ft_begin(&snap, 30);
     ferry_config *cfg = make_cfg(2, 16, "synthetic:n=640,dim=8");
     ferry_config_set(cfg, "on_worker_failure", "fail");
-    ld = open_ok(cfg);
+    ld = ft_open_ok(cfg);
     assert_int_equal(kill(worker_pid(ld, 1), SIGKILL), 0);
     ferry_batch *b;
     int rc;
     while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK)
         ferry_batch_release(b);
     assert_int_equal(rc, FERRY_EWORKER);
-    close_within(ld, 2000);
+    ft_close_within(ld, 2000);
     ft_end(&snap);
 }
 
@@ -525,7 +437,7 @@ static void test_close_from_another_thread_is_supported(void **state)
     (void)state;
     ft_snapshot snap;
     ft_begin(&snap, 30);
-    ferry_loader *ld = open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
+    ferry_loader *ld = ft_open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
     ferry_batch *b;
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
     pthread_t t;
@@ -533,7 +445,7 @@ static void test_close_from_another_thread_is_supported(void **state)
     void *ret;
     assert_int_equal(pthread_join(t, &ret), 0);
     assert_int_equal((int)(intptr_t)ret, FERRY_OK);
-    check_content(b);
+    ft_assert_synthetic(b, 0);
     ferry_batch_release(b);
     ft_end(&snap);
 }
@@ -559,7 +471,7 @@ static void test_openmp_trainer_with_openmp_workers(void **state)
     ft_begin(&snap, 60);
     ferry_config *cfg = make_cfg(2, 32, hostile("n=500,dim=32,omp=1"));
     ferry_config_set_int(cfg, "epochs", 2);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     assert_int_equal(consume_in_order(ld, NULL), 2 * 16);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     /* libgomp's pool stays alive in this process: count it in the baseline. */
@@ -593,7 +505,7 @@ static void test_open_failures_are_clean_and_specific(void **state)
         ferry_loader *ld = NULL;
         int rc = ferry_loader_open(&ld, cfg);
         ferry_config_free(cfg);
-        expect_error(rc, cases[c].code, cases[c].words);
+        ft_expect_error(rc, cases[c].code, cases[c].words);
         assert_null(ld);
         ft_end(&snap);
     }

@@ -10,7 +10,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -99,17 +98,10 @@ static int exists(const char *path)
     return lstat(path, &st) == 0;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    return f->level == 0 ? 0 : remove(path);
-}
-
 /* Empties the private directory, so that ft_end() can check and remove it. */
 static void clean(const ft_snapshot *s)
 {
-    assert_int_equal(nftw(s->tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS), 0);
+    assert_true(ft_empty_dir(s->tmpdir, "") >= 0);
 }
 
 static void new_pair(z85key pub, z85key sec)
@@ -120,25 +112,6 @@ static void new_pair(z85key pub, z85key sec)
 static void decode(const char *z85, unsigned char key[FERRY__KEY_BYTES])
 {
     assert_non_null(zmq_z85_decode(key, z85));
-}
-
-/* Asserts rc == code and that ferry_last_error() holds every string of the
- * NULL-terminated list. */
-static void expect_err(int rc, int code, ...)
-{
-    const char *want;
-    va_list ap;
-    if (rc != code)
-        print_error("expected %s, got %s: %s\n", ferry_err_name(code), ferry_err_name(rc),
-                    ferry_last_error());
-    assert_int_equal(rc, code);
-    va_start(ap, code);
-    while ((want = va_arg(ap, const char *)) != NULL) {
-        if (!strstr(ferry_last_error(), want))
-            print_error("'%s' not in: %s\n", want, ferry_last_error());
-        assert_non_null(strstr(ferry_last_error(), want));
-    }
-    va_end(ap);
 }
 
 /* "PATH:LINE:", the prefix every format error starts with. */
@@ -280,7 +253,7 @@ static void test_existing_files_are_refused_without_force_and_replaced_with_forc
 
     /* Both exist: refused, nothing changed, the caller's buffer untouched. */
     memset(out, 'x', sizeof out);
-    expect_err(ferry__key_pair_write(base, 0, out), FERRY_EOPTION, key, "--force", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(base, 0, out), FERRY_EOPTION, key, "--force", NULL);
     assert_int_equal(out[0], 'x');
     read_text(key, after, sizeof after);
     assert_string_equal(after, before);
@@ -288,14 +261,14 @@ static void test_existing_files_are_refused_without_force_and_replaced_with_forc
 
     /* Only the .pub exists: refused, and the .key it had made is gone again. */
     assert_int_equal(unlink(key), 0);
-    expect_err(ferry__key_pair_write(base, 0, out), FERRY_EOPTION, pubf, "--force", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(base, 0, out), FERRY_EOPTION, pubf, "--force", NULL);
     assert_false(exists(key));
     assert_int_equal(ft_count_entries(s.tmpdir), 1);
 
     /* Only the .key exists: refused as well, the .key kept as it was. */
     assert_int_equal(unlink(pubf), 0);
     write_text(key, 0600, before);
-    expect_err(ferry__key_pair_write(base, 0, out), FERRY_EOPTION, key, NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(base, 0, out), FERRY_EOPTION, key, NULL);
     assert_false(exists(pubf));
     read_text(key, after, sizeof after);
     assert_string_equal(after, before);
@@ -321,19 +294,20 @@ static void test_failed_write_leaves_no_file(void **state)
 
     ft_begin(&s, 30);
     /* A directory that does not exist. */
-    expect_err(ferry__key_pair_write(path_in(&s, "nodir/w"), 0, out), FERRY_ESYS,
-               "No such file or directory", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(path_in(&s, "nodir/w"), 0, out), FERRY_ESYS,
+                    "No such file or directory", NULL);
     /* A name too long for any file. */
     memset(base, 'a', sizeof base - 1);
     base[sizeof base - 1] = '\0';
-    expect_err(ferry__key_pair_write(base, 0, out), FERRY_ESYS, "File name too long", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(base, 0, out), FERRY_ESYS, "File name too long", NULL);
     /* BASE.pub is a directory: even with force it cannot be replaced, and
      * the BASE.key already named is removed again. */
     assert_int_equal(mkdir(path_in(&s, "w.pub"), 0755), 0);
-    expect_err(ferry__key_pair_write(path_in(&s, "w"), 1, out), FERRY_ESYS, "w.pub", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(path_in(&s, "w"), 1, out), FERRY_ESYS, "w.pub", NULL);
     assert_false(exists(path_in(&s, "w.key")));
     assert_int_equal(ft_count_entries(s.tmpdir), 1);
-    expect_err(ferry__key_pair_write(path_in(&s, "w"), 0, out), FERRY_EOPTION, "--force", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_write(path_in(&s, "w"), 0, out), FERRY_EOPTION, "--force",
+                    NULL);
     assert_int_equal(ft_count_entries(s.tmpdir), 1);
     clean(&s);
     ft_end(&s);
@@ -355,7 +329,7 @@ static void test_pair_file_open_to_group_or_others_is_refused_with_chmod_hint(vo
         snprintf(mode, sizeof mode, "%04o", (unsigned)bad[i]);
         memset(pub2, 'x', sizeof pub2);
         memset(sec, 'x', sizeof sec);
-        expect_err(ferry__key_pair_load(key, pub2, sec), FERRY_EOPTION, key, mode, hint, NULL);
+        FT_EXPECT_ERROR(ferry__key_pair_load(key, pub2, sec), FERRY_EOPTION, key, mode, hint, NULL);
         assert_int_equal(pub2[0], 'x');
         assert_int_equal(sec[0], 'x');
         /* Its public key is public: reading just that is fine. */
@@ -386,7 +360,7 @@ static void test_malformed_pair_files_are_eformat_naming_path_and_line(void **st
     do {                                                                                           \
         memset(out_pub, 'x', sizeof out_pub);                                                      \
         int rc_ = pair_load_file(f, 0600, (text_), out_pub, out_sec);                              \
-        expect_err(rc_, FERRY_EFORMAT, at_line(f, (line_)), (detail_), NULL);                      \
+        FT_EXPECT_ERROR(rc_, FERRY_EFORMAT, at_line(f, (line_)), (detail_), NULL);                 \
         assert_int_equal(out_pub[0], 'x');                                                         \
         /* The message never shows the secret key. */                                              \
         assert_null(strstr(ferry_last_error(), sec));                                              \
@@ -407,7 +381,7 @@ static void test_malformed_pair_files_are_eformat_naming_path_and_line(void **st
     size_t total = strlen(text);
     text[strlen(head) + strlen("public-key = ") + 7] = '\0';
     write_bytes(f, 0600, text, total);
-    expect_err(ferry__key_pair_load(f, out_pub, out_sec), FERRY_EFORMAT, at_line(f, 2), NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_load(f, out_pub, out_sec), FERRY_EFORMAT, at_line(f, 2), NULL);
     /* The public key of another pair. */
     snprintf(text, sizeof text, "%spublic-key = %s\nsecret-key = %s\n", head, pub2, sec);
     CHECK(text, 2, "does not belong to the secret key on line 3");
@@ -454,9 +428,9 @@ static void test_malformed_pair_files_are_eformat_naming_path_and_line(void **st
     for (int i = 0; i < 257; i++)
         assert_int_equal(write(fd, text, sizeof text), (ssize_t)sizeof text);
     close(fd);
-    expect_err(ferry__key_pair_load(f, out_pub, out_sec), FERRY_EFORMAT, f, "larger than 1 MiB",
-               NULL);
-    expect_err(ferry__key_public_load(f, out_pub), FERRY_EFORMAT, "larger than 1 MiB", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_load(f, out_pub, out_sec), FERRY_EFORMAT, f,
+                    "larger than 1 MiB", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(f, out_pub), FERRY_EFORMAT, "larger than 1 MiB", NULL);
     clean(&s);
     ft_end(&s);
 }
@@ -497,33 +471,34 @@ static void test_missing_or_wrong_kind_of_file_is_eoption_with_reason(void **sta
 
     ft_begin(&s, 30);
     const char *none = path_in(&s, "none.key");
-    expect_err(ferry__key_pair_load(none, pub, sec), FERRY_EOPTION, none,
-               "No such file or directory", NULL);
-    expect_err(ferry__key_public_load(none, pub), FERRY_EOPTION, none, "No such file or directory",
-               "not a public key", NULL);
-    expect_err(ferry__allow_load(none, &a), FERRY_EOPTION, none, "No such file or directory", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_load(none, pub, sec), FERRY_EOPTION, none,
+                    "No such file or directory", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(none, pub), FERRY_EOPTION, none,
+                    "No such file or directory", "not a public key", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(none, &a), FERRY_EOPTION, none, "No such file or directory",
+                    NULL);
     assert_null(a.keys);
 
     /* A directory where a key file belongs. */
     assert_int_equal(mkdir(path_in(&s, "d.key"), 0700), 0);
-    expect_err(ferry__key_pair_load(path_in(&s, "d.key"), pub, sec), FERRY_EOPTION,
-               "is a directory", NULL);
-    expect_err(ferry__key_public_load(path_in(&s, "d.key"), pub), FERRY_EOPTION, "is a directory",
-               NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_load(path_in(&s, "d.key"), pub, sec), FERRY_EOPTION,
+                    "is a directory", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(path_in(&s, "d.key"), pub), FERRY_EOPTION,
+                    "is a directory", NULL);
 
     /* A FIFO is refused at once instead of blocking the open. */
     const char *fifo = path_in(&s, "fifo.key");
     assert_int_equal(mkfifo(fifo, 0600), 0);
-    expect_err(ferry__key_pair_load(fifo, pub, sec), FERRY_EOPTION, fifo, "not a regular file",
-               NULL);
-    expect_err(ferry__allow_load(fifo, &a), FERRY_EOPTION, "not a regular file", NULL);
+    FT_EXPECT_ERROR(ferry__key_pair_load(fifo, pub, sec), FERRY_EOPTION, fifo, "not a regular file",
+                    NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(fifo, &a), FERRY_EOPTION, "not a regular file", NULL);
 
     /* Unreadable (root reads anything, so only checked as another user). */
     if (geteuid() != 0) {
         const char *key = path_in(&s, "locked.key");
         write_text(key, 0200, "");
-        expect_err(ferry__key_pair_load(key, pub, sec), FERRY_EOPTION, key, "Permission denied",
-                   NULL);
+        FT_EXPECT_ERROR(ferry__key_pair_load(key, pub, sec), FERRY_EOPTION, key,
+                        "Permission denied", NULL);
     }
     clean(&s);
     ft_end(&s);
@@ -541,10 +516,10 @@ static void test_public_key_is_z85_text_or_a_file_holding_one(void **state)
 
     /* Not a key and not a file. */
     memcpy(got, "unchanged", 10);
-    expect_err(ferry__key_public_load("tooshort", got), FERRY_EOPTION, "tooshort",
-               "not a public key (40 Z85 characters)", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load("tooshort", got), FERRY_EOPTION, "tooshort",
+                    "not a public key (40 Z85 characters)", NULL);
     snprintf(text, sizeof text, "%.39s~", pub);
-    expect_err(ferry__key_public_load(text, got), FERRY_EOPTION, "not a public key", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(text, got), FERRY_EOPTION, "not a public key", NULL);
     assert_string_equal(got, "unchanged");
 
     /* A file with bare key, or named key, and comments. */
@@ -555,12 +530,13 @@ static void test_public_key_is_z85_text_or_a_file_holding_one(void **state)
 
     /* Two keys, no key, a secret key only. */
     write_fmt(f, 0644, "public-key = %s\n\n%s\n", pub, pub2);
-    expect_err(ferry__key_public_load(f, got), FERRY_EFORMAT, at_line(f, 3),
-               "a second public key (the first is on line 1", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(f, got), FERRY_EFORMAT, at_line(f, 3),
+                    "a second public key (the first is on line 1", NULL);
     write_fmt(f, 0644, "# nothing here\n");
-    expect_err(ferry__key_public_load(f, got), FERRY_EFORMAT, at_line(f, 2), "no public key", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(f, got), FERRY_EFORMAT, at_line(f, 2), "no public key",
+                    NULL);
     write_fmt(f, 0600, "secret-key = %s\n", sec);
-    expect_err(ferry__key_public_load(f, got), FERRY_EFORMAT, "no public key", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(f, got), FERRY_EFORMAT, "no public key", NULL);
     assert_string_equal(got, pub);
 
     /* A file whose name is a valid key is read as a file. */
@@ -632,14 +608,14 @@ static void test_allow_list_bad_lines_name_path_and_line(void **state)
     const char *f = path_in(&s, "allow");
 
     write_fmt(f, 0644, "%s\nworker-7\n", k);
-    expect_err(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 2), "not a key line", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 2), "not a key line", NULL);
     write_fmt(f, 0644, "# keys\n%s\nsecret-key = %s\n", k, sec);
-    expect_err(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 3), "secret key", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 3), "secret key", NULL);
     assert_null(strstr(ferry_last_error(), sec));
     write_fmt(f, 0644, "%s %s\n", k, k);
-    expect_err(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 1), NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 1), NULL);
     write_fmt(f, 0644, "\n\npublic-key = %.30s\n", k);
-    expect_err(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 3), "30 characters", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(f, &a), FERRY_EFORMAT, at_line(f, 3), "30 characters", NULL);
     /* A failed load leaves *out as it was. */
     assert_ptr_equal(a.keys, sentinel);
     assert_int_equal(a.n, 7);
@@ -691,7 +667,7 @@ static void test_allow_list_directory_reads_only_its_pub_files(void **state)
     /* A bad .pub in it is named with its line. */
     const char *badf = path_in(&s, "workers/bad.pub");
     write_fmt(badf, 0644, "# ok\n%s\nnope\n", other);
-    expect_err(ferry__allow_load(dir, &a), FERRY_EFORMAT, at_line(badf, 3), NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(dir, &a), FERRY_EFORMAT, at_line(badf, 3), NULL);
     assert_null(a.keys);
     clean(&s);
     ft_end(&s);
@@ -706,19 +682,19 @@ static void test_empty_allow_list_allows_no_worker(void **state)
     ft_begin(&s, 30);
     const char *f = path_in(&s, "allow");
     write_text(f, 0644, "");
-    expect_err(ferry__allow_load(f, &a), FERRY_EOPTION, f, "allows no worker", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(f, &a), FERRY_EOPTION, f, "allows no worker", NULL);
     write_text(f, 0644, "# nobody yet\n\n   \n");
-    expect_err(ferry__allow_load(f, &a), FERRY_EOPTION, "allows no worker", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(f, &a), FERRY_EOPTION, "allows no worker", NULL);
 
     const char *dir = path_in(&s, "workers");
     assert_int_equal(mkdir(dir, 0755), 0);
-    expect_err(ferry__allow_load(dir, &a), FERRY_EOPTION, dir, "allows no worker", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(dir, &a), FERRY_EOPTION, dir, "allows no worker", NULL);
     /* Only a key pair's secret half and other files: still nobody. */
     assert_int_equal(ferry__key_pair_write(path_in(&s, "workers/w"), 0, pub), FERRY_OK);
     assert_int_equal(unlink(path_in(&s, "workers/w.pub")), 0);
     write_text(path_in(&s, "workers/README"), 0644, "keys go here\n");
     write_text(path_in(&s, "workers/empty.pub"), 0644, "# placeholder\n");
-    expect_err(ferry__allow_load(dir, &a), FERRY_EOPTION, "allows no worker", NULL);
+    FT_EXPECT_ERROR(ferry__allow_load(dir, &a), FERRY_EOPTION, "allows no worker", NULL);
     assert_null(a.keys);
     clean(&s);
     ft_end(&s);
@@ -809,7 +785,7 @@ static void test_allow_load_fails_cleanly_when_any_allocation_fails(void **state
                 ferry__allow_free(&a);
             } else {
                 assert_true(fired);
-                expect_err(rc, FERRY_ENOMEM, "out of memory", NULL);
+                FT_EXPECT_ERROR(rc, FERRY_ENOMEM, "out of memory", NULL);
                 assert_ptr_equal(a.keys, sentinel);
                 assert_int_equal(a.n, 3);
             }

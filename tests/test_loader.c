@@ -21,7 +21,6 @@
 #include <dirent.h>
 #include <zmq.h>
 
-#include "dataset.h"
 #include "ferry.h"
 #include "harness.h"
 #include "protocol.h"
@@ -37,14 +36,9 @@
 static ferry_config *make_cfg(const char *mode, int workers, int prefetch, int batch,
                               const char *dataset)
 {
-    ferry_config *cfg = ferry_config_new();
-    assert_non_null(cfg);
-    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_WORKER), FERRY_OK);
+    ferry_config *cfg = ft_config(dataset, workers, batch);
     assert_int_equal(ferry_config_set(cfg, "worker_mode", mode), FERRY_OK);
-    assert_int_equal(ferry_config_set(cfg, "dataset", dataset), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "workers", workers), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "prefetch", prefetch), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "batch_size", batch), FERRY_OK);
     return cfg;
 }
 
@@ -56,49 +50,34 @@ static const char *synthetic_spec(void)
 }
 
 /* The stream the loader should deliver, from a sampler built the same way. */
-static void expected_sampler(ferry__sampler *s, int batch, uint64_t seed, uint64_t epochs)
+static void expected_stream(ft_stream *c, int batch, uint64_t seed, uint64_t epochs)
 {
     ferry__sampler_opts o = {.batch_size = (uint64_t)batch,
                              .shuffle = 1,
                              .seed = seed,
                              .world_size = 1,
                              .epochs = epochs};
-    assert_int_equal(ferry__sampler_init(s, N_ITEMS, &o), FERRY_OK);
-}
-
-/* Checks a batch's fields against the synthetic dataset: dtype, shape,
- * 16-byte alignment, y == the index, x's bytes == the index's bytes. */
-static void check_content(const ferry_batch *b)
-{
-    ferry_batch_info info;
-    ferry_batch_get_info(b, &info);
-    const uint64_t *idx = ferry_batch_indices(b);
-    ferry_tensor x, y;
-    assert_int_equal(ferry_batch_nfields(b), 2);
-    assert_int_equal(ferry_batch_field(b, "x", &x), FERRY_OK);
-    assert_int_equal(ferry_batch_field(b, "y", &y), FERRY_OK);
-    assert_int_equal(x.dtype, FERRY_DTYPE_U8);
-    assert_int_equal(x.ndim, 2);
-    assert_int_equal(x.shape[0], info.size);
-    assert_int_equal(x.shape[1], DIM);
-    assert_int_equal(y.dtype, FERRY_DTYPE_I64);
-    assert_int_equal(y.ndim, 1);
-    assert_int_equal(y.shape[0], info.size);
-    assert_int_equal((uintptr_t)x.data % 16, 0);
-    assert_int_equal((uintptr_t)y.data % 16, 0);
-    const unsigned char *xb = x.data;
-    const int64_t *yv = y.data;
-    for (uint32_t i = 0; i < info.size; i++) {
-        assert_int_equal((uint64_t)yv[i], idx[i]);
-        for (int j = 0; j < DIM; j++)
-            assert_int_equal(xb[(size_t)i * DIM + (size_t)j],
-                             ferry__synthetic_byte(idx[i], (uint64_t)j));
-    }
+    assert_int_equal(ft_stream_init(c, N_ITEMS, &o, 0), 0);
 }
 
 /* ------------------------------------------------------------------------
  * Exactly once, in order, intact
  */
+
+/* Takes every batch up to FERRY_EOF, each checked against the stream c and
+ * the synthetic bytes. */
+static void read_to_end(ferry_loader *ld, ft_stream *c)
+{
+    ferry_batch *b;
+    int rc;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ft_assert_in_stream(c, b);
+        ft_assert_synthetic(b, DIM);
+        ferry_batch_release(b);
+    }
+    if (rc != FERRY_EOF)
+        fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+}
 
 /* One full run: `epochs` epochs, every batch compared with the expected
  * stream, every index seen exactly once per epoch. */
@@ -112,54 +91,24 @@ static void run_exactly_once(const char *mode, int workers, int prefetch)
     ferry_config *cfg = make_cfg(mode, workers, prefetch, batch, synthetic_spec());
     assert_int_equal(ferry_config_set_int(cfg, "seed", (int64_t)seed), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", (int64_t)epochs), FERRY_OK);
-    ferry_loader *ld;
-    int rc = ferry_loader_open(&ld, cfg);
-    if (rc != FERRY_OK)
-        print_error("open: %s\n", ferry_last_error());
-    assert_int_equal(rc, FERRY_OK);
-    ferry_config_free(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
 
-    ferry__sampler s;
-    expected_sampler(&s, batch, seed, epochs);
+    /* Every batch in its place: seq, epoch, position, size, indices, the
+     * worker one of ours, every index once per epoch. */
+    ft_stream c;
+    expected_stream(&c, batch, seed, epochs);
+    c.workers = (uint32_t)workers;
     uint64_t items, bpe;
     assert_int_equal(ferry_loader_length(ld, &items, &bpe), FERRY_OK);
     assert_int_equal(items, N_ITEMS);
-    assert_int_equal(bpe, s.batches_per_epoch);
+    assert_int_equal(bpe, c.s.batches_per_epoch);
 
-    unsigned char seen[N_ITEMS];
-    uint64_t want[64];
-    uint64_t seq = 0;
-    ferry_batch *b;
-    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
-        ferry_batch_info info;
-        ferry_batch_get_info(b, &info);
-        ferry__sampler_task t;
-        assert_int_equal(ferry__sampler_at(&s, seq, &t), FERRY_OK);
-        assert_int_equal(info.seq, seq);
-        assert_int_equal(info.epoch, t.epoch);
-        assert_int_equal(info.batch_in_epoch, t.batch_in_epoch);
-        assert_int_equal(info.size, t.count);
-        assert_int_equal(info.last_in_epoch, t.last_in_epoch);
-        assert_true(info.worker < (uint32_t)workers);
-        ferry__sampler_indices(&s, &t, want);
-        assert_memory_equal(ferry_batch_indices(b), want, t.count * sizeof(uint64_t));
-        if (t.batch_in_epoch == 0)
-            memset(seen, 0, sizeof seen);
-        for (uint32_t i = 0; i < info.size; i++) {
-            assert_int_equal(seen[want[i]], 0);
-            seen[want[i]] = 1;
-        }
-        if (info.last_in_epoch) {
-            for (int i = 0; i < N_ITEMS; i++)
-                assert_int_equal(seen[i], 1);
-        }
-        check_content(b);
-        ferry_batch_release(b);
-        seq++;
-    }
-    assert_int_equal(rc, FERRY_EOF);
+    read_to_end(ld, &c);
+    uint64_t seq = c.taken;
     assert_int_equal(seq, epochs * bpe);
+    ft_stream_free(&c);
     /* After the end, next keeps saying so. */
+    ferry_batch *b;
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
 
     ferry_stats st;
@@ -201,9 +150,7 @@ static void test_out_of_order_delivers_each_batch_once(void **state)
     ferry_config *cfg = make_cfg("process", 3, 9, 50, "synthetic:n=1000,dim=40,cost_us=20");
     assert_int_equal(ferry_config_set_int(cfg, "in_order", 0), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
-    ferry_loader *ld;
-    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
-    ferry_config_free(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
 
     unsigned char got[60] = {0};
     unsigned seen[3][N_ITEMS];
@@ -219,7 +166,7 @@ static void test_out_of_order_delivers_each_batch_once(void **state)
         const uint64_t *idx = ferry_batch_indices(b);
         for (uint32_t i = 0; i < info.size; i++)
             seen[info.epoch][idx[i]]++;
-        check_content(b);
+        ft_assert_synthetic(b, DIM);
         ferry_batch_release(b);
         n++;
     }
@@ -252,17 +199,10 @@ static ferry_batch *take_epoch0(ferry_loader *ld)
     }
 }
 
-/* Waits (bounded) until the loader has received more than `count` batches. */
-static int wait_completed_above(ferry_loader *ld, uint64_t count, uint64_t ms)
+/* For ft_wait_stats: the loader has received more than `count` batches. */
+static int completed_above(const ferry_stats *st, uint64_t count)
 {
-    uint64_t deadline = ft_now_ms() + ms;
-    ferry_stats st;
-    do {
-        assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
-        if (st.completed > count)
-            return 1;
-    } while (ft_now_ms() < deadline);
-    return 0;
+    return st->completed > count;
 }
 
 /* The trainer asks again: epoch 1's first batch comes; then close. */
@@ -284,16 +224,14 @@ static void test_next_epoch_is_built_while_trainer_holds_last_batch(void **state
     ft_snapshot snap;
     ft_begin(&snap, 30);
     ferry_config *cfg = make_cfg("process", 2, 4, 100, synthetic_spec());
-    ferry_loader *ld;
-    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
-    ferry_config_free(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     uint64_t bpe;
     ferry_loader_length(ld, NULL, &bpe);
 
     ferry_batch *last = take_epoch0(ld);
     /* The trainer is "busy" with epoch 0's last batch and has not asked for
      * more; epoch 1's batches must arrive anyway. */
-    assert_true(wait_completed_above(ld, bpe + 1, 10000));
+    assert_true(ft_wait_stats(ld, completed_above, bpe + 1, 10000) >= 0);
     ferry_stats st;
     ferry_loader_stats(ld, &st);
     assert_int_equal(st.delivered, bpe);
@@ -312,15 +250,13 @@ static void test_epoch_barrier_holds_next_epoch_until_asked(void **state)
     ft_begin(&snap, 30);
     ferry_config *cfg = make_cfg("thread", 2, 4, 100, synthetic_spec());
     assert_int_equal(ferry_config_set_int(cfg, "epoch_barrier", 1), FERRY_OK);
-    ferry_loader *ld;
-    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
-    ferry_config_free(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     uint64_t bpe;
     ferry_loader_length(ld, NULL, &bpe);
 
     ferry_batch *last = take_epoch0(ld);
     /* Bounded wait for something that must not happen. */
-    assert_false(wait_completed_above(ld, bpe, 300));
+    assert_true(ft_wait_stats(ld, completed_above, bpe, 300) < 0);
     ferry_stats st;
     ferry_loader_stats(ld, &st);
     assert_int_equal(st.dispatched, bpe);
@@ -340,20 +276,14 @@ static void test_dataset_error_is_reported_and_run_continues(void **state)
     ft_begin(&snap, 30);
     ferry_config *cfg = make_cfg("process", 2, 4, 16, "synthetic:n=160,dim=8,fail_at=37");
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
-    ferry_loader *ld;
-    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
-    ferry_config_free(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
 
     int ok = 0, failed = 0, rc;
     ferry_batch *b = NULL;
     while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
         if (rc == FERRY_EBATCH) {
-            const char *msg = ferry_last_error();
-            assert_non_null(strstr(msg, "worker "));
-            assert_non_null(strstr(msg, "(pid "));
-            assert_non_null(strstr(msg, "index 37"));
-            assert_non_null(strstr(msg, "injected failure"));
-            assert_non_null(strstr(msg, "batch 2")); /* 37 / 16 */
+            FT_EXPECT_ERROR(rc, FERRY_EBATCH, "worker ", "(pid ", "index 37", "injected failure",
+                            "batch 2" /* 37 / 16 */, NULL);
             failed++;
             continue;
         }
@@ -384,10 +314,8 @@ static void test_open_fails_clearly_when_dataset_does_not_open(void **state)
     ferry_loader *ld = NULL;
     int rc = ferry_loader_open(&ld, cfg);
     ferry_config_free(cfg);
-    assert_int_equal(rc, FERRY_EDATASET);
+    FT_EXPECT_ERROR(rc, FERRY_EDATASET, "worker ", "/nonexistent/train_x.npy", NULL);
     assert_null(ld);
-    assert_non_null(strstr(ferry_last_error(), "worker "));
-    assert_non_null(strstr(ferry_last_error(), "/nonexistent/train_x.npy"));
     ft_end(&snap);
 }
 
@@ -399,10 +327,9 @@ static void test_open_fails_when_worker_program_is_missing(void **state)
     ferry_config *cfg = make_cfg("process", 2, 4, 16, synthetic_spec());
     assert_int_equal(ferry_config_set(cfg, "worker_path", "/nonexistent/ferry-worker"), FERRY_OK);
     ferry_loader *ld = NULL;
-    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_ESPAWN);
+    FT_EXPECT_ERROR(ferry_loader_open(&ld, cfg), FERRY_ESPAWN, "/nonexistent/ferry-worker", NULL);
     ferry_config_free(cfg);
     assert_null(ld);
-    assert_non_null(strstr(ferry_last_error(), "/nonexistent/ferry-worker"));
     ft_end(&snap);
 }
 
@@ -440,9 +367,7 @@ static void test_close_mid_epoch_leaves_nothing_behind(void **state)
             ft_snapshot snap;
             ft_begin(&snap, 30);
             ferry_config *cfg = make_cfg(modes[m], 3, 8, 32, synthetic_spec());
-            ferry_loader *ld;
-            assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
-            ferry_config_free(cfg);
+            ferry_loader *ld = ft_open_ok(cfg);
             ferry_batch *held = NULL;
             for (int i = 0; i < consumed; i++) {
                 ferry_batch *b;
@@ -451,11 +376,9 @@ static void test_close_mid_epoch_leaves_nothing_behind(void **state)
                 held = b;
             }
             /* Batches in flight, one still held by the trainer. */
-            uint64_t t0 = ft_now_ms();
-            assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-            assert_true(ft_now_ms() - t0 < 5000);
+            ft_close_within(ld, 5000);
             if (held) {
-                check_content(held); /* still valid after close */
+                ft_assert_synthetic(held, DIM); /* still valid after close */
                 ferry_batch_release(held);
             }
             ft_end(&snap);
@@ -568,6 +491,13 @@ static void send_msg(void *s, const ferry__msg *m, const void *payload, size_t p
     send_frames(s, frames, lens, payload ? 2 : 1);
 }
 
+/* For ft_wait_stats: every message the raw peer sends below was read. */
+static int garbage_counted(const ferry_stats *st, uint64_t unused)
+{
+    (void)unused;
+    return st->malformed >= 7 && st->stale >= 2;
+}
+
 static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
 {
     (void)state;
@@ -577,9 +507,7 @@ static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
     assert_int_equal(ferry_config_set_int(cfg, "seed", 3), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_message", 1 << 20), FERRY_OK);
-    ferry_loader *ld;
-    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
-    ferry_config_free(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
 
     char ep[512];
     find_endpoint(snap.tmpdir, ep, sizeof ep);
@@ -645,33 +573,15 @@ static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
     send_msg(s, &m, "z", 1);
 
     /* The run is untouched: every batch exactly once, in order, intact. */
-    ferry__sampler smp;
-    expected_sampler(&smp, 50, 3, 3);
-    ferry_batch *b;
-    uint64_t seq = 0;
-    uint64_t want[50];
-    int rc;
-    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
-        ferry_batch_info info;
-        ferry_batch_get_info(b, &info);
-        ferry__sampler_task t;
-        assert_int_equal(ferry__sampler_at(&smp, seq, &t), FERRY_OK);
-        assert_int_equal(info.seq, seq);
-        ferry__sampler_indices(&smp, &t, want);
-        assert_memory_equal(ferry_batch_indices(b), want, t.count * sizeof(uint64_t));
-        check_content(b);
-        ferry_batch_release(b);
-        seq++;
-    }
-    assert_int_equal(rc, FERRY_EOF);
-    assert_int_equal(seq, 3 * 20);
+    ft_stream c;
+    expected_stream(&c, 50, 3, 3);
+    read_to_end(ld, &c);
+    assert_int_equal(c.taken, 3 * 20);
+    ft_stream_free(&c);
 
     /* And it noticed: wait (bounded) until every message above was read. */
-    ferry_stats st;
-    uint64_t deadline = ft_now_ms() + 5000;
-    do
-        ferry_loader_stats(ld, &st);
-    while ((st.malformed < 7 || st.stale < 2) && ft_now_ms() < deadline);
+    ft_wait_stats(ld, garbage_counted, 0, 5000);
+    ferry_stats st = ft_stats(ld);
     print_message("malformed %llu, stale %llu\n", (unsigned long long)st.malformed,
                   (unsigned long long)st.stale);
     assert_int_equal(st.malformed, 7);

@@ -21,7 +21,6 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -30,7 +29,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -48,6 +46,7 @@ extern char **environ;
 #define BATCH 16
 #define HB_MS 200
 #define LIVENESS 3
+#define PER_EPOCH ((uint64_t)(N_ITEMS + BATCH - 1) / BATCH) /* batches */
 
 /* ------------------------------------------------------------------------
  * Helpers
@@ -68,8 +67,7 @@ static void key_path(char *out, size_t cap, const char *dir, const char *name, c
  * the allow-list. */
 static void make_keys(keys *k)
 {
-    snprintf(k->dir, sizeof k->dir, "/tmp/ferry-keys-XXXXXX");
-    assert_non_null(mkdtemp(k->dir));
+    assert_int_equal(ft_make_tmpdir(k->dir, sizeof k->dir, "ferry-keys"), 0);
     char base[128], pub[FERRY__Z85_KEY + 1];
     const char *names[] = {"loader", "w1", "w2", "stranger"};
     char allow_text[256] = "";
@@ -96,18 +94,7 @@ static void make_keys(keys *k)
 
 static void remove_keys(keys *k)
 {
-    DIR *d = opendir(k->dir);
-    assert_non_null(d);
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(p, sizeof p, "%s/%s", k->dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    assert_int_equal(rmdir(k->dir), 0);
+    assert_int_equal(ft_remove_tree(k->dir), 0);
 }
 
 /* A TCP port nothing listens on right now (the kernel's pick). */
@@ -177,19 +164,11 @@ static void stop_daemon(pid_t pid)
 {
     kill(pid, SIGCONT);
     kill(pid, SIGTERM);
-    uint64_t deadline = ft_now_ms() + 10000;
     int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            break;
-        if (ft_now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            fail_msg("ferry-worker %d did not exit within 10 s of SIGTERM", (int)pid);
-        }
-        struct timespec ts = {0, 5 * 1000000L};
-        nanosleep(&ts, NULL);
+    if (ft_wait_child(pid, 10000, &status) != 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("ferry-worker %d did not exit within 10 s of SIGTERM", (int)pid);
     }
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
@@ -197,36 +176,20 @@ static void stop_daemon(pid_t pid)
 
 static ferry_config *remote_cfg(const keys *k, int port, int local, int min_workers)
 {
-    ferry_config *cfg = ferry_config_new();
-    assert_non_null(cfg);
     char ep[64], spec[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
     snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d", N_ITEMS, DIM);
-    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_WORKER), FERRY_OK);
-    assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+    ferry_config *cfg = ft_config(spec, local, BATCH);
     assert_int_equal(ferry_config_set(cfg, "bind", ep), FERRY_OK);
     assert_int_equal(ferry_config_set(cfg, "curve_key", k->loader_key), FERRY_OK);
     assert_int_equal(ferry_config_set(cfg, "curve_allow", k->allow), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "workers", local), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "min_workers", min_workers), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "batch_size", BATCH), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", HB_MS), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "heartbeat_liveness", LIVENESS), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 20000), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 1000), FERRY_OK);
     return cfg;
-}
-
-/* Opens a loader that must open; frees cfg. */
-static ferry_loader *open_ok(ferry_config *cfg)
-{
-    ferry_loader *ld = NULL;
-    int rc = ferry_loader_open(&ld, cfg);
-    ferry_config_free(cfg);
-    if (rc != FERRY_OK)
-        fail_msg("open: %s", ferry_last_error());
-    return ld;
 }
 
 /* dir and file name of a path (a plugin's, for --plugin-dir). */
@@ -267,79 +230,32 @@ static void case_end(remote_case *t)
     ft_end(&t->snap);
 }
 
-/* Reads batches and checks each against the sampler's stream: the next seq,
- * the same indices, and bytes that are a function of the index. Returns the
- * worker that built it. */
-typedef struct stream_check {
-    ferry__sampler s;
-    uint64_t next;
-    uint64_t *want;
-} stream_check;
-
-static void stream_init(stream_check *c, uint64_t epochs)
+/* The stream of remote_cfg's loader over `epochs` epochs. */
+static void stream_init(ft_stream *c, uint64_t epochs)
 {
     ferry__sampler_opts o = {
         .batch_size = BATCH, .shuffle = 1, .seed = 7, .world_size = 1, .epochs = epochs};
-    assert_int_equal(ferry__sampler_init(&c->s, N_ITEMS, &o), FERRY_OK);
-    c->next = 0;
-    c->want = calloc(BATCH, sizeof *c->want);
-    assert_non_null(c->want);
+    assert_int_equal(ft_stream_init(c, N_ITEMS, &o, 0), 0);
 }
 
-static uint32_t read_one(ferry_loader *ld, stream_check *c)
+/* Reads the next batch and checks it: its place in the stream (ft_stream)
+ * and bytes that are a function of the index. Returns the worker that
+ * built it. */
+static uint32_t read_one(ferry_loader *ld, ft_stream *c)
 {
     ferry_batch *b = NULL;
     int rc = ferry_loader_next(ld, &b);
     if (rc != FERRY_OK)
         fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+    ft_assert_in_stream(c, b);
+    ft_assert_synthetic(b, DIM);
     ferry_batch_info info;
     ferry_batch_get_info(b, &info);
-    assert_int_equal(info.seq, c->next);
-    ferry__sampler_task t;
-    assert_int_equal(ferry__sampler_at(&c->s, c->next, &t), FERRY_OK);
-    ferry__sampler_indices(&c->s, &t, c->want);
-    assert_int_equal(info.size, t.count);
-    const uint64_t *idx = ferry_batch_indices(b);
-    assert_memory_equal(idx, c->want, t.count * sizeof *idx);
-    ferry_tensor y;
-    assert_int_equal(ferry_batch_field(b, "y", &y), FERRY_OK);
-    for (uint32_t i = 0; i < t.count; i++)
-        assert_int_equal(((const int64_t *)y.data)[i], (int64_t)idx[i]);
-    c->next++;
-    uint32_t w = info.worker;
     ferry_batch_release(b);
-    return w;
+    return info.worker;
 }
 
-static void stream_free(stream_check *c)
-{
-    free(c->want);
-}
-
-static ferry_stats stats_of(ferry_loader *ld)
-{
-    ferry_stats st;
-    assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
-    return st;
-}
-
-/* Polls the loader's stats until pred holds or ms pass; returns the time it
- * took, or -1. */
-typedef int (*stats_pred)(const ferry_stats *, uint64_t arg);
-static int64_t wait_stats(ferry_loader *ld, stats_pred pred, uint64_t arg, uint64_t ms)
-{
-    uint64_t t0 = ft_now_ms();
-    for (;;) {
-        ferry_stats st = stats_of(ld);
-        if (pred(&st, arg))
-            return (int64_t)(ft_now_ms() - t0);
-        if (ft_now_ms() - t0 > ms)
-            return -1;
-        struct timespec ts = {0, 2 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-}
-
+/* For ft_wait_stats. */
 static int lost_at_least(const ferry_stats *st, uint64_t n)
 {
     return st->lost >= n;
@@ -372,20 +288,15 @@ static void test_remote_workers_serve_successive_loaders(void **state)
     for (int round = 0; round < 2; round++) {
         ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 3);
         assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
-        ferry_loader *ld = NULL;
-        int rc = ferry_loader_open(&ld, cfg);
-        ferry_config_free(cfg);
-        if (rc != FERRY_OK)
-            fail_msg("open: %s", ferry_last_error());
+        ferry_loader *ld = ft_open_ok(cfg);
         char bound[128];
         assert_int_equal(ferry_loader_endpoint(ld, bound, sizeof bound), FERRY_OK);
         assert_string_equal(bound, t.ep);
 
-        stream_check c;
+        ft_stream c;
         stream_init(&c, 3);
-        uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
         uint32_t seen[64] = {0};
-        for (uint64_t i = 0; i < 3 * per_epoch; i++) {
+        for (uint64_t i = 0; i < 3 * PER_EPOCH; i++) {
             uint32_t w = read_one(ld, &c);
             assert_true(w < 64);
             seen[w]++;
@@ -395,16 +306,16 @@ static void test_remote_workers_serve_successive_loaders(void **state)
         int used = 0;
         for (int w = 0; w < 64; w++)
             used += seen[w] > 0;
-        ferry_stats st = stats_of(ld);
+        ferry_stats st = ft_stats(ld);
         printf("round %d: %llu batches from %d remote workers; joined %llu, lost %llu, "
                "rejected %llu, malformed %llu\n",
-               round, (unsigned long long)(3 * per_epoch), used, (unsigned long long)st.joined,
+               round, (unsigned long long)(3 * PER_EPOCH), used, (unsigned long long)st.joined,
                (unsigned long long)st.lost, (unsigned long long)st.rejected,
                (unsigned long long)st.malformed);
         assert_true(st.joined >= 3);
         assert_int_equal(used, 3);
         assert_int_equal(st.malformed, 0);
-        stream_free(&c);
+        ft_stream_free(&c);
         assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     }
     stop_daemon(d1);
@@ -424,24 +335,23 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
     pid_t d2 = start_daemon(t.ep, &t.k, t.k.w2, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 4), FERRY_OK);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
 
-    stream_check c;
+    ft_stream c;
     stream_init(&c, 4);
-    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
-    for (uint64_t i = 0; i < per_epoch / 3; i++)
+    for (uint64_t i = 0; i < PER_EPOCH / 3; i++)
         read_one(ld, &c);
     uint64_t t_stop = ft_now_ms();
     kill(d1, SIGSTOP);
     /* The run goes on while the loader has not yet noticed, and after. */
     int64_t noticed = -1;
-    while (c.next < 2 * per_epoch) {
+    while (c.taken < 2 * PER_EPOCH) {
         read_one(ld, &c);
-        if (noticed < 0 && stats_of(ld).lost >= 1)
+        if (noticed < 0 && ft_stats(ld).lost >= 1)
             noticed = (int64_t)(ft_now_ms() - t_stop);
     }
     if (noticed < 0) {
-        int64_t more = wait_stats(ld, lost_at_least, 1, 5000);
+        int64_t more = ft_wait_stats(ld, lost_at_least, 1, 5000);
         assert_true(more >= 0);
         noticed = (int64_t)(ft_now_ms() - t_stop);
     }
@@ -451,21 +361,21 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
 
     kill(d1, SIGCONT);
     uint64_t t_cont = ft_now_ms();
-    int64_t rejoin = wait_stats(ld, joined_at_least, 3, 10000);
+    int64_t rejoin = ft_wait_stats(ld, joined_at_least, 3, 10000);
     assert_true(rejoin >= 0);
     printf("thawed worker joined again %lld ms after SIGCONT\n", (long long)(ft_now_ms() - t_cont));
-    while (c.next < 4 * per_epoch)
+    while (c.taken < 4 * PER_EPOCH)
         read_one(ld, &c);
     ferry_batch *b = NULL;
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
-    ferry_stats st = stats_of(ld);
+    ferry_stats st = ft_stats(ld);
     printf("delivered %llu, dispatched %llu, stale %llu, lost %llu, joined %llu\n",
            (unsigned long long)st.delivered, (unsigned long long)st.dispatched,
            (unsigned long long)st.stale, (unsigned long long)st.lost,
            (unsigned long long)st.joined);
-    assert_int_equal(st.delivered, 4 * per_epoch);
+    assert_int_equal(st.delivered, 4 * PER_EPOCH);
     assert_int_equal(st.failed, 0);
-    stream_free(&c);
+    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d1);
     stop_daemon(d2);
@@ -481,22 +391,21 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     case_begin(&t, 120);
     ferry_config *cfg = remote_cfg(&t.k, t.port, 1, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
-    ferry_loader *ld = open_ok(cfg);
-    stream_check c;
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
     stream_init(&c, 2);
     for (int i = 0; i < 20; i++)
         assert_int_equal(read_one(ld, &c), 0);
 
     pid_t d = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
-    assert_true(wait_stats(ld, joined_at_least, 1, 10000) >= 0);
-    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
+    assert_true(ft_wait_stats(ld, joined_at_least, 1, 10000) >= 0);
     uint64_t remote_batches = 0;
-    while (c.next < 2 * per_epoch)
+    while (c.taken < 2 * PER_EPOCH)
         remote_batches += read_one(ld, &c) != 0;
     printf("the remote worker built %llu of the %llu batches after it joined\n",
-           (unsigned long long)remote_batches, (unsigned long long)(2 * per_epoch - 20));
+           (unsigned long long)remote_batches, (unsigned long long)(2 * PER_EPOCH - 20));
     assert_true(remote_batches > 0);
-    stream_free(&c);
+    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
     case_end(&t);
@@ -514,20 +423,19 @@ static void test_unknown_key_is_rejected(void **state)
     pid_t plain = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
-    ferry_loader *ld = open_ok(cfg);
-    assert_true(wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
-    stream_check c;
+    ferry_loader *ld = ft_open_ok(cfg);
+    assert_true(ft_wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
+    ft_stream c;
     stream_init(&c, 2);
-    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
     uint32_t first = read_one(ld, &c);
-    while (c.next < 2 * per_epoch)
+    while (c.taken < 2 * PER_EPOCH)
         assert_int_equal(read_one(ld, &c), first);
-    ferry_stats st = stats_of(ld);
+    ferry_stats st = ft_stats(ld);
     printf("rejected %llu handshakes; joined %llu\n", (unsigned long long)st.rejected,
            (unsigned long long)st.joined);
     assert_int_equal(st.joined, 1);
     assert_int_equal(st.workers, 1);
-    stream_free(&c);
+    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(good);
     stop_daemon(stranger);
@@ -555,7 +463,7 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_message", 1 << 20), FERRY_OK);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
 
     char pub[41], sec[41], srv[41];
     assert_int_equal(ferry__key_pair_load(t.k.w2, pub, sec), FERRY_OK);
@@ -569,9 +477,8 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 40);
     assert_int_equal(zmq_connect(s, t.ep), 0);
 
-    stream_check c;
+    ft_stream c;
     stream_init(&c, 2);
-    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
     for (int i = 0; i < 10; i++)
         read_one(ld, &c);
 
@@ -611,33 +518,32 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
      * HELLO refused, the FAIL for no task), while the run goes on. */
     uint64_t t0 = ft_now_ms();
     for (;;) {
-        ferry_stats st = stats_of(ld);
+        ferry_stats st = ft_stats(ld);
         if (st.malformed >= 3 && st.rejected >= 1 && st.stale >= 1)
             break;
         if (ft_now_ms() - t0 > 10000)
             fail_msg("garbage not all counted: malformed %llu, rejected %llu, stale %llu",
                      (unsigned long long)st.malformed, (unsigned long long)st.rejected,
                      (unsigned long long)st.stale);
-        if (c.next < 2 * per_epoch)
+        if (c.taken < 2 * PER_EPOCH)
             read_one(ld, &c);
         else {
-            struct timespec ts = {0, 2 * 1000000L};
-            nanosleep(&ts, NULL);
+            ft_sleep_ms(2);
         }
     }
-    while (c.next < 2 * per_epoch)
+    while (c.taken < 2 * PER_EPOCH)
         read_one(ld, &c);
-    ferry_stats st = stats_of(ld);
+    ferry_stats st = ft_stats(ld);
     printf("malformed %llu, rejected %llu, stale %llu, delivered %llu\n",
            (unsigned long long)st.malformed, (unsigned long long)st.rejected,
            (unsigned long long)st.stale, (unsigned long long)st.delivered);
     assert_true(st.malformed >= 3 && st.rejected >= 1 && st.stale >= 1);
-    assert_int_equal(st.delivered, 2 * per_epoch);
+    assert_int_equal(st.delivered, 2 * PER_EPOCH);
     assert_int_equal(st.failed, 0);
     zmq_close(s);
     zmq_ctx_term(ctx);
     explicit_bzero(sec, sizeof sec);
-    stream_free(&c);
+    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(good);
     case_end(&t);
@@ -692,14 +598,14 @@ static void test_remote_plugins_only_from_plugin_dir(void **state)
             /* Only the confined worker can open it by name. */
             if (rc != FERRY_OK)
                 fail_msg("open: %s", ferry_last_error());
-            assert_true(wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
+            assert_true(ft_wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
             ferry_batch *b;
             for (int i = 0; i < 5; i++) {
                 assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
                 ferry_batch_release(b);
             }
             assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
-            assert_int_equal(stats_of(ld).joined, 1);
+            assert_int_equal(ft_stats(ld).joined, 1);
             assert_int_equal(ferry_loader_close(ld), FERRY_OK);
         } else {
             /* A path from the network: nobody loads it. */
@@ -731,7 +637,7 @@ static void test_remote_poison_batch_is_given_up(void **state)
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_attempts", 2), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "shuffle", 0), FERRY_OK); /* batch 2 holds 37 */
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     int ok = 0, failed = 0;
     for (;;) {
         ferry_batch *b = NULL;
@@ -829,31 +735,30 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
     snprintf(bind_ep, sizeof bind_ep, "tcp://%s:*", n.host_ip);
     assert_int_equal(ferry_config_set(cfg, "bind", bind_ep), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 6), FERRY_OK);
-    ferry_loader *ld = open_ok(cfg);
+    ferry_loader *ld = ft_open_ok(cfg);
     char ep[128];
     assert_int_equal(ferry_loader_endpoint(ld, ep, sizeof ep), FERRY_OK);
 
     const char *argv[] = {"ip", "netns", "exec", n.name,         FERRY_TEST_WORKER, "--connect",
                           ep,   "--key", k.w1,   "--server-key", k.loader_pub,      NULL};
     pid_t d = spawn_tied(argv);
-    assert_true(wait_stats(ld, joined_at_least, 1, 10000) >= 0);
+    assert_true(ft_wait_stats(ld, joined_at_least, 1, 10000) >= 0);
 
-    stream_check c;
+    ft_stream c;
     stream_init(&c, 6);
-    uint64_t per_epoch = N_ITEMS / BATCH + (N_ITEMS % BATCH != 0);
     uint64_t from_remote = 0;
-    while (c.next < per_epoch / 2 || !from_remote)
+    while (c.taken < PER_EPOCH / 2 || !from_remote)
         from_remote += read_one(ld, &c) != 0;
     uint64_t t_cut = ft_now_ms();
     assert_int_equal(sh("ip link set %s down", n.veth), 0);
     int64_t noticed = -1;
-    while (c.next < 3 * per_epoch) {
+    while (c.taken < 3 * PER_EPOCH) {
         read_one(ld, &c);
-        if (noticed < 0 && stats_of(ld).lost >= 1)
+        if (noticed < 0 && ft_stats(ld).lost >= 1)
             noticed = (int64_t)(ft_now_ms() - t_cut);
     }
     if (noticed < 0) {
-        assert_true(wait_stats(ld, lost_at_least, 1, 5000) >= 0);
+        assert_true(ft_wait_stats(ld, lost_at_least, 1, 5000) >= 0);
         noticed = (int64_t)(ft_now_ms() - t_cut);
     }
     printf("link cut: worker declared lost after %lld ms (bound %d ms + a 100 ms tick)\n",
@@ -862,16 +767,16 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
 
     assert_int_equal(sh("ip link set %s up", n.veth), 0);
     uint64_t t_up = ft_now_ms();
-    assert_true(wait_stats(ld, joined_at_least, 2, 15000) >= 0);
+    assert_true(ft_wait_stats(ld, joined_at_least, 2, 15000) >= 0);
     printf("link restored: worker joined again after %lld ms\n", (long long)(ft_now_ms() - t_up));
-    while (c.next < 6 * per_epoch)
+    while (c.taken < 6 * PER_EPOCH)
         read_one(ld, &c);
     ferry_batch *b = NULL;
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
-    ferry_stats st = stats_of(ld);
-    assert_int_equal(st.delivered, 6 * per_epoch);
+    ferry_stats st = ft_stats(ld);
+    assert_int_equal(st.delivered, 6 * PER_EPOCH);
     assert_int_equal(st.failed, 0);
-    stream_free(&c);
+    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
     remove_keys(&k);

@@ -1,6 +1,6 @@
 /*
- * ferry-soak - open, use, hurt and close loaders over and over, to prove that
- * ferry never hangs and never leaks.
+ * soak.c - the soak driver, built as ferry-soak: open, use, hurt and close
+ * loaders over and over, to prove that ferry never hangs and never leaks.
  *
  * What it proves, over thousands of cycles, each with its own random plan
  * (worker mode and count, prefetch, batch size, dataset shape, order, shuffle,
@@ -23,16 +23,16 @@
  * How. The parent never opens a loader. Each cycle runs in a forked child, the
  * "trainer", with a fresh TMPDIR (the loader's ipc directory lands there); up
  * to --parallel run at once. The trainer checks every batch and then its own
- * leaks, and reports a failure on stderr with an exit code per kind. Its
- * stderr comes to the parent through a pipe and is shown only when the cycle
- * fails. The parent is a child subreaper, so workers orphaned by a dead
- * trainer are reparented to it: it watches /proc for them and calls any still
- * alive 2 s after its trainer ended a leak. It waits on a signalfd (SIGCHLD)
- * and the trainers' pipes with poll(), never with sleep(), and kills a
- * trainer that outlives --deadline-ms as a hang, after printing its plan and
- * what its threads and workers were doing. A close that takes over a second
- * although every worker could answer STOP is reported as a warning (slow,
- * bounded, not a hang).
+ * leaks, with the checks the cmocka tests use (tests/harness.h), and reports
+ * a failure on stderr with an exit code per kind. Its stderr comes to the
+ * parent through a pipe and is shown only when the cycle fails. The parent is
+ * a child subreaper, so workers orphaned by a dead trainer are reparented to
+ * it: it watches /proc for them and calls any still alive 2 s after its
+ * trainer ended a leak. It waits on a signalfd (SIGCHLD) and the trainers'
+ * pipes with poll(), never with sleep(), and kills a trainer that outlives
+ * --deadline-ms as a hang, after printing its plan and what its threads and
+ * workers were doing. A close that takes over a second although every worker
+ * could answer STOP is reported as a warning (slow, bounded, not a hang).
  *
  * Replay: a plan depends only on (seed, cycle number), so `--seed S --cycle C`
  * runs a failing cycle alone. The timing of a fault relative to the workers'
@@ -55,13 +55,12 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "dataset.h"
 #include "ferry.h"
+#include "harness.h"
 #include "sampler.h"
 
 #define MAX_PARALLEL 64
@@ -82,7 +81,6 @@
  * of it for SIGTERM, then SIGKILL and reaping; plus a margin for a loaded
  * machine and sanitizers. Past this, close is not bounded as documented. */
 #define CLOSE_BOUND_MS (2000 + 1000 + 2000)
-#define THREAD_SETTLE_MS 500 /* how long a joined thread may linger in /proc */
 
 /* How a trainer ends. The parent turns these into the summary's figures. */
 enum trainer_exit {
@@ -95,13 +93,6 @@ enum trainer_exit {
     TR_DIED = 15,    /* the planned _exit() without close: not a failure */
     TR_HANG = 16,    /* next() blocked past NEXT_BOUND_S although timeout_ms was set */
 };
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* ------------------------------------------------------------------------
  * Random plans
@@ -270,44 +261,6 @@ typedef struct cycle_result {
  * Counting what a process holds
  */
 
-/* Entries of a directory other than . and ..; -1 if it cannot be read. */
-static int count_entries(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-            n++;
-    }
-    closedir(d);
-    return n;
-}
-
-/* Writes the names in `path` (or where /proc/self/fd entries point) to
- * stderr, for a leak report. */
-static void list_entries(const char *path, int links)
-{
-    DIR *d = opendir(path);
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        char full[512], target[512] = "";
-        snprintf(full, sizeof full, "%s/%s", path, e->d_name);
-        if (links) {
-            ssize_t n = readlink(full, target, sizeof target - 1);
-            target[n > 0 ? n : 0] = '\0';
-        }
-        fprintf(stderr, "    %s%s%s\n", e->d_name, links ? " -> " : "", target);
-    }
-    closedir(d);
-}
-
 /* Reads state and parent of `pid` from /proc/PID/stat; -1 if it is gone. */
 static int proc_stat(pid_t pid, char *state, pid_t *ppid)
 {
@@ -331,45 +284,6 @@ static int proc_stat(pid_t pid, char *state, pid_t *ppid)
     return 0;
 }
 
-/* Prints every thread of `pid` with its state and where it sleeps in the
- * kernel: enough to tell a deadlock from a lost wakeup in a hang report. */
-static void dump_threads(pid_t pid, const char *role)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return;
-    fprintf(stderr, "  %s %d:\n", role, (int)pid);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!isdigit((unsigned char)e->d_name[0]))
-            continue;
-        char f[128], comm[64] = "?", wchan[64] = "?", statbuf[512] = "";
-        const struct {
-            const char *name;
-            char *buf;
-            size_t cap;
-        } files[] = {{"comm", comm, sizeof comm},
-                     {"wchan", wchan, sizeof wchan},
-                     {"stat", statbuf, sizeof statbuf}};
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-            snprintf(f, sizeof f, "/proc/%d/task/%s/%s", (int)pid, e->d_name, files[i].name);
-            int fd = open(f, O_RDONLY | O_CLOEXEC);
-            if (fd < 0)
-                continue;
-            ssize_t n = read(fd, files[i].buf, files[i].cap - 1);
-            close(fd);
-            files[i].buf[n > 0 ? n : 0] = '\0';
-            files[i].buf[strcspn(files[i].buf, "\n")] = '\0';
-        }
-        char *rp = strrchr(statbuf, ')');
-        fprintf(stderr, "    thread %s %-16s state %c wchan %s\n", e->d_name, comm,
-                rp && rp[1] ? rp[2] : '?', wchan);
-    }
-    closedir(d);
-}
-
 /* ------------------------------------------------------------------------
  * The trainer (the forked child of one cycle)
  */
@@ -381,12 +295,8 @@ typedef struct trainer {
     cycle_result *res;
     rng r;
     ferry_loader *ld;
-    ferry__sampler s;
+    ft_stream stream; /* the sampler's stream, and what came of it */
     uint64_t consumed;
-    uint64_t *want;           /* batch_size indices from the sampler */
-    unsigned char *seen_item; /* in order: items of the current epoch seen */
-    unsigned char *seen_seq;  /* every seq seen, seq_cap of them */
-    uint64_t seq_cap;
 } trainer;
 
 static const char *const exit_names[] = {
@@ -423,53 +333,13 @@ static void on_next_alarm(int sig)
     _exit(TR_HANG);
 }
 
-/* Checks one batch's fields against the synthetic dataset: names, dtypes,
- * shapes, alignment, y == the index, x's bytes == the index's bytes. */
+/* Checks one batch's fields against the synthetic dataset (names, dtypes,
+ * shapes, alignment, y == the index, x's bytes == the index's bytes). */
 static void check_content(const trainer *t, const ferry_batch *b)
 {
-    const plan *p = t->p;
-    ferry_batch_info info;
-    ferry_batch_get_info(b, &info);
-    const uint64_t *idx = ferry_batch_indices(b);
-    ferry_tensor x, y;
-    if (ferry_batch_nfields(b) != 2 || ferry_batch_field(b, "x", &x) != FERRY_OK ||
-        ferry_batch_field(b, "y", &y) != FERRY_OK)
-        trainer_fail(t, TR_CONTENT, "batch seq %" PRIu64 " has %d fields, not x and y", info.seq,
-                     ferry_batch_nfields(b));
-    if (x.dtype != FERRY_DTYPE_U8 || x.ndim != 2 || x.shape[0] != info.size ||
-        x.shape[1] != p->dim || x.nbytes != (size_t)info.size * (size_t)p->dim)
-        trainer_fail(t, TR_CONTENT,
-                     "batch seq %" PRIu64 ": x is dtype %d ndim %d shape [%" PRId64 ", %" PRId64
-                     "] %zu bytes; expected u8 [%u, %d]",
-                     info.seq, (int)x.dtype, x.ndim, x.shape[0], x.shape[1], x.nbytes, info.size,
-                     p->dim);
-    if (y.dtype != FERRY_DTYPE_I64 || y.ndim != 1 || y.shape[0] != info.size ||
-        y.nbytes != (size_t)info.size * 8)
-        trainer_fail(t, TR_CONTENT,
-                     "batch seq %" PRIu64 ": y is dtype %d ndim %d shape [%" PRId64
-                     "]; expected i64 [%u]",
-                     info.seq, (int)y.dtype, y.ndim, y.shape[0], info.size);
-    if ((uintptr_t)x.data % 16 || (uintptr_t)y.data % 16)
-        trainer_fail(t, TR_CONTENT, "batch seq %" PRIu64 ": tensor data not 16-byte aligned",
-                     info.seq);
-    const unsigned char *xb = x.data;
-    const int64_t *yv = y.data;
-    for (uint32_t i = 0; i < info.size; i++) {
-        if (idx[i] >= (uint64_t)p->n || (uint64_t)yv[i] != idx[i])
-            trainer_fail(t, TR_CONTENT,
-                         "batch seq %" PRIu64 " item %u: y = %" PRId64 ", index %" PRIu64
-                         " (n = %d)",
-                         info.seq, i, yv[i], idx[i], p->n);
-        for (int j = 0; j < p->dim; j++) {
-            uint8_t want = ferry__synthetic_byte(idx[i], (uint64_t)j);
-            uint8_t got = xb[(size_t)i * (size_t)p->dim + (size_t)j];
-            if (got != want)
-                trainer_fail(t, TR_CONTENT,
-                             "batch seq %" PRIu64 " item %u (index %" PRIu64
-                             ") byte %d is %u, expected %u",
-                             info.seq, i, idx[i], j, got, want);
-        }
-    }
+    char why[512];
+    if (ft_check_synthetic(b, t->p->dim, why, sizeof why) != 0)
+        trainer_fail(t, TR_CONTENT, "%s", why);
 }
 
 /* Checks a batch's place in the stream: the seq is the next one (in order)
@@ -478,58 +348,9 @@ static void check_content(const trainer *t, const ferry_batch *b)
  * order, also that every item comes exactly once per epoch. */
 static void check_sequence(trainer *t, const ferry_batch *b)
 {
-    const plan *p = t->p;
-    ferry_batch_info info;
-    ferry_batch_get_info(b, &info);
-    if (info.worker >= (uint32_t)p->workers)
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " from worker %u of %d", info.seq,
-                     info.worker, p->workers);
-    if (p->in_order && info.seq != t->consumed)
-        trainer_fail(t, TR_ORDER, "batch %" PRIu64 " in order has seq %" PRIu64, t->consumed,
-                     info.seq);
-    /* Out of order, a delivered seq is below next_seq, which is at most
-     * delivered + prefetch: the window bounds how far ahead it can be. */
-    if (!p->in_order && info.seq >= t->consumed + (uint64_t)p->prefetch)
-        trainer_fail(t, TR_ORDER,
-                     "batch seq %" PRIu64 " delivered after %" PRIu64
-                     " batches is beyond the prefetch window (%d)",
-                     info.seq, t->consumed, p->prefetch);
-    if (info.seq >= t->seq_cap || t->seen_seq[info.seq])
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " delivered twice (or past the end)",
-                     info.seq);
-    t->seen_seq[info.seq] = 1;
-
-    ferry__sampler_task st;
-    if (ferry__sampler_at(&t->s, info.seq, &st) != FERRY_OK)
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " is past the end of the stream", info.seq);
-    if (info.epoch != st.epoch || info.batch_in_epoch != st.batch_in_epoch ||
-        info.size != st.count || info.last_in_epoch != st.last_in_epoch)
-        trainer_fail(t, TR_ORDER,
-                     "batch seq %" PRIu64 " says epoch %" PRIu64 " batch %" PRIu64
-                     " size %u last %d; the sampler says epoch %" PRIu64 " batch %" PRIu64
-                     " size %u last %d",
-                     info.seq, info.epoch, info.batch_in_epoch, info.size, info.last_in_epoch,
-                     st.epoch, st.batch_in_epoch, st.count, st.last_in_epoch);
-    ferry__sampler_indices(&t->s, &st, t->want);
-    if (memcmp(ferry_batch_indices(b), t->want, st.count * sizeof(uint64_t)) != 0)
-        trainer_fail(t, TR_ORDER, "batch seq %" PRIu64 " holds other indices than the sampler's",
-                     info.seq);
-
-    if (!p->in_order)
-        return;
-    if (st.batch_in_epoch == 0)
-        memset(t->seen_item, 0, (size_t)p->n);
-    for (uint32_t i = 0; i < st.count; i++) {
-        if (t->seen_item[t->want[i]]++)
-            trainer_fail(t, TR_ORDER, "index %" PRIu64 " came twice in epoch %" PRIu64, t->want[i],
-                         st.epoch);
-    }
-    if (st.last_in_epoch) {
-        for (int i = 0; i < p->n; i++) {
-            if (!t->seen_item[i])
-                trainer_fail(t, TR_ORDER, "index %d never came in epoch %" PRIu64, i, st.epoch);
-        }
-    }
+    char why[512];
+    if (ft_stream_check(&t->stream, b, why, sizeof why) != 0)
+        trainer_fail(t, TR_ORDER, "%s", why);
 }
 
 /* Worker `w`'s pid if it is alive: not 0 (being replaced) and not a zombie
@@ -567,13 +388,12 @@ static int hurt_worker(trainer *t, int sig, int *pid)
  * RESPAWN_WAIT_MS. Returns 1 if it stopped one. */
 static int stop_replacement(const trainer *t, uint32_t w, int old)
 {
-    uint64_t deadline = now_ms() + RESPAWN_WAIT_MS;
-    while (now_ms() < deadline) {
+    uint64_t deadline = ft_now_ms() + RESPAWN_WAIT_MS;
+    while (ft_now_ms() < deadline) {
         int pid = live_worker_pid(t, w);
         if (pid > 0 && pid != old)
             return kill(pid, SIGSTOP) == 0;
-        struct timespec ms = {.tv_nsec = 1000000};
-        nanosleep(&ms, NULL);
+        ft_sleep_ms(1);
     }
     return 0;
 }
@@ -641,46 +461,14 @@ static ferry_config *make_config(const trainer *t)
     return cfg;
 }
 
-/* After close: the same fds and threads as before open, no child process
- * (running or zombie), nothing in TMPDIR. */
-static void check_no_leaks(const trainer *t, int fds_before, int threads_before)
+/* After close: no child process (running or zombie), the same fds and
+ * threads as before open, nothing in TMPDIR. What is left is listed on
+ * stderr. (/dev/shm is the parent's to check, by name, across the soak.) */
+static void check_no_leaks(const trainer *t, const ft_snapshot *before)
 {
-    int fds = count_entries("/proc/self/fd");
-    if (fds != fds_before) {
-        fprintf(stderr, "soak: open fds after close:\n");
-        list_entries("/proc/self/fd", 1);
-        trainer_fail(t, TR_LEAK, "%d fds open before ferry_loader_open, %d after close", fds_before,
-                     fds);
-    }
-    /* pthread_join() returns once the thread has exited, but the kernel may
-     * list it in /proc/self/task a little longer (about 1 in 2000 joins here),
-     * so a count above the start gets THREAD_SETTLE_MS to come back down. */
-    int threads = count_entries("/proc/self/task");
-    uint64_t settle_by = now_ms() + THREAD_SETTLE_MS;
-    while (threads != threads_before && now_ms() < settle_by) {
-        struct timespec ms = {.tv_nsec = 1000000};
-        nanosleep(&ms, NULL);
-        threads = count_entries("/proc/self/task");
-    }
-    if (threads != threads_before) {
-        dump_threads(getpid(), "trainer (after close)");
-        trainer_fail(t, TR_LEAK, "%d threads before ferry_loader_open, %d after close",
-                     threads_before, threads);
-    }
-    int st;
-    pid_t left = waitpid(-1, &st, WNOHANG);
-    if (left == 0)
-        trainer_fail(t, TR_LEAK, "a child process is still running after close");
-    if (left > 0)
-        trainer_fail(t, TR_LEAK, "child %d was left unreaped after close", (int)left);
-    if (errno != ECHILD)
-        trainer_fail(t, TR_LEAK, "waitpid after close: %s", strerror(errno));
-    const char *tmp = getenv("TMPDIR");
-    if (tmp && count_entries(tmp) != 0) {
-        fprintf(stderr, "soak: left in %s after close:\n", tmp);
-        list_entries(tmp, 0);
-        trainer_fail(t, TR_LEAK, "TMPDIR %s is not empty after close", tmp);
-    }
+    char why[512];
+    if (ft_leaks(before, stderr, why, sizeof why) != FT_NO_LEAK)
+        trainer_fail(t, TR_LEAK, "after close: %s", why);
 }
 
 /* One cycle, in the child: open, consume with checks and faults, close,
@@ -694,18 +482,18 @@ static int trainer_run(trainer *t)
                               .seed = (uint64_t)p->shuffle_seed,
                               .world_size = 1,
                               .epochs = (uint64_t)p->epochs};
-    if (ferry__sampler_init(&t->s, (uint64_t)p->n, &so) != FERRY_OK)
+    /* Any seq below consume + prefetch may come (out of order), none twice. */
+    if (ft_stream_init(&t->stream, (uint64_t)p->n, &so, p->consume + (uint64_t)p->prefetch + 1) !=
+        0)
         trainer_fail(t, TR_SETUP, "sampler: %s", ferry_last_error());
-    t->seq_cap = p->consume + (uint64_t)p->prefetch + 1;
-    t->want = malloc((size_t)p->batch_size * sizeof *t->want);
-    t->seen_item = calloc((size_t)p->n, 1);
-    t->seen_seq = calloc((size_t)t->seq_cap, 1);
-    if (!t->want || !t->seen_item || !t->seen_seq)
-        trainer_fail(t, TR_SETUP, "out of memory");
+    t->stream.in_order = p->in_order;
+    t->stream.window = (uint64_t)p->prefetch;
+    t->stream.workers = (uint32_t)p->workers;
     ferry_config *cfg = make_config(t);
 
-    int fds_before = count_entries("/proc/self/fd");
-    int threads_before = count_entries("/proc/self/task");
+    ft_snapshot before;
+    ft_snapshot_take(&before, getenv("TMPDIR"));
+    before.nshm = -1;
     int rc = ferry_loader_open(&t->ld, cfg);
     ferry_config_free(cfg);
     if (rc != FERRY_OK)
@@ -713,7 +501,7 @@ static int trainer_run(trainer *t)
                      ferry_last_error());
     uint64_t items, bpe;
     if (ferry_loader_length(t->ld, &items, &bpe) != FERRY_OK || items != (uint64_t)p->n ||
-        bpe != t->s.batches_per_epoch)
+        bpe != t->stream.s.batches_per_epoch)
         trainer_fail(t, TR_ORDER,
                      "ferry_loader_length says %" PRIu64 " items, %" PRIu64 " batches per epoch",
                      items, bpe);
@@ -793,9 +581,9 @@ static int trainer_run(trainer *t)
         ferry_batch_release(held);
         held = NULL;
     }
-    uint64_t t0 = now_ms();
+    uint64_t t0 = ft_now_ms();
     rc = ferry_loader_close(t->ld);
-    t->res->close_ms = now_ms() - t0;
+    t->res->close_ms = ft_now_ms() - t0;
     t->ld = NULL;
     if (rc != FERRY_OK)
         trainer_fail(t, TR_FERRY, "ferry_loader_close: %s: %s", ferry_err_name(rc),
@@ -807,10 +595,8 @@ static int trainer_run(trainer *t)
         check_content(t, held);
         ferry_batch_release(held);
     }
-    check_no_leaks(t, fds_before, threads_before);
-    free(t->want);
-    free(t->seen_item);
-    free(t->seen_seq);
+    check_no_leaks(t, &before);
+    ft_stream_free(&t->stream);
     return TR_OK;
 }
 
@@ -991,7 +777,7 @@ static void clear_progress(const soak *s)
 
 static void show_progress(soak *s, int force)
 {
-    uint64_t now = now_ms();
+    uint64_t now = ft_now_ms();
     if (!s->progress || (!force && now - s->last_progress_ms < 200))
         return;
     s->last_progress_ms = now;
@@ -1000,29 +786,6 @@ static void show_progress(soak *s, int force)
             " leaks, %" PRIu64 " errors; %" PRIu64 " batches; %.1f s",
             s->tot.done, s->end_cycle - s->first_cycle, s->tot.hangs, s->tot.leaks, s->tot.errors,
             s->tot.batches, (double)(now - s->t0_ms) / 1000.0);
-}
-
-/* Removes a directory tree (the stale ipc directory of a trainer that died
- * without closing). Best effort. */
-static void remove_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char sub[512];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            struct stat sb;
-            if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
-                remove_tree(sub);
-            else
-                unlink(sub);
-        }
-        closedir(d);
-    }
-    rmdir(path);
 }
 
 /* Appends what the trainer wrote to its log tail (and, with --verbose, to
@@ -1104,7 +867,7 @@ static void dump_worker(void *ctx, pid_t pid, char state)
 {
     (void)ctx;
     (void)state;
-    dump_threads(pid, "worker");
+    ft_dump_threads(stderr, pid, "worker");
 }
 
 static void print_log(const slot *sl)
@@ -1181,8 +944,7 @@ static int start_cycle(soak *s)
     slot *sl = &s->slots[idx];
     memset(sl, 0, sizeof *sl);
     draw_plan(&sl->p, s->o.seed, s->next_cycle);
-    snprintf(sl->tmpdir, sizeof sl->tmpdir, "/tmp/ferry-soak-XXXXXX");
-    if (!mkdtemp(sl->tmpdir)) {
+    if (ft_make_tmpdir(sl->tmpdir, sizeof sl->tmpdir, "ferry-soak") != 0) {
         fprintf(stderr, "ferry-soak: mkdtemp: %s\n", strerror(errno));
         return -1;
     }
@@ -1210,7 +972,7 @@ static int start_cycle(soak *s)
     fcntl(sl->errfd, F_SETFL, O_NONBLOCK);
     sl->used = 1;
     sl->pid = pid;
-    sl->start_ms = now_ms();
+    sl->start_ms = ft_now_ms();
     sl->deadline_ms = sl->start_ms + s->o.deadline_ms;
     if (s->o.verbose) {
         char desc[512];
@@ -1221,6 +983,17 @@ static int start_cycle(soak *s)
     s->active++;
     s->next_cycle++;
     return 0;
+}
+
+/* Frees the slot of a trainer that has ended: its pipe closed, its place
+ * open for the next cycle. */
+static void release_slot(soak *s, slot *sl)
+{
+    if (sl->errfd >= 0)
+        close(sl->errfd);
+    sl->errfd = -1;
+    sl->used = 0;
+    s->active--;
 }
 
 /* Judges a trainer that has ended with wait status `status`: its exit code
@@ -1238,12 +1011,8 @@ static void finish_cycle(soak *s, slot *sl, int status)
     int clean = WIFEXITED(status) && WEXITSTATUS(status) == TR_OK;
     if (sl->hung < 0) {
         /* Stopped by us on SIGINT: neither judged nor counted. */
-        remove_tree(sl->tmpdir);
-        if (sl->errfd >= 0)
-            close(sl->errfd);
-        sl->errfd = -1;
-        sl->used = 0;
-        s->active--;
+        ft_remove_tree(sl->tmpdir); /* best effort */
+        release_slot(s, sl);
         return;
     }
     if (sl->hung) {
@@ -1275,13 +1044,13 @@ static void finish_cycle(soak *s, slot *sl, int status)
 
     /* The loader's private directory lives in TMPDIR: after a clean close it
      * must be gone. A trainer that never closed cannot have removed it. */
-    int left = count_entries(sl->tmpdir);
+    int left = ft_count_entries(sl->tmpdir);
     if (clean && left > 0) {
         s->tot.leaks++;
         report(s, sl, "LEAK", "%d entries left in the cycle's TMPDIR %s", left, sl->tmpdir);
-        list_entries(sl->tmpdir, 0);
+        ft_list_entries(stderr, sl->tmpdir, 0);
     }
-    remove_tree(sl->tmpdir);
+    ft_remove_tree(sl->tmpdir); /* best effort */
 
     s->tot.done++;
     s->tot.batches += res->batches;
@@ -1309,12 +1078,8 @@ static void finish_cycle(soak *s, slot *sl, int status)
     }
     if (s->nwatches < (int)(sizeof s->watches / sizeof s->watches[0]))
         s->watches[s->nwatches++] =
-            (watch){.trainer = sl->pid, .died_ms = now_ms(), .cycle = p->cycle};
-    if (sl->errfd >= 0)
-        close(sl->errfd);
-    sl->errfd = -1;
-    sl->used = 0;
-    s->active--;
+            (watch){.trainer = sl->pid, .died_ms = ft_now_ms(), .cycle = p->cycle};
+    release_slot(s, sl);
 }
 
 /* Reaps every child that has ended: trainers (judged) and workers of dead
@@ -1345,7 +1110,7 @@ static void reap_children(soak *s)
  * PR_SET_PDEATHSIG, and the orphan watch checks that they do). */
 static void check_deadlines(soak *s)
 {
-    uint64_t now = now_ms();
+    uint64_t now = ft_now_ms();
     for (int i = 0; i < MAX_PARALLEL; i++) {
         slot *sl = &s->slots[i];
         if (!sl->used || sl->hung || now < sl->deadline_ms)
@@ -1355,7 +1120,7 @@ static void check_deadlines(soak *s)
         report(s, sl, "HANG",
                "trainer %d still running after %" PRIu64 " ms, %" PRIu64 " batches in",
                (int)sl->pid, now - sl->start_ms, s->shared[i].batches);
-        dump_threads(sl->pid, "trainer");
+        ft_dump_threads(stderr, sl->pid, "trainer");
         for_each_child(sl->pid, dump_worker, NULL);
         print_log(sl);
         kill(sl->pid, SIGKILL);
@@ -1379,15 +1144,9 @@ static void leak_orphan(soak *s, pid_t pid, const char *whose)
             "soak: LEAK: process %d (%s) still alive %d ms after its trainer ended; "
             "killing it\n",
             (int)pid, whose, ORPHAN_GRACE_MS);
-    dump_threads(pid, "orphan");
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    ft_dump_threads(stderr, pid, "orphan");
     kill(pid, SIGKILL);
-    if (fd >= 0) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        while (poll(&pfd, 1, 1000) < 0 && errno == EINTR)
-            ;
-        close(fd);
-    }
+    ft_wait_gone((int)pid, 1000);
 }
 
 /* One process reparented to us. A zombie is dead (reap_children takes it);
@@ -1441,7 +1200,7 @@ static void scan_orphans(soak *s)
 {
     if (!s->nwatches && !s->nstrays)
         return;
-    orphan_scan sc = {.s = s, .now = now_ms()};
+    orphan_scan sc = {.s = s, .now = ft_now_ms()};
     for_each_child(getpid(), check_orphan, &sc);
     int keep = 0;
     for (int w = 0; w < s->nwatches; w++) {
@@ -1469,7 +1228,7 @@ static void scan_orphans(soak *s)
  * tick. */
 static void wait_events(soak *s)
 {
-    uint64_t now = now_ms();
+    uint64_t now = ft_now_ms();
     uint64_t wake = now + 1000;
     if (s->progress && wake > now + 200)
         wake = now + 200;
@@ -1659,7 +1418,7 @@ int main(int argc, char **argv)
                " at a time, deadline %" PRIu64 " ms\n",
                s.o.seed, s.first_cycle, s.end_cycle - 1, s.o.parallel, s.o.deadline_ms);
     fflush(stdout);
-    s.t0_ms = now_ms();
+    s.t0_ms = ft_now_ms();
 
     int broken = 0;
     while (s.active || s.nwatches || s.nstrays ||
@@ -1686,7 +1445,7 @@ int main(int argc, char **argv)
     /* Cycles we stopped on SIGINT are not hangs. */
     check_shm(&s);
     clear_progress(&s);
-    print_summary(&s, (double)(now_ms() - s.t0_ms) / 1000.0);
+    print_summary(&s, (double)(ft_now_ms() - s.t0_ms) / 1000.0);
     free_names(s.shm_before, s.nshm_before);
     if (s.interrupted || broken)
         return 3;
