@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -491,8 +492,8 @@ int ft_run_each(const struct CMUnitTest *tests, size_t n)
             ;
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
             if (WIFSIGNALED(st))
-                printf("[  FAILED  ] %s: killed by signal %d (a hang past its time limit?)\n",
-                       tests[i].name, WTERMSIG(st));
+                printf("[  FAILED  ] %s: killed by signal %d%s\n", tests[i].name, WTERMSIG(st),
+                       WTERMSIG(st) == SIGALRM ? " (a hang past its time limit)" : "");
             failed++;
         }
     }
