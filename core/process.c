@@ -1,5 +1,5 @@
 /*
- * process.c - local worker processes: find, start, explain (see process.h).
+ * process.c - worker processes: find, start, explain (see process.h).
  */
 #include "process.h"
 
@@ -89,27 +89,17 @@ int ferry__fd_headroom(int need, const char *what)
                          what, need, used, (unsigned long long)rl.rlim_cur);
 }
 
-int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid_out,
-                        int *pidfd_out, int *errfd_out)
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid_out,
+                 int *pidfd_out)
 {
-    int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
-    }
-    /* The child's end must block like any stderr. */
-    fcntl(errpipe[1], F_SETFL, 0);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, errpipe[1], 2);
-
-    char slot_s[16], parent_s[24];
-    snprintf(slot_s, sizeof slot_s, "%d", slot);
-    snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    char *argv[] = {(char *)path, "--connect", (char *)endpoint, "--slot",
-                    slot_s,       "--parent",  parent_s,         NULL};
+    if (stderr_fd >= 0)
+        posix_spawn_file_actions_adddup2(&fa, stderr_fd, 2);
 
     /* The child starts with no blocked signals and default dispositions, so
-     * whatever the trainer did to its own signals does not leak in. */
+     * whatever the caller did to its own signals (a supervisor blocks
+     * SIGTERM for its signalfd) does not leak in. */
     posix_spawnattr_t attr;
     sigset_t none, all;
     sigemptyset(&none);
@@ -122,17 +112,15 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
     posix_spawnattr_setsigdefault(&attr, &all);
 
     pid_t pid;
-    /* glibc's posix_spawn reports an exec failure as its return value. */
+    /* glibc's posix_spawn (CLONE_VFORK, with its own close-on-exec error
+     * pipe) reports an exec failure as its return value. */
     int e = posix_spawn(&pid, path, &fa, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
-    close(errpipe[1]);
     if (e != 0) {
-        close(errpipe[0]);
         if (e == EAGAIN || e == EMFILE || e == ENFILE)
-            return ferry__syserr(FERRY_ESPAWN, "starting a worker", e);
-        return ferry__seterr(FERRY_ESPAWN, "could not start worker program '%s': %s", path,
-                             strerror(e));
+            return ferry__syserr(FERRY_ESPAWN, "starting a process", e);
+        return ferry__seterr(FERRY_ESPAWN, "could not start program '%s': %s", path, strerror(e));
     }
 
     int fd = pidfd_open(pid, 0);
@@ -141,11 +129,34 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
         kill(pid, SIGKILL);
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
-        close(errpipe[0]);
-        return ferry__syserr(FERRY_ESPAWN, "watching a worker: pidfd_open", e);
+        return ferry__syserr(FERRY_ESPAWN, "watching a child: pidfd_open", e);
     }
     *pid_out = pid;
     *pidfd_out = fd;
+    return FERRY_OK;
+}
+
+int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid_out,
+                        int *pidfd_out, int *errfd_out)
+{
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
+    }
+    /* The child's end must block like any stderr. */
+    fcntl(errpipe[1], F_SETFL, 0);
+
+    char slot_s[16], parent_s[24];
+    snprintf(slot_s, sizeof slot_s, "%d", slot);
+    snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
+    char *argv[] = {(char *)path, "--connect", (char *)endpoint, "--slot",
+                    slot_s,       "--parent",  parent_s,         NULL};
+    int rc = ferry__spawn(path, argv, errpipe[1], pid_out, pidfd_out);
+    close(errpipe[1]);
+    if (rc != FERRY_OK) {
+        close(errpipe[0]);
+        return rc;
+    }
     *errfd_out = errpipe[0];
     return FERRY_OK;
 }

@@ -1,14 +1,16 @@
 /*
- * process.h - starting and explaining local worker processes.
+ * process.h - starting and explaining worker processes (a loader's local
+ * workers, and the children of ferry-worker's --processes supervisor).
  *
  * Workers are always a fresh process image (posix_spawn of ferry-worker,
  * never fork without exec): no inherited OpenMP/BLAS/CUDA thread pools that
  * deadlock after fork, and no copy-on-write share of the trainer's heap.
- * Each child is watched through a pidfd, which the scheduler polls beside
- * its socket, so a death is noticed at once.
+ * Each child is watched through a pidfd, which its parent polls (the
+ * scheduler beside its socket, the supervisor beside its signalfd), so a
+ * death is noticed at once.
  *
- * Thread safety: call from the scheduler thread (it is the children's
- * parent thread, which matters for PR_SET_PDEATHSIG).
+ * Thread safety: in a loader, call from the scheduler thread (it is the
+ * children's parent thread, which matters for PR_SET_PDEATHSIG).
  */
 #ifndef FERRY_CORE_PROCESS_H
 #define FERRY_CORE_PROCESS_H
@@ -21,6 +23,15 @@
  * the install's bin), else the install bindir. FERRY_ESPAWN with detail if
  * the chosen file is not executable. */
 int ferry__find_worker(const char *configured, char *out, size_t cap);
+
+/* Starts the program at `path` with `argv` (argv[0] is only its name) as a
+ * fresh process image: posix_spawn, no blocked signals, default signal
+ * dispositions, the caller's environment. If stderr_fd >= 0 it becomes the
+ * child's stderr. Returns the pid and a pidfd (close-on-exec) to poll for
+ * its exit; the caller must reap it. On failure nothing is left running or
+ * open and the outputs are unchanged: FERRY_ESPAWN (exec failed: errno
+ * detail), FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid, int *pidfd);
 
 /* Starts `path --connect endpoint --slot slot --parent <our pid>`, returns
  * its pid and a pidfd (close-on-exec). The child's stderr is the write end of

@@ -21,10 +21,15 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -111,8 +116,9 @@ static int free_port(void)
 }
 
 /* Starts argv[0] (looked up in PATH) as a child that dies with this test
- * process, so a failing case cannot leave a daemon behind. */
-static pid_t spawn_tied(const char *const *argv)
+ * process, so a failing case cannot leave a daemon behind. stderr_fd >= 0
+ * becomes its stderr. */
+static pid_t spawn_tied(const char *const *argv, int stderr_fd)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -121,6 +127,8 @@ static pid_t spawn_tied(const char *const *argv)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(127);
+        if (stderr_fd >= 0 && dup2(stderr_fd, 2) < 0)
+            _exit(127);
         execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -128,9 +136,9 @@ static pid_t spawn_tied(const char *const *argv)
 }
 
 /* Starts `ferry-worker --connect ep` with a worker key (NULL: --insecure)
- * and up to four more arguments. */
+ * and up to four more arguments; stderr_fd as in spawn_tied. */
 static pid_t start_daemon_v(const char *ep, const keys *k, const char *key,
-                            const char *const *extra)
+                            const char *const *extra, int stderr_fd)
 {
     const char *argv[16];
     int n = 0;
@@ -148,14 +156,14 @@ static pid_t start_daemon_v(const char *ep, const keys *k, const char *key,
     for (int i = 0; extra && extra[i] && n < 15; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    return spawn_tied(argv);
+    return spawn_tied(argv, stderr_fd);
 }
 
 static pid_t start_daemon(const char *ep, const keys *k, const char *key, const char *a1,
                           const char *a2, const char *a3)
 {
     const char *extra[] = {a1, a2, a3, NULL};
-    return start_daemon_v(ep, k, key, extra);
+    return start_daemon_v(ep, k, key, extra, -1);
 }
 
 /* SIGTERM (the daemon finishes its batch, says BYE, exits), then waits; a
@@ -267,6 +275,116 @@ static int joined_at_least(const ferry_stats *st, uint64_t n)
 static int rejected_at_least(const ferry_stats *st, uint64_t n)
 {
     return st->rejected >= n;
+}
+
+/* The processes whose parent is `parent` (from /proc/PID/stat), at most
+ * cap of them; returns how many there are. */
+static int children_of(pid_t parent, pid_t *out, int cap)
+{
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* gone meanwhile */
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *paren = strrchr(buf, ')'); /* after the command name, which may hold anything */
+        char state;
+        int ppid;
+        if (paren && sscanf(paren + 1, " %c %d", &state, &ppid) == 2 && ppid == (int)parent) {
+            if (n < cap)
+                out[n] = (pid_t)atoi(e->d_name);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* How many times pid has blocked (voluntary context switches): each time it
+ * woke from a wait, give or take one. */
+static long wakeups_of(pid_t pid)
+{
+    char path[64], line[128];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    long n = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &n) == 1)
+            break;
+    }
+    fclose(f);
+    assert_true(n >= 0);
+    return n;
+}
+
+/* 1 if the command line of pid holds argument `a` followed by `b` (NULL:
+ * any). */
+static int cmdline_has(pid_t pid, const char *a, const char *b)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    for (char *p = buf; p < buf + n; p += strlen(p) + 1) {
+        const char *next = p + strlen(p) + 1;
+        if (strcmp(p, a) == 0 && (!b || (next < buf + n && strcmp(next, b) == 0)))
+            return 1;
+    }
+    return 0;
+}
+
+/* A daemon's stderr, read through a pipe: everything that arrived so far
+ * (echoed to our stderr as it comes), the oldest half dropped when full. */
+typedef struct daemon_log {
+    int fd;
+    int eof;
+    size_t len;
+    char text[16384];
+} daemon_log;
+
+/* Reads until `needle` has appeared, or until end of file when needle is
+ * NULL, or until ms pass. Returns 1 if it got there. */
+static int log_wait(daemon_log *log, const char *needle, uint64_t ms)
+{
+    uint64_t deadline = ft_now_ms() + ms;
+    for (;;) {
+        if (needle ? strstr(log->text, needle) != NULL : log->eof)
+            return 1;
+        uint64_t now = ft_now_ms();
+        if (log->eof || now >= deadline)
+            return 0;
+        struct pollfd p = {.fd = log->fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(deadline - now)) <= 0)
+            continue;
+        if (log->len > sizeof log->text / 2) {
+            size_t keep = sizeof log->text / 4;
+            memmove(log->text, log->text + log->len - keep, keep);
+            log->len = keep;
+        }
+        ssize_t r = read(log->fd, log->text + log->len, sizeof log->text - 1 - log->len);
+        if (r <= 0) {
+            log->eof = r == 0;
+            continue;
+        }
+        if (write(2, log->text + log->len, (size_t)r) < 0) {
+            /* only an echo */
+        }
+        log->len += (size_t)r;
+        log->text[log->len] = '\0';
+    }
 }
 
 /* ------------------------------------------------------------------------
@@ -631,7 +749,7 @@ static void test_remote_poison_batch_is_given_up(void **state)
     split_path(FERRY_TEST_HOSTILE, dir, sizeof dir, name, sizeof name);
     snprintf(spec, sizeof spec, "plugin:%s?n=160,crash_at=37", name);
     const char *extra[] = {"--processes", "2", "--plugin-dir", dir, NULL};
-    pid_t d = start_daemon_v(t.ep, &t.k, t.k.w1, extra);
+    pid_t d = start_daemon_v(t.ep, &t.k, t.k.w1, extra, -1);
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
     assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
@@ -659,6 +777,123 @@ static void test_remote_poison_batch_is_given_up(void **state)
     assert_int_equal(ok, 9);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
+    case_end(&t);
+}
+
+/* The --processes supervisor. Its children are fresh ferry-worker
+ * processes tied to it (--parent, no --processes). A child killed with
+ * SIGKILL is noticed at once through its pidfd, reaped, and replaced a
+ * second later by a new process that joins the loader, while the supervisor
+ * sleeps in poll() (a 50 ms poller would wake about 20 times in that
+ * second); the stream stays exact. SIGTERM to the supervisor then leaves
+ * nothing behind: when it exits, every child is gone and reaped (this
+ * process is made their subreaper, so an abandoned one would land here and
+ * fail ft_end). */
+static void test_supervisor_replaces_killed_child_and_leaves_none(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 60);
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    int pipefd[2];
+    assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+    const char *extra[] = {"--processes", "2", NULL};
+    pid_t sup = start_daemon_v(t.ep, &t.k, t.k.w1, extra, pipefd[1]);
+    close(pipefd[1]);
+    static daemon_log log;
+    log.fd = pipefd[0];
+    log.eof = 0;
+    log.len = 0;
+    log.text[0] = '\0';
+    int sup_fd = pidfd_open(sup, 0);
+    assert_true(sup_fd >= 0);
+
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg); /* both children have joined */
+    pid_t kids[4];
+    assert_int_equal(children_of(sup, kids, 4), 2);
+    char sup_s[24];
+    snprintf(sup_s, sizeof sup_s, "%d", (int)sup);
+    for (int i = 0; i < 2; i++) {
+        assert_true(cmdline_has(kids[i], "--parent", sup_s));
+        assert_false(cmdline_has(kids[i], "--processes", NULL));
+    }
+    ft_stream c;
+    stream_init(&c, 3);
+    while (c.taken < PER_EPOCH / 2)
+        read_one(ld, &c);
+
+    pid_t victim = kids[0];
+    int victim_fd = pidfd_open(victim, 0);
+    assert_true(victim_fd >= 0);
+    char said[96];
+    snprintf(said, sizeof said, "worker process %d was killed by signal SIGKILL", (int)victim);
+    uint64_t t_kill = ft_now_ms();
+    assert_int_equal(kill(victim, SIGKILL), 0);
+    if (!log_wait(&log, said, 5000))
+        fail_msg("the supervisor did not report its killed child within 5 s");
+    uint64_t noticed = ft_now_ms() - t_kill;
+    long woke0 = wakeups_of(sup);
+    /* Reaped before it was reported: not even a zombie is left. */
+    assert_int_equal(pidfd_send_signal(victim_fd, 0, NULL, 0), -1);
+    assert_int_equal(errno, ESRCH);
+    assert_true(ft_wait_stats(ld, joined_at_least, 3, 10000) >= 0);
+    uint64_t replaced = ft_now_ms() - t_kill;
+    long woke = wakeups_of(sup) - woke0;
+    pid_t now[4];
+    assert_int_equal(children_of(sup, now, 4), 2);
+    assert_true(now[0] != victim && now[1] != victim);
+    assert_true(now[0] == kids[1] || now[1] == kids[1]);
+    pid_t fresh = now[0] == kids[1] ? now[1] : now[0];
+    assert_true(cmdline_has(fresh, "--parent", sup_s));
+    printf("child %d killed: reported after %llu ms, replaced by %d which joined after %llu ms; "
+           "the supervisor woke %ld times meanwhile\n",
+           (int)victim, (unsigned long long)noticed, (int)fresh, (unsigned long long)replaced,
+           woke);
+    assert_true(noticed <= 500);
+    assert_true(replaced >= 1000); /* the restart delay */
+    assert_true(woke <= 5);        /* the restart timer and the spawn, no ticks */
+
+    while (c.taken < 3 * PER_EPOCH)
+        read_one(ld, &c);
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    ferry_stats st = ft_stats(ld);
+    assert_int_equal(st.delivered, 3 * PER_EPOCH);
+    assert_int_equal(st.failed, 0);
+    assert_true(st.lost >= 1);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    int kid_fd[2];
+    for (int i = 0; i < 2; i++) {
+        kid_fd[i] = pidfd_open(now[i], 0);
+        assert_true(kid_fd[i] >= 0);
+    }
+    uint64_t t_term = ft_now_ms();
+    assert_int_equal(kill(sup, SIGTERM), 0);
+    /* Its own bound is 10 s before SIGKILL. */
+    struct pollfd p = {.fd = sup_fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 15000), 1);
+    int status;
+    assert_int_equal(waitpid(sup, &status, 0), sup);
+    uint64_t stopped = ft_now_ms() - t_term;
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(pidfd_send_signal(kid_fd[i], 0, NULL, 0), -1);
+        assert_int_equal(errno, ESRCH);
+        close(kid_fd[i]);
+    }
+    /* Nothing holds its stderr any more. */
+    assert_true(log_wait(&log, NULL, 5000));
+    assert_null(strstr(log.text, "killing it"));
+    printf("SIGTERM: the supervisor and its children gone in %llu ms\n",
+           (unsigned long long)stopped);
+    close(victim_fd);
+    close(sup_fd);
+    close(log.fd);
     case_end(&t);
 }
 
@@ -741,7 +976,7 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
 
     const char *argv[] = {"ip", "netns", "exec", n.name,         FERRY_TEST_WORKER, "--connect",
                           ep,   "--key", k.w1,   "--server-key", k.loader_pub,      NULL};
-    pid_t d = spawn_tied(argv);
+    pid_t d = spawn_tied(argv, -1);
     assert_true(ft_wait_stats(ld, joined_at_least, 1, 10000) >= 0);
 
     ft_stream c;
@@ -850,6 +1085,7 @@ int main(void)
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),
+        cmocka_unit_test(test_supervisor_replaces_killed_child_and_leaves_none),
         cmocka_unit_test(test_link_cut_between_namespaces_loses_nothing),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;

@@ -15,22 +15,30 @@
  * another: after a session ends (the loader closed, refused it, or went
  * silent) it connects again, backing off while nothing answers. CURVE keys
  * (--key, --server-key) are required unless --insecure. `--processes N` runs
- * N such workers under one supervisor, which restarts any that dies and
- * passes SIGTERM on. SIGTERM or SIGINT: the current batch is finished, the
- * loader gets BYE (it requeues what this worker held), and the process
- * exits.
+ * N such workers under one supervisor: each is a fresh ferry-worker (spawned
+ * from our own program with --parent, never forked), watched by pidfd,
+ * restarted a second after it dies; SIGTERM is passed on. SIGTERM or SIGINT:
+ * the current batch is finished, the loader gets BYE (it requeues what this
+ * worker held), and the process exits. With --parent (the supervisor's
+ * children) PR_SET_PDEATHSIG sends that SIGTERM when the parent goes.
  */
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "ferry.h"
 #include "keys.h"
 #include "process.h"
@@ -68,12 +76,14 @@ static void usage(FILE *f)
                "  --key FILE          this worker's key pair (from ferry-keygen)\n"
                "  --server-key KEY    the loader's public key: a .pub file or 40 Z85 characters\n"
                "  --insecure          plain TCP without CURVE (trusted networks only)\n"
-               "  --processes N       run N workers on this host (default 1)\n"
+               "  --processes N       run N workers on this host under one supervisor\n"
+               "                      that restarts any that dies (default 1)\n"
                "  --plugin-dir DIR    load dataset plugins from DIR only (default: none)\n"
                "  --once              serve one loader, then exit\n"
                "local workers (set by the loader that starts them):\n"
                "  --slot N            index the loader gave this worker\n"
-               "  --parent PID        exit when this process is no longer the parent\n");
+               "set by whatever starts this worker (a loader, or --processes):\n"
+               "  --parent PID        exit when PID is no longer this process's parent\n");
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -98,6 +108,12 @@ static void nap(unsigned ms)
     }
 }
 
+/* Told to stop, or (with --parent) the parent is gone. */
+static int should_stop(const ferry__worker_opts *o)
+{
+    return atomic_load(&stop_flag) || (o->parent && getppid() != o->parent);
+}
+
 /* A remote worker's life: sessions, one loader after another. A session
  * that ran (the dataset opened) is followed by a quick reconnect; one that did not
  * (nobody there, refused, key not allowed) by a backoff that doubles up to
@@ -106,11 +122,11 @@ static int serve(ferry__worker_opts *o, int once)
 {
     unsigned backoff = 250;
     srand((unsigned)getpid() ^ (unsigned)time(NULL));
-    while (!atomic_load(&stop_flag)) {
+    while (!should_stop(o)) {
         int configured = 0;
         o->configured = &configured;
         int rc = ferry__worker_run(o);
-        if (atomic_load(&stop_flag))
+        if (should_stop(o))
             break;
         if (rc == FERRY_OK && once)
             return 0;
@@ -131,93 +147,220 @@ static int serve(ferry__worker_opts *o, int once)
     return 0;
 }
 
-/* --processes N: N children, each serving; one that dies is restarted
- * (after a second, so a crash loop does not spin); SIGTERM or SIGINT is
- * passed on and the children are waited for, killed after 10 s. */
-static int supervise(long n, ferry__worker_opts *o, int once)
+/* ------------------------------------------------------------------------
+ * --processes N: the supervisor
+ *
+ * The children are fresh ferry-worker processes (posix_spawn of our own
+ * program with our options, minus --processes, plus --parent <our pid>),
+ * never forks of this one. One poll() waits on every child's pidfd and on a
+ * signalfd for SIGTERM and SIGINT, so a death or a stop is seen the moment
+ * it happens; the only timeout is the next restart that is due.
+ */
+
+#define RESTART_DELAY_MS 1000 /* a dead child's replacement waits this long: no crash loop spin */
+#define STOP_GRACE_MS 10000   /* children still running this long after SIGTERM get SIGKILL */
+
+typedef struct supervised_child {
+    pid_t pid;         /* 0: not running */
+    int pidfd;         /* -1: not running */
+    uint64_t start_at; /* when not running and not done: when to start it */
+    int done;          /* --once: it served its loader and exited 0; not restarted */
+} supervised_child;
+
+/* Our own program, for the children: the file /proc/self/exe points to
+ * (not the link itself, which would make every child's name "exe" in ps and
+ * pgrep); without /proc, argv[0] if it is a path. NULL if neither. */
+static const char *own_program(const char *argv0, char *buf, size_t cap)
 {
-    pid_t *kids = calloc((size_t)n, sizeof *kids);
-    if (!kids) {
-        fprintf(stderr, "ferry-worker: out of memory\n");
-        return 1;
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n > 0 && (size_t)n < cap - 1) {
+        buf[n] = '\0';
+        if (access(buf, X_OK) == 0)
+            return buf;
     }
-    pid_t me = getpid();
-    for (;;) {
-        for (long i = 0; i < n && !atomic_load(&stop_flag); i++) {
-            if (kids[i])
-                continue;
-            pid_t pid = fork();
-            if (pid < 0) {
-                fprintf(stderr, "ferry-worker: fork: %s\n", strerror(errno));
-                continue;
-            }
-            if (pid == 0) {
-                prctl(PR_SET_PDEATHSIG, SIGTERM);
-                if (getppid() != me)
-                    _exit(0);
-                snprintf(head, sizeof head, "ferry-worker (pid %d): crashed while ", (int)getpid());
-                _exit(serve(o, once));
-            }
-            kids[i] = pid;
-        }
-        /* Polled, not a blocking wait(): a SIGTERM that lands between two
-         * calls must not be missed. */
-        int status;
-        pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG)) == 0 && !atomic_load(&stop_flag))
-            nap(50);
-        if (pid < 0 && errno == ECHILD)
-            break;
-        if (atomic_load(&stop_flag))
-            break;
-        for (long i = 0; i < n; i++) {
-            if (pid > 0 && kids[i] == pid) {
-                kids[i] = 0;
-                if (once && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-                    kids[i] = -1; /* done */
-                else {
-                    char how[256];
-                    ferry__describe_status(status, how, sizeof how);
-                    fprintf(stderr, "ferry-worker: worker process %d %s; starting another\n",
-                            (int)pid, how);
-                    nap(1000);
-                }
-            }
-        }
-        int live = 0;
-        for (long i = 0; i < n; i++)
-            live += kids[i] != -1;
-        if (!live)
-            break;
-    }
-    for (long i = 0; i < n; i++) {
-        if (kids[i] > 0)
-            kill(kids[i], SIGTERM);
-    }
-    for (int t = 0; t < 200; t++) {
-        int left = 0;
-        for (long i = 0; i < n; i++) {
-            if (kids[i] > 0 && waitpid(kids[i], NULL, WNOHANG) == 0)
-                left++;
-            else
-                kids[i] = 0;
-        }
-        if (!left)
-            break;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    for (long i = 0; i < n; i++) {
-        if (kids[i] > 0) {
-            kill(kids[i], SIGKILL);
-            waitpid(kids[i], NULL, 0);
-        }
-    }
-    free(kids);
+    if (argv0 && strchr(argv0, '/') && access(argv0, X_OK) == 0)
+        return argv0;
+    return NULL;
+}
+
+/* Starts c; when that fails, says so and schedules another try. */
+static void child_start(supervised_child *c, const char *self, char **argv)
+{
+    if (ferry__spawn(self, argv, -1, &c->pid, &c->pidfd) == FERRY_OK)
+        return;
+    fprintf(stderr, "ferry-worker: could not start a worker process: %s; trying again in %d ms\n",
+            ferry_last_error(), RESTART_DELAY_MS);
+    c->start_at = ferry__now_ms() + RESTART_DELAY_MS;
+}
+
+/* Reaps c, whose pidfd said it exited; 0 with its status, -1 if it has not
+ * exited after all (it stays watched). */
+static int child_reap(supervised_child *c, int *status)
+{
+    pid_t r;
+    while ((r = waitpid(c->pid, status, WNOHANG)) < 0 && errno == EINTR)
+        ;
+    if (r == 0)
+        return -1;
+    close(c->pidfd);
+    c->pid = 0;
+    c->pidfd = -1;
     return 0;
 }
 
-int main(int argc, char **argv)
+/* SIGTERM to every running child, up to STOP_GRACE_MS for them to leave
+ * (a busy one finishes its batch and says BYE), then SIGKILL; every child
+ * is reaped. fds has room for n. */
+static void children_stop(supervised_child *kids, long n, struct pollfd *fds)
+{
+    for (long i = 0; i < n; i++) {
+        if (kids[i].pid)
+            pidfd_send_signal(kids[i].pidfd, SIGTERM, NULL, 0);
+    }
+    uint64_t deadline = ferry__now_ms() + STOP_GRACE_MS;
+    for (;;) {
+        int live = 0;
+        for (long i = 0; i < n; i++) {
+            fds[i] = (struct pollfd){.fd = kids[i].pidfd, .events = POLLIN};
+            live += kids[i].pid != 0;
+        }
+        uint64_t now = ferry__now_ms();
+        if (!live || now >= deadline)
+            break;
+        int r = poll(fds, (nfds_t)n, (int)(deadline - now));
+        if (r < 0 && errno != EINTR)
+            break;
+        for (long i = 0; r > 0 && i < n; i++) {
+            int status;
+            if (fds[i].revents && kids[i].pid)
+                child_reap(&kids[i], &status);
+        }
+    }
+    for (long i = 0; i < n; i++) {
+        if (!kids[i].pid)
+            continue;
+        fprintf(stderr,
+                "ferry-worker: worker process %d still running %d ms after SIGTERM; killing it\n",
+                (int)kids[i].pid, STOP_GRACE_MS);
+        pidfd_send_signal(kids[i].pidfd, SIGKILL, NULL, 0);
+        while (waitpid(kids[i].pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        close(kids[i].pidfd);
+        kids[i].pid = 0;
+        kids[i].pidfd = -1;
+    }
+}
+
+/* Runs n children of `self argv...` until SIGTERM or SIGINT (or, with
+ * --once, until each has served its loader and exited 0). A child that dies
+ * otherwise is restarted after RESTART_DELAY_MS. Returns the exit status:
+ * 0, or 1 if the supervisor itself could not be set up. */
+static int supervise(long n, const char *self, char **argv, int once)
+{
+    sigset_t stops, old;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    /* From here on a stop arrives through the signalfd; one that came
+     * before has set stop_flag (on_stop). */
+    sigprocmask(SIG_BLOCK, &stops, &old);
+    int sfd = signalfd(-1, &stops, SFD_CLOEXEC | SFD_NONBLOCK);
+    supervised_child *kids = calloc((size_t)n, sizeof *kids);
+    struct pollfd *fds = calloc((size_t)n + 1, sizeof *fds);
+    if (sfd < 0 || !kids || !fds) {
+        fprintf(stderr, "ferry-worker: cannot supervise: %s\n",
+                sfd < 0 ? strerror(errno) : "out of memory");
+        if (sfd >= 0)
+            close(sfd);
+        free(kids);
+        free(fds);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        return 1;
+    }
+    for (long i = 0; i < n; i++)
+        kids[i].pidfd = -1;
+
+    while (!atomic_load(&stop_flag)) {
+        uint64_t now = ferry__now_ms();
+        int timeout = -1, waiting = 0;
+        for (long i = 0; i < n; i++) {
+            supervised_child *c = &kids[i];
+            if (!c->pid && !c->done && c->start_at <= now)
+                child_start(c, self, argv);
+            if (!c->pid && !c->done) {
+                uint64_t due = c->start_at > now ? c->start_at - now : 0;
+                if (timeout < 0 || due < (uint64_t)timeout)
+                    timeout = (int)due;
+            }
+            waiting += !c->done;
+            fds[i + 1] = (struct pollfd){.fd = c->pidfd, .events = POLLIN}; /* -1: ignored */
+        }
+        if (!waiting)
+            break; /* --once: all served */
+        fds[0] = (struct pollfd){.fd = sfd, .events = POLLIN};
+        int r = poll(fds, (nfds_t)n + 1, timeout);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            fprintf(stderr, "ferry-worker: poll: %s; stopping\n", strerror(errno));
+            break;
+        }
+        if (fds[0].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si)
+                ;
+            atomic_store(&stop_flag, 1);
+            break;
+        }
+        for (long i = 0; i < n; i++) {
+            supervised_child *c = &kids[i];
+            int status;
+            pid_t pid = c->pid;
+            if (!fds[i + 1].revents || !pid || child_reap(c, &status) != 0)
+                continue;
+            if (once && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+                c->done = 1;
+                continue;
+            }
+            char how[256];
+            ferry__describe_status(status, how, sizeof how);
+            fprintf(stderr, "ferry-worker: worker process %d %s; starting another in %d ms\n",
+                    (int)pid, how, RESTART_DELAY_MS);
+            c->start_at = ferry__now_ms() + RESTART_DELAY_MS;
+        }
+    }
+    children_stop(kids, n, fds);
+    close(sfd);
+    free(kids);
+    free(fds);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return 0;
+}
+
+/* The children's command line: ours without --processes and --parent (the
+ * tokens marked in drop), plus --parent <our pid>. NULL if out of memory;
+ * free() it. parent_s holds the number. */
+static char **child_argv(int argc, char **argv, const unsigned char *drop, char *parent_s,
+                         size_t cap)
+{
+    char **out = calloc((size_t)argc + 3, sizeof *out);
+    if (!out)
+        return NULL;
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!drop[i])
+            out[n++] = argv[i];
+    }
+    snprintf(parent_s, cap, "%d", (int)getpid());
+    out[n++] = "--parent";
+    out[n++] = parent_s;
+    out[n] = NULL;
+    return out;
+}
+
+/* The program. drop has argc zeroed entries; the parser marks in it the
+ * tokens a supervisor's children must not inherit (child_argv). */
+static int run(int argc, char **argv, unsigned char *drop)
 {
     const char *endpoint = NULL, *key = NULL, *server_key = NULL, *plugin_dir = NULL;
     long slot = -1, parent = 0, processes = 1;
@@ -237,8 +380,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--slot") && v && parse_int(v, 0, 65535, &slot) == 0) {
             i++;
         } else if (!strcmp(a, "--parent") && v && parse_int(v, 1, 1L << 30, &parent) == 0) {
+            drop[i] = drop[i + 1] = 1;
             i++;
         } else if (!strcmp(a, "--processes") && v && parse_int(v, 1, 1024, &processes) == 0) {
+            drop[i] = drop[i + 1] = 1;
             i++;
         } else if (!strcmp(a, "--key") && v) {
             key = v;
@@ -264,7 +409,9 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    int remote = slot < 0 && !parent;
+    /* Without --slot, a remote worker: a daemon, or (with --parent) one of
+     * a --processes supervisor's children. */
+    int remote = slot < 0;
     int tcp = strncmp(endpoint, "tcp://", 6) == 0;
 
     char pub[FERRY__Z85_KEY + 1], sec[FERRY__Z85_KEY + 1], srv[FERRY__Z85_KEY + 1];
@@ -300,7 +447,11 @@ int main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
-    snprintf(head, sizeof head, "ferry-worker %ld (pid %d): crashed while ", slot, (int)getpid());
+    if (remote)
+        snprintf(head, sizeof head, "ferry-worker (pid %d): crashed while ", (int)getpid());
+    else
+        snprintf(head, sizeof head, "ferry-worker %ld (pid %d): crashed while ", slot,
+                 (int)getpid());
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_fatal;
@@ -315,17 +466,44 @@ int main(int argc, char **argv)
         st.sa_handler = on_stop;
         sigaction(SIGTERM, &st, NULL);
         sigaction(SIGINT, &st, NULL);
-        int rc = processes > 1 ? supervise(processes, &o, once) : serve(&o, once);
+    } else {
+        signal(SIGINT, SIG_IGN);
+    }
+    /* Tied to the parent: a local worker is killed with its loader; a
+     * remote one is stopped (SIGTERM: BYE to its loader) with its
+     * supervisor. getppid() closes the race with a parent that died first. */
+    if (parent) {
+        prctl(PR_SET_PDEATHSIG, remote ? SIGTERM : SIGKILL);
+        if (getppid() != (pid_t)parent) {
+            explicit_bzero(sec, sizeof sec);
+            return 3; /* the parent is already gone */
+        }
+    }
+
+    if (remote && processes > 1) {
+        explicit_bzero(sec, sizeof sec); /* the children load their own */
+        char self_buf[PATH_MAX];
+        const char *self = own_program(argv[0], self_buf, sizeof self_buf);
+        char parent_s[24];
+        char **args = child_argv(argc, argv, drop, parent_s, sizeof parent_s);
+        if (!self || !args) {
+            fprintf(stderr, "ferry-worker: %s\n",
+                    !self ? "cannot find its own program to start workers from "
+                            "(/proc/self/exe unreadable, and argv[0] is not a path)"
+                          : "out of memory");
+            free(args);
+            return 1;
+        }
+        int rc = supervise(processes, self, args, once);
+        free(args);
+        return rc;
+    }
+    if (remote) {
+        int rc = serve(&o, once);
         explicit_bzero(sec, sizeof sec);
         return rc;
     }
 
-    signal(SIGINT, SIG_IGN);
-    if (parent) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != (pid_t)parent)
-            return 3; /* the loader is already gone */
-    }
     o.cancel = NULL;
     int rc = ferry__worker_run(&o);
     if (rc != FERRY_OK) {
@@ -334,4 +512,16 @@ int main(int argc, char **argv)
         return 1;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    unsigned char *drop = calloc((size_t)argc + 1, 1);
+    if (!drop) {
+        fprintf(stderr, "ferry-worker: out of memory\n");
+        return 1;
+    }
+    int rc = run(argc, argv, drop);
+    free(drop);
+    return rc;
 }
