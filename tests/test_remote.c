@@ -263,6 +263,22 @@ static uint32_t read_one(ferry_loader *ld, ft_stream *c)
     return info.worker;
 }
 
+/* Reads and checks the rest of a run of `total` batches, then expects
+ * FERRY_EOF: every batch delivered, none failed. Frees the stream and
+ * returns the stats. */
+static ferry_stats read_to_end(ferry_loader *ld, ft_stream *c, uint64_t total)
+{
+    while (c->taken < total)
+        read_one(ld, c);
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    ferry_stats st = ft_stats(ld);
+    assert_int_equal(st.delivered, total);
+    assert_int_equal(st.failed, 0);
+    ft_stream_free(c);
+    return st;
+}
+
 /* For ft_wait_stats. */
 static int lost_at_least(const ferry_stats *st, uint64_t n)
 {
@@ -482,18 +498,11 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
     int64_t rejoin = ft_wait_stats(ld, joined_at_least, 3, 10000);
     assert_true(rejoin >= 0);
     printf("thawed worker joined again %lld ms after SIGCONT\n", (long long)(ft_now_ms() - t_cont));
-    while (c.taken < 4 * PER_EPOCH)
-        read_one(ld, &c);
-    ferry_batch *b = NULL;
-    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
-    ferry_stats st = ft_stats(ld);
+    ferry_stats st = read_to_end(ld, &c, 4 * PER_EPOCH);
     printf("delivered %llu, dispatched %llu, stale %llu, lost %llu, joined %llu\n",
            (unsigned long long)st.delivered, (unsigned long long)st.dispatched,
            (unsigned long long)st.stale, (unsigned long long)st.lost,
            (unsigned long long)st.joined);
-    assert_int_equal(st.delivered, 4 * PER_EPOCH);
-    assert_int_equal(st.failed, 0);
-    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d1);
     stop_daemon(d2);
@@ -855,15 +864,7 @@ static void test_supervisor_replaces_killed_child_and_leaves_none(void **state)
     assert_true(replaced >= 1000); /* the restart delay */
     assert_true(woke <= 5);        /* the restart timer and the spawn, no ticks */
 
-    while (c.taken < 3 * PER_EPOCH)
-        read_one(ld, &c);
-    ferry_batch *b = NULL;
-    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
-    ferry_stats st = ft_stats(ld);
-    assert_int_equal(st.delivered, 3 * PER_EPOCH);
-    assert_int_equal(st.failed, 0);
-    assert_true(st.lost >= 1);
-    ft_stream_free(&c);
+    assert_true(read_to_end(ld, &c, 3 * PER_EPOCH).lost >= 1);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
 
     int kid_fd[2];
@@ -1004,14 +1005,7 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
     uint64_t t_up = ft_now_ms();
     assert_true(ft_wait_stats(ld, joined_at_least, 2, 15000) >= 0);
     printf("link restored: worker joined again after %lld ms\n", (long long)(ft_now_ms() - t_up));
-    while (c.taken < 6 * PER_EPOCH)
-        read_one(ld, &c);
-    ferry_batch *b = NULL;
-    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
-    ferry_stats st = ft_stats(ld);
-    assert_int_equal(st.delivered, 6 * PER_EPOCH);
-    assert_int_equal(st.failed, 0);
-    ft_stream_free(&c);
+    read_to_end(ld, &c, 6 * PER_EPOCH);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
     remove_keys(&k);
