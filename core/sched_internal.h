@@ -28,12 +28,13 @@
 #include "window.h"
 #include "zsock.h"
 
-/* A worker as the scheduler sees it: the peer record, and a local
- * worker's death while it settles. */
+/* A worker as the scheduler sees it: the peer record, and its death or
+ * disconnection while it settles. */
 typedef struct sched_worker {
     ferry__peer p;
-    int death_pending;
+    int settling;          /* dead or disconnected; its last replies are being read */
     uint64_t settle_by_ms;
+    char gone_why[128];    /* remote: why its connection is taken for gone */
     ferry__pool_event death;
 } sched_worker;
 
@@ -65,7 +66,7 @@ struct ferry__scheduler {
     uint64_t n;  /* the dataset's length, from the first READY */
     uint64_t start_deadline_ms;
     uint64_t idle_since_ms;  /* running with no ready worker since then; 0 = has some */
-    uint32_t deaths_pending; /* local workers reaped, death not yet handled */
+    uint32_t settling; /* workers dead or disconnected whose last replies are awaited */
     ferry__msg in, out;      /* message scratch, too big for the stack */
 };
 
@@ -105,9 +106,13 @@ void ferry__sched_zap_refused(void *s, const char *why);
 /* A local process worker died (a pool event); handled once it settles. */
 void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev);
 
-/* Handles the deaths whose last replies are in (or that waited long
- * enough). */
-void ferry__sched_settle_deaths(ferry__scheduler *s);
+/* Remote worker w's connection is gone (a send to it failed): it is given
+ * up, charged, once its last replies are in. */
+void ferry__sched_on_disconnect(ferry__scheduler *s, sched_worker *w, const char *why);
+
+/* Handles the deaths and disconnections whose last replies are in (or that
+ * waited long enough). */
+void ferry__sched_settle(ferry__scheduler *s);
 
 /* Gives remote worker w up (see supervise.c). */
 void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why, int charge);

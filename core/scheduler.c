@@ -113,9 +113,7 @@ static int send_failed(ferry__scheduler *s, sched_worker *w)
     if (w->p.remote) {
         char why[128];
         snprintf(why, sizeof why, "its connection is gone (%s)", ferry_last_error());
-        /* Charged: a remote process that crashed on a batch looks just like
-         * this, and a poison batch must still be given up. */
-        ferry__sched_lose_remote(s, w, why, 1);
+        ferry__sched_on_disconnect(s, w, why);
         return 1;
     }
     char who[64], msg[FERRY__ERRMSG_MAX];
@@ -165,10 +163,10 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
         n += ferry__remote_poll_items(s->remote, remote_items);
     zmq_pollitem_t *pool_items = items + n;
     n += ferry__pool_poll_items(s->pool, pool_items);
-    if (s->deaths_pending && timeout_ms > 2)
-        timeout_ms = 2; /* a dead worker's last replies are being waited for */
+    if (s->settling && timeout_ms > 2)
+        timeout_ms = 2; /* a gone worker's last replies are being waited for */
     if (zmq_poll(items, n, timeout_ms) <= 0) {
-        ferry__sched_settle_deaths(s);
+        ferry__sched_settle(s);
         return;
     }
     if (items[1].revents & ZMQ_POLLIN) {
@@ -195,7 +193,7 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
             ferry__window_fail(s->win, ev->code, msg);
         }
     }
-    ferry__sched_settle_deaths(s);
+    ferry__sched_settle(s);
 }
 
 /* ------------------------------------------------------------------------

@@ -18,21 +18,42 @@
 
 #define SETTLE_MS 500 /* the longest a dead worker's last replies are waited for */
 
-/* A local process worker has died. Its death is handled (tasks requeued,
- * the one it was on charged) only once every reply it sent before dying has
- * been read, or the charge would fall on a batch it had already answered:
- * its connection is probed, and while ZeroMQ still routes to it, its pipe
- * (and maybe a reply) is still draining; once the send fails with
- * EHOSTUNREACH the pipe has ended after its last message. Bounded by
- * SETTLE_MS. */
+/* A worker's death (or a remote worker's lost connection) is acted on (its
+ * tasks requeued, the one it was on charged) only once every reply it sent
+ * before going has been read, or the charge would fall on a batch it had
+ * already answered. Its routing id is probed: while ZeroMQ still holds its
+ * pipe (a send succeeds, or fails with EAGAIN), replies may still be in it
+ * and are filed as usual; once the send fails with EHOSTUNREACH the pipe
+ * has ended after its last message. Bounded by SETTLE_MS. */
+static void start_settling(ferry__scheduler *s, sched_worker *w)
+{
+    w->p.unreachable = 1; /* no task goes to it meanwhile */
+    if (w->settling)
+        return;
+    w->settling = 1;
+    w->settle_by_ms = ferry__now_ms() + SETTLE_MS;
+    s->settling++;
+}
+
+static void stop_settling(ferry__scheduler *s, sched_worker *w)
+{
+    if (!w->settling)
+        return;
+    w->settling = 0;
+    s->settling--;
+}
+
 void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev)
 {
     sched_worker *w = &s->w[ev->index];
     w->death = *ev;
-    w->p.unreachable = 1; /* no task goes to it meanwhile */
-    w->death_pending = 1;
-    w->settle_by_ms = ferry__now_ms() + SETTLE_MS;
-    s->deaths_pending++;
+    start_settling(s, w);
+}
+
+void ferry__sched_on_disconnect(ferry__scheduler *s, sched_worker *w, const char *why)
+{
+    snprintf(w->gone_why, sizeof w->gone_why, "%s", why);
+    start_settling(s, w);
 }
 
 /* The death message: who, how, and what it said last. */
@@ -95,23 +116,27 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
         w->p.state = FERRY__PEER_SPAWNED;
 }
 
-static void settle_death(ferry__scheduler *s, sched_worker *w)
+static void settle_one(ferry__scheduler *s, sched_worker *w)
 {
-    if (!w->death_pending)
+    if (!w->settling)
         return;
     if (!s->closing && w->p.ident.len && ferry__now_ms() < w->settle_by_ms) {
         if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK || errno != EHOSTUNREACH)
             return;
     }
-    w->death_pending = 0;
-    s->deaths_pending--;
-    handle_death(s, w);
+    stop_settling(s, w);
+    if (w->p.remote)
+        /* Charged: a remote process that crashed on a batch looks just like
+         * this, and a poison batch must still be given up. */
+        ferry__sched_lose_remote(s, w, w->gone_why, 1);
+    else
+        handle_death(s, w);
 }
 
-void ferry__sched_settle_deaths(ferry__scheduler *s)
+void ferry__sched_settle(ferry__scheduler *s)
 {
-    for (uint32_t i = 0; s->deaths_pending && i < s->nlocal; i++)
-        settle_death(s, &s->w[i]);
+    for (uint32_t i = 0; s->settling && i < s->nworkers; i++)
+        settle_one(s, &s->w[i]);
 }
 
 /* A remote worker is given up: gone silent past heartbeat_ms x liveness (a
@@ -127,6 +152,7 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
     sched_describe(s, w, who, sizeof who);
     snprintf(msg, sizeof msg, "%s left: %s", who, why);
     ferry__peer_state was = w->p.state;
+    stop_settling(s, w); /* a BYE or a new session settles it too */
     w->p.state = FERRY__PEER_EMPTY;
     w->p.ident.len = 0;
     if (was == FERRY__PEER_READY) {
@@ -219,7 +245,7 @@ static void check_timeouts(ferry__scheduler *s, uint64_t now)
         sched_worker *w = &s->w[i];
         uint64_t since;
         const ferry__window_entry *cur;
-        if (w->p.state != FERRY__PEER_READY || w->death_pending ||
+        if (w->p.state != FERRY__PEER_READY || w->settling ||
             (!w->p.remote && ferry__pool_killing(s->pool, i)) ||
             !(cur = ferry__window_current(s->win, i, &since)) ||
             now - since < (uint64_t)s->cfg.timeout_ms)
@@ -253,7 +279,8 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
 {
     for (uint32_t i = s->nlocal; i < s->nworkers; i++) {
         sched_worker *w = &s->w[i];
-        if (w->p.state != FERRY__PEER_CONFIGURED && w->p.state != FERRY__PEER_READY)
+        if ((w->p.state != FERRY__PEER_CONFIGURED && w->p.state != FERRY__PEER_READY) ||
+            w->settling)
             continue;
         char why[160];
         switch (ferry__remote_liveness(s->remote, &w->p, now, why, sizeof why)) {
@@ -264,7 +291,7 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
             if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
                 w->p.sent_ms = now;
             else
-                ferry__sched_lose_remote(s, w, "its connection is gone", 1);
+                ferry__sched_on_disconnect(s, w, "its connection is gone");
             break;
         case FERRY__LIVE_OK:
             break;

@@ -51,13 +51,21 @@ static char head[96]; /* "ferry-worker N (pid P): crashed while ", made at start
 static atomic_int stop_flag;
 
 /* Last words on a fatal signal: async-signal-safe writes only, then the
- * default action, so the loader still sees the real signal. */
+ * default action, so the loader still sees the real signal. Before dying,
+ * a short pause: ZeroMQ's I/O thread is still running and writes out the
+ * replies this worker had already queued for the batches it finished.
+ * Without it they die with the process, and the loader, finding those
+ * tasks unanswered, charges the oldest of them instead of the batch that
+ * crashed (seen as healthy batches given up in place of a poison one). */
 static void on_fatal(int sig)
 {
     if (write(2, head, strnlen(head, sizeof head)) < 0 ||
         write(2, note, strnlen(note, sizeof note)) < 0 || write(2, "\n", 1) < 0) {
         /* nothing more can be done */
     }
+    struct timespec flush = {0, 100 * 1000000L};
+    while (nanosleep(&flush, &flush) < 0 && errno == EINTR)
+        ;
     signal(sig, SIG_DFL);
     raise(sig);
 }
