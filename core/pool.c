@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -52,7 +53,32 @@ struct ferry__pool {
     local_worker **owner; /* the worker behind each poll item, 2 * n */
     int nerr, npid;       /* poll items last handed out: stderr ones, then pidfds */
     int leaked;           /* a thread worker was left running */
+    /* Process workers' task words: worker i writes the id (+1) of the task
+     * it is building at words[i * WORD_STRIDE], 0 between tasks. Shared
+     * memory (a memfd passed to each worker), so the word outlives a dead
+     * worker and says which task killed it. */
+    int task_fd;
+    _Atomic uint64_t *words;
+    size_t words_len;
 };
+
+#define WORD_STRIDE (FERRY__TASK_WORD_BYTES / sizeof(uint64_t))
+
+/* The shared task words of process workers (see struct ferry__pool). */
+static int map_task_words(ferry__pool *p)
+{
+    p->words_len = (size_t)p->o.n * FERRY__TASK_WORD_BYTES;
+    p->task_fd = memfd_create("ferry-task-words", MFD_CLOEXEC);
+    if (p->task_fd < 0)
+        return ferry__syserr(FERRY_ESYS, "memfd_create for the task words", errno);
+    if (ftruncate(p->task_fd, (off_t)p->words_len) != 0)
+        return ferry__syserr(FERRY_ESYS, "sizing the task words", errno);
+    void *m = mmap(NULL, p->words_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->task_fd, 0);
+    if (m == MAP_FAILED)
+        return ferry__syserr(FERRY_ESYS, "mapping the task words", errno);
+    p->words = m;
+    return FERRY_OK;
+}
 
 int ferry__pool_new(ferry__pool **out, const ferry__pool_opts *o)
 {
@@ -60,6 +86,7 @@ int ferry__pool_new(ferry__pool **out, const ferry__pool_opts *o)
     if (!p)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for the worker pool");
     p->o = *o;
+    p->task_fd = -1;
     p->w = ferry__calloc(o->n ? o->n : 1, sizeof *p->w);
     p->owner = ferry__calloc(2 * (size_t)(o->n ? o->n : 1), sizeof *p->owner);
     if (!p->w || !p->owner) {
@@ -72,6 +99,11 @@ int ferry__pool_new(ferry__pool **out, const ferry__pool_opts *o)
         p->w[i].pidfd = -1;
         p->w[i].errfd = -1;
     }
+    int rc = o->threads || !o->n ? FERRY_OK : map_task_words(p);
+    if (rc != FERRY_OK) {
+        ferry__pool_free(p);
+        return rc;
+    }
     *out = p;
     return FERRY_OK;
 }
@@ -80,6 +112,10 @@ void ferry__pool_free(ferry__pool *p)
 {
     if (!p || p->leaked)
         return;
+    if (p->words)
+        munmap((void *)p->words, p->words_len);
+    if (p->task_fd >= 0)
+        close(p->task_fd);
     free(p->w);
     free(p->owner);
     free(p);
@@ -149,7 +185,9 @@ int ferry__pool_start(ferry__pool *p, uint32_t i)
     if (p->o.threads)
         return start_thread(w);
     pid_t pid;
-    rc = ferry__spawn_worker(p->o.worker_path, p->o.endpoint, (int)i, &pid, &w->pidfd, &w->errfd);
+    atomic_store(&p->words[i * WORD_STRIDE], 0);
+    rc = ferry__spawn_worker(p->o.worker_path, p->o.endpoint, (int)i, p->task_fd, &pid, &w->pidfd,
+                             &w->errfd);
     if (rc == FERRY_OK)
         atomic_store(&w->pid, pid);
     return rc;
@@ -288,6 +326,7 @@ static void death_event(local_worker *w, pid_t pid, int status, ferry__pool_even
     ev->index = w->index;
     ev->pid = pid;
     ev->status = status;
+    ev->task = atomic_load(&w->pool->words[w->index * WORD_STRIDE]);
     snprintf(ev->kill_reason, sizeof ev->kill_reason, "%s", w->kill_reason);
     last_words(w, ev->words, sizeof ev->words);
 }

@@ -45,6 +45,7 @@ typedef struct ferry__pool_event {
     pid_t pid;             /* DIED */
     int status;            /* DIED: the wait status; -1 when someone else reaped it */
     int code;              /* THREAD_FAILED: its error code */
+    uint64_t task;         /* DIED: the id + 1 of the task it was building, 0: none */
     char kill_reason[256]; /* DIED: why the pool killed it, or "" */
     char words[1024];      /* DIED: its last lines of stderr; THREAD_FAILED: its error */
 } ferry__pool_event;

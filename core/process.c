@@ -89,13 +89,16 @@ int ferry__fd_headroom(int need, const char *what)
                          what, need, used, (unsigned long long)rl.rlim_cur);
 }
 
-int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid_out,
-                 int *pidfd_out)
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd,
+                 pid_t *pid_out, int *pidfd_out)
 {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     if (stderr_fd >= 0)
         posix_spawn_file_actions_adddup2(&fa, stderr_fd, 2);
+    /* dup2 onto itself clears close-on-exec (glibc), so pass_fd may be 3. */
+    if (pass_fd >= 0)
+        posix_spawn_file_actions_adddup2(&fa, pass_fd, FERRY__PASSED_FD);
 
     /* The child starts with no blocked signals and default dispositions, so
      * whatever the caller did to its own signals (a supervisor blocks
@@ -136,8 +139,8 @@ int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid
     return FERRY_OK;
 }
 
-int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid_out,
-                        int *pidfd_out, int *errfd_out)
+int ferry__spawn_worker(const char *path, const char *endpoint, int slot, int task_fd,
+                        pid_t *pid_out, int *pidfd_out, int *errfd_out)
 {
     int errpipe[2];
     if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -146,12 +149,15 @@ int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t 
     /* The child's end must block like any stderr. */
     fcntl(errpipe[1], F_SETFL, 0);
 
-    char slot_s[16], parent_s[24];
+    char slot_s[16], parent_s[24], task_s[16];
     snprintf(slot_s, sizeof slot_s, "%d", slot);
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    char *argv[] = {(char *)path, "--connect", (char *)endpoint, "--slot",
-                    slot_s,       "--parent",  parent_s,         NULL};
-    int rc = ferry__spawn(path, argv, errpipe[1], pid_out, pidfd_out);
+    snprintf(task_s, sizeof task_s, "%d", FERRY__PASSED_FD);
+    char *argv[] = {(char *)path, "--connect", (char *)endpoint, "--slot", slot_s, "--parent",
+                    parent_s,     "--task-fd", task_s,           NULL};
+    if (task_fd < 0)
+        argv[7] = NULL;
+    int rc = ferry__spawn(path, argv, errpipe[1], task_fd, pid_out, pidfd_out);
     close(errpipe[1]);
     if (rc != FERRY_OK) {
         close(errpipe[0]);

@@ -24,23 +24,28 @@
  * the chosen file is not executable. */
 int ferry__find_worker(const char *configured, char *out, size_t cap);
 
+/* The fd number a spawned child finds `pass_fd` at. */
+#define FERRY__PASSED_FD 3
+
 /* Starts the program at `path` with `argv` (argv[0] is only its name) as a
  * fresh process image: posix_spawn, no blocked signals, default signal
  * dispositions, the caller's environment. If stderr_fd >= 0 it becomes the
- * child's stderr. Returns the pid and a pidfd (close-on-exec) to poll for
+ * child's stderr; if pass_fd >= 0 the child has it as FERRY__PASSED_FD. Returns the pid and a pidfd (close-on-exec) to poll for
  * its exit; the caller must reap it. On failure nothing is left running or
  * open and the outputs are unchanged: FERRY_ESPAWN (exec failed: errno
  * detail), FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
-int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid, int *pidfd);
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd, pid_t *pid,
+                 int *pidfd);
 
-/* Starts `path --connect endpoint --slot slot --parent <our pid>`, returns
+/* Starts `path --connect endpoint --slot slot --parent <our pid>` (and,
+ * when task_fd >= 0, `--task-fd 3` with task_fd passed as fd 3), returns
  * its pid and a pidfd (close-on-exec). The child's stderr is the write end of
  * a pipe whose read end comes back in *errfd (non-blocking, close-on-exec),
  * so the loader can pass its output on and keep its last words. On failure
  * nothing is left running or open: FERRY_ESPAWN (exec failed: errno detail),
  * FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
-int ferry__spawn_worker(const char *path, const char *endpoint, int slot, pid_t *pid, int *pidfd,
-                        int *errfd);
+int ferry__spawn_worker(const char *path, const char *endpoint, int slot, int task_fd, pid_t *pid,
+                        int *pidfd, int *errfd);
 
 /* FERRY_OK if at least `need` more file descriptors can be opened under the
  * soft RLIMIT_NOFILE, else FERRY_ELIMIT saying what needed them. Checked

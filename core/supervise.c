@@ -104,7 +104,11 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
         return;
     }
     ferry__window_count(s->win, FERRY__STAT_RESTARTS);
-    ferry__window_requeue(s->win, w->p.index, 1, msg);
+    /* Charged to the task its word names; none when it died between tasks
+     * (killed from outside, say). */
+    uint64_t task = w->death.task;
+    ferry__window_requeue(s->win, w->p.index, task ? FERRY__CHARGE_TASK : FERRY__CHARGE_NONE,
+                          task - 1, msg);
     fprintf(stderr, "ferry: %s; starting a replacement\n", msg);
     w->p.delivered_any = 0;
     w->p.ident.len = 0;
@@ -163,7 +167,8 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
      * sees a batch given up by this requeue before the reason for it. */
     if (charge && was == FERRY__PEER_READY && s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL)
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
-    ferry__window_requeue(s->win, w->p.index, charge, msg);
+    ferry__window_requeue(s->win, w->p.index, charge ? FERRY__CHARGE_OLDEST : FERRY__CHARGE_NONE,
+                          0, msg);
     if (was == FERRY__PEER_READY && !s->closing)
         fprintf(stderr, "ferry: %s\n", msg);
 }

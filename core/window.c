@@ -484,17 +484,22 @@ static void give_up(ferry__window *win, ferry__window_entry *e, const char *deat
     pthread_mutex_unlock(&win->mu);
 }
 
-void ferry__window_requeue(ferry__window *win, uint32_t worker, int charge, const char *death)
+void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge charge, uint64_t id,
+                           const char *death)
 {
     worker_tasks *wt = &win->workers[worker];
-    ferry__window_entry *current = wt->sent.head == NONE ? NULL : &win->e[wt->sent.head];
+    ferry__window_entry *charged = NULL;
+    if (charge == FERRY__CHARGE_OLDEST && wt->sent.head != NONE)
+        charged = &win->e[wt->sent.head];
+    else if (charge == FERRY__CHARGE_TASK)
+        charged = ferry__window_find(win, worker, id);
     while (wt->sent.head != NONE) {
         ferry__window_entry *e = &win->e[wt->sent.head];
         list_remove(win, &wt->sent, wt->sent.head);
         resend(win, e);
     }
-    if (charge && current && ++current->attempts >= win->max_attempts)
-        give_up(win, current, death);
+    if (charged && ++charged->attempts >= win->max_attempts)
+        give_up(win, charged, death);
 }
 
 /* ------------------------------------------------------------------------

@@ -158,11 +158,20 @@ uint32_t ferry__window_outstanding(const ferry__window *win, uint32_t worker);
 const ferry__window_entry *ferry__window_current(const ferry__window *win, uint32_t worker,
                                                  uint64_t *since_ms);
 
-/* Worker `worker` is gone: every task it had waits to be sent again. When
- * `charge` is set, the one it was working on (its oldest) is charged an
- * attempt, and a batch that has now taken down max_attempts workers is
- * given up: it is delivered as FERRY_EBATCH naming its indices and `death`. */
-void ferry__window_requeue(ferry__window *win, uint32_t worker, int charge, const char *death);
+/* Who pays for a worker's death. */
+typedef enum ferry__charge {
+    FERRY__CHARGE_NONE = 0, /* nobody: it said BYE, or died between tasks */
+    FERRY__CHARGE_OLDEST,   /* its oldest task: the one a worker works on first */
+    FERRY__CHARGE_TASK,     /* exactly task `id`, which it said it was building */
+} ferry__charge;
+
+/* Worker `worker` is gone: every task it had waits to be sent again. The
+ * one charged (see ferry__charge; a task `id` it no longer has charges
+ * nobody) is charged an attempt, and a batch that has now taken down
+ * max_attempts workers is given up: it is delivered as FERRY_EBATCH naming
+ * its indices and `death`. */
+void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge charge, uint64_t id,
+                           const char *death);
 
 /* ---- the trainer's side ---- */
 

@@ -305,6 +305,10 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
                                .seed = w->seed,
                                .indices = w->indices,
                                .count = t.count};
+    /* Said before the dataset runs: if it kills this process, the loader
+     * reads here which task did it. */
+    if (w->o->task_word)
+        atomic_store_explicit(w->o->task_word, t.id + 1, memory_order_release);
     if (w->o->note)
         snprintf(w->o->note, w->o->note_len,
                  "building batch %llu (epoch %llu, batch %llu, %u items from index %llu)",
@@ -313,6 +317,8 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
     ferry_dataset_error derr;
     memset(&derr, 0, sizeof derr);
     int rc = ferry__dataset_get_batch(&w->ds, &req, dst, &derr);
+    if (w->o->task_word)
+        atomic_store_explicit(w->o->task_word, 0, memory_order_release);
     if (w->o->note)
         snprintf(w->o->note, w->o->note_len, "idle");
     if (rc != FERRY_OK) {

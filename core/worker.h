@@ -17,7 +17,13 @@
 #define FERRY_CORE_WORKER_H
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <sys/types.h>
+
+/* Task words (see task_word below): local worker i's word is the uint64 at
+ * byte i * FERRY__TASK_WORD_BYTES of the memory the loader shares with its
+ * workers (one cache line each). */
+#define FERRY__TASK_WORD_BYTES 64
 
 typedef struct ferry__worker_opts {
     const char *endpoint;
@@ -27,6 +33,7 @@ typedef struct ferry__worker_opts {
     const atomic_int *cancel; /* exit when it becomes non-zero; NULL: none */
     int handshake_ms;         /* give up when no CONFIG comes within this */
     int keep_plugins;         /* never unload a dataset plugin (every placement) */
+    _Atomic uint64_t *task_word; /* if set: the id + 1 of the task being built, 0 between */
     char *note;               /* if set, what the worker is doing is written here */
     size_t note_len;          /* before each batch, for a crash handler to print */
     /* Remote workers (tcp://). */

@@ -97,6 +97,12 @@ ft_leak ft_leaks(const ft_snapshot *s, FILE *detail, char *why, size_t cap);
  * took (0 if it was already gone), or -1 if it is still alive after `ms`.
  * A child is left to reap. */
 int64_t ft_wait_gone(int pid, int ms);
+/* A child process that keeps one core busy (so races show up in the case
+ * that runs meanwhile) until ft_load_stop. It dies with the calling process
+ * even if the case fails first, and holds none of its output. */
+int ft_load_start(void);
+void ft_load_stop(int pid);
+
 /* Waits up to `ms` for child `pid` to exit and reaps it: 0 with its wait
  * status in *status, or -1 if it is still running (and left so). */
 int ft_wait_child(int pid, int ms, int *status);

@@ -229,6 +229,36 @@ static void test_poison_batch_is_given_up_and_run_continues(void **state)
  * Timeouts
  */
 
+/* The charge falls on the batch that crashed and on no other, whatever the
+ * timing: 2 workers with several tasks each, tiny batches (replies queued
+ * when the crash comes), another process keeping a core busy, many loaders
+ * in a row, max_attempts 2. Each worker says in shared memory which task
+ * it is building, so a death is charged to exactly that one. */
+static void test_only_the_poison_batch_is_ever_given_up_under_load(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    int load = ft_load_start();
+    for (int round = 0; round < 40; round++) {
+        ferry_config *cfg = make_cfg(2, 4, hostile("n=64,crash_at=37"));
+        ferry_config_set_int(cfg, "epochs", 1);
+        ferry_config_set_int(cfg, "max_attempts", 2);
+        ferry_config_set_int(cfg, "credits", 8);
+        ferry_loader *ld = ft_open_ok(cfg);
+        int ok, failed;
+        count_to_end(ld,
+                     (const char *const[]){"batch 9", "indices 36, 37, 38, 39",
+                                           "after 2 workers died", "SIGSEGV", NULL},
+                     &ok, &failed);
+        assert_int_equal(failed, 1);
+        assert_int_equal(ok, 15);
+        assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    }
+    ft_load_stop(load);
+    ft_end(&snap);
+}
+
 static int stopped_pid;
 
 static void stop_a_worker(ferry_loader *ld, uint64_t k)
@@ -617,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_crash_is_explained_with_signal_and_last_words),
         cmocka_unit_test(test_restart_replaces_killed_workers_and_loses_nothing),
         cmocka_unit_test(test_poison_batch_is_given_up_and_run_continues),
+        cmocka_unit_test(test_only_the_poison_batch_is_ever_given_up_under_load),
         cmocka_unit_test(test_stopped_worker_is_replaced_after_timeout),
         cmocka_unit_test(test_hanging_batch_times_out_then_is_given_up),
         cmocka_unit_test(test_timeout_under_fail_policy_names_worker_and_task),

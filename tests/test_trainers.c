@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,32 +76,6 @@ static void kill_worker0(ferry_loader *ld)
     assert_int_equal(kill(pid, SIGKILL), 0);
 }
 
-/* A process that keeps one core busy until killed: the deaths below are
- * handled under load, where the races they could hide show up. */
-static pid_t start_load(void)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        /* Gone with the case, even one that fails before stop_load; and
-         * not holding ctest's output pipe meanwhile. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(1);
-        close(2);
-        alarm(60);
-        for (volatile uint64_t x = 0;; x++)
-            ;
-    }
-    return pid;
-}
-
-static void stop_load(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    assert_true(ft_wait_gone(pid, 5000) >= 0);
-    waitpid(pid, NULL, WNOHANG); /* ours to reap unless the trainer's setup did */
-}
-
 static int restarted(const ferry_stats *st, uint64_t n)
 {
     return st->restarts >= n;
@@ -116,7 +89,7 @@ static void death_is_survived(sigchld_setup how)
     ft_snapshot snap;
     ft_begin(&snap, 120);
     set_sigchld(how);
-    pid_t load = start_load();
+    int load = ft_load_start();
     for (int round = 0; round < 5; round++) {
         ferry_loader *ld = open_loader("restart");
         uint64_t seq = 0;
@@ -139,7 +112,7 @@ static void death_is_survived(sigchld_setup how)
         assert_true(ft_wait_stats(ld, restarted, 1, 5000) >= 0);
         ft_close_within(ld, 5000);
     }
-    stop_load(load);
+    ft_load_stop(load);
     ft_end(&snap);
 }
 

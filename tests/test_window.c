@@ -180,7 +180,7 @@ static void test_window_requeue_resends_lowest_seq_first_and_charges_the_current
     assert_ptr_equal(ferry__window_current(win, 0, &since), e[0]);
     assert_int_equal(since, 1000);
     uint64_t id0 = e[0]->id;
-    ferry__window_requeue(win, 0, 1, "worker 0 died");
+    ferry__window_requeue(win, 0, FERRY__CHARGE_OLDEST, 0, "worker 0 died");
     assert_int_equal(ferry__window_outstanding(win, 0), 0);
     assert_null(ferry__window_current(win, 0, NULL));
     assert_null(ferry__window_find(win, 0, id0)); /* its late reply is stale */
@@ -194,6 +194,31 @@ static void test_window_requeue_resends_lowest_seq_first_and_charges_the_current
     assert_null(ferry__window_take(win)); /* window still full */
     for (int i = 0; i < 4; i++)
         answer(win, e[i]);
+    for (uint64_t i = 0; i < 4; i++)
+        assert_int_equal(next_seq(win), i);
+    ferry__window_free(win);
+}
+
+/* A worker's own word says which task killed it: that one is charged, even
+ * though an older one (whose reply died with it) is still outstanding; a
+ * word naming a task it no longer has charges nobody. */
+static void test_window_charges_exactly_the_task_the_worker_named(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *e[4];
+    for (int i = 0; i < 4; i++)
+        e[i] = take_and_send(win, (uint32_t)i % 2); /* worker 0: seqs 0, 2 */
+    ferry__window_requeue(win, 0, FERRY__CHARGE_TASK, e[2]->id, "crashed on seq 2");
+    assert_int_equal(e[0]->attempts, 0);
+    assert_int_equal(e[2]->attempts, 1);
+    uint64_t gone = e[1]->id;
+    answer(win, e[1]);
+    ferry__window_requeue(win, 1, FERRY__CHARGE_TASK, gone, "a word from a finished task");
+    assert_int_equal(e[3]->attempts, 0);
+    for (int i = 0; i < 3; i++) /* seqs 0, 2, 3 go out again */
+        answer(win, take_and_send(win, 0));
     for (uint64_t i = 0; i < 4; i++)
         assert_int_equal(next_seq(win), i);
     ferry__window_free(win);
@@ -221,9 +246,10 @@ static void test_window_gives_a_batch_up_after_max_attempts(void **state)
     ferry__window *win = open_window(&o);
     ferry__window_entry *a = take_and_send(win, 0);
     ferry__window_entry *b = take_and_send(win, 1);
-    ferry__window_requeue(win, 0, 1, "first death");
+    ferry__window_requeue(win, 0, FERRY__CHARGE_OLDEST, 0, "first death");
     assert_ptr_equal(take_and_send(win, 0), a);
-    ferry__window_requeue(win, 0, 1, "worker 0 (pid 42) was killed by signal SIGSEGV");
+    ferry__window_requeue(win, 0, FERRY__CHARGE_TASK, a->id,
+                          "worker 0 (pid 42) was killed by signal SIGSEGV");
     /* Given up: not sent again, delivered as a failure naming its indices. */
     assert_int_equal(ferry__window_take(win)->t.seq, 2);
     answer(win, b);
@@ -248,7 +274,7 @@ static void test_window_uncharged_requeue_never_gives_up(void **state)
     ferry__window *win = open_window(&o);
     ferry__window_entry *a = take_and_send(win, 0);
     for (int i = 0; i < 5; i++) { /* a remote worker that said BYE, five times */
-        ferry__window_requeue(win, 0, 0, "it said BYE");
+        ferry__window_requeue(win, 0, FERRY__CHARGE_NONE, 0, "it said BYE");
         assert_ptr_equal(take_and_send(win, 0), a);
     }
     assert_int_equal(a->attempts, 0);
@@ -335,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_window_find_names_exactly_one_task),
         cmocka_unit_test(
             test_window_requeue_resends_lowest_seq_first_and_charges_the_current_task),
+        cmocka_unit_test(test_window_charges_exactly_the_task_the_worker_named),
         cmocka_unit_test(test_window_unsent_task_goes_out_again_first),
         cmocka_unit_test(test_window_gives_a_batch_up_after_max_attempts),
         cmocka_unit_test(test_window_uncharged_requeue_never_gives_up),

@@ -32,7 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -90,6 +92,7 @@ static void usage(FILE *f)
                "  --once              serve one loader, then exit\n"
                "local workers (set by the loader that starts them):\n"
                "  --slot N            index the loader gave this worker\n"
+               "  --task-fd FD        shared memory where it says which task it is building\n"
                "set by whatever starts this worker (a loader, or --processes):\n"
                "  --parent PID        exit when PID is no longer this process's parent\n");
 }
@@ -194,7 +197,7 @@ static const char *own_program(const char *argv0, char *buf, size_t cap)
 /* Starts c; when that fails, says so and schedules another try. */
 static void child_start(supervised_child *c, const char *self, char **argv)
 {
-    if (ferry__spawn(self, argv, -1, &c->pid, &c->pidfd) == FERRY_OK)
+    if (ferry__spawn(self, argv, -1, -1, &c->pid, &c->pidfd) == FERRY_OK)
         return;
     fprintf(stderr, "ferry-worker: could not start a worker process: %s; trying again in %d ms\n",
             ferry_last_error(), RESTART_DELAY_MS);
@@ -366,12 +369,29 @@ static char **child_argv(int argc, char **argv, const unsigned char *drop, char 
     return out;
 }
 
+/* A local worker's task word: the loader's shared memory at fd `fd`
+ * (--task-fd), word `slot`. NULL without one, or when it does not map (the
+ * loader then charges a death to the oldest task, as it does for remote
+ * workers). The mapping lives as long as the process. */
+static _Atomic uint64_t *task_word(long fd, long slot)
+{
+    struct stat st;
+    if (fd < 0 || slot < 0 || fstat((int)fd, &st) != 0 ||
+        (uint64_t)st.st_size < (uint64_t)(slot + 1) * FERRY__TASK_WORD_BYTES)
+        return NULL;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+    close((int)fd);
+    if (m == MAP_FAILED)
+        return NULL;
+    return (_Atomic uint64_t *)((char *)m + slot * FERRY__TASK_WORD_BYTES);
+}
+
 /* The program. drop has argc zeroed entries; the parser marks in it the
  * tokens a supervisor's children must not inherit (child_argv). */
 static int run(int argc, char **argv, unsigned char *drop)
 {
     const char *endpoint = NULL, *key = NULL, *server_key = NULL, *plugin_dir = NULL;
-    long slot = -1, parent = 0, processes = 1;
+    long slot = -1, parent = 0, processes = 1, task_fd = -1;
     int insecure = 0, once = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -388,6 +408,9 @@ static int run(int argc, char **argv, unsigned char *drop)
         } else if (!strcmp(a, "--slot") && v && parse_int(v, 0, 65535, &slot) == 0) {
             i++;
         } else if (!strcmp(a, "--parent") && v && parse_int(v, 1, 1L << 30, &parent) == 0) {
+            drop[i] = drop[i + 1] = 1;
+            i++;
+        } else if (!strcmp(a, "--task-fd") && v && parse_int(v, 3, 1L << 20, &task_fd) == 0) {
             drop[i] = drop[i + 1] = 1;
             i++;
         } else if (!strcmp(a, "--processes") && v && parse_int(v, 1, 1024, &processes) == 0) {
@@ -428,6 +451,7 @@ static int run(int argc, char **argv, unsigned char *drop)
                             .parent = (pid_t)parent,
                             .handshake_ms = remote ? 30000 : 60000,
                             .keep_plugins = 1,
+                            .task_word = task_word(task_fd, slot),
                             .note = note,
                             .note_len = sizeof note,
                             .cancel = &stop_flag,
