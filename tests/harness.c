@@ -206,6 +206,8 @@ void ft_snapshot_take(ft_snapshot *s, const char *tmpdir)
     s->nshm = count_prefixed("/dev/shm", "ferry");
 }
 
+/* Checked in a fixed order (children, fds, threads, files), the first
+ * leak found named with what it is: a little over 60 lines, one per kind. */
 ft_leak ft_leaks(const ft_snapshot *s, FILE *detail, char *why, size_t cap)
 {
     int st;

@@ -473,7 +473,9 @@ static void check_no_leaks(const trainer *t, const ft_snapshot *before)
 
 /* One cycle, in the child: open, consume with checks and faults, close,
  * check for leaks. Returns TR_OK; every failure ends the process through
- * trainer_fail(). */
+ * trainer_fail(). Long because it is one trainer's life in order (plan,
+ * open, the batches with their faults, close), each step checked against
+ * what the plan says should happen at that point. */
 static int trainer_run(trainer *t)
 {
     const plan *p = t->p;
@@ -998,7 +1000,9 @@ static void release_slot(soak *s, slot *sl)
 
 /* Judges a trainer that has ended with wait status `status`: its exit code
  * against its plan, its TMPDIR; then adds its figures and starts watching
- * for workers it left behind. */
+ * for workers it left behind. Long because each way a cycle can end (by
+ * plan or not) is judged here, in one place, against one table of
+ * outcomes. */
 static void finish_cycle(soak *s, slot *sl, int status)
 {
     cycle_result *res = &s->shared[sl - s->slots];

@@ -471,7 +471,8 @@ static const lead_form lead_forms[32] = {
  * early, uses the reserved byte 0xc1, nests deeper than SCAN_MAX_DEPTH, or
  * any array or map declares more elements than the remaining bytes could
  * hold: every element takes at least one byte, so the objects still expected
- * can never outnumber the bytes left. */
+ * can never outnumber the bytes left. One loop over every msgpack type
+ * byte, kept whole so the bound above can be read in one place. */
 static int scan_frame(const unsigned char *p, size_t len, size_t *end)
 {
     uint64_t left[SCAN_MAX_DEPTH]; /* per open level: elements still to read */
