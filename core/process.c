@@ -89,32 +89,57 @@ int ferry__fd_headroom(int need, const char *what)
                          what, need, used, (unsigned long long)rl.rlim_cur);
 }
 
-int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid_out,
-                 int *pidfd_out)
+/* The child's fds: stdin and stdout as ours, stderr_fd (if any) as its
+ * stderr, and nothing else. Whatever the trainer opened without O_CLOEXEC
+ * (its files, its listening sockets, a library's pipes) stays in the
+ * trainer: a worker holding a listening socket would keep the port busy,
+ * and one holding a pipe's write end would keep its reader from seeing EOF,
+ * after the trainer is gone. Closing is done in the child after the dup2, so
+ * the fd passed as stderr survives as 2. 0, or an errno. */
+static int spawn_fd_actions(posix_spawn_file_actions_t *fa, int stderr_fd)
 {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
+    int e = posix_spawn_file_actions_init(fa);
+    if (e != 0)
+        return e;
     if (stderr_fd >= 0)
-        posix_spawn_file_actions_adddup2(&fa, stderr_fd, 2);
+        e = posix_spawn_file_actions_adddup2(fa, stderr_fd, 2);
+    if (e == 0)
+        e = posix_spawn_file_actions_addclosefrom_np(fa, 3);
+    if (e != 0)
+        posix_spawn_file_actions_destroy(fa);
+    return e;
+}
 
-    /* The child starts with no blocked signals and default dispositions, so
-     * whatever the caller did to its own signals (a supervisor blocks
-     * SIGTERM for its signalfd) does not leak in. */
-    posix_spawnattr_t attr;
+/* The child starts with no blocked signals and default dispositions, so
+ * whatever the caller did to its own signals (a supervisor blocks SIGTERM
+ * for its signalfd) does not leak in. */
+static void spawn_signal_attrs(posix_spawnattr_t *attr)
+{
     sigset_t none, all;
     sigemptyset(&none);
     sigfillset(&all);
     sigdelset(&all, SIGKILL);
     sigdelset(&all, SIGSTOP);
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_init(attr);
+    posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setsigmask(attr, &none);
+    posix_spawnattr_setsigdefault(attr, &all);
+}
+
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid_out,
+                 int *pidfd_out)
+{
+    posix_spawn_file_actions_t fa;
+    int e = spawn_fd_actions(&fa, stderr_fd);
+    if (e != 0)
+        return ferry__syserr(FERRY_ESPAWN, "starting a process: posix_spawn_file_actions", e);
+    posix_spawnattr_t attr;
+    spawn_signal_attrs(&attr);
 
     pid_t pid;
     /* glibc's posix_spawn (CLONE_VFORK, with its own close-on-exec error
      * pipe) reports an exec failure as its return value. */
-    int e = posix_spawn(&pid, path, &fa, &attr, argv, environ);
+    e = posix_spawn(&pid, path, &fa, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
     if (e != 0) {

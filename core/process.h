@@ -27,7 +27,8 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
 /* Starts the program at `path` with `argv` (argv[0] is only its name) as a
  * fresh process image: posix_spawn, no blocked signals, default signal
  * dispositions, the caller's environment. If stderr_fd >= 0 it becomes the
- * child's stderr. Returns the pid and a pidfd (close-on-exec) to poll for
+ * child's stderr. The child gets no other fd of ours: 0, 1 and 2 are all it
+ * holds at exec, whatever the caller opened without O_CLOEXEC. Returns the pid and a pidfd (close-on-exec) to poll for
  * its exit; the caller must reap it. On failure nothing is left running or
  * open and the outputs are unchanged: FERRY_ESPAWN (exec failed: errno
  * detail), FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
