@@ -28,10 +28,11 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
  * fresh process image: posix_spawn, no blocked signals, default signal
  * dispositions, the caller's environment. If stderr_fd >= 0 it becomes the
  * child's stderr. The child gets no other fd of ours: 0, 1 and 2 are all it
- * holds at exec, whatever the caller opened without O_CLOEXEC. Returns the pid and a pidfd (close-on-exec) to poll for
- * its exit; the caller must reap it. On failure nothing is left running or
- * open and the outputs are unchanged: FERRY_ESPAWN (exec failed: errno
- * detail), FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
+ * holds at exec, whatever the caller opened without O_CLOEXEC. Returns the
+ * pid and a pidfd (close-on-exec) to poll for its exit; the caller must reap
+ * it. On failure nothing is left running or open and the outputs are
+ * unchanged: FERRY_ESPAWN (exec failed: errno detail), FERRY_ELIMIT
+ * (EMFILE/ENFILE/EAGAIN: the limit is named). */
 int ferry__spawn(const char *path, char *const argv[], int stderr_fd, pid_t *pid, int *pidfd);
 
 /* Starts `path --connect endpoint --slot slot --parent <our pid>`, returns

@@ -99,8 +99,7 @@ static void remove_if_dead(int dfd, const char *tmp, const char *name)
     struct stat st;
     int ours = fstat(sub, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 07777) == 0700;
     if (ours && fstatat(sub, "loader", &st, AT_SYMLINK_NOFOLLOW) == 0)
-        ours = S_ISSOCK(st.st_mode) && socket_is_dead(tmp, name) &&
-               unlinkat(sub, "loader", 0) == 0;
+        ours = S_ISSOCK(st.st_mode) && socket_is_dead(tmp, name) && unlinkat(sub, "loader", 0) == 0;
     close(sub);
     if (ours)
         unlinkat(dfd, name, AT_REMOVEDIR); /* fails, harmlessly, if anything else is inside */
