@@ -89,37 +89,87 @@ int ferry__fd_headroom(int need, const char *what)
                          what, need, used, (unsigned long long)rl.rlim_cur);
 }
 
-int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd,
-                 pid_t *pid_out, int *pidfd_out)
+/* The child's fds: stdin and stdout as ours, stderr_fd (if any) as its
+ * stderr, pass_fd (if any) as FERRY__PASSED_FD, and nothing else. Whatever
+ * the trainer opened without O_CLOEXEC (its files, its listening sockets, a
+ * library's pipes) stays in the trainer: a worker holding a listening
+ * socket would keep the port busy, and one holding a pipe's write end would
+ * keep its reader from seeing EOF, after the trainer is gone. Closing is
+ * done in the child after the dup2s, so the fds passed survive. Both must
+ * be above FERRY__PASSED_FD (see lift_fd), so that neither dup2 overwrites
+ * the other's source. 0, or an errno. */
+static int spawn_fd_actions(posix_spawn_file_actions_t *fa, int stderr_fd, int pass_fd)
 {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
+    int e = posix_spawn_file_actions_init(fa);
+    if (e != 0)
+        return e;
     if (stderr_fd >= 0)
-        posix_spawn_file_actions_adddup2(&fa, stderr_fd, 2);
-    /* dup2 onto itself clears close-on-exec (glibc), so pass_fd may be 3. */
-    if (pass_fd >= 0)
-        posix_spawn_file_actions_adddup2(&fa, pass_fd, FERRY__PASSED_FD);
+        e = posix_spawn_file_actions_adddup2(fa, stderr_fd, 2);
+    if (e == 0 && pass_fd >= 0)
+        e = posix_spawn_file_actions_adddup2(fa, pass_fd, FERRY__PASSED_FD);
+    if (e == 0)
+        e = posix_spawn_file_actions_addclosefrom_np(fa, pass_fd >= 0 ? FERRY__PASSED_FD + 1 : 3);
+    if (e != 0)
+        posix_spawn_file_actions_destroy(fa);
+    return e;
+}
 
-    /* The child starts with no blocked signals and default dispositions, so
-     * whatever the caller did to its own signals (a supervisor blocks
-     * SIGTERM for its signalfd) does not leak in. */
-    posix_spawnattr_t attr;
+/* The child starts with no blocked signals and default dispositions, so
+ * whatever the caller did to its own signals (a supervisor blocks SIGTERM
+ * for its signalfd) does not leak in. */
+static void spawn_signal_attrs(posix_spawnattr_t *attr)
+{
     sigset_t none, all;
     sigemptyset(&none);
     sigfillset(&all);
     sigdelset(&all, SIGKILL);
     sigdelset(&all, SIGSTOP);
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_init(attr);
+    posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setsigmask(attr, &none);
+    posix_spawnattr_setsigdefault(attr, &all);
+}
 
+/* Moves *fd above FERRY__PASSED_FD when it is not (a close-on-exec copy,
+ * kept in *tmp for the caller to close; -1 when none was made): a trainer
+ * that closed its stdio can have our pipe or memfd at 2 or 3, where one of
+ * the child's dup2s would overwrite the other's source. 0 or an errno. */
+static int lift_fd(int *fd, int *tmp)
+{
+    *tmp = -1;
+    if (*fd < 0 || *fd > FERRY__PASSED_FD)
+        return 0;
+    *tmp = fcntl(*fd, F_DUPFD_CLOEXEC, FERRY__PASSED_FD + 1);
+    if (*tmp < 0)
+        return errno;
+    *fd = *tmp;
+    return 0;
+}
+
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd,
+                 pid_t *pid_out, int *pidfd_out)
+{
+    int tmp_err, tmp_pass = -1;
+    posix_spawn_file_actions_t fa;
+    int e = lift_fd(&stderr_fd, &tmp_err);
+    if (e == 0)
+        e = lift_fd(&pass_fd, &tmp_pass);
+    if (e == 0)
+        e = spawn_fd_actions(&fa, stderr_fd, pass_fd);
     pid_t pid;
-    /* glibc's posix_spawn (CLONE_VFORK, with its own close-on-exec error
-     * pipe) reports an exec failure as its return value. */
-    int e = posix_spawn(&pid, path, &fa, &attr, argv, environ);
-    posix_spawnattr_destroy(&attr);
-    posix_spawn_file_actions_destroy(&fa);
+    if (e == 0) {
+        posix_spawnattr_t attr;
+        spawn_signal_attrs(&attr);
+        /* glibc's posix_spawn (CLONE_VFORK, with its own close-on-exec
+         * error pipe) reports an exec failure as its return value. */
+        e = posix_spawn(&pid, path, &fa, &attr, argv, environ);
+        posix_spawnattr_destroy(&attr);
+        posix_spawn_file_actions_destroy(&fa);
+    }
+    if (tmp_err >= 0)
+        close(tmp_err);
+    if (tmp_pass >= 0)
+        close(tmp_pass);
     if (e != 0) {
         if (e == EAGAIN || e == EMFILE || e == ENFILE)
             return ferry__syserr(FERRY_ESPAWN, "starting a process", e);

@@ -30,10 +30,13 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
 /* Starts the program at `path` with `argv` (argv[0] is only its name) as a
  * fresh process image: posix_spawn, no blocked signals, default signal
  * dispositions, the caller's environment. If stderr_fd >= 0 it becomes the
- * child's stderr; if pass_fd >= 0 the child has it as FERRY__PASSED_FD. Returns the pid and a pidfd (close-on-exec) to poll for
- * its exit; the caller must reap it. On failure nothing is left running or
- * open and the outputs are unchanged: FERRY_ESPAWN (exec failed: errno
- * detail), FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
+ * child's stderr; if pass_fd >= 0 the child has it as FERRY__PASSED_FD.
+ * The child gets no other fd of ours: 0, 1, 2 (and FERRY__PASSED_FD) are all
+ * it holds at exec, whatever the caller opened without O_CLOEXEC. Returns
+ * the pid and a pidfd (close-on-exec) to poll for its exit; the caller must
+ * reap it. On failure nothing is left running or open and the outputs are
+ * unchanged: FERRY_ESPAWN (exec failed: errno detail), FERRY_ELIMIT
+ * (EMFILE/ENFILE/EAGAIN: the limit is named). */
 int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd, pid_t *pid,
                  int *pidfd);
 

@@ -7,6 +7,8 @@
  * case runs between ft_begin() and ft_end(): a hard time limit, then no child,
  * fd, thread or file left behind.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <omp.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -18,6 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -351,11 +356,11 @@ static void test_workers_ignore_sigint(void **state)
     ft_end(&snap);
 }
 
-static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
+/* Forks a trainer that opens a loader with three process workers and waits
+ * to be killed; kills it with SIGKILL once the loader is open, and reaps
+ * it. Returns its pid, with its workers' pids in pids. */
+static pid_t kill_a_trainer(int pids[3])
 {
-    (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 30);
     int to_parent[2], to_child[2];
     assert_int_equal(pipe(to_parent), 0);
     assert_int_equal(pipe(to_child), 0);
@@ -368,10 +373,9 @@ static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
         ferry_loader *ld;
         if (ferry_loader_open(&ld, cfg) != FERRY_OK)
             _exit(1);
-        int pids[3];
         for (uint32_t i = 0; i < 3; i++)
             ferry_loader_worker_pid(ld, i, &pids[i]);
-        if (write(to_parent[1], pids, sizeof pids) != sizeof pids)
+        if (write(to_parent[1], pids, 3 * sizeof *pids) != 3 * sizeof *pids)
             _exit(2);
         char c;
         while (read(to_child[0], &c, 1) < 0) /* until killed */
@@ -380,21 +384,130 @@ static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
     }
     close(to_parent[1]);
     close(to_child[0]);
-    int pids[3];
-    assert_int_equal(read(to_parent[0], pids, sizeof pids), sizeof pids);
+    assert_int_equal(read(to_parent[0], pids, 3 * sizeof *pids), 3 * sizeof *pids);
     assert_int_equal(kill(trainer, SIGKILL), 0);
     int st;
     assert_int_equal(waitpid(trainer, &st, 0), trainer);
+    close(to_parent[0]);
+    close(to_child[1]);
+    return trainer;
+}
+
+static void test_trainer_killed_takes_its_workers_down_within_1s(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    int pids[3];
+    kill_a_trainer(pids);
     for (int i = 0; i < 3; i++) {
         int64_t took = ft_wait_gone(pids[i], 1000);
         print_message("worker %d gone %lld ms after the trainer\n", i, (long long)took);
         assert_true(took >= 0);
     }
-    close(to_parent[0]);
-    close(to_child[1]);
-    /* The killed trainer could not remove its ipc directory: that one is
-     * expected; clear it so ft_end checks the rest. */
+    /* The killed trainer could not remove its ipc directory (the next
+     * loader does: the case below); clear it so ft_end checks the rest. */
     assert_true(ft_empty_dir(snap.tmpdir, "ferry-") >= 0);
+    ft_end(&snap);
+}
+
+/* The name of the one entry in dir, into name. */
+static void only_entry(const char *dir, char *name, size_t cap)
+{
+    assert_int_equal(ft_count_entries(dir), 1);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && e->d_name[0] == '.')
+        ;
+    assert_non_null(e);
+    snprintf(name, cap, "%s", e->d_name);
+    closedir(d);
+}
+
+/* Makes directory dir/<pattern, its XXXXXX filled> with `mode` and returns
+ * its path in a static slot (one of eight). */
+static const char *make_dir(const char *dir, const char *pattern, mode_t mode)
+{
+    static char paths[8][320];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, sizeof paths[0], "%s/%s", dir, pattern);
+    assert_non_null(mkdtemp(p));
+    assert_int_equal(chmod(p, mode), 0);
+    return p;
+}
+
+/* A unix socket bound at dir/loader, listening; the fd. Closed, it leaves
+ * the file of a dead loader's socket behind. */
+static int bind_loader_socket(const char *dir)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/loader", dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+static int exists(const char *dir, const char *name)
+{
+    char path[640];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* A killed trainer's ipc directory is removed by the next loader opened
+ * under the same TMPDIR; everything that is not a dead loader's directory
+ * of ours stays: a name of another form, a live process's directory, one
+ * with another mode, one whose socket someone still listens on (a loader in
+ * another pid namespace), one holding more than the socket (it may lose
+ * the dead socket, never the rest), and a symlink to a directory. */
+static void test_next_loader_removes_a_killed_trainers_ipc_directory(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    const char *tmp = snap.tmpdir;
+    int pids[3];
+    pid_t trainer = kill_a_trainer(pids);
+    for (int i = 0; i < 3; i++)
+        assert_true(ft_wait_gone(pids[i], 5000) >= 0);
+    char stale[64];
+    only_entry(tmp, stale, sizeof stale);
+    print_message("left by the killed trainer: %s\n", stale);
+
+    char dead[64], link[320];
+    snprintf(dead, sizeof dead, "ferry-%d-XXXXXX", (int)trainer);
+    make_dir(tmp, "ferry-notapid-XXXXXX", 0700);
+    char live[64];
+    snprintf(live, sizeof live, "ferry-%d-XXXXXX", (int)getpid());
+    make_dir(tmp, live, 0700);
+    make_dir(tmp, dead, 0755);
+    int listening = bind_loader_socket(make_dir(tmp, dead, 0700));
+    const char *crowded = make_dir(tmp, dead, 0700);
+    close(bind_loader_socket(crowded));
+    char keep[400];
+    snprintf(keep, sizeof keep, "%s/notes", crowded);
+    int fd = open(keep, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    const char *victim = make_dir(tmp, "victim-XXXXXX", 0700);
+    close(bind_loader_socket(victim));
+    snprintf(link, sizeof link, "%s/ferry-%d-Linked", tmp, (int)trainer);
+    assert_int_equal(symlink(victim, link), 0);
+    int before = ft_count_entries(tmp);
+
+    ferry_loader *ld = ft_open_ok(make_cfg(1, 32, "synthetic:n=64,dim=4"));
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    assert_false(exists(tmp, stale));
+    assert_int_equal(ft_count_entries(tmp), before - 1);
+    assert_true(exists(crowded, "notes"));
+    assert_true(exists(victim, "loader"));
+    close(listening);
+    assert_true(ft_empty_dir(tmp, "") >= 0);
     ft_end(&snap);
 }
 
@@ -653,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_timeout_under_fail_policy_names_worker_and_task),
         cmocka_unit_test(test_workers_ignore_sigint),
         cmocka_unit_test(test_trainer_killed_takes_its_workers_down_within_1s),
+        cmocka_unit_test(test_next_loader_removes_a_killed_trainers_ipc_directory),
         cmocka_unit_test(test_close_is_bounded_with_hung_stopped_or_deaf_workers),
         cmocka_unit_test(test_close_from_another_thread_is_supported),
         cmocka_unit_test(test_openmp_trainer_with_openmp_workers),

@@ -2,21 +2,29 @@
  * test_trainers.c - trainers that do what real programs do to their own
  * process, and a loader that must still work: SIGCHLD ignored (the kernel
  * reaps children at once), SIGCHLD handled by the program's own reaper
- * (servers, job runners, Python), and a thread-placement loader whose
- * dataset plugin started an OpenMP pool, closed while the trainer goes on.
+ * (servers, job runners, Python), a thread-placement loader whose dataset
+ * plugin started an OpenMP pool, closed while the trainer goes on, and
+ * files and sockets opened without O_CLOEXEC, which workers must not
+ * inherit.
  *
  * Each case runs in its own child process (ft_run_each) under a hard time
  * limit: a loader that spins or hangs after a worker death fails the case
  * instead of blocking the suite.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +174,85 @@ static void test_worker_death_with_the_trainers_own_reaper_is_reported(void **st
     death_is_reported(CHLD_OWN_REAPER);
 }
 
+/* ------------------------------------------------------------------------
+ * A trainer's own open files and sockets
+ */
+
+/* The (device, inode) pairs behind a process's fds above `above`, read from
+ * /proc/<pid>/fd, leaving out anonymous inodes (every eventfd and epoll
+ * shares one, so they say nothing about where an fd came from). With
+ * `list`, prints each fd and its target. Returns how many (at most cap). */
+static int fd_inodes(int pid, int above, struct stat *out, int cap, int list)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", pid);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
+        if (e->d_name[0] == '.' || atoi(e->d_name) <= above)
+            continue;
+        char path[128], target[256] = "";
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t len = readlink(path, target, sizeof target - 1);
+        target[len > 0 ? len : 0] = '\0';
+        if (list)
+            print_message("  worker %d fd %s -> %s\n", pid, e->d_name, target);
+        if (strncmp(target, "anon_inode:", 11) != 0 && stat(path, &out[n]) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* A trainer that holds a file and a listening socket opened without
+ * O_CLOEXEC (as most programs and libraries open them) opens a
+ * process-worker loader: no worker holds either, or any other fd of the
+ * trainer's. Below 3 a worker has stdin and stdout as the trainer's and its
+ * own stderr pipe; above 2, only what it opened itself after exec: ZeroMQ's
+ * epolls and eventfds (anonymous inodes) and its connection to the loader's
+ * ipc socket, a socket the trainer does not hold. */
+static void test_workers_inherit_none_of_the_trainers_fds(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char path[300];
+    snprintf(path, sizeof path, "%s/trainer-data", snap.tmpdir);
+    int file = open(path, O_RDWR | O_CREAT, 0600); /* no O_CLOEXEC, on purpose */
+    assert_true(file >= 0);
+    int sock = socket(AF_INET, SOCK_STREAM, 0); /* no SOCK_CLOEXEC */
+    assert_true(sock >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(sock, (struct sockaddr *)&addr, sizeof addr), 0);
+    assert_int_equal(listen(sock, 1), 0);
+
+    ferry_config *cfg = ft_config("synthetic:n=640,dim=16", 2, BATCH);
+    ferry_loader *ld = ft_open_ok(cfg);
+    struct stat mine[256], theirs[64];
+    int nmine = fd_inodes(getpid(), -1, mine, 256, 0);
+    for (uint32_t w = 0; w < 2; w++) {
+        int pid = 0;
+        assert_int_equal(ferry_loader_worker_pid(ld, w, &pid), FERRY_OK);
+        int ntheirs = fd_inodes(pid, 2, theirs, 64, 1);
+        for (int i = 0; i < ntheirs; i++) {
+            if (!S_ISSOCK(theirs[i].st_mode))
+                fail_msg("worker %u (pid %d) holds a file (inode %llu) above fd 2", w, pid,
+                         (unsigned long long)theirs[i].st_ino);
+            for (int j = 0; j < nmine; j++) {
+                if (theirs[i].st_dev == mine[j].st_dev && theirs[i].st_ino == mine[j].st_ino)
+                    fail_msg("worker %u (pid %d) holds the trainer's inode %llu", w, pid,
+                             (unsigned long long)mine[j].st_ino);
+            }
+        }
+    }
+    ft_close_within(ld, 5000);
+    close(sock);
+    close(file);
+    assert_int_equal(unlink(path), 0);
+    ft_end(&snap);
+}
+
 /* Thread workers whose plugin ran an OpenMP loop: the pool's threads
  * outlive the loader, so the plugin (and the OpenMP runtime it brought)
  * must stay loaded after close, or the trainer crashes when they next run.
@@ -206,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_worker_death_with_the_trainers_own_reaper_is_survived),
         cmocka_unit_test(test_worker_death_with_the_trainers_own_reaper_is_reported),
         cmocka_unit_test(test_thread_workers_with_an_openmp_plugin_close_cleanly),
+        cmocka_unit_test(test_workers_inherit_none_of_the_trainers_fds),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

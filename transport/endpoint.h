@@ -22,9 +22,12 @@
 
 /* A private local endpoint. For threads: "inproc://ferry-<tag>" and no
  * directory (dir[0] == '\0'). For processes: a fresh directory
- * $TMPDIR/ferry-XXXXXX (0700, so only this user reaches the socket) and
- * "ipc://<dir>/loader". FERRY_EINVAL when $TMPDIR is too long for a socket
- * path, FERRY_ESYS when the directory cannot be made; dir is "" then. */
+ * $TMPDIR/ferry-<our pid>-XXXXXX (0700, so only this user reaches the
+ * socket) and "ipc://<dir>/loader"; having made it, removes the directories
+ * that loaders killed before they could close left in $TMPDIR (their maker
+ * is gone and nobody listens on their socket; best effort, bounded, never a
+ * failure). FERRY_EINVAL when $TMPDIR is too long for a socket path,
+ * FERRY_ESYS when the directory cannot be made; dir is "" then. */
 int ferry__endpoint_local(int threads, const void *tag, char *dir, size_t dircap, char *endpoint,
                           size_t cap);
 
