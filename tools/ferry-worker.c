@@ -262,6 +262,53 @@ static void children_stop(supervised_child *kids, long n, struct pollfd *fds)
     }
 }
 
+/* Starts the children whose (re)start is due, fills their poll items
+ * (fds[1..n]) and sets *timeout to the next start due (-1: none). Returns
+ * how many children are still to be served. */
+static int children_start_due(supervised_child *kids, long n, const char *self, char **argv,
+                              struct pollfd *fds, int *timeout)
+{
+    uint64_t now = ferry__now_ms();
+    int waiting = 0;
+    *timeout = -1;
+    for (long i = 0; i < n; i++) {
+        supervised_child *c = &kids[i];
+        if (!c->pid && !c->done && c->start_at <= now)
+            child_start(c, self, argv);
+        if (!c->pid && !c->done) {
+            uint64_t due = c->start_at > now ? c->start_at - now : 0;
+            if (*timeout < 0 || due < (uint64_t)*timeout)
+                *timeout = (int)due;
+        }
+        waiting += !c->done;
+        fds[i + 1] = (struct pollfd){.fd = c->pidfd, .events = POLLIN}; /* -1: ignored */
+    }
+    return waiting;
+}
+
+/* Reaps the children whose pidfd fired: under --once one that exited 0 is
+ * done; any other is said and restarted after RESTART_DELAY_MS. */
+static void children_reap_exited(supervised_child *kids, long n, const struct pollfd *fds,
+                                 int once)
+{
+    for (long i = 0; i < n; i++) {
+        supervised_child *c = &kids[i];
+        int status;
+        pid_t pid = c->pid;
+        if (!fds[i + 1].revents || !pid || child_reap(c, &status) != 0)
+            continue;
+        if (once && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            c->done = 1;
+            continue;
+        }
+        char how[256];
+        ferry__describe_status(status, how, sizeof how);
+        fprintf(stderr, "ferry-worker: worker process %d %s; starting another in %d ms\n",
+                (int)pid, how, RESTART_DELAY_MS);
+        c->start_at = ferry__now_ms() + RESTART_DELAY_MS;
+    }
+}
+
 /* Runs n children of `self argv...` until SIGTERM or SIGINT (or, with
  * --once, until each has served its loader and exited 0). A child that dies
  * otherwise is restarted after RESTART_DELAY_MS. Returns the exit status:
@@ -292,21 +339,8 @@ static int supervise(long n, const char *self, char **argv, int once)
         kids[i].pidfd = -1;
 
     while (!atomic_load(&stop_flag)) {
-        uint64_t now = ferry__now_ms();
-        int timeout = -1, waiting = 0;
-        for (long i = 0; i < n; i++) {
-            supervised_child *c = &kids[i];
-            if (!c->pid && !c->done && c->start_at <= now)
-                child_start(c, self, argv);
-            if (!c->pid && !c->done) {
-                uint64_t due = c->start_at > now ? c->start_at - now : 0;
-                if (timeout < 0 || due < (uint64_t)timeout)
-                    timeout = (int)due;
-            }
-            waiting += !c->done;
-            fds[i + 1] = (struct pollfd){.fd = c->pidfd, .events = POLLIN}; /* -1: ignored */
-        }
-        if (!waiting)
+        int timeout;
+        if (!children_start_due(kids, n, self, argv, fds, &timeout))
             break; /* --once: all served */
         fds[0] = (struct pollfd){.fd = sfd, .events = POLLIN};
         int r = poll(fds, (nfds_t)n + 1, timeout);
@@ -323,22 +357,7 @@ static int supervise(long n, const char *self, char **argv, int once)
             atomic_store(&stop_flag, 1);
             break;
         }
-        for (long i = 0; i < n; i++) {
-            supervised_child *c = &kids[i];
-            int status;
-            pid_t pid = c->pid;
-            if (!fds[i + 1].revents || !pid || child_reap(c, &status) != 0)
-                continue;
-            if (once && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-                c->done = 1;
-                continue;
-            }
-            char how[256];
-            ferry__describe_status(status, how, sizeof how);
-            fprintf(stderr, "ferry-worker: worker process %d %s; starting another in %d ms\n",
-                    (int)pid, how, RESTART_DELAY_MS);
-            c->start_at = ferry__now_ms() + RESTART_DELAY_MS;
-        }
+        children_reap_exited(kids, n, fds, once);
     }
     children_stop(kids, n, fds);
     close(sfd);
@@ -388,14 +407,22 @@ static _Atomic uint64_t *task_word(long fd, long slot)
 
 /* The program. drop has argc zeroed entries; the parser marks in it the
  * tokens a supervisor's children must not inherit (child_argv). */
-static int run(int argc, char **argv, unsigned char *drop)
+/* The command line. */
+typedef struct cli {
+    const char *endpoint, *key, *server_key, *plugin_dir;
+    long slot, parent, processes, task_fd;
+    int insecure, once;
+} cli;
+
+/* Fills *c from argv, marking in drop the tokens a supervisor's children
+ * must not inherit. -1 to go on, else the exit code (0 after --help). */
+static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
 {
-    const char *endpoint = NULL, *key = NULL, *server_key = NULL, *plugin_dir = NULL;
-    long slot = -1, parent = 0, processes = 1, task_fd = -1;
-    int insecure = 0, once = 0;
+    *c = (cli){.slot = -1, .processes = 1, .task_fd = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int taken = 1; /* tokens this option used */
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -403,86 +430,81 @@ static int run(int argc, char **argv, unsigned char *drop)
             printf("ferry-worker %s\n", ferry_version());
             return 0;
         } else if (!strcmp(a, "--connect") && v) {
-            endpoint = v;
-            i++;
-        } else if (!strcmp(a, "--slot") && v && parse_int(v, 0, 65535, &slot) == 0) {
-            i++;
-        } else if (!strcmp(a, "--parent") && v && parse_int(v, 1, 1L << 30, &parent) == 0) {
+            c->endpoint = v;
+        } else if (!strcmp(a, "--slot") && v && parse_int(v, 0, 65535, &c->slot) == 0) {
+        } else if (!strcmp(a, "--parent") && v && parse_int(v, 1, 1L << 30, &c->parent) == 0) {
             drop[i] = drop[i + 1] = 1;
-            i++;
-        } else if (!strcmp(a, "--task-fd") && v && parse_int(v, 3, 1L << 20, &task_fd) == 0) {
+        } else if (!strcmp(a, "--task-fd") && v && parse_int(v, 3, 1L << 20, &c->task_fd) == 0) {
             drop[i] = drop[i + 1] = 1;
-            i++;
-        } else if (!strcmp(a, "--processes") && v && parse_int(v, 1, 1024, &processes) == 0) {
+        } else if (!strcmp(a, "--processes") && v &&
+                   parse_int(v, 1, 1024, &c->processes) == 0) {
             drop[i] = drop[i + 1] = 1;
-            i++;
         } else if (!strcmp(a, "--key") && v) {
-            key = v;
-            i++;
+            c->key = v;
         } else if (!strcmp(a, "--server-key") && v) {
-            server_key = v;
-            i++;
+            c->server_key = v;
         } else if (!strcmp(a, "--plugin-dir") && v) {
-            plugin_dir = v;
-            i++;
+            c->plugin_dir = v;
         } else if (!strcmp(a, "--insecure")) {
-            insecure = 1;
+            c->insecure = 1;
+            taken = 0;
         } else if (!strcmp(a, "--once")) {
-            once = 1;
+            c->once = 1;
+            taken = 0;
         } else {
             fprintf(stderr, "ferry-worker: bad argument '%s'\n", a);
             usage(stderr);
             return 2;
         }
+        i += taken;
     }
-    if (!endpoint) {
+    if (!c->endpoint) {
         fprintf(stderr, "ferry-worker: --connect is required\n");
         usage(stderr);
         return 2;
     }
-    /* Without --slot, a remote worker: a daemon, or (with --parent) one of
-     * a --processes supervisor's children. */
-    int remote = slot < 0;
-    int tcp = strncmp(endpoint, "tcp://", 6) == 0;
+    return -1;
+}
 
-    char pub[FERRY__Z85_KEY + 1], sec[FERRY__Z85_KEY + 1], srv[FERRY__Z85_KEY + 1];
-    ferry__worker_opts o = {.endpoint = endpoint,
-                            .slot = (int)slot,
-                            .parent = (pid_t)parent,
-                            .handshake_ms = remote ? 30000 : 60000,
-                            .keep_plugins = 1,
-                            .task_word = task_word(task_fd, slot),
-                            .note = note,
-                            .note_len = sizeof note,
-                            .cancel = &stop_flag,
-                            .plugin_dir = plugin_dir,
-                            .confine_plugins = remote};
-    if (tcp && !insecure) {
-        if (!key || !server_key) {
-            fprintf(stderr, "ferry-worker: tcp:// needs --key (this worker's key pair) and "
-                            "--server-key (the loader's public key), or --insecure\n");
-            return 2;
-        }
-        if (ferry__key_pair_load(key, pub, sec) != FERRY_OK ||
-            ferry__key_public_load(server_key, srv) != FERRY_OK) {
-            fprintf(stderr, "ferry-worker: %s\n", ferry_last_error());
-            return 2;
-        }
-        o.public_key = pub;
-        o.secret_key = sec;
-        o.server_key = srv;
-    } else if (tcp) {
+/* CURVE keys for a tcp:// worker into o (pub, sec, srv are o's buffers),
+ * or the warning for --insecure. 0, or the exit code. */
+static int load_keys(const cli *c, ferry__worker_opts *o, char *pub, char *sec, char *srv)
+{
+    if (strncmp(c->endpoint, "tcp://", 6) != 0)
+        return 0;
+    if (c->insecure) {
         fprintf(stderr,
                 "ferry-worker: WARNING: --insecure: this worker's connection to %s is "
                 "neither authenticated nor encrypted\n",
-                endpoint);
+                c->endpoint);
+        return 0;
     }
+    if (!c->key || !c->server_key) {
+        fprintf(stderr, "ferry-worker: tcp:// needs --key (this worker's key pair) and "
+                        "--server-key (the loader's public key), or --insecure\n");
+        return 2;
+    }
+    if (ferry__key_pair_load(c->key, pub, sec) != FERRY_OK ||
+        ferry__key_public_load(c->server_key, srv) != FERRY_OK) {
+        fprintf(stderr, "ferry-worker: %s\n", ferry_last_error());
+        return 2;
+    }
+    o->public_key = pub;
+    o->secret_key = sec;
+    o->server_key = srv;
+    return 0;
+}
 
+/* Signals: last words on a crash; a remote worker stops on SIGTERM/SIGINT
+ * (BYE to its loader), a local one ignores SIGINT (Ctrl-C is the
+ * trainer's). */
+static void install_handlers(const cli *c, int remote)
+{
     signal(SIGPIPE, SIG_IGN);
     if (remote)
         snprintf(head, sizeof head, "ferry-worker (pid %d): crashed while ", (int)getpid());
     else
-        snprintf(head, sizeof head, "ferry-worker %ld (pid %d): crashed while ", slot,
+        snprintf(head, sizeof head, "ferry-worker %ld (pid %d): crashed while ", c->slot,
                  (int)getpid());
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -491,55 +513,82 @@ static int run(int argc, char **argv, unsigned char *drop)
     static const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
     for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
         sigaction(fatal[i], &sa, NULL);
-
-    if (remote) {
-        struct sigaction st;
-        memset(&st, 0, sizeof st);
-        st.sa_handler = on_stop;
-        sigaction(SIGTERM, &st, NULL);
-        sigaction(SIGINT, &st, NULL);
-    } else {
+    if (!remote) {
         signal(SIGINT, SIG_IGN);
+        return;
     }
+    struct sigaction st;
+    memset(&st, 0, sizeof st);
+    st.sa_handler = on_stop;
+    sigaction(SIGTERM, &st, NULL);
+    sigaction(SIGINT, &st, NULL);
+}
+
+/* A --processes supervisor: its children are this program again. */
+static int run_supervisor(const cli *c, int argc, char **argv, unsigned char *drop)
+{
+    char self_buf[PATH_MAX];
+    const char *self = own_program(argv[0], self_buf, sizeof self_buf);
+    char parent_s[24];
+    char **args = child_argv(argc, argv, drop, parent_s, sizeof parent_s);
+    if (!self || !args) {
+        fprintf(stderr, "ferry-worker: %s\n",
+                !self ? "cannot find its own program to start workers from "
+                        "(/proc/self/exe unreadable, and argv[0] is not a path)"
+                      : "out of memory");
+        free(args);
+        return 1;
+    }
+    int rc = supervise(c->processes, self, args, c->once);
+    free(args);
+    return rc;
+}
+
+/* The program. drop has argc zeroed entries; the parser marks in it the
+ * tokens a supervisor's children must not inherit (child_argv). */
+static int run(int argc, char **argv, unsigned char *drop)
+{
+    cli c;
+    int rc = parse_args(argc, argv, drop, &c);
+    if (rc >= 0)
+        return rc;
+    /* Without --slot, a remote worker: a daemon, or (with --parent) one of
+     * a --processes supervisor's children. */
+    int remote = c.slot < 0;
+    char pub[FERRY__Z85_KEY + 1], sec[FERRY__Z85_KEY + 1], srv[FERRY__Z85_KEY + 1];
+    ferry__worker_opts o = {.endpoint = c.endpoint,
+                            .slot = (int)c.slot,
+                            .parent = (pid_t)c.parent,
+                            .handshake_ms = remote ? 30000 : 60000,
+                            .keep_plugins = 1,
+                            .task_word = task_word(c.task_fd, c.slot),
+                            .note = note,
+                            .note_len = sizeof note,
+                            .cancel = &stop_flag,
+                            .plugin_dir = c.plugin_dir,
+                            .confine_plugins = remote};
+    rc = load_keys(&c, &o, pub, sec, srv);
+    if (rc != 0)
+        return rc;
+    install_handlers(&c, remote);
     /* Tied to the parent: a local worker is killed with its loader; a
      * remote one is stopped (SIGTERM: BYE to its loader) with its
      * supervisor. getppid() closes the race with a parent that died first. */
-    if (parent) {
+    if (c.parent) {
         prctl(PR_SET_PDEATHSIG, remote ? SIGTERM : SIGKILL);
-        if (getppid() != (pid_t)parent) {
-            explicit_bzero(sec, sizeof sec);
-            return 3; /* the parent is already gone */
-        }
+        if (getppid() != (pid_t)c.parent)
+            rc = 3; /* the parent is already gone */
     }
-
-    if (remote && processes > 1) {
-        explicit_bzero(sec, sizeof sec); /* the children load their own */
-        char self_buf[PATH_MAX];
-        const char *self = own_program(argv[0], self_buf, sizeof self_buf);
-        char parent_s[24];
-        char **args = child_argv(argc, argv, drop, parent_s, sizeof parent_s);
-        if (!self || !args) {
-            fprintf(stderr, "ferry-worker: %s\n",
-                    !self ? "cannot find its own program to start workers from "
-                            "(/proc/self/exe unreadable, and argv[0] is not a path)"
-                          : "out of memory");
-            free(args);
-            return 1;
-        }
-        int rc = supervise(processes, self, args, once);
-        free(args);
+    if (rc == 0 && remote && c.processes > 1)
+        rc = run_supervisor(&c, argc, argv, drop); /* the children load their own keys */
+    else if (rc == 0 && remote)
+        rc = serve(&o, c.once);
+    explicit_bzero(sec, sizeof sec);
+    if (rc != 0 || remote)
         return rc;
-    }
-    if (remote) {
-        int rc = serve(&o, once);
-        explicit_bzero(sec, sizeof sec);
-        return rc;
-    }
-
     o.cancel = NULL;
-    int rc = ferry__worker_run(&o);
-    if (rc != FERRY_OK) {
-        fprintf(stderr, "ferry-worker %d (pid %d): %s\n", (int)slot, (int)getpid(),
+    if (ferry__worker_run(&o) != FERRY_OK) {
+        fprintf(stderr, "ferry-worker %d (pid %d): %s\n", (int)c.slot, (int)getpid(),
                 ferry_last_error());
         return 1;
     }
