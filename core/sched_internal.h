@@ -64,6 +64,7 @@ struct ferry__scheduler {
     int closing; /* shutdown has begun: deaths are expected */
     uint32_t rr; /* round-robin start for picking workers */
     uint64_t n;  /* the dataset's length, from the first READY */
+    ferry__schema schema;    /* the dataset's, from the first READY; no fields before */
     uint64_t start_deadline_ms;
     uint64_t idle_since_ms;  /* running with no ready worker since then; 0 = has some */
     uint32_t settling; /* workers dead or disconnected whose last replies are awaited */

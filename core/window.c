@@ -453,6 +453,16 @@ const ferry__window_entry *ferry__window_current(const ferry__window *win, uint3
     return &win->e[wt->sent.head];
 }
 
+void ferry__window_blame(ferry__window *win, ferry__window_entry *e)
+{
+    worker_tasks *wt = &win->workers[e->worker];
+    int32_t i = slot_of(win, e);
+    if (wt->sent.head == i)
+        return;
+    list_remove(win, &wt->sent, i);
+    list_insert_before(win, &wt->sent, wt->sent.head, i);
+}
+
 /* "41, 3, 17, ... (256 in all)": the first indices of a batch. */
 static void describe_indices(const ferry__window_entry *e, char *buf, size_t cap)
 {

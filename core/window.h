@@ -158,6 +158,11 @@ uint32_t ferry__window_outstanding(const ferry__window *win, uint32_t worker);
 const ferry__window_entry *ferry__window_current(const ferry__window *win, uint32_t worker,
                                                  uint64_t *since_ms);
 
+/* Makes entry e (sent to its worker, not answered) the one that worker is
+ * taken to be working on, so that a charge on its requeue falls on e: its
+ * worker answered e with something it must be charged for. */
+void ferry__window_blame(ferry__window *win, ferry__window_entry *e);
+
 /* Worker `worker` is gone: every task it had waits to be sent again. When
  * `charge` is set, the one it was working on (its oldest) is charged an
  * attempt, and a batch that has now taken down max_attempts workers is

@@ -199,6 +199,33 @@ static void test_window_requeue_resends_lowest_seq_first_and_charges_the_current
     ferry__window_free(win);
 }
 
+/* A worker that answered a later task wrongly is charged for that one, not
+ * for the oldest it holds; the order the rest go out again is unchanged. */
+static void test_window_blame_moves_the_charge_to_the_blamed_task(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(4, 1);
+    ferry__window *win = open_window(&o);
+    ferry__window_entry *e[3];
+    for (int i = 0; i < 3; i++)
+        e[i] = take_and_send(win, 0);
+    ferry__window_blame(win, e[2]);
+    assert_ptr_equal(ferry__window_current(win, 0, NULL), e[2]);
+    ferry__window_blame(win, e[2]); /* already current: no change */
+    assert_int_equal(ferry__window_outstanding(win, 0), 3);
+    ferry__window_requeue(win, 0, 1, "its reply was wrong");
+    for (uint64_t i = 0; i < 3; i++) {
+        ferry__window_entry *r = take_and_send(win, 1);
+        assert_int_equal(r->t.seq, i);
+        assert_int_equal(r->attempts, i == 2 ? 1 : 0);
+    }
+    for (int i = 0; i < 3; i++)
+        answer(win, e[i]);
+    for (uint64_t i = 0; i < 3; i++)
+        assert_int_equal(next_seq(win), i);
+    ferry__window_free(win);
+}
+
 static void test_window_unsent_task_goes_out_again_first(void **state)
 {
     (void)state;
@@ -338,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_window_unsent_task_goes_out_again_first),
         cmocka_unit_test(test_window_gives_a_batch_up_after_max_attempts),
         cmocka_unit_test(test_window_uncharged_requeue_never_gives_up),
+        cmocka_unit_test(test_window_blame_moves_the_charge_to_the_blamed_task),
         cmocka_unit_test(test_window_resume_starts_after_the_last_delivered_batch),
         cmocka_unit_test(test_window_end_of_stream_and_failure_are_reported),
         cmocka_unit_test(test_window_bad_resume_state_fails_the_start),
