@@ -16,7 +16,8 @@
  * This file holds their registry and does not trust any of them: after open
  * it validates the schema (so a batch's sizes can be computed without
  * overflow anywhere downstream), and around get_batch it checks the indices
- * and the error message. It also defines the small helpers the kinds share.
+ * and the error message. It also defines the small helpers the kinds share,
+ * and hands the schema over in the form READY carries it.
  *
  * Invariants of an open ferry__dataset: ops != NULL, length >= 1, the schema
  * passed validate_schema(), item_bytes[f] is the size of one item of field f
@@ -292,6 +293,20 @@ int ferry__dataset_get_batch(ferry__dataset *ds, const ferry_batch_request *req,
         snprintf(err->message, sizeof err->message, "dataset %s failed (code %d) without a message",
                  ops_name(ds->ops), rc);
     return ferry__seterr_str(known_failure(rc, FERRY_EBATCH), err->message);
+}
+
+void ferry__dataset_wire_schema(const ferry__dataset *ds, ferry__schema *out)
+{
+    memset(out, 0, sizeof *out);
+    out->nfields = (uint32_t)ds->schema.nfields;
+    for (int f = 0; f < ds->schema.nfields; f++) {
+        const ferry_field_spec *in = &ds->schema.fields[f];
+        ferry__item_field *o = &out->fields[f];
+        memcpy(o->name, in->name, sizeof o->name);
+        o->dtype = in->dtype;
+        o->ndim = in->ndim;
+        memcpy(o->shape, in->shape, sizeof o->shape[0] * (size_t)in->ndim);
+    }
 }
 
 void ferry__dataset_close(ferry__dataset *ds)

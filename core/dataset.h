@@ -16,6 +16,7 @@
 #define FERRY_CORE_DATASET_H
 
 #include "ferry_dataset.h"
+#include "protocol.h"
 
 typedef struct ferry__dataset {
     const ferry_dataset_ops *ops;
@@ -45,6 +46,10 @@ int ferry__dataset_open_flags(ferry__dataset *ds, const char *spec, const ferry_
  * has the dataset fill dst[]. On failure fills *err. */
 int ferry__dataset_get_batch(ferry__dataset *ds, const ferry_batch_request *req, void *const dst[],
                              ferry_dataset_error *err);
+
+/* The schema of open dataset ds as READY carries it (validated at open: at
+ * most FERRY_MAX_FIELDS fields of at most FERRY_MAX_DIMS - 1 dims). */
+void ferry__dataset_wire_schema(const ferry__dataset *ds, ferry__schema *out);
 
 /* Closes and zeroes *ds; safe on a zeroed or already closed struct. A plugin
  * is unloaded unless opened with FERRY__DATASET_KEEP_LOADED: a worker process

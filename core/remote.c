@@ -168,10 +168,14 @@ void ferry__remote_serve_zap(ferry__remote *rm, const zmq_pollitem_t *items,
 
 int ferry__remote_hello_ok(const ferry__hello *h, char *why, size_t cap)
 {
-    if (h->version == FERRY_PROTOCOL_VERSION && h->slot == -1)
+    if (h->version != FERRY_PROTOCOL_VERSION) {
+        snprintf(why, cap, FERRY__VERSION_MISMATCH ": HELLO from %s (pid %u, '%s')", h->version,
+                 FERRY_PROTOCOL_VERSION, h->host, h->pid, h->program);
+        return 0;
+    }
+    if (h->slot == -1)
         return 1;
-    snprintf(why, cap, "HELLO from %s (pid %u) with protocol version %u, slot %d", h->host, h->pid,
-             h->version, h->slot);
+    snprintf(why, cap, "HELLO from %s (pid %u) claims local slot %d", h->host, h->pid, h->slot);
     return 0;
 }
 

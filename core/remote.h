@@ -58,7 +58,8 @@ void ferry__remote_serve_zap(ferry__remote *rm, const zmq_pollitem_t *items,
 int ferry__remote_readable(const ferry__remote *rm, const zmq_pollitem_t *items);
 
 /* Whether a HELLO on the remote socket may be admitted: this protocol
- * version, and no claim on a local slot. 0 with *why set otherwise. */
+ * version, and no claim on a local slot. 0 with *why set otherwise (for
+ * another version, starting with FERRY__VERSION_MISMATCH's sentence). */
 int ferry__remote_hello_ok(const ferry__hello *h, char *why, size_t cap);
 
 typedef enum ferry__liveness {

@@ -1,11 +1,14 @@
 /*
  * replies.c - what the scheduler does with each message from a worker
- * (see sched_internal.h): HELLO is answered with CONFIG (or refused),
- * READY starts the run once enough workers are ready, BATCH and FAIL are
- * filed in the window as the answer to their task, BYE ends a session.
- * Anything else, or anything from a worker that may not send it now, is
- * counted as malformed or stale and dropped: nothing a peer sends can crash
- * the loader or reach the trainer unchecked.
+ * (see sched_internal.h): HELLO is answered with CONFIG (or refused: STOP,
+ * or REFUSE to a worker of another protocol version), READY starts the run
+ * once enough workers are ready and fixes the dataset's length and schema,
+ * BATCH and FAIL are filed in the window as the answer to their task, BYE
+ * ends a session. Anything else, or anything from a worker that may not
+ * send it now, is counted as malformed or stale and dropped; a BATCH that
+ * is not what its task asked for (count, schema) is counted as malformed
+ * and charged to its worker: nothing a peer sends can crash the loader or
+ * reach the trainer unchecked.
  */
 #include <errno.h>
 #include <string.h>
@@ -28,20 +31,39 @@ static sched_worker *find_by_ident(ferry__scheduler *s, void *sock, const ferry_
     return NULL;
 }
 
-/* A remote worker refused: counted, said so (rate-limited), and sent STOP
- * so it backs off instead of waiting for a CONFIG that will not come. */
-static void reject_remote(ferry__scheduler *s, const ferry__ident *id, const char *why)
+/* The answer that makes a worker whose HELLO (of protocol `version`) is
+ * refused stop at once instead of waiting for a CONFIG that will not come.
+ * A worker of another version from FERRY__REFUSE_SINCE on gets REFUSE with
+ * the reason: REFUSE, like HELLO, never changes, so every such version
+ * decodes it. Any other gets STOP, which before CONFIG means the same: a
+ * version-1 worker, which knows no REFUSE, or one of this version refused
+ * for another reason. */
+static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *id,
+                           uint32_t version, const char *why)
+{
+    if (version != FERRY_PROTOCOL_VERSION && version >= FERRY__REFUSE_SINCE) {
+        s->out.type = FERRY__MSG_REFUSE;
+        s->out.u.refuse.version = FERRY_PROTOCOL_VERSION;
+        snprintf(s->out.u.refuse.reason, sizeof s->out.u.refuse.reason, "%s", why);
+    } else {
+        s->out.type = FERRY__MSG_STOP;
+    }
+    ferry__zsock_send(sock, id, &s->out, NULL, ZMQ_DONTWAIT);
+}
+
+/* A remote worker refused: counted, said so (rate-limited), and answered
+ * (answer_refusal) so it backs off at once. */
+static void reject_remote(ferry__scheduler *s, const ferry__ident *id, uint32_t version,
+                          const char *why)
 {
     ferry__remote_log_refusal(ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
-    if (id) {
-        s->out.type = FERRY__MSG_STOP;
-        ferry__zsock_send(ferry__remote_socket(s->remote), id, &s->out, NULL, ZMQ_DONTWAIT);
-    }
+    if (id)
+        answer_refusal(s, ferry__remote_socket(s->remote), id, version, why);
 }
 
 void ferry__sched_zap_refused(void *arg, const char *why)
 {
-    reject_remote(arg, NULL, why);
+    reject_remote(arg, NULL, FERRY_PROTOCOL_VERSION, why);
 }
 
 /* Sends CONFIG (or, while closing, STOP) to a worker that said HELLO. */
@@ -64,6 +86,7 @@ static void configure_worker(ferry__scheduler *s, sched_worker *w)
     /* Local workers are watched through their pidfds (or are threads). */
     c->heartbeat_ms = w->p.remote ? (uint32_t)s->cfg.heartbeat_ms : 0;
     c->liveness = (uint32_t)s->cfg.heartbeat_liveness;
+    c->max_message = (uint64_t)s->cfg.max_message;
     if (sched_send(s, w, NULL) == FERRY_OK) {
         w->p.state = FERRY__PEER_CONFIGURED;
         w->p.sent_ms = ferry__now_ms();
@@ -88,17 +111,17 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     const ferry__hello *h = &s->in.u.hello;
     char why[FERRY__ERRMSG_MAX];
     if (!ferry__remote_hello_ok(h, why, sizeof why)) {
-        reject_remote(s, id, why);
+        reject_remote(s, id, h->version, why);
         return;
     }
     sched_worker *w = find_by_ident(s, ferry__remote_socket(s->remote), id);
     if (w) /* a second HELLO on one connection: a new session; the old one ends */
-        ferry__sched_lose_remote(s, w, "it started a new session", 0);
+        ferry__sched_lose_remote(s, w, "it started a new session", FERRY__CHARGE_NONE, 0);
     w = free_remote_slot(s, w);
     if (!w) {
         snprintf(why, sizeof why, "%s (pid %u): all %lld remote slots are taken (max_remote)",
                  h->host, h->pid, (long long)s->cfg.max_remote);
-        reject_remote(s, id, why);
+        reject_remote(s, id, FERRY_PROTOCOL_VERSION, why);
         return;
     }
     w->p.ident = *id;
@@ -110,6 +133,21 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     configure_worker(s, w);
 }
 
+/* Local worker w, the very process the loader started, speaks another
+ * protocol version (worker_path is another ferry's ferry-worker): it is
+ * told to stop, and the loader fails now with both versions named, not
+ * after start_timeout_ms. */
+static void refuse_local(ferry__scheduler *s, sched_worker *w, void *sock, const ferry__ident *id)
+{
+    const ferry__hello *h = &s->in.u.hello;
+    char who[96], msg[FERRY__ERRMSG_MAX];
+    sched_describe(s, w, who, sizeof who);
+    snprintf(msg, sizeof msg, FERRY__VERSION_MISMATCH ": %s is '%s', from %s (worker_path)",
+             h->version, FERRY_PROTOCOL_VERSION, who, h->program, s->worker_path);
+    answer_refusal(s, sock, id, h->version, msg);
+    ferry__window_fail(s->win, FERRY_EVERSION, msg);
+}
+
 static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
 {
     if (s->remote && sock == ferry__remote_socket(s->remote)) {
@@ -117,7 +155,7 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
         return;
     }
     const ferry__hello *h = &s->in.u.hello;
-    if (h->version != FERRY_PROTOCOL_VERSION || h->slot < 0 || (uint32_t)h->slot >= s->nlocal) {
+    if (h->slot < 0 || (uint32_t)h->slot >= s->nlocal) {
         fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n", h->version,
                 h->slot, h->host);
         ferry__window_count(s->win, FERRY__STAT_MALFORMED);
@@ -130,6 +168,10 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
          * killed just after saying it) is late, not forged. */
         int late = w->death.pid && (pid_t)h->pid == w->death.pid && (pid_t)h->pid != pid;
         ferry__window_count(s->win, late ? FERRY__STAT_STALE : FERRY__STAT_MALFORMED);
+        return;
+    }
+    if (h->version != FERRY_PROTOCOL_VERSION) {
+        refuse_local(s, w, sock, id);
         return;
     }
     w->p.ident = *id;
@@ -149,13 +191,32 @@ static void maybe_start(ferry__scheduler *s, uint32_t ready)
     ferry__window_start(s->win, s->n);
 }
 
-/* READY: the worker's dataset opened with the same length as everyone
- * else's, or it did not. A local worker that cannot open the dataset fails
- * the loader; a remote host with the wrong data is turned away. */
+/* Worker w is ready: the first READY fixes the dataset's length and
+ * schema; the run starts once enough workers are. */
+static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
+{
+    const ferry__ready *r = &s->in.u.ready;
+    s->n = r->length;
+    s->schema = r->schema;
+    w->p.state = FERRY__PEER_READY;
+    uint32_t ready = ferry__window_add_workers(s->win, +1);
+    s->idle_since_ms = 0;
+    if (w->p.remote) {
+        ferry__window_count(s->win, FERRY__STAT_JOINED);
+        if (ferry__window_phase(s->win) == FERRY__PHASE_RUNNING)
+            fprintf(stderr, "ferry: %s joined\n", who);
+    }
+    maybe_start(s, ready);
+}
+
+/* READY: the worker's dataset opened with the same length and schema as
+ * everyone else's, or it did not. A local worker that cannot open the
+ * dataset, or sees other data, fails the loader; a remote host with the
+ * wrong data is turned away. */
 static void on_ready(ferry__scheduler *s, sched_worker *w)
 {
     const ferry__ready *r = &s->in.u.ready;
-    char who[96], msg[FERRY__ERRMSG_MAX];
+    char who[96], why[256], msg[FERRY__ERRMSG_MAX];
     if (w->p.state != FERRY__PEER_CONFIGURED) {
         ferry__window_count(s->win, FERRY__STAT_MALFORMED);
         return;
@@ -167,24 +228,18 @@ static void on_ready(ferry__scheduler *s, sched_worker *w)
     } else if (s->n && r->length != s->n) {
         snprintf(msg, sizeof msg, "%s sees %llu items in dataset '%s', others see %llu", who,
                  (unsigned long long)r->length, s->cfg.dataset, (unsigned long long)s->n);
+    } else if (s->schema.nfields && ferry__schema_diff(&s->schema, &r->schema, why, sizeof why)) {
+        snprintf(msg, sizeof msg, "%s sees another schema in dataset '%s' than the others: %s", who,
+                 s->cfg.dataset, why);
     } else {
-        s->n = r->length;
-        w->p.state = FERRY__PEER_READY;
-        uint32_t ready = ferry__window_add_workers(s->win, +1);
-        s->idle_since_ms = 0;
-        if (w->p.remote) {
-            ferry__window_count(s->win, FERRY__STAT_JOINED);
-            if (ferry__window_phase(s->win) == FERRY__PHASE_RUNNING)
-                fprintf(stderr, "ferry: %s joined\n", who);
-        }
-        maybe_start(s, ready);
+        worker_ready(s, w, who);
         return;
     }
     if (!w->p.remote) {
         ferry__window_fail(s->win, r->code != 0 ? r->code : FERRY_EMISMATCH, msg);
         return;
     }
-    reject_remote(s, &w->p.ident, msg);
+    reject_remote(s, &w->p.ident, FERRY_PROTOCOL_VERSION, msg);
     w->p.state = FERRY__PEER_EMPTY;
 }
 
@@ -209,12 +264,63 @@ static void field_views(const ferry__batch_hdr *h, const unsigned char *base, fe
     }
 }
 
+/* Whether BATCH h is what task e asked for: e's number of items, and the
+ * fields of the dataset's schema, in its order, with its dtypes and item
+ * shapes. The decoder has checked the rest: shape[0] is h->count, and each
+ * field's nbytes is what its shape and dtype give (so here, count times
+ * the schema's item size). 0 with why said otherwise. */
+static int batch_matches(const ferry__scheduler *s, const ferry__batch_hdr *h,
+                         const ferry__window_entry *e, char *why, size_t cap)
+{
+    if (h->count != e->t.count) {
+        snprintf(why, cap, "it holds %u items, the task %u", h->count, e->t.count);
+        return 0;
+    }
+    ferry__schema got;
+    ferry__batch_schema(h, &got);
+    return !ferry__schema_diff(&s->schema, &got, why, cap);
+}
+
+/* A BATCH that is not what its task asked for: counted as malformed, and
+ * never delivered. A remote worker is charged with it as with a crash: it
+ * is given up, its tasks go to the others, and this one is charged an
+ * attempt. A local worker runs ferry's own worker on the schema it
+ * announced, so a wrong batch from it is a bug that would only repeat
+ * after a restart: that batch fails with FERRY_EBATCH saying what differed,
+ * and the stream goes on (docs/failures.md). */
+static void on_wrong_batch(ferry__scheduler *s, sched_worker *w, ferry__window_entry *e,
+                           const char *why)
+{
+    char what[384], who[96];
+    ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+    snprintf(what, sizeof what,
+             "its reply to batch %llu (epoch %llu, batch %llu) does not match the task and the "
+             "dataset's schema: %s",
+             (unsigned long long)e->t.seq, (unsigned long long)e->t.epoch,
+             (unsigned long long)e->t.batch_in_epoch, why);
+    if (w->p.remote) {
+        /* Charged for the batch it got wrong, not its oldest. */
+        ferry__sched_lose_remote(s, w, what, FERRY__CHARGE_TASK, e->id);
+        return;
+    }
+    sched_describe(s, w, who, sizeof who);
+    char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
+    if (msg)
+        snprintf(msg, FERRY__ERRMSG_MAX, "%s: %s", who, what);
+    ferry__window_complete(s->win, e, NULL, FERRY_EBATCH, msg, ferry__now_ms());
+}
+
 static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
 {
     const ferry__batch_hdr *h = &s->in.u.batch;
     ferry__window_entry *e = ferry__window_find(s->win, w->p.index, h->id);
-    if (!e || h->count != e->t.count) {
+    if (!e) {
         ferry__window_count(s->win, FERRY__STAT_STALE);
+        return;
+    }
+    char why[256];
+    if (!batch_matches(s, h, e, why, sizeof why)) {
+        on_wrong_batch(s, w, e, why);
         return;
     }
     ferry_batch_info info = {.epoch = e->t.epoch,
@@ -252,7 +358,12 @@ static void on_fail(ferry__scheduler *s, sched_worker *w)
     char who[96];
     sched_describe(s, w, who, sizeof who);
     char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
-    if (msg)
+    if (msg && f->code == FERRY_ELIMIT) /* the batch as a whole: too large to send */
+        snprintf(msg, FERRY__ERRMSG_MAX,
+                 "%s could not send batch %llu (epoch %llu, batch %llu): %s", who,
+                 (unsigned long long)e->t.seq, (unsigned long long)e->t.epoch,
+                 (unsigned long long)e->t.batch_in_epoch, f->message);
+    else if (msg)
         snprintf(msg, FERRY__ERRMSG_MAX, "%s failed on index %llu (epoch %llu, batch %llu): %s",
                  who, (unsigned long long)f->index, (unsigned long long)e->t.epoch,
                  (unsigned long long)e->t.batch_in_epoch, f->message);
@@ -296,7 +407,7 @@ static void on_message(ferry__scheduler *s, void *sock, const ferry__ident *id, 
         break;
     case FERRY__MSG_BYE:
         if (w->p.remote && !s->closing)
-            ferry__sched_lose_remote(s, w, "it said BYE", 0);
+            ferry__sched_lose_remote(s, w, "it said BYE", FERRY__CHARGE_NONE, 0);
         else
             w->p.state = FERRY__PEER_GONE;
         break;

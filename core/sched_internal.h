@@ -64,6 +64,7 @@ struct ferry__scheduler {
     int closing; /* shutdown has begun: deaths are expected */
     uint32_t rr; /* round-robin start for picking workers */
     uint64_t n;  /* the dataset's length, from the first READY */
+    ferry__schema schema;    /* the dataset's, from the first READY; no fields before */
     uint64_t start_deadline_ms;
     uint64_t idle_since_ms;  /* running with no ready worker since then; 0 = has some */
     uint32_t settling; /* workers dead or disconnected whose last replies are awaited */
@@ -115,7 +116,8 @@ void ferry__sched_on_disconnect(ferry__scheduler *s, sched_worker *w, const char
 void ferry__sched_settle(ferry__scheduler *s);
 
 /* Gives remote worker w up (see supervise.c). */
-void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why, int charge);
+void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why,
+                              ferry__charge charge, uint64_t id);
 
 /* Start deadline, idle loader, replacements, timeouts, remote liveness. */
 void ferry__sched_check_deadlines(ferry__scheduler *s);

@@ -132,7 +132,7 @@ static void settle_one(ferry__scheduler *s, sched_worker *w)
     if (w->p.remote)
         /* Charged: a remote process that crashed on a batch looks just like
          * this, and a poison batch must still be given up. */
-        ferry__sched_lose_remote(s, w, w->gone_why, 1);
+        ferry__sched_lose_remote(s, w, w->gone_why, FERRY__CHARGE_OLDEST, 0);
     else
         handle_death(s, w);
 }
@@ -150,7 +150,8 @@ void ferry__sched_settle(ferry__scheduler *s)
  * (silence or a dropped connection may be a crash on that batch). Its slot
  * is free for the next remote worker, and anything it sends later is
  * dropped as stale (its routing id is no longer known). */
-void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why, int charge)
+void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why,
+                              ferry__charge charge, uint64_t id)
 {
     char who[96], msg[FERRY__ERRMSG_MAX];
     sched_describe(s, w, who, sizeof who);
@@ -165,10 +166,10 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
     }
     /* Under the fail policy the failure goes first, so the trainer never
      * sees a batch given up by this requeue before the reason for it. */
-    if (charge && was == FERRY__PEER_READY && s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL)
+    if (charge != FERRY__CHARGE_NONE && was == FERRY__PEER_READY &&
+        s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL)
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
-    ferry__window_requeue(s->win, w->p.index, charge ? FERRY__CHARGE_OLDEST : FERRY__CHARGE_NONE,
-                          0, msg);
+    ferry__window_requeue(s->win, w->p.index, charge, id, msg);
     if (was == FERRY__PEER_READY && !s->closing)
         fprintf(stderr, "ferry: %s\n", msg);
 }
@@ -228,7 +229,7 @@ static void on_timeout(ferry__scheduler *s, sched_worker *w, const ferry__window
     if (w->p.remote) {
         snprintf(why, sizeof why, "it spent %llu ms on one batch, past timeout_ms %lld",
                  (unsigned long long)busy_ms, (long long)s->cfg.timeout_ms);
-        ferry__sched_lose_remote(s, w, why, 1);
+        ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
         return;
     }
     snprintf(why, sizeof why,
@@ -290,7 +291,7 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
         char why[160];
         switch (ferry__remote_liveness(s->remote, &w->p, now, why, sizeof why)) {
         case FERRY__LIVE_LOST:
-            ferry__sched_lose_remote(s, w, why, 1);
+            ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
             break;
         case FERRY__LIVE_HEARTBEAT:
             if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)

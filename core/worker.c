@@ -53,6 +53,7 @@ typedef struct worker_session {
     ferry__dataset ds;
     int ds_open;
     uint64_t seed;
+    uint64_t max_message; /* the loader's, from CONFIG: no payload frame may be larger */
     uint64_t *indices;
     size_t indices_cap;
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
@@ -206,8 +207,9 @@ static int confine_plugin(const ferry__worker_opts *o, const char *spec, char *o
     return FERRY_OK;
 }
 
-/* Handles CONFIG: opens the dataset and answers READY (with the error when
- * it does not open; the loader decides what happens next). */
+/* Handles CONFIG: opens the dataset and answers READY with its length and
+ * schema (or with the error when it does not open; the loader decides what
+ * happens next). */
 static int on_config(worker_session *w)
 {
     const ferry__config_msg *c = &w->in.u.config;
@@ -215,6 +217,7 @@ static int on_config(worker_session *w)
         .seed = c->seed, .worker_index = c->worker_index, .num_workers = c->num_workers};
     char err[FERRY__TEXT_MAX] = "";
     w->seed = c->seed;
+    w->max_message = c->max_message;
 
     if (w->ds_open) {
         ferry__dataset_close(&w->ds);
@@ -233,6 +236,7 @@ static int on_config(worker_session *w)
     if (rc == FERRY_OK) {
         w->ds_open = 1;
         w->out.u.ready.length = w->ds.length;
+        ferry__dataset_wire_schema(&w->ds, &w->out.u.ready.schema);
     } else {
         w->out.u.ready.code = rc;
         snprintf(w->out.u.ready.error, sizeof w->out.u.ready.error, "%s",
@@ -244,16 +248,25 @@ static int on_config(worker_session *w)
     return send_msg(w, NULL, 0);
 }
 
-/* Sizes the payload frame for task t from the schema and fills the BATCH
- * header: every field starts 64-byte aligned in this process's buffer (see
- * the top of this file). dst[f] is where the dataset writes field f.
- * FERRY_ENOMEM when the frame cannot be had. */
-static int lay_out_batch(worker_session *w, const ferry__task *t, zmq_msg_t *payload, void **dst)
+/* The size of the payload frame for a batch of `count` items: room for the
+ * lead, then every field rounded up to FERRY__FIELD_ALIGN. item_bytes is at
+ * most 1 GiB and count at most FERRY__MAX_BATCH, so nothing overflows. */
+static size_t payload_bytes(const worker_session *w, uint32_t count)
+{
+    size_t total = FERRY__FIELD_ALIGN;
+    for (int f = 0; f < w->ds.schema.nfields; f++)
+        total += FERRY__ROUND_UP(w->ds.item_bytes[f] * count, FERRY__FIELD_ALIGN);
+    return total;
+}
+
+/* Makes the payload frame for task t (`total` bytes, from payload_bytes)
+ * and fills the BATCH header: every field starts 64-byte aligned in this
+ * process's buffer (see the top of this file). dst[f] is where the dataset
+ * writes field f. FERRY_ENOMEM when the frame cannot be had. */
+static int lay_out_batch(worker_session *w, const ferry__task *t, size_t total, zmq_msg_t *payload,
+                         void **dst)
 {
     const ferry_dataset_schema *s = &w->ds.schema;
-    size_t total = FERRY__FIELD_ALIGN; /* room for the lead */
-    for (int f = 0; f < s->nfields; f++)
-        total += FERRY__ROUND_UP(w->ds.item_bytes[f] * t->count, FERRY__FIELD_ALIGN);
     if (zmq_msg_init_size(payload, total) != 0)
         return FERRY_ENOMEM;
     unsigned char *base = zmq_msg_data(payload);
@@ -278,49 +291,84 @@ static int lay_out_batch(worker_session *w, const ferry__task *t, zmq_msg_t *pay
     return FERRY_OK;
 }
 
-/* Handles TASK: builds the batch in a new payload frame and sends it. */
+/* The task's indices, out of its payload into w->indices. FERRY_ENOMEM
+ * when there is no room for them. */
+static int take_indices(worker_session *w, const ferry__task *t, zmq_msg_t *task_payload)
+{
+    if (t->count > w->indices_cap) {
+        uint64_t *p = ferry__realloc(w->indices, t->count * sizeof *p);
+        if (!p)
+            return FERRY_ENOMEM;
+        w->indices = p;
+        w->indices_cap = t->count;
+    }
+    ferry__indices_unpack(zmq_msg_data(task_payload), t->count, w->indices);
+    return FERRY_OK;
+}
+
+/* A batch too big for the loader's max_message: ZeroMQ would drop it and
+ * this worker's connection without a word, and the trainer would wait
+ * forever. FAIL (FERRY_ELIMIT: no index is to blame) says instead what is
+ * wrong and what to change. */
+static int fail_too_big(worker_session *w, const ferry__task *t, size_t bytes)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "its %u items make %zu bytes, more than the loader's max_message %llu; raise "
+             "max_message or lower batch_size",
+             t->count, bytes, (unsigned long long)w->max_message);
+    return send_fail(w, t->id, FERRY_ELIMIT, w->indices[0], msg);
+}
+
+/* Has the dataset fill dst[] with task t's items; the note says meanwhile
+ * which batch this worker is on, for a crash handler. */
+static int fill_batch(worker_session *w, const ferry__task *t, void **dst,
+                      ferry_dataset_error *derr)
+{
+    ferry_batch_request req = {.epoch = t->epoch,
+                               .batch_in_epoch = t->batch_in_epoch,
+                               .seq = t->seq,
+                               .seed = w->seed,
+                               .indices = w->indices,
+                               .count = t->count};
+    /* Said before the dataset runs: if it kills this process, the loader
+     * reads here which task did it. */
+    if (w->o->task_word)
+        atomic_store_explicit(w->o->task_word, t->id + 1, memory_order_release);
+    if (w->o->note)
+        snprintf(w->o->note, w->o->note_len,
+                 "building batch %llu (epoch %llu, batch %llu, %u items from index %llu)",
+                 (unsigned long long)t->seq, (unsigned long long)t->epoch,
+                 (unsigned long long)t->batch_in_epoch, t->count,
+                 (unsigned long long)w->indices[0]);
+    memset(derr, 0, sizeof *derr);
+    int rc = ferry__dataset_get_batch(&w->ds, &req, dst, derr);
+    if (w->o->task_word)
+        atomic_store_explicit(w->o->task_word, 0, memory_order_release);
+    if (w->o->note)
+        snprintf(w->o->note, w->o->note_len, "idle");
+    return rc;
+}
+
+/* Handles TASK: builds the batch in a new payload frame and sends it, or
+ * says FAIL when it cannot. */
 static int on_task(worker_session *w, zmq_msg_t *task_payload)
 {
     const ferry__task t = w->in.u.task;
     if (!w->ds_open)
         return send_fail(w, t.id, FERRY_EDATASET, 0, "worker has no open dataset");
-
-    if (t.count > w->indices_cap) {
-        uint64_t *p = ferry__realloc(w->indices, t.count * sizeof *p);
-        if (!p)
-            return send_fail(w, t.id, FERRY_ENOMEM, 0, "worker out of memory for indices");
-        w->indices = p;
-        w->indices_cap = t.count;
-    }
-    ferry__indices_unpack(zmq_msg_data(task_payload), t.count, w->indices);
+    if (take_indices(w, &t, task_payload) != FERRY_OK)
+        return send_fail(w, t.id, FERRY_ENOMEM, 0, "worker out of memory for indices");
+    size_t bytes = payload_bytes(w, t.count);
+    if (bytes > w->max_message)
+        return fail_too_big(w, &t, bytes);
 
     zmq_msg_t payload;
     void *dst[FERRY_MAX_FIELDS];
-    if (lay_out_batch(w, &t, &payload, dst) != FERRY_OK)
+    if (lay_out_batch(w, &t, bytes, &payload, dst) != FERRY_OK)
         return send_fail(w, t.id, FERRY_ENOMEM, w->indices[0], "worker out of memory for batch");
-
-    ferry_batch_request req = {.epoch = t.epoch,
-                               .batch_in_epoch = t.batch_in_epoch,
-                               .seq = t.seq,
-                               .seed = w->seed,
-                               .indices = w->indices,
-                               .count = t.count};
-    /* Said before the dataset runs: if it kills this process, the loader
-     * reads here which task did it. */
-    if (w->o->task_word)
-        atomic_store_explicit(w->o->task_word, t.id + 1, memory_order_release);
-    if (w->o->note)
-        snprintf(w->o->note, w->o->note_len,
-                 "building batch %llu (epoch %llu, batch %llu, %u items from index %llu)",
-                 (unsigned long long)t.seq, (unsigned long long)t.epoch,
-                 (unsigned long long)t.batch_in_epoch, t.count, (unsigned long long)w->indices[0]);
     ferry_dataset_error derr;
-    memset(&derr, 0, sizeof derr);
-    int rc = ferry__dataset_get_batch(&w->ds, &req, dst, &derr);
-    if (w->o->task_word)
-        atomic_store_explicit(w->o->task_word, 0, memory_order_release);
-    if (w->o->note)
-        snprintf(w->o->note, w->o->note_len, "idle");
+    int rc = fill_batch(w, &t, dst, &derr);
     if (rc != FERRY_OK) {
         zmq_msg_close(&payload);
         return send_fail(w, t.id, rc, derr.index, derr.message);
@@ -420,8 +468,24 @@ static int on_stop(worker_session *w, int configured)
                          w->o->endpoint);
 }
 
+/* REFUSE: the loader will not have this worker, which speaks another
+ * protocol version. The session ends at once and without BYE (the loader
+ * has already forgotten this connection): FERRY_EVERSION naming both
+ * versions, or FERRY_ECLOSED with the loader's reason should the versions
+ * agree after all. */
+static int on_refuse(worker_session *w)
+{
+    const ferry__refuse *r = &w->in.u.refuse;
+    if (r->version != FERRY_PROTOCOL_VERSION)
+        return ferry__seterr(FERRY_EVERSION,
+                             "the loader at %s refused this worker: " FERRY__VERSION_MISMATCH,
+                             w->o->endpoint, FERRY_PROTOCOL_VERSION, r->version);
+    return ferry__seterr(FERRY_ECLOSED, "the loader at %s refused this worker: %s", w->o->endpoint,
+                         r->reason);
+}
+
 /* Acts on one message from the loader; *stopped is set when it ended the
- * session (STOP). */
+ * session (STOP, REFUSE). */
 static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, int *stopped)
 {
     switch (w->in.type) {
@@ -439,6 +503,9 @@ static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, in
     case FERRY__MSG_STOP:
         *stopped = 1;
         return on_stop(w, *configured);
+    case FERRY__MSG_REFUSE:
+        *stopped = 1;
+        return on_refuse(w);
     default:
         fprintf(stderr, "ferry-worker: unexpected %s from the loader, dropped\n",
                 ferry__msg_name(w->in.type));

@@ -3,9 +3,11 @@
  *
  * Position in the data flow: between the transport and the dataset. A worker
  * connects a DEALER socket to the loader, says HELLO, gets CONFIG (which
- * names the dataset), opens the dataset and says READY; then for each TASK
- * it builds the batch straight into the message it will send and replies
- * BATCH, or FAIL when the dataset fails; STOP ends the session with BYE.
+ * names the dataset), opens the dataset and says READY (with its length and
+ * schema); then for each TASK it builds the batch straight into the message
+ * it will send and replies BATCH, or FAIL when the dataset fails or the
+ * batch would be larger than the loader's max_message; STOP ends the
+ * session with BYE, REFUSE (another protocol version) at once.
  * Threads (inproc://), local processes (ipc://) and remote hosts (tcp://)
  * run this same function.
  *
@@ -47,10 +49,10 @@ typedef struct ferry__worker_opts {
 
 /* Runs one session. Returns FERRY_OK after STOP, FERRY_ECLOSED when the
  * loader answered HELLO with STOP (it refused this worker or is closing),
- * or a negative code when the loader went away or fell silent past its
- * heartbeat liveness, the handshake timed out, or a socket failed (with
- * detail). When `cancel` becomes set the worker says BYE and returns
- * FERRY_ETIMEDOUT. Never exits the process.
+ * FERRY_EVERSION when it answered REFUSE (it speaks another protocol
+ * version; the detail names both), or a negative code when the loader went away or fell silent past
+ * its heartbeat liveness, the handshake timed out, or a socket failed (with detail). When `cancel`
+ * becomes set the worker says BYE and returns FERRY_ETIMEDOUT. Never exits the process.
  *
  * With a heartbeat interval in CONFIG the worker sends HEARTBEAT whenever it
  * has sent nothing for that long, from a second thread while the dataset is

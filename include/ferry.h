@@ -145,9 +145,13 @@ FERRY_API int ferry_loader_open(ferry_loader **out, const ferry_config *cfg);
 /* The next batch, in sampler order unless in_order is off. Blocks until one
  * is ready. Returns:
  *  FERRY_OK       *out is a batch the caller must ferry_batch_release();
- *  FERRY_EBATCH   the dataset failed on this batch (ferry_last_error() names
- *                 the worker, the first failing index and the dataset's
- *                 message); the next call goes on with the following batch;
+ *  FERRY_EBATCH   this batch could not be had, and the next call goes on
+ *                 with the following one: the dataset failed on it
+ *                 (ferry_last_error() names the worker, the first failing
+ *                 index and the dataset's message), or it is larger than
+ *                 max_message (both sizes named), or workers failed on it
+ *                 max_attempts times, or a local worker sent it not
+ *                 matching the dataset's schema (what differed named);
  *  FERRY_EOF      the stream has ended (epochs or max_batches reached);
  *  FERRY_EWORKER, FERRY_ETIMEDOUT, ...: the loader cannot go on; close it. */
 FERRY_API int ferry_loader_next(ferry_loader *ld, ferry_batch **out);

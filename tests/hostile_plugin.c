@@ -14,6 +14,7 @@
  *   exit_at_open=C    the worker exits with code C while opening
  *   fail_open_worker=K  opening fails in worker K only
  *   length_by_worker=1  worker K reports n + K items
+ *   dim_by_worker=1   worker K's items have dim + K bytes of x (another schema)
  *   ignore_term=1     the worker ignores SIGTERM from the moment it opens
  *   omp=1             items are built by an OpenMP parallel loop
  *   say=TEXT          print TEXT on stderr before crashing/exiting
@@ -51,6 +52,7 @@ static int hostile_open(void **handle, const char *args, const ferry_dataset_ctx
     h->dim = 16;
     h->crash_at = h->abort_at = h->bus_at = h->hang_at = h->spin_at = -1;
     int64_t exit_at_open = -1, fail_open_worker = -1, length_by_worker = 0, ignore_term = 0;
+    int64_t dim_by_worker = 0;
 
     char buf[512];
     snprintf(buf, sizeof buf, "%s", args ? args : "");
@@ -84,6 +86,8 @@ static int hostile_open(void **handle, const char *args, const ferry_dataset_ctx
             fail_open_worker = x;
         else if (!strcmp(kv, "length_by_worker"))
             length_by_worker = x;
+        else if (!strcmp(kv, "dim_by_worker"))
+            dim_by_worker = x;
         else if (!strcmp(kv, "ignore_term"))
             ignore_term = x;
         else if (!strcmp(kv, "omp"))
@@ -108,6 +112,8 @@ static int hostile_open(void **handle, const char *args, const ferry_dataset_ctx
     }
     if (length_by_worker)
         h->n += ctx->worker_index;
+    if (dim_by_worker)
+        h->dim += ctx->worker_index;
     if (ignore_term)
         signal(SIGTERM, SIG_IGN);
 

@@ -639,6 +639,10 @@ static void test_open_failures_are_clean_and_specific(void **state)
          {"exited with code 3 while starting", "cannot-find-data", NULL}},
         {"fail_open_worker=1", FERRY_EDATASET, {"worker 1 (pid ", "refusing to open", NULL}},
         {"length_by_worker=1", FERRY_EMISMATCH, {"items in dataset", NULL}},
+        /* Whichever READY comes first sets the schema the other is held to. */
+        {"dim_by_worker=1",
+         FERRY_EMISMATCH,
+         {"(pid ", "another schema", "field 0 'x' has items of shape [1", NULL}},
         {"bogus=1", FERRY_EDATASET, {"unknown key 'bogus'", NULL}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -652,6 +656,88 @@ static void test_open_failures_are_clean_and_specific(void **state)
         assert_null(ld);
         ft_end(&snap);
     }
+}
+
+/* A local worker of another protocol version (worker_path names another
+ * ferry's ferry-worker, older or newer): open fails at once with
+ * FERRY_EVERSION naming both versions and the program, not after
+ * start_timeout_ms; the worker is told to stop (REFUSE, or STOP for a
+ * version 1 worker, which knows no REFUSE) and exits. */
+static void test_open_fails_at_once_for_a_worker_of_another_version(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *script, *words;
+    } cases[] = {
+        {"version=1", "protocol version 1 worker, version 2 loader"},
+        {"version=3", "protocol version 3 worker, version 2 loader"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ft_snapshot snap;
+        ft_begin(&snap, 30);
+        assert_int_equal(setenv("FERRY_TEST_SCRIPT", cases[c].script, 1), 0);
+        ferry_config *cfg = make_cfg(1, 16, "synthetic:n=160,dim=8");
+        assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_SCRIPTED), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 20000), FERRY_OK);
+        ferry_loader *ld = NULL;
+        uint64_t t0 = ft_now_ms();
+        int rc = ferry_loader_open(&ld, cfg);
+        uint64_t took = ft_now_ms() - t0;
+        ferry_config_free(cfg);
+        print_message("open failed after %llu ms: %s\n", (unsigned long long)took,
+                      ferry_last_error());
+        FT_EXPECT_ERROR(rc, FERRY_EVERSION, cases[c].words, "worker 0 (pid ", "scripted worker",
+                        FERRY_TEST_SCRIPTED, NULL);
+        assert_null(ld);
+        assert_true(took < 5000);
+        unsetenv("FERRY_TEST_SCRIPT");
+        ft_end(&snap);
+    }
+}
+
+/* A local worker whose batch does not match the schema it announced (a bug
+ * in the worker program: ferry-worker builds every batch from that schema)
+ * has that batch failed with FERRY_EBATCH saying what differed, counted as
+ * malformed; the worker stays, and the rest of the stream arrives intact. */
+static void test_local_wrong_batch_fails_that_batch_only(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    assert_int_equal(setenv("FERRY_TEST_SCRIPT", "wrong_at=2", 1), 0);
+    ferry_config *cfg = make_cfg(1, 16, "synthetic:n=160,dim=8");
+    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_SCRIPTED), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    for (uint64_t k = 0; k < 10; k++) {
+        ferry_batch *b = NULL;
+        int rc = ferry_loader_next(ld, &b);
+        if (k == 2) {
+            print_message("%s\n", ferry_last_error());
+            FT_EXPECT_ERROR(rc, FERRY_EBATCH, "worker 0 (pid ", "batch 2 (epoch 0, batch 2)",
+                            "field 0 'x' is i1, not u1", NULL);
+            continue;
+        }
+        if (rc != FERRY_OK)
+            fail_msg("batch %llu: %s: %s", (unsigned long long)k, ferry_err_name(rc),
+                     ferry_last_error());
+        ft_assert_synthetic(b, 8);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, k);
+        ferry_batch_release(b);
+    }
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    ferry_stats st;
+    assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
+    assert_int_equal(st.malformed, 1);
+    assert_int_equal(st.failed, 1);
+    assert_int_equal(st.delivered, 10);
+    assert_int_equal(st.restarts, 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    unsetenv("FERRY_TEST_SCRIPT");
+    ft_end(&snap);
 }
 
 /* Every open-file limit from "no fd to spare" to "one fd short of an
@@ -771,6 +857,8 @@ int main(void)
         cmocka_unit_test(test_close_from_another_thread_is_supported),
         cmocka_unit_test(test_openmp_trainer_with_openmp_workers),
         cmocka_unit_test(test_open_failures_are_clean_and_specific),
+        cmocka_unit_test(test_open_fails_at_once_for_a_worker_of_another_version),
+        cmocka_unit_test(test_local_wrong_batch_fails_that_batch_only),
         cmocka_unit_test(test_open_fails_clearly_at_the_fd_limit),
         cmocka_unit_test(test_open_fails_cleanly_when_any_allocation_fails),
     };

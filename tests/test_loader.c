@@ -305,6 +305,53 @@ static void test_dataset_error_is_reported_and_run_continues(void **state)
     ft_end(&snap);
 }
 
+/* A batch larger than max_message cannot travel: ZeroMQ would drop it, and
+ * the worker's connection, without a word, and next() would wait forever.
+ * The worker knows the limit from CONFIG and answers FAIL instead: next()
+ * reports that batch at once as FERRY_EBATCH naming its size and the
+ * limit, and the stream goes on (the short last batch fits). Processes and
+ * threads alike, though ZeroMQ only enforces the limit on ipc and tcp. */
+static void test_batch_over_max_message_fails_that_batch_only(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"process", "thread"};
+    for (int m = 0; m < 2; m++) {
+        ft_snapshot snap;
+        ft_begin(&snap, 30);
+        /* Items of 100 + 8 bytes in batches of 40, 40, 20: the payload of a
+         * full batch is 64 (lead) + 4032 + 320 = 4416 bytes, the last one's
+         * 64 + 2048 + 192 = 2304; the limit is 4096. */
+        ferry_config *cfg = make_cfg(modes[m], 2, 4, 40, "synthetic:n=100,dim=100");
+        assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "max_message", 4096), FERRY_OK);
+        ferry_loader *ld = ft_open_ok(cfg);
+        ferry_batch *b = NULL;
+        for (int i = 0; i < 2; i++) {
+            uint64_t t0 = ft_now_ms();
+            int rc = ferry_loader_next(ld, &b);
+            print_message("%s: next took %llu ms: %s\n", modes[m],
+                          (unsigned long long)(ft_now_ms() - t0), ferry_last_error());
+            FT_EXPECT_ERROR(rc, FERRY_EBATCH, "4416 bytes", "max_message 4096", "batch_size", NULL);
+            assert_true(ft_now_ms() - t0 < 5000);
+        }
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ft_assert_synthetic(b, 100);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, 2);
+        assert_int_equal(info.size, 20);
+        assert_int_equal(ferry_batch_indices(b)[0], 80);
+        ferry_batch_release(b);
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+        ferry_stats st = ft_stats(ld);
+        assert_int_equal(st.failed, 2);
+        assert_int_equal(st.delivered, 3);
+        assert_int_equal(st.malformed, 0);
+        assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+        ft_end(&snap);
+    }
+}
+
 static void test_open_fails_clearly_when_dataset_does_not_open(void **state)
 {
     (void)state;
@@ -605,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_next_epoch_is_built_while_trainer_holds_last_batch),
         cmocka_unit_test(test_epoch_barrier_holds_next_epoch_until_asked),
         cmocka_unit_test(test_dataset_error_is_reported_and_run_continues),
+        cmocka_unit_test(test_batch_over_max_message_fails_that_batch_only),
         cmocka_unit_test(test_open_fails_clearly_when_dataset_does_not_open),
         cmocka_unit_test(test_open_fails_when_worker_program_is_missing),
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),

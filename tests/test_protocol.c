@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
 #include <msgpack.h>
 
 #include "error.h"
@@ -29,7 +30,7 @@
 
 static const ferry__msg_type all_types[] = {
     FERRY__MSG_HELLO, FERRY__MSG_CONFIG,    FERRY__MSG_READY, FERRY__MSG_TASK, FERRY__MSG_BATCH,
-    FERRY__MSG_FAIL,  FERRY__MSG_HEARTBEAT, FERRY__MSG_STOP,  FERRY__MSG_BYE,
+    FERRY__MSG_FAIL,  FERRY__MSG_HEARTBEAT, FERRY__MSG_STOP,  FERRY__MSG_BYE,  FERRY__MSG_REFUSE,
 };
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 #define NTYPES COUNT_OF(all_types)
@@ -106,9 +107,9 @@ static void set_field(ferry__field_desc *f, const char *name, ferry_dtype dtype,
 
 /* ---------------------------------------------------------------------------
  * Sample messages: TYPICAL has ordinary non-trivial values (slot -1, a
- * two-field batch); EXTREME has the largest legal ones (uint32 and uint64
- * max, INT32_MIN codes, strings one byte short of their buffers, 16 fields
- * of 8 dims).
+ * two-field batch and schema); EXTREME has the largest legal ones (uint32
+ * and uint64 max, INT32_MIN codes, strings one byte short of their buffers,
+ * 16 fields of 8 dims, a schema of 16 fields of 7 dims).
  */
 
 enum { TYPICAL, EXTREME };
@@ -135,6 +136,38 @@ static void sample_batch(ferry__batch_hdr *b, int variant)
         name[0] = (char)('a' + i);
         set_field(&b->fields[i], name, (ferry_dtype)(1 + i % 12), shape, FERRY_MAX_DIMS,
                   UINT64_MAX - (uint64_t)(i + 1) * (UINT64_C(1) << 60));
+    }
+}
+
+static void set_item_field(ferry__item_field *f, const char *name, ferry_dtype dtype,
+                           const int64_t *shape, int ndim)
+{
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->dtype = dtype;
+    f->ndim = ndim;
+    if (ndim > 0)
+        memcpy(f->shape, shape, (size_t)ndim * sizeof shape[0]);
+}
+
+/* The typical schema: x, f4 items of [28, 28]; y, one i64 per item. The
+ * extreme one: 16 fields with 63-byte names and 7 dims, the last as large
+ * as an 8-byte dtype allows. */
+static void sample_schema(ferry__schema *sc, int variant)
+{
+    if (variant == TYPICAL) {
+        static const int64_t xs[] = {28, 28};
+        sc->nfields = 2;
+        set_item_field(&sc->fields[0], "x", FERRY_DTYPE_F32, xs, 2);
+        set_item_field(&sc->fields[1], "y", FERRY_DTYPE_I64, NULL, 0);
+        return;
+    }
+    const int64_t shape[FERRY_MAX_DIMS - 1] = {1, 1, 1, 1, 1, 1, INT64_MAX / 8};
+    sc->nfields = FERRY_MAX_FIELDS;
+    for (int i = 0; i < FERRY_MAX_FIELDS; i++) {
+        char name[FERRY_NAME_MAX];
+        set_str(name, FERRY_NAME_MAX - 1, 'n');
+        name[0] = (char)('a' + i);
+        set_item_field(&sc->fields[i], name, (ferry_dtype)(1 + i % 12), shape, FERRY_MAX_DIMS - 1);
     }
 }
 
@@ -167,14 +200,12 @@ static void sample(ferry__msg *m, ferry__msg_type type, int variant)
         m->u.config.credits = ext ? FERRY__MAX_CREDITS : 2;
         m->u.config.heartbeat_ms = ext ? UINT32_MAX : 500;
         m->u.config.liveness = ext ? 1000 : 3;
+        m->u.config.max_message = ext ? INT64_MAX : UINT64_C(1) << 31;
         break;
     case FERRY__MSG_READY:
-        if (ext) {
-            m->u.ready.code = INT32_MIN;
-            set_str(m->u.ready.error, FERRY__TEXT_MAX - 1, 'e');
-        } else {
-            m->u.ready.length = UINT64_MAX;
-        }
+        /* The error form of READY: test_ready_with_error_..._round_trip. */
+        m->u.ready.length = UINT64_MAX;
+        sample_schema(&m->u.ready.schema, variant);
         break;
     case FERRY__MSG_TASK:
         m->u.task.id = UINT64_MAX;
@@ -194,6 +225,13 @@ static void sample(ferry__msg *m, ferry__msg_type type, int variant)
             set_str(m->u.fail.message, FERRY__TEXT_MAX - 1, 'm');
         else
             strcpy(m->u.fail.message, "cannot read item 7: Input/output error");
+        break;
+    case FERRY__MSG_REFUSE:
+        m->u.refuse.version = ext ? UINT32_MAX : FERRY_PROTOCOL_VERSION;
+        if (ext)
+            set_str(m->u.refuse.reason, FERRY__TEXT_MAX - 1, 'r');
+        else
+            strcpy(m->u.refuse.reason, "protocol version 3 worker, version 2 loader");
         break;
     case FERRY__MSG_HEARTBEAT:
     case FERRY__MSG_STOP:
@@ -455,8 +493,15 @@ static void test_ready_with_error_and_slot_minus_one_round_trip(void **state)
     sample(&m, FERRY__MSG_READY, TYPICAL);
     m.u.ready.length = 0;
     m.u.ready.code = FERRY_EDATASET;
+    memset(&m.u.ready.schema, 0, sizeof m.u.ready.schema);
     strcpy(m.u.ready.error, "cannot open train_x.npy: No such file or directory");
     size_t len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_memory_equal(&m, &out, sizeof m);
+    /* The longest error, the lowest code. */
+    m.u.ready.code = INT32_MIN;
+    set_str(m.u.ready.error, FERRY__TEXT_MAX - 1, 'e');
+    len = encode_ok(&m, buf, sizeof buf);
     assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
     assert_memory_equal(&m, &out, sizeof m);
 
@@ -472,17 +517,52 @@ static void test_ready_with_error_and_slot_minus_one_round_trip(void **state)
 static void test_names_and_payload_flags(void **state)
 {
     static const char *const names[] = {"HELLO", "CONFIG",    "READY", "TASK", "BATCH",
-                                        "FAIL",  "HEARTBEAT", "STOP",  "BYE"};
+                                        "FAIL",  "HEARTBEAT", "STOP",  "BYE",  "REFUSE"};
     for (size_t i = 0; i < NTYPES; i++) {
         assert_string_equal(ferry__msg_name((int)all_types[i]), names[i]);
         int want = all_types[i] == FERRY__MSG_TASK || all_types[i] == FERRY__MSG_BATCH;
         assert_int_equal(ferry__msg_has_payload(all_types[i]), want);
     }
     assert_string_equal(ferry__msg_name(0), "?");
-    assert_string_equal(ferry__msg_name(10), "?");
+    assert_string_equal(ferry__msg_name(11), "?");
     assert_string_equal(ferry__msg_name(-1), "?");
     assert_int_equal(ferry__msg_has_payload((ferry__msg_type)0), 0);
     assert_int_equal(ferry__msg_has_payload((ferry__msg_type)99), 0);
+}
+
+/* HELLO and REFUSE never change (docs/protocol.md section 7): a peer of any
+ * version must read them to tell a version mismatch from garbage. These
+ * are their bytes; the HELLO is also exactly what version 1 encoded. */
+static void test_hello_and_refuse_are_frozen(void **state)
+{
+    static const char hello[] =
+        "\x86\xa4type\x01\xa7version\x01\xa3pid\xcd\x10\x92\xa4slot\xff\xa4host\xa7node-17"
+        "\xa7program\xb2"
+        "ferry-worker 0.1.0";
+    static const char refuse[] = "\x83\xa4type\x0a\xa7version\x02\xa6reason\xd9\x2b"
+                                 "protocol version 3 worker, version 2 loader";
+    ferry__msg m, out;
+    char buf[FERRY__HDR_MAX];
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_HELLO;
+    m.u.hello = (ferry__hello){.version = 1, .pid = 4242, .slot = -1};
+    strcpy(m.u.hello.host, "node-17");
+    strcpy(m.u.hello.program, "ferry-worker 0.1.0");
+    size_t len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(len, sizeof hello - 1);
+    assert_memory_equal(buf, hello, len);
+    assert_int_equal(decode_exact(hello, sizeof hello - 1, &out), FERRY_OK);
+    assert_memory_equal(&m, &out, sizeof m);
+
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_REFUSE;
+    m.u.refuse.version = 2;
+    strcpy(m.u.refuse.reason, "protocol version 3 worker, version 2 loader");
+    len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(len, sizeof refuse - 1);
+    assert_memory_equal(buf, refuse, len);
+    assert_int_equal(decode_exact(refuse, sizeof refuse - 1, &out), FERRY_OK);
+    assert_memory_equal(&m, &out, sizeof m);
 }
 
 /* ---------------------------------------------------------------------------
@@ -510,9 +590,16 @@ static const struct key_path {
     {FERRY__MSG_CONFIG, "credits", 'U', "credits"},
     {FERRY__MSG_CONFIG, "heartbeat_ms", 'U', "heartbeat_ms"},
     {FERRY__MSG_CONFIG, "liveness", 'U', "liveness"},
+    {FERRY__MSG_CONFIG, "max_message", 'U', "max_message"},
     {FERRY__MSG_READY, "length", 'U', "length"},
     {FERRY__MSG_READY, "code", 'I', "code"},
     {FERRY__MSG_READY, "error", 'S', "error"},
+    {FERRY__MSG_READY, "fields", 'A', "fields"},
+    {FERRY__MSG_READY, "fields.1", 'M', "READY field 1"},
+    {FERRY__MSG_READY, "fields.0.name", 'S', "name"},
+    {FERRY__MSG_READY, "fields.1.dtype", 'U', "dtype"},
+    {FERRY__MSG_READY, "fields.0.shape", 'A', "shape"},
+    {FERRY__MSG_READY, "fields.0.shape.1", 'D', "shape"},
     {FERRY__MSG_TASK, "id", 'U', "id"},
     {FERRY__MSG_TASK, "epoch", 'U', "epoch"},
     {FERRY__MSG_TASK, "batch_in_epoch", 'U', "batch_in_epoch"},
@@ -533,6 +620,8 @@ static const struct key_path {
     {FERRY__MSG_FAIL, "index", 'U', "index"},
     {FERRY__MSG_FAIL, "message", 'S', "message"},
     {FERRY__MSG_STOP, "type", 'U', "type"},
+    {FERRY__MSG_REFUSE, "version", 'U', "version"},
+    {FERRY__MSG_REFUSE, "reason", 'S', "reason"},
 };
 
 /* Whether a value of msgpack type t is of the right type for class cls. */
@@ -655,6 +744,10 @@ static void test_decode_rejects_out_of_range_scalars(void **state)
         {FERRY__MSG_CONFIG, "heartbeat_ms", mp_uint(UINT64_C(1) << 32), "'heartbeat_ms'"},
         {FERRY__MSG_CONFIG, "liveness", mp_uint(0), "'liveness' is 0, must be 1..1000"},
         {FERRY__MSG_CONFIG, "liveness", mp_uint(1001), "'liveness' is 1001"},
+        {FERRY__MSG_CONFIG, "max_message", mp_uint(FERRY__MIN_MESSAGE - 1),
+         "'max_message' is 4095, must be 4096..9223372036854775807"},
+        {FERRY__MSG_CONFIG, "max_message", mp_uint(UINT64_C(1) << 63), "'max_message'"},
+        {FERRY__MSG_REFUSE, "version", mp_uint(UINT64_C(1) << 32), "'version' is 4294967296"},
         {FERRY__MSG_READY, "code", mp_int(1), "'code' is 1"},
         {FERRY__MSG_READY, "code", mp_int((int64_t)INT32_MIN - 1), "'code'"},
         {FERRY__MSG_READY, "code", mp_int(FERRY_EDATASET), "'length'"},
@@ -666,7 +759,7 @@ static void test_decode_rejects_out_of_range_scalars(void **state)
         {FERRY__MSG_FAIL, "code", mp_int(3), "'code' is 3"},
         {FERRY__MSG_FAIL, "code", mp_int((int64_t)INT32_MIN - 1), "'code'"},
         {FERRY__MSG_STOP, "type", mp_uint(0), "not a known message type"},
-        {FERRY__MSG_STOP, "type", mp_uint(10), "not a known message type"},
+        {FERRY__MSG_STOP, "type", mp_uint(11), "not a known message type"},
         {FERRY__MSG_STOP, "type", mp_uint(UINT64_MAX), "not a known message type"},
     };
     expect_bad_values(cases);
@@ -713,6 +806,37 @@ static void test_decode_rejects_inconsistent_batch_fields(void **state)
     /* For contrast: i64 -> f64 keeps the element size, so nbytes still holds. */
     mutation same_size = {"fields.1.dtype", M_REPLACE, mp_uint(FERRY_DTYPE_F64)};
     assert_int_equal(decode_mutated(FERRY__MSG_BATCH, same_size), FERRY_OK);
+}
+
+static void test_decode_rejects_inconsistent_ready_schema(void **state)
+{
+    /* The typical schema: field 0 "x", f4 items of [28, 28]; field 1 "y", i64. */
+    msgpack_object none[1], eight[FERRY_MAX_DIMS], maps[FERRY_MAX_FIELDS + 1],
+        zero[2] = {mp_uint(28), mp_uint(0)}, neg[2] = {mp_uint(28), mp_int(-3)},
+        huge[2] = {mp_uint(UINT64_C(1) << 62), mp_uint(UINT64_C(1) << 62)};
+    for (int d = 0; d < FERRY_MAX_DIMS; d++)
+        eight[d] = mp_uint(1);
+    for (int i = 0; i <= FERRY_MAX_FIELDS; i++)
+        maps[i] = mp_of(MSGPACK_OBJECT_MAP);
+    const bad_value cases[] = {
+        {FERRY__MSG_READY, "fields", mp_array(none, 0), "code is 0 but key 'fields' is empty"},
+        {FERRY__MSG_READY, "fields", mp_array(maps, FERRY_MAX_FIELDS + 1),
+         "READY: key 'fields' has 17 entries, must be 0..16"},
+        {FERRY__MSG_READY, "fields.0.shape", mp_array(eight, FERRY_MAX_DIMS),
+         "READY field 0: key 'shape' has 8 dims, must be 0..7"},
+        {FERRY__MSG_READY, "fields.0.shape", mp_array(zero, 2), "field 0: key 'shape' dim 1 is 0"},
+        {FERRY__MSG_READY, "fields.0.shape", mp_array(neg, 2), "dim 1 is -3"},
+        {FERRY__MSG_READY, "fields.0.shape", mp_array(huge, 2), "overflows"},
+        {FERRY__MSG_READY, "fields.1.dtype", mp_uint(13), "field 1: key 'dtype' is 13"},
+        {FERRY__MSG_READY, "fields.1.dtype", mp_uint(0), "not a known dtype"},
+        {FERRY__MSG_READY, "fields.1.name", mp_str("x"), "'name' 'x' repeats field 0"},
+        {FERRY__MSG_READY, "fields.1.name", mp_str(""), "'name' is 0 bytes long"},
+        {FERRY__MSG_READY, "code", mp_int(FERRY_EDATASET), "'length'"},
+    };
+    expect_bad_values(cases);
+    /* For contrast: a scalar item has no dims, and y already is one. */
+    mutation scalar = {"fields.0.shape", M_REPLACE, mp_array(none, 0)};
+    assert_int_equal(decode_mutated(FERRY__MSG_READY, scalar), FERRY_OK);
 }
 
 /* {type: BATCH, id: 1, count: 4, fields: [nfields x {name, u8 [4], 4 bytes}]},
@@ -786,6 +910,10 @@ static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
         {FERRY__MSG_HELLO, "host", mp_strn("node\0evil", 9), "'host' contains a NUL byte"},
         {FERRY__MSG_FAIL, "message", mp_strn("\0", 1), "'message' contains a NUL byte"},
         {FERRY__MSG_BATCH, "fields.0.name", mp_strn("x\0", 2), "'name' contains a NUL byte"},
+        {FERRY__MSG_READY, "fields.1.name", mp_strn(big, FERRY_NAME_MAX),
+         "READY field 1: key 'name' is 64 bytes"},
+        {FERRY__MSG_REFUSE, "reason", mp_strn(big, FERRY__TEXT_MAX), "'reason' is 1024 bytes"},
+        {FERRY__MSG_REFUSE, "reason", mp_strn("a\0b", 3), "'reason' contains a NUL byte"},
     };
     expect_bad_values(cases);
 }
@@ -1014,6 +1142,33 @@ static void test_encode_refuses_what_the_decoder_would_refuse(void **state)
     expect_error(ferry__msg_decode(buf, 4, NULL), FERRY_EINVAL, "NULL", "decode NULL out");
 }
 
+/* The same for what version 2 added: READY's schema, CONFIG's max_message,
+ * REFUSE. */
+static void test_encode_refuses_bad_schemas_and_version_2_keys(void **state)
+{
+    ferry__msg m;
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    m.u.ready.schema.nfields = 0;
+    expect_encode_refused(&m, "READY: code is 0 but key 'fields' is empty");
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    m.u.ready.code = FERRY_EDATASET;
+    m.u.ready.length = 0;
+    strcpy(m.u.ready.error, "gone");
+    expect_encode_refused(&m, "READY: code is -4 but key 'fields' has 2 entries, must be 0");
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    m.u.ready.schema.fields[1].ndim = FERRY_MAX_DIMS;
+    expect_encode_refused(&m, "READY field 1: key 'shape' has 8 dims, must be 0..7");
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    m.u.ready.schema.nfields = FERRY_MAX_FIELDS + 1;
+    expect_encode_refused(&m, "'fields' has 17 entries");
+    sample(&m, FERRY__MSG_CONFIG, TYPICAL);
+    m.u.config.max_message = 0;
+    expect_encode_refused(&m, "CONFIG: key 'max_message' is 0");
+    sample(&m, FERRY__MSG_REFUSE, TYPICAL);
+    memset(m.u.refuse.reason, 'r', sizeof m.u.refuse.reason);
+    expect_encode_refused(&m, "'reason' is not NUL-terminated");
+}
+
 /* Every capacity short of the frame fails with FERRY_ELIMIT, leaves *len
  * alone and writes nothing past the capacity. */
 static void test_encode_reports_elimit_for_every_short_buffer_without_overrun(void **state)
@@ -1127,6 +1282,120 @@ static void test_check_payload_refuses_messages_without_payload(void **state)
 }
 
 /* ---------------------------------------------------------------------------
+ * Schemas
+ */
+
+/* The typical batch's fields without their batch dim: x f4 [3, 2], y i64. */
+static void typical_batch_schema(ferry__schema *sc)
+{
+    static const int64_t xs[] = {3, 2};
+    memset(sc, 0, sizeof *sc);
+    sc->nfields = 2;
+    set_item_field(&sc->fields[0], "x", FERRY_DTYPE_F32, xs, 2);
+    set_item_field(&sc->fields[1], "y", FERRY_DTYPE_I64, NULL, 0);
+}
+
+static void expect_diff(const ferry__schema *want, const ferry__schema *got, const char *words)
+{
+    char why[256] = "";
+    assert_int_equal(ferry__schema_diff(want, got, why, sizeof why), 1);
+    if (!strstr(why, words))
+        print_error("'%s' not in: %s\n", words, why);
+    assert_non_null(strstr(why, words));
+}
+
+static void test_batch_schema_drops_the_batch_dim(void **state)
+{
+    ferry__msg m;
+    ferry__schema got, want;
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    ferry__batch_schema(&m.u.batch, &got);
+    typical_batch_schema(&want);
+    assert_memory_equal(&got, &want, sizeof got);
+    char why[64] = "";
+    assert_int_equal(ferry__schema_diff(&want, &got, why, sizeof why), 0);
+    assert_string_equal(why, "");
+}
+
+static void test_schema_diff_names_the_first_difference(void **state)
+{
+    ferry__schema want, got;
+    typical_batch_schema(&want);
+    static const int64_t other[] = {2, 3}, longer[] = {3, 2, 1};
+
+    got = want;
+    got.fields[1].dtype = FERRY_DTYPE_I8;
+    expect_diff(&want, &got, "field 1 'y' is i1, not i8");
+    got = want;
+    set_item_field(&got.fields[0], "x", FERRY_DTYPE_F32, other, 2);
+    expect_diff(&want, &got, "field 0 'x' has items of shape [2, 3], not [3, 2]");
+    got = want;
+    set_item_field(&got.fields[0], "x", FERRY_DTYPE_F32, longer, 3);
+    expect_diff(&want, &got, "shape [3, 2, 1], not [3, 2]");
+    got = want;
+    got.fields[1].ndim = 1;
+    got.fields[1].shape[0] = 1;
+    expect_diff(&want, &got, "field 1 'y' has items of shape [1], not []");
+    got = want;
+    strcpy(got.fields[1].name, "label");
+    expect_diff(&want, &got, "field 1 is 'label', not 'y'");
+    got = want; /* the same fields in another order */
+    got.fields[0] = want.fields[1];
+    got.fields[1] = want.fields[0];
+    expect_diff(&want, &got, "field 0 is 'y', not 'x'");
+    got = want;
+    got.nfields = 3;
+    set_item_field(&got.fields[2], "z", FERRY_DTYPE_U8, NULL, 0);
+    expect_diff(&want, &got, "field 2 'z' is extra: 2 fields expected");
+    got = want;
+    got.nfields = 1;
+    expect_diff(&want, &got, "field 1 'y' is missing");
+}
+
+/* ---------------------------------------------------------------------------
+ * The fuzz target's seeds
+ */
+
+/* Every seed in tests/fuzz/corpus, split as fuzz_protocol.c splits its
+ * input, still decodes (with its payload) after a change to the protocol,
+ * and every message type has one: a stale seed would only start the fuzzer
+ * off on what the decoder now refuses. Regenerate them with
+ * ferry_fuzz_seeds (tests/fuzz/make_seeds.c). */
+static void test_fuzz_seeds_decode_and_cover_every_type(void **state)
+{
+    DIR *d = opendir(FERRY_FUZZ_CORPUS);
+    assert_non_null(d);
+    int seen[FERRY__MSG_REFUSE + 1] = {0};
+    static unsigned char data[2 * FERRY__HDR_MAX];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", FERRY_FUZZ_CORPUS, e->d_name);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        size_t size = fread(data, 1, sizeof data, f);
+        fclose(f);
+        assert_true(size >= 1 && size < sizeof data);
+        size_t hlen = (size - 1) * data[0] / 255;
+        ferry__msg m;
+        int rc = decode_exact(data + 1, hlen, &m);
+        if (rc == FERRY_OK && ferry__msg_has_payload(m.type))
+            rc = ferry__msg_check_payload(&m, size - 1 - hlen);
+        if (rc != FERRY_OK)
+            print_error("seed %s: %s\n", e->d_name, ferry_last_error());
+        assert_int_equal(rc, FERRY_OK);
+        seen[m.type]++;
+    }
+    closedir(d);
+    for (size_t i = 0; i < NTYPES; i++) {
+        if (!seen[all_types[i]])
+            print_error("no seed for %s\n", ferry__msg_name((int)all_types[i]));
+        assert_true(seen[all_types[i]] > 0);
+    }
+}
+
+/* ---------------------------------------------------------------------------
  * Robustness
  */
 
@@ -1206,12 +1475,14 @@ int main(void)
         cmocka_unit_test(test_every_message_type_round_trips_extreme_values_within_hdr_max),
         cmocka_unit_test(test_ready_with_error_and_slot_minus_one_round_trip),
         cmocka_unit_test(test_names_and_payload_flags),
+        cmocka_unit_test(test_hello_and_refuse_are_frozen),
         cmocka_unit_test(test_decode_rejects_wrong_msgpack_type_for_every_key),
         cmocka_unit_test(test_decode_rejects_missing_and_duplicate_keys),
         cmocka_unit_test(test_decode_rejects_unknown_keys),
         cmocka_unit_test(test_decode_rejects_out_of_range_scalars),
         cmocka_unit_test(test_decode_detail_names_message_key_value_and_range),
         cmocka_unit_test(test_decode_rejects_inconsistent_batch_fields),
+        cmocka_unit_test(test_decode_rejects_inconsistent_ready_schema),
         cmocka_unit_test(test_decode_accepts_16_fields_and_rejects_17),
         cmocka_unit_test(test_decode_rejects_strings_too_long_or_with_nul),
         cmocka_unit_test(test_decode_rejects_what_is_not_a_header_map),
@@ -1222,11 +1493,15 @@ int main(void)
         cmocka_unit_test(test_decode_refuses_containers_bigger_than_the_frame),
         cmocka_unit_test(test_decode_rejects_deep_nesting),
         cmocka_unit_test(test_encode_refuses_what_the_decoder_would_refuse),
+        cmocka_unit_test(test_encode_refuses_bad_schemas_and_version_2_keys),
         cmocka_unit_test(test_encode_reports_elimit_for_every_short_buffer_without_overrun),
         cmocka_unit_test(test_check_payload_task_needs_exactly_count_indices),
         cmocka_unit_test(test_check_payload_batch_fields_inside_and_disjoint),
         cmocka_unit_test(test_check_payload_survives_offsets_near_uint64_max),
         cmocka_unit_test(test_check_payload_refuses_messages_without_payload),
+        cmocka_unit_test(test_batch_schema_drops_the_batch_dim),
+        cmocka_unit_test(test_schema_diff_names_the_first_difference),
+        cmocka_unit_test(test_fuzz_seeds_decode_and_cover_every_type),
         cmocka_unit_test(test_decoder_survives_random_bytes),
         cmocka_unit_test(test_decoder_survives_mutations_of_valid_messages),
     };

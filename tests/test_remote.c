@@ -27,7 +27,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <spawn.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
@@ -42,6 +44,7 @@
 #include "keys.h"
 #include "protocol.h"
 #include "sampler.h"
+#include "worker.h"
 #include "zsock.h"
 
 extern char **environ;
@@ -676,6 +679,337 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     case_end(&t);
 }
 
+/* ------------------------------------------------------------------------
+ * A raw peer that speaks the protocol itself (a worker written elsewhere,
+ * or a hostile one), over plain TCP
+ */
+
+/* A DEALER connected to ep without CURVE, linger 0. */
+static void *raw_dealer(void *ctx, const char *ep)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    assert_non_null(s);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
+static int raw_send(void *s, const ferry__msg *m, zmq_msg_t *payload)
+{
+    return ferry__zsock_send(s, NULL, m, payload, 0);
+}
+
+/* The next message of type `want` within `ms`, skipping others (the
+ * loader's heartbeats, a task sent before a session ended). 0, or -1 when
+ * none came. A TASK's payload is dropped. */
+static int raw_wait(void *s, ferry__msg *m, ferry__msg_type want, int ms)
+{
+    uint64_t deadline = ft_now_ms() + (uint64_t)ms;
+    for (;;) {
+        uint64_t now = ft_now_ms();
+        if (now >= deadline)
+            return -1;
+        zmq_pollitem_t it = {.socket = s, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, (long)(deadline - now)) <= 0)
+            continue;
+        zmq_msg_t payload;
+        if (ferry__zsock_recv(s, NULL, m, &payload, ZMQ_DONTWAIT) != FERRY_OK)
+            continue;
+        zmq_msg_close(&payload);
+        if (m->type == want)
+            return 0;
+    }
+}
+
+static void raw_hello(void *s, uint32_t version)
+{
+    ferry__msg m;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_HELLO;
+    m.u.hello = (ferry__hello){.version = version, .pid = (uint32_t)getpid(), .slot = -1};
+    snprintf(m.u.hello.host, sizeof m.u.hello.host, "raw");
+    snprintf(m.u.hello.program, sizeof m.u.hello.program, "raw peer");
+    assert_int_equal(raw_send(s, &m, NULL), FERRY_OK);
+}
+
+/* READY for remote_cfg's dataset: x, u8 items of [dim]; y, one i64. */
+static void raw_ready(void *s, int dim)
+{
+    ferry__msg m;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_READY;
+    m.u.ready.length = N_ITEMS;
+    ferry__schema *sc = &m.u.ready.schema;
+    sc->nfields = 2;
+    snprintf(sc->fields[0].name, FERRY_NAME_MAX, "x");
+    sc->fields[0].dtype = FERRY_DTYPE_U8;
+    sc->fields[0].ndim = 1;
+    sc->fields[0].shape[0] = dim;
+    snprintf(sc->fields[1].name, FERRY_NAME_MAX, "y");
+    sc->fields[1].dtype = FERRY_DTYPE_I64;
+    assert_int_equal(raw_send(s, &m, NULL), FERRY_OK);
+}
+
+/* The ways a BATCH can disagree with its task and the schema while every
+ * field still agrees with itself (the decoder lets each through). */
+enum { WRONG_DTYPE, WRONG_SHAPE, EXTRA_FIELD, MISSING_FIELD, SWAPPED_FIELDS, WRONG_COUNT, NWRONG };
+
+static void raw_field(ferry__batch_hdr *b, const char *name, ferry_dtype dtype, int64_t dim,
+                      uint64_t *off)
+{
+    ferry__field_desc *f = &b->fields[b->nfields++];
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->dtype = dtype;
+    f->ndim = dim ? 2 : 1;
+    f->shape[0] = b->count;
+    f->shape[1] = dim;
+    f->offset = *off;
+    f->nbytes = b->count * ferry_dtype_size(dtype) * (uint64_t)(dim ? dim : 1);
+    *off += f->nbytes;
+}
+
+/* Answers task t with a batch that is wrong in way `how`. */
+static void raw_wrong_batch(void *s, const ferry__task *t, int how)
+{
+    ferry__msg m;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_BATCH;
+    ferry__batch_hdr *b = &m.u.batch;
+    b->id = t->id;
+    b->count = how == WRONG_COUNT ? t->count - 1 : t->count;
+    uint64_t off = 0;
+    if (how == SWAPPED_FIELDS)
+        raw_field(b, "y", FERRY_DTYPE_I64, 0, &off);
+    raw_field(b, "x", how == WRONG_DTYPE ? FERRY_DTYPE_I8 : FERRY_DTYPE_U8,
+              how == WRONG_SHAPE ? DIM + 1 : DIM, &off);
+    if (how != MISSING_FIELD && how != SWAPPED_FIELDS)
+        raw_field(b, "y", FERRY_DTYPE_I64, 0, &off);
+    if (how == EXTRA_FIELD)
+        raw_field(b, "z", FERRY_DTYPE_U8, 0, &off);
+    zmq_msg_t payload;
+    assert_int_equal(zmq_msg_init_size(&payload, off), 0);
+    memset(zmq_msg_data(&payload), 0x5a, off);
+    assert_int_equal(raw_send(s, &m, &payload), FERRY_OK);
+}
+
+/* A loader on plain TCP (insecure=1) with its endless stream, served by one
+ * --insecure daemon (*daemon), its first batch read into c. Heartbeats are
+ * 10 s apart: a raw peer sends none, and must not be lost for its silence
+ * however loaded the machine. */
+static ferry_loader *open_plain(remote_case *t, pid_t *daemon, ft_stream *c, int64_t max_attempts)
+{
+    *daemon = start_daemon(t->ep, &t->k, NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t->k, t->port, 0, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", 10000), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "max_attempts", max_attempts), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    stream_init(c, 0);
+    read_one(ld, c);
+    return ld;
+}
+
+typedef struct raw_script {
+    const char *ep;
+    atomic_int done; /* 1: every session ran; -1: one did not go as planned */
+    char what[256];  /* what went wrong */
+} raw_script;
+
+/* The hostile worker's sessions, on one connection: first a READY whose
+ * schema differs (refused with STOP), then one session per kind of wrong
+ * batch: HELLO, CONFIG, a correct READY, the first TASK answered wrongly.
+ * A session the loader has given up is simply followed by a new HELLO. */
+static void *raw_script_main(void *arg)
+{
+    raw_script *r = arg;
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, r->ep);
+    static ferry__msg m; /* one thread; too big for a comfortable stack */
+    int ok = 1;
+    raw_hello(s, FERRY_PROTOCOL_VERSION);
+    if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+        snprintf(r->what, sizeof r->what, "no CONFIG");
+        ok = 0;
+    }
+    if (ok)
+        raw_ready(s, DIM + 1);
+    if (ok && raw_wait(s, &m, FERRY__MSG_STOP, 10000) != 0) {
+        snprintf(r->what, sizeof r->what, "no STOP for a READY with another schema");
+        ok = 0;
+    }
+    for (int how = 0; ok && how < NWRONG; how++) {
+        raw_hello(s, FERRY_PROTOCOL_VERSION);
+        if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+            snprintf(r->what, sizeof r->what, "no CONFIG in session %d", how);
+            ok = 0;
+            break;
+        }
+        raw_ready(s, DIM);
+        if (raw_wait(s, &m, FERRY__MSG_TASK, 10000) != 0) {
+            snprintf(r->what, sizeof r->what, "no TASK in session %d", how);
+            ok = 0;
+            break;
+        }
+        raw_wrong_batch(s, &m.u.task, how);
+    }
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    atomic_store(&r->done, ok ? 1 : -1);
+    return NULL;
+}
+
+/* A raw peer over plain TCP completes the handshake correctly and then
+ * answers tasks with batches that do not match: another dtype, another
+ * item shape, an extra field, a missing one, fields swapped, one item
+ * short. Before that it offers a READY with another schema. Meanwhile a
+ * real worker serves the run. The trainer gets only correct batches, each
+ * exactly once and in order (the wrong ones' tasks go to the real worker);
+ * the counters say what happened: each wrong batch malformed and its
+ * session lost, the other schema rejected. */
+static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 120);
+    pid_t good;
+    ft_stream c;
+    /* One task may be charged by every wrong session: none is given up. */
+    ferry_loader *ld = open_plain(&t, &good, &c, 10);
+
+    raw_script r = {.ep = t.ep};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, raw_script_main, &r), 0);
+    /* Reading keeps tasks flowing to whoever is ready, the raw peer too. */
+    uint64_t t0 = ft_now_ms();
+    while (atomic_load(&r.done) == 0 && ft_now_ms() - t0 < 60000)
+        read_one(ld, &c);
+    pthread_join(th, NULL);
+    if (atomic_load(&r.done) != 1)
+        fail_msg("the raw peer's script did not run: %s", r.what);
+    /* In order, so once these are in, every task the raw peer was given
+     * (all within one window of the stream) has come back intact. */
+    for (int i = 0; i < 256; i++)
+        read_one(ld, &c);
+
+    ferry_stats st = ft_stats(ld);
+    printf("delivered %llu: malformed %llu, lost %llu, joined %llu, rejected %llu, stale %llu\n",
+           (unsigned long long)st.delivered, (unsigned long long)st.malformed,
+           (unsigned long long)st.lost, (unsigned long long)st.joined,
+           (unsigned long long)st.rejected, (unsigned long long)st.stale);
+    assert_int_equal(st.malformed, NWRONG);
+    assert_int_equal(st.lost, NWRONG);
+    assert_int_equal(st.joined, 1 + NWRONG);
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.delivered, c.taken);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
+}
+
+/* A worker of another protocol version is told so at once: a HELLO of
+ * version 3 gets REFUSE naming both versions, one of version 1 (which knows
+ * no REFUSE) gets STOP; both are counted as rejected, and the run goes on. */
+static void test_hello_of_another_version_is_refused_at_once(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 60);
+    pid_t good;
+    ft_stream c;
+    ferry_loader *ld = open_plain(&t, &good, &c, 3);
+
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, t.ep);
+    ferry__msg m;
+    uint64_t t0 = ft_now_ms();
+    raw_hello(s, FERRY_PROTOCOL_VERSION + 1);
+    assert_int_equal(raw_wait(s, &m, FERRY__MSG_REFUSE, 5000), 0);
+    printf("REFUSE after %llu ms: version %u, '%s'\n", (unsigned long long)(ft_now_ms() - t0),
+           m.u.refuse.version, m.u.refuse.reason);
+    assert_int_equal(m.u.refuse.version, FERRY_PROTOCOL_VERSION);
+    assert_non_null(strstr(m.u.refuse.reason, "protocol version 3 worker, version 2 loader"));
+    raw_hello(s, 1);
+    assert_int_equal(raw_wait(s, &m, FERRY__MSG_STOP, 5000), 0);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+
+    assert_true(ft_wait_stats(ld, rejected_at_least, 2, 5000) >= 0);
+    for (int i = 0; i < 50; i++)
+        read_one(ld, &c);
+    ferry_stats st = ft_stats(ld);
+    assert_int_equal(st.rejected, 2);
+    assert_int_equal(st.joined, 1);
+    assert_int_equal(st.malformed, 0);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
+}
+
+/* A loader that answers REFUSE stands for one of a newer version: the
+ * worker stops at once (not after its handshake timeout) with
+ * FERRY_EVERSION naming both versions. */
+typedef struct worker_run {
+    ferry__worker_opts o;
+    int rc;
+    char err[512];
+} worker_run;
+
+static void *worker_run_main(void *arg)
+{
+    worker_run *r = arg;
+    r->rc = ferry__worker_run(&r->o);
+    snprintf(r->err, sizeof r->err, "%s", ferry_last_error());
+    return NULL;
+}
+
+static void test_worker_refused_for_its_version_stops_at_once(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    char ep[64];
+    endpoint_of(free_port(), ep, sizeof ep);
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(router, ep), 0);
+
+    worker_run r = {.o = {.endpoint = ep, .slot = -1, .handshake_ms = 30000}};
+    uint64_t t0 = ft_now_ms();
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_run_main, &r), 0);
+    ferry__ident id;
+    ferry__msg m;
+    zmq_msg_t payload;
+    zmq_pollitem_t it = {.socket = router, .events = ZMQ_POLLIN};
+    assert_true(zmq_poll(&it, 1, 10000) == 1);
+    assert_int_equal(ferry__zsock_recv(router, &id, &m, &payload, 0), FERRY_OK);
+    zmq_msg_close(&payload);
+    assert_int_equal(m.type, FERRY__MSG_HELLO);
+    assert_int_equal(m.u.hello.version, FERRY_PROTOCOL_VERSION);
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_REFUSE;
+    m.u.refuse.version = FERRY_PROTOCOL_VERSION + 1;
+    snprintf(m.u.refuse.reason, sizeof m.u.refuse.reason,
+             "protocol version 2 worker, version 3 loader");
+    assert_int_equal(ferry__zsock_send(router, &id, &m, NULL, 0), FERRY_OK);
+    pthread_join(th, NULL);
+    uint64_t took = ft_now_ms() - t0;
+    printf("worker stopped after %llu ms: %s\n", (unsigned long long)took, r.err);
+    assert_int_equal(r.rc, FERRY_EVERSION);
+    assert_non_null(
+        strstr(r.err, "refused this worker: protocol version 2 worker, version 3 loader"));
+    assert_true(took < 5000);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    ft_end(&snap);
+}
+
 /* Too few workers by start_timeout_ms: a clear timeout, nothing left. */
 static void test_min_workers_timeout_is_clear(void **state)
 {
@@ -1077,6 +1411,9 @@ int main(void)
         cmocka_unit_test(test_worker_joining_mid_run_takes_work),
         cmocka_unit_test(test_unknown_key_is_rejected),
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
+        cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
+        cmocka_unit_test(test_hello_of_another_version_is_refused_at_once),
+        cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),
         cmocka_unit_test(test_supervisor_replaces_killed_child_and_leaves_none),

@@ -37,7 +37,8 @@ fi
 
 if [ "$job" = fuzz ]; then
     # Its own build folder, with clang; runs on a scratch copy of the seed
-    # corpus so the repository's corpus is never rewritten.
+    # corpus so the repository's corpus is never rewritten. The seeds are
+    # written by build/ferry_fuzz_seeds (tests/fuzz/make_seeds.c).
     cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON \
         -DFERRY_BUILD_TESTS=OFF >/dev/null
     cmake --build build-fuzz -j "$jobs" --target fuzz_protocol

@@ -4,17 +4,20 @@
  * docs/protocol.md).
  *
  * Position in the data flow: the scheduler encodes what the loader sends
- * (CONFIG, TASK, HEARTBEAT, STOP) and decodes what workers send; the worker
- * loop does the reverse. Nothing here
- * knows about sockets, epochs or datasets.
+ * (CONFIG, TASK, HEARTBEAT, STOP, REFUSE) and decodes what workers send;
+ * the worker loop does the reverse. Nothing here knows about sockets,
+ * epochs or datasets. It also says whether a BATCH matches the schema a
+ * READY announced (ferry__schema_diff), since both are wire structs.
  *
  * One table per message type drives everything. A key_spec names a key, its
- * kind (unsigned, signed, string, or one of the two nested shapes of BATCH),
- * where the value lives in the message's struct and the range it may take.
- * The encoder packs from the table, the decoder unpacks into it, and
- * validate() checks a struct against it plus the few rules that tie keys
- * together (READY, CONFIG, BATCH). Encoder and decoder both call validate(),
- * so the two sides of the wire cannot disagree about what is legal.
+ * kind (unsigned, signed, string, an array of dims, or an array of maps with
+ * a table of their own: BATCH's fields, READY's schema), where the value
+ * lives in the message's struct and the range it may take (for an array,
+ * how many elements). The encoder packs from the table, the decoder unpacks
+ * into it, and validate() checks a struct against it plus the few rules
+ * that tie keys together (READY, CONFIG, and each field's rule). Encoder and
+ * decoder both call validate(), so the two sides of the wire cannot disagree
+ * about what is legal.
  *
  * The decoder works in two steps on purpose. Unpacking only checks that each
  * value has the expected msgpack type and can be stored in its C member (5e9
@@ -50,27 +53,39 @@ _Static_assert(sizeof(ferry_dtype) == sizeof(uint32_t), "ferry_dtype must be 32 
  */
 
 typedef enum key_kind {
-    K_UINT,   /* msgpack positive int, stored as uint32_t or uint64_t */
-    K_INT,    /* msgpack positive or negative int, stored as int32_t or int64_t */
-    K_STR,    /* msgpack str, stored NUL-terminated in a char array */
-    K_SHAPE,  /* BATCH field: array of dims into shape[] and ndim */
-    K_FIELDS, /* BATCH: array of field maps into fields[] and nfields */
+    K_UINT, /* msgpack positive int, stored as uint32_t or uint64_t */
+    K_INT,  /* msgpack positive or negative int, stored as int32_t or int64_t */
+    K_STR,  /* msgpack str, stored NUL-terminated in a char array */
+    K_DIMS, /* array of ints: an int64_t array, and their number in a 32-bit member */
+    K_MAPS, /* array of maps, each by `sub`: an array of structs, and their number */
 } key_kind;
 
-typedef struct key_spec {
+typedef struct key_spec key_spec;
+
+/* The rules for one element of a K_MAPS array beyond its own keys' ranges;
+ * `parent` is the struct holding the array. */
+typedef int (*elem_rule)(const void *elem, const void *parent, const char *where);
+
+struct key_spec {
     const char *name;
     key_kind kind;
     size_t off;  /* of the member within the message's struct */
-    size_t size; /* of the member: 4 or 8 for integers, the buffer for strings */
+    size_t size; /* of the member: 4 or 8 for integers, the buffer for strings, the array */
     union {
         struct {
-            uint64_t lo, hi; /* K_UINT: values allowed; K_STR: lengths allowed */
+            uint64_t lo, hi; /* K_UINT: values; K_STR: lengths; K_DIMS, K_MAPS: elements */
         } u;
         struct {
             int64_t lo, hi; /* K_INT: values allowed */
         } s;
     } range;
-} key_spec;
+    /* K_DIMS and K_MAPS only */
+    size_t count_off; /* of the 32-bit member holding the number of elements */
+    size_t elem_size;
+    const key_spec *sub; /* K_MAPS: the keys of each element */
+    size_t nsub;
+    elem_rule rule; /* K_MAPS: each element's own rules */
+};
 
 #define MEMBER_SIZE(T, m) sizeof(((T *)0)->m)
 #define KEY(T, m, kind_) .name = #m, .kind = kind_, .off = offsetof(T, m), .size = MEMBER_SIZE(T, m)
@@ -78,8 +93,19 @@ typedef struct key_spec {
 #define KEY_UINT(T, m, lo, hi) KEY(T, m, K_UINT), .range.u = {(lo), (hi)}
 #define KEY_INT(T, m, lo, hi) KEY(T, m, K_INT), .range.s = {(lo), (hi)}
 #define KEY_STR(T, m, minlen) KEY(T, m, K_STR), .range.u = {(minlen), MEMBER_SIZE(T, m) - 1}
-#define KEY_NESTED(name_, kind_) .name = name_, .kind = kind_
+#define KEY_ARRAY(T, m, count, lo, hi)                                                             \
+    .off = offsetof(T, m), .size = MEMBER_SIZE(T, m), .range.u = {(lo), (hi)},                     \
+    .count_off = offsetof(T, count), .elem_size = MEMBER_SIZE(T, m[0])
+/* {KEY_DIMS(struct, member, count member, fewest, most)} */
+#define KEY_DIMS(T, m, count, lo, hi) .name = #m, .kind = K_DIMS, KEY_ARRAY(T, m, count, lo, hi)
+/* {KEY_MAPS(struct, "key", member, count member, fewest, most, element keys, rule)} */
+#define KEY_MAPS(T, name_, m, count, lo, hi, sub_, rule_)                                          \
+    .name = name_, .kind = K_MAPS, KEY_ARRAY(T, m, count, lo, hi), .sub = (sub_),                  \
+    .nsub = COUNT_OF(sub_), .rule = (rule_)
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Counts are reached as 32-bit unsigned, whether declared int or uint32_t. */
+_Static_assert(sizeof(int) == sizeof(uint32_t), "counts must be 32 bits wide");
 
 static const key_spec hello_keys[] = {
     {KEY_UINT(ferry__hello, version, 0, UINT32_MAX)},
@@ -97,12 +123,26 @@ static const key_spec config_keys[] = {
     {KEY_UINT(ferry__config_msg, credits, 1, FERRY__MAX_CREDITS)},
     {KEY_UINT(ferry__config_msg, heartbeat_ms, 0, UINT32_MAX)},
     {KEY_UINT(ferry__config_msg, liveness, 1, 1000)},
+    {KEY_UINT(ferry__config_msg, max_message, FERRY__MIN_MESSAGE, INT64_MAX)},
+};
+
+static int check_item_field(const void *elem, const void *parent, const char *where);
+static int check_field(const void *elem, const void *parent, const char *where);
+
+/* dtype takes any uint32 in both field tables; shape_size() asks
+ * ferry_dtype_size(), the one authority on which dtypes exist. */
+static const key_spec item_field_keys[] = {
+    {KEY_STR(ferry__item_field, name, 1)},
+    {KEY_UINT(ferry__item_field, dtype, 0, UINT32_MAX)},
+    {KEY_DIMS(ferry__item_field, shape, ndim, 0, FERRY_MAX_DIMS - 1)},
 };
 
 static const key_spec ready_keys[] = {
     {KEY_UINT(ferry__ready, length, 0, UINT64_MAX)},
     {KEY_INT(ferry__ready, code, INT32_MIN, 0)},
     {KEY_STR(ferry__ready, error, 0)},
+    {KEY_MAPS(ferry__ready, "fields", schema.fields, schema.nfields, 0, FERRY_MAX_FIELDS,
+              item_field_keys, check_item_field)},
 };
 
 static const key_spec task_keys[] = {
@@ -113,20 +153,19 @@ static const key_spec task_keys[] = {
     {KEY_UINT(ferry__task, count, 1, FERRY__MAX_BATCH)},
 };
 
-static const key_spec batch_keys[] = {
-    {KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX)},
-    {KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH)},
-    {KEY_NESTED("fields", K_FIELDS)},
-};
-
-/* dtype takes any uint32 here; check_field() asks ferry_dtype_size(), the one
- * authority on which dtypes exist. */
 static const key_spec field_keys[] = {
     {KEY_STR(ferry__field_desc, name, 1)},
     {KEY_UINT(ferry__field_desc, dtype, 0, UINT32_MAX)},
-    {KEY_NESTED("shape", K_SHAPE)},
+    {KEY_DIMS(ferry__field_desc, shape, ndim, 1, FERRY_MAX_DIMS)},
     {KEY_UINT(ferry__field_desc, offset, 0, UINT64_MAX)},
     {KEY_UINT(ferry__field_desc, nbytes, 0, UINT64_MAX)},
+};
+
+static const key_spec batch_keys[] = {
+    {KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH)},
+    {KEY_MAPS(ferry__batch_hdr, "fields", fields, nfields, 1, FERRY_MAX_FIELDS, field_keys,
+              check_field)},
 };
 
 static const key_spec fail_keys[] = {
@@ -136,9 +175,14 @@ static const key_spec fail_keys[] = {
     {KEY_STR(ferry__fail, message, 0)},
 };
 
+/* Never to change, like HELLO: see docs/protocol.md section 7. */
+static const key_spec refuse_keys[] = {
+    {KEY_UINT(ferry__refuse, version, 0, UINT32_MAX)},
+    {KEY_STR(ferry__refuse, reason, 0)},
+};
+
 static int check_config(const void *body);
 static int check_ready(const void *body);
-static int check_batch(const void *body);
 
 typedef struct msg_spec {
     const char *name;
@@ -153,11 +197,12 @@ static const msg_spec msg_specs[] = {
     [FERRY__MSG_CONFIG] = {"CONFIG", config_keys, COUNT_OF(config_keys), check_config, 0},
     [FERRY__MSG_READY] = {"READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0},
     [FERRY__MSG_TASK] = {"TASK", task_keys, COUNT_OF(task_keys), NULL, 1},
-    [FERRY__MSG_BATCH] = {"BATCH", batch_keys, COUNT_OF(batch_keys), check_batch, 1},
+    [FERRY__MSG_BATCH] = {"BATCH", batch_keys, COUNT_OF(batch_keys), NULL, 1},
     [FERRY__MSG_FAIL] = {"FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0},
     [FERRY__MSG_HEARTBEAT] = {"HEARTBEAT", NULL, 0, NULL, 0},
     [FERRY__MSG_STOP] = {"STOP", NULL, 0, NULL, 0},
     [FERRY__MSG_BYE] = {"BYE", NULL, 0, NULL, 0},
+    [FERRY__MSG_REFUSE] = {"REFUSE", refuse_keys, COUNT_OF(refuse_keys), NULL, 0},
 };
 
 /* The spec of message type `type`, NULL if there is no such type. */
@@ -196,41 +241,116 @@ static int64_t load_int(const void *body, const key_spec *k)
     return v;
 }
 
+/* The number of elements of a K_DIMS or K_MAPS key. */
+static uint32_t load_count(const void *body, const key_spec *k)
+{
+    uint32_t n;
+    memcpy(&n, (const char *)body + k->count_off, sizeof n);
+    return n;
+}
+
+static void store_count(void *body, const key_spec *k, uint32_t n)
+{
+    memcpy((char *)body + k->count_off, &n, sizeof n);
+}
+
+/* Element i of a K_DIMS key (a dim) or of a K_MAPS key (a struct). */
+static int64_t load_dim(const void *body, const key_spec *k, uint32_t i)
+{
+    int64_t v;
+    memcpy(&v, (const char *)body + k->off + i * sizeof v, sizeof v);
+    return v;
+}
+
+static const void *elem_at(const void *body, const key_spec *k, uint32_t i)
+{
+    return (const char *)body + k->off + (size_t)i * k->elem_size;
+}
+
 /* ---------------------------------------------------------------------------
  * Validation: the single statement of what a legal message is
  */
 
-/* Checks every scalar and string member named in `keys` against its range.
- * Strings must end within their buffer (an encoder could be handed one that
- * does not). Returns FERRY_OK or FERRY_EPROTO with a detail. */
+/* The number of elements of array key k, outside its range: "has 9 dims". */
+static int bad_count(const key_spec *k, uint64_t n, const char *where)
+{
+    return ferry__seterr(
+        FERRY_EPROTO, "%s: key '%s' has %" PRIu64 " %s, must be %" PRIu64 "..%" PRIu64, where,
+        k->name, n, k->kind == K_DIMS ? "dims" : "entries", k->range.u.lo, k->range.u.hi);
+}
+
+static int check_keys(const key_spec *keys, size_t nkeys, const void *body, const char *where);
+
+/* The elements of K_MAPS key k: each one's keys, its rule, and a name no
+ * earlier element has (every element struct starts with its name). */
+static int check_elements(const key_spec *k, const void *body, const char *where)
+{
+    uint32_t n = load_count(body, k);
+    for (uint32_t i = 0; i < n; i++) {
+        char ewhere[32];
+        snprintf(ewhere, sizeof ewhere, "%s field %" PRIu32, where, i);
+        const char *e = elem_at(body, k, i);
+        int rc = check_keys(k->sub, k->nsub, e, ewhere);
+        if (rc == FERRY_OK)
+            rc = k->rule(e, body, ewhere);
+        if (rc != FERRY_OK)
+            return rc;
+        /* Names before i are already known to be terminated. */
+        for (uint32_t j = 0; j < i; j++) {
+            if (strcmp(elem_at(body, k, j), e) == 0)
+                return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32,
+                                     ewhere, e, j);
+        }
+    }
+    return FERRY_OK;
+}
+
+static int check_str(const key_spec *k, const void *body, const char *where)
+{
+    size_t n = strnlen((const char *)body + k->off, k->size);
+    if (n == k->size)
+        return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is not NUL-terminated within %zu bytes",
+                             where, k->name, k->size);
+    if (n < k->range.u.lo)
+        return ferry__seterr(FERRY_EPROTO,
+                             "%s: key '%s' is %zu bytes long, must be at least %" PRIu64, where,
+                             k->name, n, k->range.u.lo);
+    return FERRY_OK;
+}
+
+/* Checks every member named in `keys` against its range: integers' values,
+ * strings' lengths (they must end within their buffer: an encoder could be
+ * handed one that does not), arrays' lengths, and each element of an array
+ * of maps. Returns FERRY_OK or FERRY_EPROTO with a detail. */
 static int check_keys(const key_spec *keys, size_t nkeys, const void *body, const char *where)
 {
     for (size_t i = 0; i < nkeys; i++) {
         const key_spec *k = &keys[i];
+        int rc = FERRY_OK;
         if (k->kind == K_UINT) {
             uint64_t v = load_uint(body, k);
             if (v < k->range.u.lo || v > k->range.u.hi)
-                return ferry__seterr(FERRY_EPROTO,
-                                     "%s: key '%s' is %" PRIu64 ", must be %" PRIu64 "..%" PRIu64,
-                                     where, k->name, v, k->range.u.lo, k->range.u.hi);
+                rc = ferry__seterr(FERRY_EPROTO,
+                                   "%s: key '%s' is %" PRIu64 ", must be %" PRIu64 "..%" PRIu64,
+                                   where, k->name, v, k->range.u.lo, k->range.u.hi);
         } else if (k->kind == K_INT) {
             int64_t v = load_int(body, k);
             if (v < k->range.s.lo || v > k->range.s.hi)
-                return ferry__seterr(FERRY_EPROTO,
-                                     "%s: key '%s' is %" PRId64 ", must be %" PRId64 "..%" PRId64,
-                                     where, k->name, v, k->range.s.lo, k->range.s.hi);
+                rc = ferry__seterr(FERRY_EPROTO,
+                                   "%s: key '%s' is %" PRId64 ", must be %" PRId64 "..%" PRId64,
+                                   where, k->name, v, k->range.s.lo, k->range.s.hi);
         } else if (k->kind == K_STR) {
-            size_t n = strnlen((const char *)body + k->off, k->size);
-            if (n == k->size)
-                return ferry__seterr(FERRY_EPROTO,
-                                     "%s: key '%s' is not NUL-terminated within %zu bytes", where,
-                                     k->name, k->size);
-            if (n < k->range.u.lo)
-                return ferry__seterr(FERRY_EPROTO,
-                                     "%s: key '%s' is %zu bytes long, must be at least %" PRIu64,
-                                     where, k->name, n, k->range.u.lo);
+            rc = check_str(k, body, where);
+        } else {
+            uint32_t n = load_count(body, k);
+            if (n < k->range.u.lo || n > k->range.u.hi)
+                rc = bad_count(k, n, where);
+            else if (k->kind == K_MAPS)
+                rc = check_elements(k, body, where);
+            /* K_DIMS' values are judged with their dtype, by the element's rule. */
         }
-        /* K_SHAPE and K_FIELDS belong to BATCH and are checked by check_batch(). */
+        if (rc != FERRY_OK)
+            return rc;
     }
     return FERRY_OK;
 }
@@ -246,45 +366,70 @@ static int check_config(const void *body)
     return FERRY_OK;
 }
 
-/* A READY either reports a dataset (code 0, no error text) or an error
- * (code < 0, no length): never a mix the loader would have to interpret. */
+/* A READY either reports a dataset (code 0, its schema, no error text) or
+ * an error (code < 0, no length, no schema): never a mix the loader would
+ * have to interpret. */
 static int check_ready(const void *body)
 {
     const ferry__ready *r = body;
     if (r->code == 0 && r->error[0] != '\0')
         return ferry__seterr(FERRY_EPROTO, "READY: code is 0 but key 'error' is not empty");
+    if (r->code == 0 && r->schema.nfields == 0)
+        return ferry__seterr(FERRY_EPROTO, "READY: code is 0 but key 'fields' is empty");
     if (r->code < 0 && r->length != 0)
         return ferry__seterr(
             FERRY_EPROTO, "READY: code is %" PRId32 " but key 'length' is %" PRIu64 ", must be 0",
             r->code, r->length);
+    if (r->code < 0 && r->schema.nfields != 0)
+        return ferry__seterr(FERRY_EPROTO,
+                             "READY: code is %" PRId32 " but key 'fields' has %" PRIu32
+                             " entries, must be 0",
+                             r->code, r->schema.nfields);
     return FERRY_OK;
 }
 
-/* One field of a batch of `count` items: known dtype, 1..FERRY_MAX_DIMS dims
- * of at least 1, shape[0] == count, and nbytes exactly what shape and dtype
- * give (computed so that an overflowing shape is an error, not a wrap). */
-static int check_field(const ferry__field_desc *f, uint32_t count, const char *where)
+/* The bytes of a dtype and shape: a known dtype, every dim at least 1, and
+ * a size computed so that an overflowing shape is an error, not a wrap. */
+static int shape_size(uint32_t dtype, const int64_t *shape, int ndim, const char *where,
+                      uint64_t *total)
 {
-    int rc = check_keys(field_keys, COUNT_OF(field_keys), f, where);
-    if (rc != FERRY_OK)
-        return rc;
-    uint64_t total = ferry_dtype_size((int)f->dtype);
-    if (total == 0)
+    uint64_t n = ferry_dtype_size((int)dtype);
+    if (n == 0)
         return ferry__seterr(FERRY_EPROTO, "%s: key 'dtype' is %u, not a known dtype", where,
-                             (unsigned)f->dtype);
-    if (f->ndim < 1 || f->ndim > FERRY_MAX_DIMS)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %d dims, must be 1..%d", where,
-                             f->ndim, FERRY_MAX_DIMS);
-    for (int d = 0; d < f->ndim; d++) {
-        if (f->shape[d] < 1)
+                             (unsigned)dtype);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 1)
             return ferry__seterr(FERRY_EPROTO,
                                  "%s: key 'shape' dim %d is %" PRId64 ", must be >= 1", where, d,
-                                 f->shape[d]);
-        if (total > UINT64_MAX / (uint64_t)f->shape[d])
+                                 shape[d]);
+        if (n > UINT64_MAX / (uint64_t)shape[d])
             return ferry__seterr(FERRY_EPROTO,
                                  "%s: key 'shape' gives a size that overflows 64 bits", where);
-        total *= (uint64_t)f->shape[d];
+        n *= (uint64_t)shape[d];
     }
+    *total = n;
+    return FERRY_OK;
+}
+
+/* One field of a READY's schema: a dtype and item shape that make a size. */
+static int check_item_field(const void *elem, const void *parent, const char *where)
+{
+    const ferry__item_field *f = elem;
+    uint64_t total;
+    (void)parent;
+    return shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
+}
+
+/* One field of a BATCH of `count` items: shape[0] == count, and nbytes
+ * exactly what shape and dtype give. */
+static int check_field(const void *elem, const void *parent, const char *where)
+{
+    const ferry__field_desc *f = elem;
+    uint32_t count = ((const ferry__batch_hdr *)parent)->count;
+    uint64_t total;
+    int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
+    if (rc != FERRY_OK)
+        return rc;
     if ((uint64_t)f->shape[0] != count)
         return ferry__seterr(FERRY_EPROTO,
                              "%s: key 'shape' starts with %" PRId64 ", must equal count %" PRIu32,
@@ -293,29 +438,6 @@ static int check_field(const ferry__field_desc *f, uint32_t count, const char *w
         return ferry__seterr(FERRY_EPROTO,
                              "%s: key 'nbytes' is %" PRIu64 ", shape and dtype give %" PRIu64,
                              where, f->nbytes, total);
-    return FERRY_OK;
-}
-
-static int check_batch(const void *body)
-{
-    const ferry__batch_hdr *b = body;
-    if (b->nfields < 1 || b->nfields > FERRY_MAX_FIELDS)
-        return ferry__seterr(FERRY_EPROTO,
-                             "BATCH: key 'fields' has %" PRIu32 " entries, must be 1..%d",
-                             b->nfields, FERRY_MAX_FIELDS);
-    for (uint32_t i = 0; i < b->nfields; i++) {
-        char where[32];
-        snprintf(where, sizeof where, "BATCH field %" PRIu32, i);
-        int rc = check_field(&b->fields[i], b->count, where);
-        if (rc != FERRY_OK)
-            return rc;
-        /* Names before i are already known to be terminated. */
-        for (uint32_t j = 0; j < i; j++) {
-            if (strcmp(b->fields[j].name, b->fields[i].name) == 0)
-                return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32,
-                                     where, b->fields[i].name, j);
-        }
-    }
     return FERRY_OK;
 }
 
@@ -379,19 +501,19 @@ static void pack_entries(msgpack_packer *pk, const key_spec *keys, size_t nkeys,
         case K_STR:
             pack_cstr(pk, (const char *)body + k->off);
             break;
-        case K_SHAPE: {
-            const ferry__field_desc *f = body;
-            msgpack_pack_array(pk, (size_t)f->ndim);
-            for (int d = 0; d < f->ndim; d++)
-                msgpack_pack_int64(pk, f->shape[d]);
+        case K_DIMS: {
+            uint32_t n = load_count(body, k);
+            msgpack_pack_array(pk, n);
+            for (uint32_t d = 0; d < n; d++)
+                msgpack_pack_int64(pk, load_dim(body, k, d));
             break;
         }
-        case K_FIELDS: {
-            const ferry__batch_hdr *b = body;
-            msgpack_pack_array(pk, b->nfields);
-            for (uint32_t j = 0; j < b->nfields; j++) {
-                msgpack_pack_map(pk, COUNT_OF(field_keys));
-                pack_entries(pk, field_keys, COUNT_OF(field_keys), &b->fields[j]);
+        case K_MAPS: {
+            uint32_t n = load_count(body, k);
+            msgpack_pack_array(pk, n);
+            for (uint32_t j = 0; j < n; j++) {
+                msgpack_pack_map(pk, k->nsub);
+                pack_entries(pk, k->sub, k->nsub, elem_at(body, k, j));
             }
             break;
         }
@@ -587,53 +709,59 @@ static int key_is(const msgpack_object *key, const char *name)
 static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nkeys, void *body,
                       const char *where, const char *skip);
 
-/* shape: an array of integers. Only what storage demands is checked here (at
- * most FERRY_MAX_DIMS entries, each an int64); check_field() judges values. */
-static int decode_shape(const msgpack_object *v, ferry__field_desc *f, const char *where)
+/* The capacity of array key k's member, in elements. */
+static uint32_t capacity(const key_spec *k)
+{
+    return (uint32_t)(k->size / k->elem_size);
+}
+
+/* K_DIMS: an array of integers. Only what storage demands is checked here
+ * (no more entries than the member holds, each an int64); the element's
+ * rule judges the values. */
+static int decode_dims(const key_spec *k, const msgpack_object *v, void *body, const char *where)
 {
     if (v->type != MSGPACK_OBJECT_ARRAY)
-        return wrong_type(where, "shape", "an array", v);
+        return wrong_type(where, k->name, "an array", v);
     const msgpack_object_array *a = &v->via.array;
-    if (a->size > FERRY_MAX_DIMS)
-        return ferry__seterr(FERRY_EPROTO, "%s: key 'shape' has %" PRIu32 " dims, must be 1..%d",
-                             where, a->size, FERRY_MAX_DIMS);
+    if (a->size > capacity(k))
+        return bad_count(k, a->size, where);
     for (uint32_t d = 0; d < a->size; d++) {
         const msgpack_object *e = &a->ptr[d];
+        int64_t dim;
         if (e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-            f->shape[d] = e->via.i64;
+            dim = e->via.i64;
         else if (e->type == MSGPACK_OBJECT_POSITIVE_INTEGER && e->via.u64 <= INT64_MAX)
-            f->shape[d] = (int64_t)e->via.u64;
+            dim = (int64_t)e->via.u64;
         else
             return ferry__seterr(FERRY_EPROTO,
-                                 "%s: key 'shape' dim %" PRIu32 " must be an int64, got %s", where,
-                                 d, mp_type_name(e->type));
+                                 "%s: key '%s' dim %" PRIu32 " must be an int64, got %s", where,
+                                 k->name, d, mp_type_name(e->type));
+        memcpy((char *)body + k->off + d * sizeof dim, &dim, sizeof dim);
     }
-    f->ndim = (int)a->size;
+    store_count(body, k, a->size);
     return FERRY_OK;
 }
 
-/* fields: an array of maps, each decoded with field_keys. */
-static int decode_fields(const msgpack_object *v, ferry__batch_hdr *b, const char *where)
+/* K_MAPS: an array of maps, each decoded with k->sub. */
+static int decode_maps(const key_spec *k, const msgpack_object *v, void *body, const char *where)
 {
     if (v->type != MSGPACK_OBJECT_ARRAY)
-        return wrong_type(where, "fields", "an array", v);
+        return wrong_type(where, k->name, "an array", v);
     const msgpack_object_array *a = &v->via.array;
-    if (a->size > FERRY_MAX_FIELDS)
-        return ferry__seterr(FERRY_EPROTO,
-                             "%s: key 'fields' has %" PRIu32 " entries, must be 1..%d", where,
-                             a->size, FERRY_MAX_FIELDS);
+    if (a->size > capacity(k))
+        return bad_count(k, a->size, where);
     for (uint32_t i = 0; i < a->size; i++) {
-        char fwhere[32];
-        snprintf(fwhere, sizeof fwhere, "%s field %" PRIu32, where, i);
+        char ewhere[32];
+        snprintf(ewhere, sizeof ewhere, "%s field %" PRIu32, where, i);
         if (a->ptr[i].type != MSGPACK_OBJECT_MAP)
-            return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", fwhere,
+            return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", ewhere,
                                  mp_type_name(a->ptr[i].type));
-        int rc =
-            decode_map(&a->ptr[i], field_keys, COUNT_OF(field_keys), &b->fields[i], fwhere, NULL);
+        void *elem = (char *)body + k->off + (size_t)i * k->elem_size;
+        int rc = decode_map(&a->ptr[i], k->sub, k->nsub, elem, ewhere, NULL);
         if (rc != FERRY_OK)
             return rc;
     }
-    b->nfields = a->size;
+    store_count(body, k, a->size);
     return FERRY_OK;
 }
 
@@ -691,10 +819,10 @@ static int decode_value(const key_spec *k, const msgpack_object *v, void *body, 
         memcpy(dst, v->via.str.ptr, v->via.str.size);
         dst[v->via.str.size] = '\0';
         return FERRY_OK;
-    case K_SHAPE:
-        return decode_shape(v, body, where);
-    case K_FIELDS:
-        return decode_fields(v, body, where);
+    case K_DIMS:
+        return decode_dims(k, v, body, where);
+    case K_MAPS:
+        return decode_maps(k, v, body, where);
     }
     return ferry__seterr(FERRY_EPROTO, "%s: key '%s' has no decoder", where, k->name);
 }
@@ -853,6 +981,87 @@ int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len)
         return check_batch_payload(&m->u.batch, payload_len);
     return ferry__seterr(FERRY_EINVAL, "%s messages have no payload frame",
                          ferry__msg_name((int)m->type));
+}
+
+/* ---------------------------------------------------------------------------
+ * Schemas
+ */
+
+void ferry__batch_schema(const ferry__batch_hdr *b, ferry__schema *out)
+{
+    memset(out, 0, sizeof *out);
+    /* Bounded again, so a struct no decoder produced cannot overrun out. */
+    out->nfields = b->nfields < FERRY_MAX_FIELDS ? b->nfields : FERRY_MAX_FIELDS;
+    for (uint32_t i = 0; i < out->nfields; i++) {
+        const ferry__field_desc *f = &b->fields[i];
+        ferry__item_field *o = &out->fields[i];
+        memcpy(o->name, f->name, sizeof o->name);
+        o->name[sizeof o->name - 1] = '\0';
+        o->dtype = f->dtype;
+        o->ndim = f->ndim < 1 ? 0 : f->ndim > FERRY_MAX_DIMS ? FERRY_MAX_DIMS - 1 : f->ndim - 1;
+        memcpy(o->shape, f->shape + 1, sizeof o->shape[0] * (size_t)o->ndim);
+    }
+}
+
+/* "[28, 28]", "[]" for a scalar item. */
+static void describe_item_shape(const ferry__item_field *f, char *buf, size_t cap)
+{
+    size_t off = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < f->ndim && off < cap; d++)
+        off += (size_t)snprintf(buf + off, cap - off, "%s%" PRId64, d ? ", " : "", f->shape[d]);
+    if (off < cap)
+        snprintf(buf + off, cap - off, "]");
+}
+
+static const char *dtype_text(ferry_dtype dtype)
+{
+    const char *name = ferry_dtype_name((int)dtype);
+    return name ? name : "an unknown dtype";
+}
+
+/* Field i of want and got, both present: 0 when the same, else 1 with why. */
+static int field_diff(const ferry__item_field *w, const ferry__item_field *g, uint32_t i, char *why,
+                      size_t cap)
+{
+    if (strcmp(w->name, g->name) != 0) {
+        snprintf(why, cap, "field %" PRIu32 " is '%s', not '%s'", i, g->name, w->name);
+        return 1;
+    }
+    if (w->dtype != g->dtype) {
+        snprintf(why, cap, "field %" PRIu32 " '%s' is %s, not %s", i, g->name, dtype_text(g->dtype),
+                 dtype_text(w->dtype));
+        return 1;
+    }
+    if (w->ndim != g->ndim ||
+        memcmp(w->shape, g->shape, sizeof w->shape[0] * (size_t)(w->ndim > 0 ? w->ndim : 0))) {
+        char ws[160], gs[160];
+        describe_item_shape(w, ws, sizeof ws);
+        describe_item_shape(g, gs, sizeof gs);
+        snprintf(why, cap, "field %" PRIu32 " '%s' has items of shape %s, not %s", i, g->name, gs,
+                 ws);
+        return 1;
+    }
+    return 0;
+}
+
+int ferry__schema_diff(const ferry__schema *want, const ferry__schema *got, char *why, size_t cap)
+{
+    uint32_t nw = want->nfields < FERRY_MAX_FIELDS ? want->nfields : FERRY_MAX_FIELDS;
+    uint32_t ng = got->nfields < FERRY_MAX_FIELDS ? got->nfields : FERRY_MAX_FIELDS;
+    for (uint32_t i = 0; i < nw || i < ng; i++) {
+        if (i >= ng) {
+            snprintf(why, cap, "field %" PRIu32 " '%s' is missing", i, want->fields[i].name);
+            return 1;
+        }
+        if (i >= nw) {
+            snprintf(why, cap, "field %" PRIu32 " '%s' is extra: %" PRIu32 " fields expected", i,
+                     got->fields[i].name, nw);
+            return 1;
+        }
+        if (field_diff(&want->fields[i], &got->fields[i], i, why, cap))
+            return 1;
+    }
+    return 0;
 }
 
 const char *ferry__msg_name(int type)

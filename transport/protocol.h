@@ -4,8 +4,9 @@
  * Position in the data flow: between the scheduler (loader side) and the
  * worker loop. A message is a multipart ZeroMQ message: one msgpack header
  * frame (a map with a "type" key, see docs/protocol.md), then, for TASK and
- * BATCH only, one raw payload frame. This module only encodes and decodes; it
- * knows nothing of sockets or epochs' meaning.
+ * BATCH only, one raw payload frame. This module only encodes and decodes
+ * (and compares a BATCH with the schema a READY announced); it knows
+ * nothing of sockets or epochs' meaning.
  *
  * Decoding is strict: every key must be known and present once, every value
  * must have the expected msgpack type and lie in its range, strings must fit
@@ -23,7 +24,13 @@
 
 #include "ferry.h"
 
-#define FERRY_PROTOCOL_VERSION 1
+/* Version 2: CONFIG carries max_message, READY the dataset's schema, and
+ * REFUSE exists. HELLO and REFUSE never change (docs/protocol.md section 7). */
+#define FERRY_PROTOCOL_VERSION 2
+/* The first version that knows REFUSE; an older worker is refused with STOP. */
+#define FERRY__REFUSE_SINCE 2
+/* How a version mismatch is said, on both sides: worker's, then loader's. */
+#define FERRY__VERSION_MISMATCH "protocol version %u worker, version %u loader"
 
 /* Largest header frame accepted or produced. */
 #define FERRY__HDR_MAX 8192
@@ -33,6 +40,10 @@
 #define FERRY__PROGRAM_MAX 64
 #define FERRY__MAX_CREDITS 64
 #define FERRY__MAX_BATCH 1048576u /* items in one batch */
+/* The smallest max_message: every header a worker sends fits it (the
+ * largest, a BATCH of 16 fields of 8 dims with 63-byte names, is about
+ * 3.2 KB). */
+#define FERRY__MIN_MESSAGE 4096
 
 typedef enum ferry__msg_type {
     FERRY__MSG_HELLO = 1,
@@ -44,6 +55,7 @@ typedef enum ferry__msg_type {
     FERRY__MSG_HEARTBEAT = 7,
     FERRY__MSG_STOP = 8,
     FERRY__MSG_BYE = 9,
+    FERRY__MSG_REFUSE = 10,
 } ferry__msg_type;
 
 /* worker -> loader, first message. slot: the index the loader gave a local
@@ -65,14 +77,31 @@ typedef struct ferry__config_msg {
     uint32_t credits;      /* 1..FERRY__MAX_CREDITS */
     uint32_t heartbeat_ms; /* 0 = off */
     uint32_t liveness;     /* intervals of silence before a peer is given up; 1..1000 */
+    uint64_t max_message;  /* the largest frame the loader takes; FERRY__MIN_MESSAGE.. */
 } ferry__config_msg;
 
+/* One field of a dataset's schema: its name, dtype and the shape of one
+ * item (the batch dim left out; ndim 0 is a scalar per item). */
+typedef struct ferry__item_field {
+    char name[FERRY_NAME_MAX];
+    ferry_dtype dtype;
+    int ndim; /* 0..FERRY_MAX_DIMS-1 */
+    int64_t shape[FERRY_MAX_DIMS - 1];
+} ferry__item_field;
+
+typedef struct ferry__schema {
+    uint32_t nfields; /* 1..FERRY_MAX_FIELDS in a schema that opened */
+    ferry__item_field fields[FERRY_MAX_FIELDS];
+} ferry__schema;
+
 /* worker -> loader, after CONFIG. code == 0: the dataset opened and has
- * `length` items; otherwise code is a FERRY_E* code and error says why. */
+ * `length` items of `schema`; otherwise code is a FERRY_E* code, error says
+ * why, and the schema is empty. */
 typedef struct ferry__ready {
     uint64_t length;
     int32_t code;
     char error[FERRY__TEXT_MAX];
+    ferry__schema schema;
 } ferry__ready;
 
 /* loader -> worker. The payload frame holds `count` little-endian uint64
@@ -111,6 +140,14 @@ typedef struct ferry__fail {
     char message[FERRY__TEXT_MAX];
 } ferry__fail;
 
+/* loader -> worker, instead of CONFIG: the worker speaks another protocol
+ * version and is to stop now. Frozen like HELLO, so every version from
+ * FERRY__REFUSE_SINCE on decodes it. */
+typedef struct ferry__refuse {
+    uint32_t version; /* the loader's */
+    char reason[FERRY__TEXT_MAX];
+} ferry__refuse;
+
 typedef struct ferry__msg {
     ferry__msg_type type;
     union {
@@ -120,6 +157,7 @@ typedef struct ferry__msg {
         ferry__task task;
         ferry__batch_hdr batch;
         ferry__fail fail;
+        ferry__refuse refuse;
     } u; /* HEARTBEAT, STOP and BYE carry nothing */
 } ferry__msg;
 
@@ -147,6 +185,16 @@ int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len);
 /* The TASK payload: `n` indices as little-endian uint64, 8 * n bytes. */
 void ferry__indices_pack(const uint64_t *idx, size_t n, void *out);
 void ferry__indices_unpack(const void *in, size_t n, uint64_t *idx);
+
+/* The schema a BATCH's fields make: each field's name and dtype, and its
+ * shape without the batch dim. */
+void ferry__batch_schema(const ferry__batch_hdr *b, ferry__schema *out);
+
+/* Compares schema `got` with `want`: 0 when they are the same (same
+ * fields in the same order, with the same names, dtypes and item shapes),
+ * else 1 with the first difference said in why ("field 1 'y' is i8, the
+ * schema's is i64"). */
+int ferry__schema_diff(const ferry__schema *want, const ferry__schema *got, char *why, size_t cap);
 
 /* Name of a message type for logs ("TASK"), "?" if unknown. */
 const char *ferry__msg_name(int type);

@@ -9,6 +9,11 @@
  *
  * Build: cmake -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON; run:
  *   build-fuzz/fuzz_protocol tests/fuzz/corpus -max_total_time=60
+ * (tools/setup.sh fuzz runs it on a scratch copy of the corpus). The seeds
+ * in tests/fuzz/corpus, one valid message of each type in this layout, are
+ * written by tests/fuzz/make_seeds.c (build/ferry_fuzz_seeds
+ * tests/fuzz/corpus) after a protocol change; test_protocol checks that
+ * they all still decode.
  */
 #include <stdint.h>
 #include <stdlib.h>
