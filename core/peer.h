@@ -30,13 +30,13 @@ typedef struct ferry__peer {
     int remote;
     void *sock; /* the ROUTER it talks through */
     ferry__peer_state state;
-    ferry__ident ident;      /* its routing id; len 0 before HELLO */
-    int unreachable;         /* a send failed: no more tasks until it is replaced */
-    int delivered_any;       /* since it was (re)started */
-    uint32_t failed_starts;  /* deaths in a row without delivering anything */
-    uint64_t heard_ms;       /* remote: when it last said anything */
-    uint64_t sent_ms;        /* remote: when it was last sent anything */
-    uint32_t rpid;           /* remote: its pid on its host, for messages */
+    ferry__ident ident;              /* its routing id; len 0 before HELLO */
+    int unreachable;                 /* a send failed: no more tasks until it is replaced */
+    int delivered_any;               /* since it was (re)started */
+    uint32_t failed_starts;          /* deaths in a row without delivering anything */
+    uint64_t heard_ms;               /* remote: when it last said anything */
+    uint64_t sent_ms;                /* remote: when it was last sent anything */
+    uint32_t rpid;                   /* remote: its pid on its host, for messages */
     char host[FERRY__PEER_HOST_MAX]; /* remote: its host name, for messages */
 } ferry__peer;
 

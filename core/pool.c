@@ -39,17 +39,17 @@ typedef struct local_worker {
     uint64_t ready_by_ms;
     /* thread workers */
     pthread_t thread;
-    int thread_live;  /* started and not joined */
-    atomic_int done;  /* the thread function has returned */
-    int reported;     /* its failure went out as an event */
-    int thread_rc;    /* valid once done */
+    int thread_live; /* started and not joined */
+    atomic_int done; /* the thread function has returned */
+    int reported;    /* its failure went out as an event */
+    int thread_rc;   /* valid once done */
     char thread_msg[FERRY__ERRMSG_MAX];
 } local_worker;
 
 struct ferry__pool {
     ferry__pool_opts o;
     local_worker *w;
-    atomic_int cancel; /* thread workers: stop */
+    atomic_int cancel;    /* thread workers: stop */
     local_worker **owner; /* the worker behind each poll item, 2 * n */
     int nerr, npid;       /* poll items last handed out: stderr ones, then pidfds */
     int leaked;           /* a thread worker was left running */
@@ -446,7 +446,8 @@ int ferry__pool_join_threads(ferry__pool *p, uint64_t grace_ms)
         if (!w->thread_live)
             continue;
         uint64_t now = ferry__now_ms();
-        struct timespec ts = ferry__deadline_ts(CLOCK_REALTIME, deadline > now ? deadline - now : 0);
+        struct timespec ts =
+            ferry__deadline_ts(CLOCK_REALTIME, deadline > now ? deadline - now : 0);
         if (pthread_timedjoin_np(w->thread, NULL, &ts) != 0) {
             /* A thread stuck inside dataset code cannot be stopped safely; it
              * keeps the ZeroMQ context, which is then left alive. */

@@ -35,7 +35,7 @@ typedef struct ferry__pool_opts {
 } ferry__pool_opts;
 
 typedef enum ferry__pool_event_kind {
-    FERRY__POOL_DIED = 1,   /* a process exited and was reaped */
+    FERRY__POOL_DIED = 1,      /* a process exited and was reaped */
     FERRY__POOL_THREAD_FAILED, /* a worker thread returned an error */
 } ferry__pool_event_kind;
 

@@ -57,8 +57,8 @@ static int setup_curve(ferry__remote *rm, void *zctx)
                             "ZMQ_CURVE_SECRETKEY");
     explicit_bzero(sec, sizeof sec);
     if (rc == FERRY_OK)
-        rc = ferry__sockopt(rm->sock, ZMQ_ZAP_DOMAIN, FERRY__ZAP_DOMAIN,
-                            strlen(FERRY__ZAP_DOMAIN), "ZMQ_ZAP_DOMAIN");
+        rc = ferry__sockopt(rm->sock, ZMQ_ZAP_DOMAIN, FERRY__ZAP_DOMAIN, strlen(FERRY__ZAP_DOMAIN),
+                            "ZMQ_ZAP_DOMAIN");
     if (rc == FERRY_OK)
         rc = ferry__sockopt_int(rm->sock, ZMQ_ZAP_ENFORCE_DOMAIN, 1, "ZMQ_ZAP_ENFORCE_DOMAIN");
     return rc;
@@ -70,8 +70,8 @@ static int setup_socket(ferry__remote *rm, void *zctx)
 {
     const ferry__remote_opts *o = &rm->o;
     int64_t dead = o->heartbeat_ms * o->liveness;
-    int rc = ferry__sockopt_int(rm->sock, ZMQ_HEARTBEAT_IVL, (int)o->heartbeat_ms,
-                                "ZMQ_HEARTBEAT_IVL");
+    int rc =
+        ferry__sockopt_int(rm->sock, ZMQ_HEARTBEAT_IVL, (int)o->heartbeat_ms, "ZMQ_HEARTBEAT_IVL");
     if (rc == FERRY_OK)
         rc = ferry__sockopt_int(rm->sock, ZMQ_HEARTBEAT_TIMEOUT,
                                 dead > INT32_MAX ? INT32_MAX : (int)dead, "ZMQ_HEARTBEAT_TIMEOUT");
@@ -186,8 +186,7 @@ ferry__liveness ferry__remote_liveness(const ferry__remote *rm, const ferry__pee
     uint64_t dead_after = hb * (uint64_t)rm->o.liveness;
     if (now - p->heard_ms >= dead_after) {
         snprintf(why, cap, "nothing heard from it for %llu ms (heartbeat_ms %lld x %lld)",
-                 (unsigned long long)(now - p->heard_ms), (long long)hb,
-                 (long long)rm->o.liveness);
+                 (unsigned long long)(now - p->heard_ms), (long long)hb, (long long)rm->o.liveness);
         return FERRY__LIVE_LOST;
     }
     return now - p->sent_ms >= hb ? FERRY__LIVE_HEARTBEAT : FERRY__LIVE_OK;

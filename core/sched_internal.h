@@ -32,9 +32,9 @@
  * disconnection while it settles. */
 typedef struct sched_worker {
     ferry__peer p;
-    int settling;          /* dead or disconnected; its last replies are being read */
+    int settling; /* dead or disconnected; its last replies are being read */
     uint64_t settle_by_ms;
-    char gone_why[128];    /* remote: why its connection is taken for gone */
+    char gone_why[128]; /* remote: why its connection is taken for gone */
     ferry__pool_event death;
 } sched_worker;
 
@@ -53,7 +53,7 @@ struct ferry__scheduler {
     uint32_t nworkers; /* slots: nlocal local ones, then the remote ones */
     uint32_t nlocal;
     uint32_t min_workers;
-    zmq_pollitem_t *items;    /* poll_once's scratch: 4 + 2 * nlocal */
+    zmq_pollitem_t *items;     /* poll_once's scratch: 4 + 2 * nlocal */
     ferry__pool_event *events; /* nlocal */
     pthread_t thread;
     int thread_live;
@@ -61,17 +61,18 @@ struct ferry__scheduler {
     int ctx_leaked;
 
     /* --- scheduler thread only --- */
-    int closing; /* shutdown has begun: deaths are expected */
-    uint32_t rr; /* round-robin start for picking workers */
-    uint64_t n;  /* the dataset's length, from the first READY */
-    ferry__schema schema;    /* the dataset's, from the first READY; no fields before */
+    int closing;          /* shutdown has begun: deaths are expected */
+    uint32_t rr;          /* round-robin start for picking workers */
+    uint64_t n;           /* the dataset's length, from the first READY */
+    ferry__schema schema; /* the dataset's, from the first READY; no fields before */
     uint64_t start_deadline_ms;
-    uint64_t idle_since_ms;  /* running with no ready worker since then; 0 = has some */
-    uint32_t settling; /* workers dead or disconnected whose last replies are awaited */
-    ferry__msg in, out;      /* message scratch, too big for the stack */
+    uint64_t idle_since_ms; /* running with no ready worker since then; 0 = has some */
+    uint32_t settling;      /* workers dead or disconnected whose last replies are awaited */
+    ferry__msg in, out;     /* message scratch, too big for the stack */
 };
 
-static inline void sched_describe(const ferry__scheduler *s, const sched_worker *w, char *buf, size_t cap)
+static inline void sched_describe(const ferry__scheduler *s, const sched_worker *w, char *buf,
+                                  size_t cap)
 {
     pid_t pid = w->p.remote ? 0 : ferry__pool_pid(s->pool, w->p.index);
     if (w->p.remote)

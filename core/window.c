@@ -29,7 +29,7 @@ typedef struct wlist {
 } wlist;
 
 typedef struct worker_tasks {
-    wlist sent;        /* oldest first */
+    wlist sent;       /* oldest first */
     uint64_t busy_ms; /* when its oldest became its current task */
 } worker_tasks;
 

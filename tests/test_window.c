@@ -46,8 +46,8 @@ static ferry_batch *make_batch(const ferry__window_entry *e)
     uint64_t *data = aligned_alloc(64, 64);
     assert_non_null(data);
     data[0] = e->t.seq;
-    ferry_tensor f = {.name = "seq", .dtype = FERRY_DTYPE_U64, .ndim = 1, .data = data,
-                      .nbytes = 8};
+    ferry_tensor f = {
+        .name = "seq", .dtype = FERRY_DTYPE_U64, .ndim = 1, .data = data, .nbytes = 8};
     f.shape[0] = 1;
     ferry_batch_info info = {.seq = e->t.seq, .epoch = e->t.epoch, .size = e->t.count};
     ferry_batch *b = NULL;
@@ -159,9 +159,9 @@ static void test_window_find_names_exactly_one_task(void **state)
     ferry__window_entry *b = take_and_send(win, 1);
     assert_ptr_equal(ferry__window_find(win, 0, a->id), a);
     assert_ptr_equal(ferry__window_find(win, 1, b->id), b);
-    assert_null(ferry__window_find(win, 1, a->id)); /* another worker's task */
+    assert_null(ferry__window_find(win, 1, a->id));              /* another worker's task */
     assert_null(ferry__window_find(win, 0, a->id + (1u << 10))); /* same slot, other seq */
-    assert_null(ferry__window_find(win, 0, 1023));                 /* a slot past prefetch */
+    assert_null(ferry__window_find(win, 0, 1023));               /* a slot past prefetch */
     uint64_t old = a->id;
     answer(win, a);
     assert_null(ferry__window_find(win, 0, old)); /* answered: a second reply is stale */
@@ -190,7 +190,7 @@ static void test_window_requeue_resends_lowest_seq_first_and_charges_the_current
     assert_int_equal(r0->t.seq, 0);
     assert_int_equal(r0->attempts, 1); /* the task it was on */
     assert_int_equal(r2->t.seq, 2);
-    assert_int_equal(r2->attempts, 0); /* only queued behind it: free */
+    assert_int_equal(r2->attempts, 0);    /* only queued behind it: free */
     assert_null(ferry__window_take(win)); /* window still full */
     for (int i = 0; i < 4; i++)
         answer(win, e[i]);
@@ -359,8 +359,7 @@ int main(void)
         cmocka_unit_test(test_window_delivers_in_order_whatever_the_completion_order),
         cmocka_unit_test(test_window_out_of_order_delivers_as_completed),
         cmocka_unit_test(test_window_find_names_exactly_one_task),
-        cmocka_unit_test(
-            test_window_requeue_resends_lowest_seq_first_and_charges_the_current_task),
+        cmocka_unit_test(test_window_requeue_resends_lowest_seq_first_and_charges_the_current_task),
         cmocka_unit_test(test_window_charges_exactly_the_task_the_worker_named),
         cmocka_unit_test(test_window_unsent_task_goes_out_again_first),
         cmocka_unit_test(test_window_gives_a_batch_up_after_max_attempts),

@@ -288,8 +288,7 @@ static int children_start_due(supervised_child *kids, long n, const char *self, 
 
 /* Reaps the children whose pidfd fired: under --once one that exited 0 is
  * done; any other is said and restarted after RESTART_DELAY_MS. */
-static void children_reap_exited(supervised_child *kids, long n, const struct pollfd *fds,
-                                 int once)
+static void children_reap_exited(supervised_child *kids, long n, const struct pollfd *fds, int once)
 {
     for (long i = 0; i < n; i++) {
         supervised_child *c = &kids[i];
@@ -303,8 +302,8 @@ static void children_reap_exited(supervised_child *kids, long n, const struct po
         }
         char how[256];
         ferry__describe_status(status, how, sizeof how);
-        fprintf(stderr, "ferry-worker: worker process %d %s; starting another in %d ms\n",
-                (int)pid, how, RESTART_DELAY_MS);
+        fprintf(stderr, "ferry-worker: worker process %d %s; starting another in %d ms\n", (int)pid,
+                how, RESTART_DELAY_MS);
         c->start_at = ferry__now_ms() + RESTART_DELAY_MS;
     }
 }
@@ -436,8 +435,7 @@ static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
             drop[i] = drop[i + 1] = 1;
         } else if (!strcmp(a, "--task-fd") && v && parse_int(v, 3, 1L << 20, &c->task_fd) == 0) {
             drop[i] = drop[i + 1] = 1;
-        } else if (!strcmp(a, "--processes") && v &&
-                   parse_int(v, 1, 1024, &c->processes) == 0) {
+        } else if (!strcmp(a, "--processes") && v && parse_int(v, 1, 1024, &c->processes) == 0) {
             drop[i] = drop[i + 1] = 1;
         } else if (!strcmp(a, "--key") && v) {
             c->key = v;
