@@ -9,6 +9,7 @@
  * nothing left in the private TMPDIR where the loader puts its ipc directory.
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -545,6 +546,61 @@ static int garbage_counted(const ferry_stats *st, uint64_t unused)
     return st->malformed >= 7 && st->stale >= 2;
 }
 
+static int restarted_once(const ferry_stats *st, uint64_t unused)
+{
+    (void)unused;
+    return st->restarts >= 1;
+}
+
+static int stale_above(const ferry_stats *st, uint64_t n)
+{
+    return st->stale > n;
+}
+
+/* A HELLO that a slot's previous process sent just before it was killed
+ * arrives after its replacement started: it is late, not forged, and is
+ * counted as stale (the soak had reported it as malformed, an error). */
+static void test_late_hello_of_a_replaced_worker_is_stale(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg("process", 2, 4, 50, synthetic_spec());
+    ferry_loader *ld = ft_open_ok(cfg);
+    int old = 0, now = 0;
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &old), FERRY_OK);
+    assert_int_equal(kill(old, SIGKILL), 0);
+    assert_true(ft_wait_stats(ld, restarted_once, 0, 10000) >= 0);
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &now), FERRY_OK);
+    assert_true(now != old);
+
+    char ep[512];
+    find_endpoint(snap.tmpdir, ep, sizeof ep);
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    ferry_stats before = ft_stats(ld);
+    ferry__msg m;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_HELLO;
+    m.u.hello = (ferry__hello){.version = FERRY_PROTOCOL_VERSION, .pid = (uint32_t)old, .slot = 0};
+    send_msg(s, &m, NULL, 0);
+    assert_true(ft_wait_stats(ld, stale_above, before.stale, 5000) >= 0);
+    ferry_stats after = ft_stats(ld);
+    assert_int_equal(after.malformed, before.malformed);
+    assert_int_equal(after.stale, before.stale + 1);
+
+    ferry_batch *b = NULL; /* and the run is untouched */
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_release(b);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    ft_close_within(ld, 5000);
+    ft_end(&snap);
+}
+
 static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
 {
     (void)state;
@@ -658,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),
         cmocka_unit_test(test_resume_after_batch_k_reproduces_the_stream),
         cmocka_unit_test(test_malformed_messages_from_a_raw_peer_change_nothing),
+        cmocka_unit_test(test_late_hello_of_a_replaced_worker_is_stale),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }
