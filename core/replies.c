@@ -225,6 +225,10 @@ static void on_ready(ferry__scheduler *s, sched_worker *w)
     if (r->code != 0) {
         snprintf(msg, sizeof msg, "%s could not open dataset '%s': %s", who, s->cfg.dataset,
                  r->error);
+    } else if (w->p.remote && r->length == 0) {
+        /* Refused before it can fix the length: a host with empty data
+         * must not make the run's stream empty (the first READY decides). */
+        snprintf(msg, sizeof msg, "%s sees no items in dataset '%s'", who, s->cfg.dataset);
     } else if (s->n && r->length != s->n) {
         snprintf(msg, sizeof msg, "%s sees %llu items in dataset '%s', others see %llu", who,
                  (unsigned long long)r->length, s->cfg.dataset, (unsigned long long)s->n);

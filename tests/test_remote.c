@@ -733,13 +733,14 @@ static void raw_hello(void *s, uint32_t version)
     assert_int_equal(raw_send(s, &m, NULL), FERRY_OK);
 }
 
-/* READY for remote_cfg's dataset: x, u8 items of [dim]; y, one i64. */
-static void raw_ready(void *s, int dim)
+/* READY for remote_cfg's dataset: x, u8 items of [dim]; y, one i64; n
+ * items. */
+static void raw_ready_n(void *s, int dim, uint64_t n)
 {
     ferry__msg m;
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_READY;
-    m.u.ready.length = N_ITEMS;
+    m.u.ready.length = n;
     ferry__schema *sc = &m.u.ready.schema;
     sc->nfields = 2;
     snprintf(sc->fields[0].name, FERRY_NAME_MAX, "x");
@@ -749,6 +750,11 @@ static void raw_ready(void *s, int dim)
     snprintf(sc->fields[1].name, FERRY_NAME_MAX, "y");
     sc->fields[1].dtype = FERRY_DTYPE_I64;
     assert_int_equal(raw_send(s, &m, NULL), FERRY_OK);
+}
+
+static void raw_ready(void *s, int dim)
+{
+    raw_ready_n(s, dim, N_ITEMS);
 }
 
 /* The ways a BATCH can disagree with its task and the schema while every
@@ -905,6 +911,83 @@ static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
     assert_int_equal(st.delivered, c.taken);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
+}
+
+/* The first remote worker to say READY fixes the dataset's length, so one
+ * whose data is empty is refused (STOP, counted) instead: the loader keeps
+ * waiting and opens with the next worker, whose data is right. */
+static void *raw_empty_main(void *arg)
+{
+    raw_script *r = arg;
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, r->ep);
+    static ferry__msg m;
+    int ok = 1;
+    raw_hello(s, FERRY_PROTOCOL_VERSION);
+    if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+        snprintf(r->what, sizeof r->what, "no CONFIG");
+        ok = 0;
+    }
+    if (ok)
+        raw_ready_n(s, DIM, 0);
+    if (ok && raw_wait(s, &m, FERRY__MSG_STOP, 10000) != 0) {
+        snprintf(r->what, sizeof r->what, "no STOP for a READY with no items");
+        ok = 0;
+    }
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    atomic_store(&r->done, ok ? 1 : -1);
+    return NULL;
+}
+
+typedef struct opener {
+    ferry_config *cfg;
+    ferry_loader *ld;
+    int rc;
+} opener;
+
+static void *open_main(void *arg)
+{
+    opener *o = arg;
+    o->rc = ferry_loader_open(&o->ld, o->cfg);
+    return NULL;
+}
+
+static void test_remote_worker_with_empty_data_is_refused(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 60);
+    opener o = {.cfg = remote_cfg(&t.k, t.port, 0, 1)};
+    assert_int_equal(ferry_config_set_int(o.cfg, "insecure", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(o.cfg, "start_timeout_ms", 20000), FERRY_OK);
+    raw_script r = {.ep = t.ep};
+    pthread_t raw, op;
+    assert_int_equal(pthread_create(&op, NULL, open_main, &o), 0);
+    assert_int_equal(pthread_create(&raw, NULL, raw_empty_main, &r), 0);
+    pthread_join(raw, NULL);
+    if (atomic_load(&r.done) != 1)
+        fail_msg("the raw peer: %s", r.what);
+    /* Only now a worker with data: the loader must still be waiting. */
+    pid_t good = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
+    pthread_join(op, NULL);
+    ferry_config_free(o.cfg);
+    if (o.rc != FERRY_OK)
+        fail_msg("open: %s: %s", ferry_err_name(o.rc), ferry_last_error());
+    uint64_t items = 0;
+    assert_int_equal(ferry_loader_length(o.ld, &items, NULL), FERRY_OK);
+    assert_int_equal(items, N_ITEMS);
+    ft_stream c;
+    stream_init(&c, 0);
+    for (int i = 0; i < 10; i++)
+        read_one(o.ld, &c);
+    ferry_stats st = ft_stats(o.ld);
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.joined, 1);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(o.ld), FERRY_OK);
     stop_daemon(good);
     case_end(&t);
 }
@@ -1412,6 +1495,7 @@ int main(void)
         cmocka_unit_test(test_unknown_key_is_rejected),
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
+        cmocka_unit_test(test_remote_worker_with_empty_data_is_refused),
         cmocka_unit_test(test_hello_of_another_version_is_refused_at_once),
         cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
