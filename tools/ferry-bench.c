@@ -527,7 +527,9 @@ static void usage(FILE *f)
             "  --compare-remote    --workers local processes, then as many remote ones\n"
             "                      over TCP+CURVE, then plain TCP, on 127.0.0.1; print all three\n"
             "  --json              print one JSON object\n"
-            "  --no-progress       no progress bar\n");
+            "  --no-progress       no progress bar\n"
+            "  --help              this text\n"
+            "  --version           the ferry version\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)
@@ -604,8 +606,11 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--version")) {
+            printf("ferry-bench %s\n", ferry_version());
+            return 0;
         } else {
-            fprintf(stderr, "ferry-bench: unknown argument '%s'\n", a);
+            fprintf(stderr, "ferry-bench: bad argument '%s'\n", a);
             usage(stderr);
             return 2;
         }

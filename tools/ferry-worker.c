@@ -94,7 +94,9 @@ static void usage(FILE *f)
                "  --slot N            index the loader gave this worker\n"
                "  --task-fd FD        shared memory where it says which task it is building\n"
                "set by whatever starts this worker (a loader, or --processes):\n"
-               "  --parent PID        exit when PID is no longer this process's parent\n");
+               "  --parent PID        exit when PID is no longer this process's parent\n"
+               "  --help              this text\n"
+               "  --version           the ferry version\n");
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
