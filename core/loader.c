@@ -108,7 +108,14 @@ int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
 {
     if (!ld || !out)
         return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
-    return ferry__window_next(ld->win, out);
+    return ferry__window_next(ld->win, out, -1);
+}
+
+int ferry_loader_next_timeout(ferry_loader *ld, ferry_batch **out, int64_t timeout_ms)
+{
+    if (!ld || !out)
+        return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
+    return ferry__window_next(ld->win, out, timeout_ms);
 }
 
 int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *batches_per_epoch)

@@ -548,8 +548,9 @@ static int deliver_unlock(ferry__window *win, ferry__window_entry *e, ferry_batc
     return FERRY_OK;
 }
 
-int ferry__window_next(ferry__window *win, ferry_batch **out)
+int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms)
 {
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : ferry__now_ms() + (uint64_t)timeout_ms;
     pthread_mutex_lock(&win->mu);
     win->asked = win->st.delivered + 1;
     int woke = 0;
@@ -573,7 +574,13 @@ int ferry__window_next(ferry__window *win, ferry_batch **out)
             pthread_mutex_lock(&win->mu);
             continue;
         }
-        wait_cv(win, WAIT_MS);
+        uint64_t now = ferry__now_ms();
+        if (now >= deadline) {
+            pthread_mutex_unlock(&win->mu);
+            return ferry__seterr(FERRY_EAGAIN, "no batch was ready within %lld ms",
+                                 (long long)timeout_ms);
+        }
+        wait_cv(win, deadline - now < WAIT_MS ? deadline - now : WAIT_MS);
     }
 }
 

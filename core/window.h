@@ -177,8 +177,10 @@ void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge ch
 
 /* The next batch: FERRY_OK with *out, FERRY_EBATCH or FERRY_ERANGE for a
  * batch that failed (the next call goes on), FERRY_EOF at the end of the
- * stream, or the loader's failure. Waits while none is ready. */
-int ferry__window_next(ferry__window *win, ferry_batch **out);
+ * stream, or the loader's failure. Waits while none is ready, at most
+ * timeout_ms (negative: as long as it takes); FERRY_EAGAIN when none was
+ * ready by then, with nothing changed. */
+int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms);
 
 int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_per_epoch);
 

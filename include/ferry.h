@@ -59,7 +59,8 @@ extern "C" {
     X(ELIMIT, -15, "resource limit reached")                                                       \
     X(EFORMAT, -16, "malformed file")                                                              \
     X(EVERSION, -17, "version mismatch")                                                           \
-    X(EMISMATCH, -18, "workers disagree about the dataset")
+    X(EMISMATCH, -18, "workers disagree about the dataset")                                        \
+    X(EAGAIN, -19, "no batch ready yet")
 
 typedef enum ferry_err {
 #define FERRY__ERR_ENUM(name, value, msg) FERRY_##name = value,
@@ -152,9 +153,19 @@ FERRY_API int ferry_loader_open(ferry_loader **out, const ferry_config *cfg);
  *                 max_message (both sizes named), or workers failed on it
  *                 max_attempts times, or a local worker sent it not
  *                 matching the dataset's schema (what differed named);
+ *  FERRY_ERANGE   likewise, for a batch with an index the dataset does not
+ *                 have (the plugin's own answer for a missing item);
  *  FERRY_EOF      the stream has ended (epochs or max_batches reached);
- *  FERRY_EWORKER, FERRY_ETIMEDOUT, ...: the loader cannot go on; close it. */
+ *  FERRY_EWORKER, FERRY_ETIMEDOUT, ...: the loader cannot go on; close it.
+ * Only FERRY_EBATCH and FERRY_ERANGE are per batch; after any other code
+ * but FERRY_OK the stream is over. */
 FERRY_API int ferry_loader_next(ferry_loader *ld, ferry_batch **out);
+
+/* ferry_loader_next waiting at most timeout_ms (0: not at all; negative: as
+ * long as it takes), so a trainer can do something else meanwhile, or
+ * notice Ctrl-C. FERRY_EAGAIN when no batch was ready by then: nothing has
+ * changed, the loader is fine, call again. Otherwise as ferry_loader_next. */
+FERRY_API int ferry_loader_next_timeout(ferry_loader *ld, ferry_batch **out, int64_t timeout_ms);
 
 /* Size of the dataset in items and the number of batches in one epoch of
  * this rank. */

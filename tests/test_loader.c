@@ -353,6 +353,47 @@ static void test_batch_over_max_message_fails_that_batch_only(void **state)
     }
 }
 
+/* A bounded wait: a batch that is ready comes at once; one that is not
+ * (its worker is stuck in the dataset) gives FERRY_EAGAIN after about the
+ * timeout, with nothing lost, and the loader is as it was: stats unchanged,
+ * and it still closes. 0 means do not wait at all. */
+static void test_next_timeout_returns_eagain_and_changes_nothing(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    char spec[512];
+    snprintf(spec, sizeof spec, "plugin:%s?n=64,dim=8,hang_at=20", FERRY_TEST_HOSTILE);
+    ferry_config *cfg = make_cfg("process", 1, 2, 8, spec);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ferry_batch *b = NULL;
+    for (int i = 0; i < 2; i++) { /* indices 0..15: ready, or soon */
+        assert_int_equal(ferry_loader_next_timeout(ld, &b, 10000), FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, (uint64_t)i);
+        ft_assert_synthetic(b, 8);
+        ferry_batch_release(b);
+    }
+    ferry_stats before = ft_stats(ld);
+    uint64_t t0 = ft_now_ms();
+    b = NULL;
+    FT_EXPECT_ERROR(ferry_loader_next_timeout(ld, &b, 200), FERRY_EAGAIN, "200 ms", NULL);
+    uint64_t waited = ft_now_ms() - t0;
+    print_message("a timed-out next() returned after %llu ms\n", (unsigned long long)waited);
+    assert_null(b);
+    assert_true(waited >= 200 && waited < 2000);
+    t0 = ft_now_ms();
+    assert_int_equal(ferry_loader_next_timeout(ld, &b, 0), FERRY_EAGAIN);
+    assert_true(ft_now_ms() - t0 < 500);
+    ferry_stats after = ft_stats(ld);
+    assert_int_equal(after.delivered, before.delivered);
+    assert_int_equal(after.failed, 0);
+    assert_int_equal(ferry_loader_next_timeout(NULL, &b, 0), FERRY_EINVAL);
+    ft_close_within(ld, 5000);
+    ft_end(&snap);
+}
+
 static void test_open_fails_clearly_when_dataset_does_not_open(void **state)
 {
     (void)state;
@@ -709,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_epoch_barrier_holds_next_epoch_until_asked),
         cmocka_unit_test(test_dataset_error_is_reported_and_run_continues),
         cmocka_unit_test(test_batch_over_max_message_fails_that_batch_only),
+        cmocka_unit_test(test_next_timeout_returns_eagain_and_changes_nothing),
         cmocka_unit_test(test_open_fails_clearly_when_dataset_does_not_open),
         cmocka_unit_test(test_open_fails_when_worker_program_is_missing),
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),

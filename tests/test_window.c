@@ -73,7 +73,7 @@ static void answer(ferry__window *win, ferry__window_entry *e)
 static uint64_t next_seq(ferry__window *win)
 {
     ferry_batch *b = NULL;
-    int rc = ferry__window_next(win, &b);
+    int rc = ferry__window_next(win, &b, -1);
     if (rc != FERRY_OK)
         fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
     ferry_tensor t;
@@ -254,7 +254,7 @@ static void test_window_gives_a_batch_up_after_max_attempts(void **state)
     assert_int_equal(ferry__window_take(win)->t.seq, 2);
     answer(win, b);
     ferry_batch *out = NULL;
-    assert_int_equal(ferry__window_next(win, &out), FERRY_EBATCH);
+    assert_int_equal(ferry__window_next(win, &out, -1), FERRY_EBATCH);
     assert_null(out);
     assert_non_null(strstr(ferry_last_error(), "indices 0, 1"));
     assert_non_null(strstr(ferry_last_error(), "after 2 workers died"));
@@ -325,11 +325,11 @@ static void test_window_end_of_stream_and_failure_are_reported(void **state)
     assert_int_equal(next_seq(win), 8);
     assert_int_equal(next_seq(win), 9);
     ferry_batch *b = NULL;
-    assert_int_equal(ferry__window_next(win, &b), FERRY_EOF);
+    assert_int_equal(ferry__window_next(win, &b, -1), FERRY_EOF);
 
     ferry__window_fail(win, FERRY_EWORKER, "worker 1 (pid 7) exited with code 3");
     ferry__window_fail(win, FERRY_ECLOSED, "a later cause"); /* the first one stays */
-    assert_int_equal(ferry__window_next(win, &b), FERRY_EWORKER);
+    assert_int_equal(ferry__window_next(win, &b, -1), FERRY_EWORKER);
     assert_string_equal(ferry_last_error(), "worker 1 (pid 7) exited with code 3");
     assert_int_equal(ferry__window_phase(win), FERRY__PHASE_FAILED);
     assert_null(ferry__window_take(win));
