@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "config.h"
 #include "endpoint.h"
 #include "error.h"
 #include "keys.h"
@@ -20,14 +21,12 @@
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93 /* a draft option in libzmq 4.3's header */
 #endif
 
-#define ENDPOINT_MAX 256
-
 struct ferry__remote {
     ferry__remote_opts o;
     void *sock;
     void *zap; /* the ZAP handler's socket when CURVE is on */
     ferry__allow allow;
-    char bound[ENDPOINT_MAX];
+    char bound[FERRY__ENDPOINT_MAX];
     int item_sock, item_zap; /* where their poll items went, -1: none */
 };
 

@@ -334,11 +334,12 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
                              .last_in_epoch = e->t.last_in_epoch,
                              .worker = w->p.index};
     ferry_tensor fields[FERRY_MAX_FIELDS];
-    field_views(h, zmq_msg_data(payload), fields);
     ferry__batch_backing backing = {.release = ferry__zsock_payload_release};
     ferry_batch *b = NULL;
-    int rc = ferry__zsock_payload_keep(payload, &backing.ctx);
+    const void *data;
+    int rc = ferry__zsock_payload_keep(payload, &backing.ctx, &data);
     if (rc == FERRY_OK) {
+        field_views(h, data, fields); /* after the move: see payload_keep */
         rc = ferry__batch_new(&b, fields, (int)h->nfields, &info, e->indices, backing);
         if (rc != FERRY_OK)
             ferry__zsock_payload_release(backing.ctx);

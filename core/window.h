@@ -119,7 +119,8 @@ int ferry__window_wait_started(ferry__window *win);
 /* Adds one to counter `s`; returns its new value. */
 uint64_t ferry__window_count(ferry__window *win, ferry__stat s);
 
-/* Adds `delta` (+1 or -1) to the number of ready workers; returns it. */
+/* Adds `delta` (+1, -1, or 0 just to read it) to the number of ready
+ * workers; returns the new number. */
 uint32_t ferry__window_add_workers(ferry__window *win, int delta);
 
 void ferry__window_stats(ferry__window *win, ferry_stats *st);

@@ -247,9 +247,9 @@ static void test_only_the_poison_batch_is_ever_given_up_under_load(void **state)
     int load = ft_load_start();
     for (int round = 0; round < 40; round++) {
         ferry_config *cfg = make_cfg(2, 4, hostile("n=64,crash_at=37"));
-        ferry_config_set_int(cfg, "epochs", 1);
-        ferry_config_set_int(cfg, "max_attempts", 2);
-        ferry_config_set_int(cfg, "credits", 8);
+        assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "max_attempts", 2), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "credits", 8), FERRY_OK);
         ferry_loader *ld = ft_open_ok(cfg);
         int ok, failed;
         count_to_end(ld,

@@ -564,6 +564,17 @@ static void find_endpoint(const char *tmpdir, char *out, size_t cap)
     assert_true(out[0] != '\0');
 }
 
+/* A DEALER of our own on the loader's local socket, with no linger. */
+static void *raw_peer(void *ctx, const char *ep)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    assert_non_null(s);
+    int zero = 0;
+    assert_int_equal(zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero), 0);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
 static void send_frames(void *s, const void *const *frames, const size_t *lens, int n)
 {
     for (int i = 0; i < n; i++)
@@ -618,10 +629,7 @@ static void test_late_hello_of_a_replaced_worker_is_stale(void **state)
     char ep[512];
     find_endpoint(snap.tmpdir, ep, sizeof ep);
     void *ctx = zmq_ctx_new();
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_connect(s, ep), 0);
+    void *s = raw_peer(ctx, ep);
     ferry_stats before = ft_stats(ld);
     ferry__msg m;
     memset(&m, 0, sizeof m);
@@ -656,10 +664,7 @@ static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
     char ep[512];
     find_endpoint(snap.tmpdir, ep, sizeof ep);
     void *ctx = zmq_ctx_new();
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_connect(s, ep), 0);
+    void *s = raw_peer(ctx, ep);
 
     /* Garbage, an empty frame, too many frames, a header past the limit. */
     static const unsigned char junk[] = {0xc1, 0xff, 0x00, 0x93, 0x01};
@@ -678,9 +683,7 @@ static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
     send_frames(s, f4, l4, 1);
     /* An oversized message: over max_message, ZeroMQ drops the peer. Sent
      * on a second peer so the first can go on misbehaving. */
-    void *s2 = zmq_socket(ctx, ZMQ_DEALER);
-    zmq_setsockopt(s2, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_connect(s2, ep), 0);
+    void *s2 = raw_peer(ctx, ep);
     size_t huge_len = 2u << 20;
     unsigned char *huge = calloc(1, huge_len);
     const void *f5[] = {huge};

@@ -122,7 +122,7 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
     return FERRY_OK;
 }
 
-int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder)
+int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder, const void **data)
 {
     zmq_msg_t *m = ferry__malloc(sizeof *m);
     if (!m)
@@ -130,6 +130,7 @@ int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder)
     zmq_msg_init(m);
     zmq_msg_move(m, payload);
     *holder = m;
+    *data = zmq_msg_data(m);
     return FERRY_OK;
 }
 

@@ -45,8 +45,11 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
 /* A received payload frame kept alive past the receive, to back a batch's
  * views (batch.h): *payload is moved into a small holder, and released with
  * ferry__zsock_payload_release (which matches ferry__batch_backing's
- * release). FERRY_ENOMEM with *payload left as it was. */
-int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder);
+ * release). *data is where its bytes are now: take views from it, not from
+ * the frame before the move, since ZeroMQ keeps a very small message's
+ * bytes inside the zmq_msg_t itself, and they move with it. FERRY_ENOMEM
+ * with *payload left as it was. */
+int ferry__zsock_payload_keep(zmq_msg_t *payload, void **holder, const void **data);
 void ferry__zsock_payload_release(void *holder);
 
 #endif
