@@ -57,6 +57,8 @@ static const opt_def options[] = {
     {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names, "restart or fail"},
     {"max_attempts", OPT_INT, OFF(max_attempts), 1, 100, NULL, "tries of a batch that kills"},
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
+    {"worker_args", OPT_STR, OFF(worker_args), 0, FERRY__WORKER_ARGS_MAX, NULL,
+     "arguments before ferry's own, one per line"},
     {"bind", OPT_STR, OFF(bind), 0, FERRY__ENDPOINT_MAX, NULL,
      "tcp:// endpoint for remote workers"},
     {"curve_key", OPT_STR, OFF(curve_key), 0, PATH_MAX, NULL, "the loader's key pair file"},
@@ -107,6 +109,16 @@ int64_t ferry__config_prefetch(const ferry_config *cfg)
     int64_t slots = ferry__config_slots(cfg);
     int64_t auto_window = 2 * slots * cfg->credits;
     return cfg->bind[0] && auto_window > 1024 ? 1024 : auto_window;
+}
+
+int ferry__count_lines(const char *s)
+{
+    int n = 0;
+    for (const char *p = s; *p; n++) {
+        const char *nl = strchr(p, '\n');
+        p = nl ? nl + 1 : p + strlen(p);
+    }
+    return n;
 }
 
 int64_t ferry__config_slots(const ferry_config *cfg)
@@ -178,6 +190,9 @@ int ferry_config_set(ferry_config *cfg, const char *key, const char *value)
         if (len >= (size_t)d->max)
             return ferry__seterr(FERRY_EINVAL, "option '%s' is too long (%zu bytes, limit %lld)",
                                  key, len, (long long)d->max - 1);
+        if (strcmp(key, "worker_args") == 0 && ferry__count_lines(value) > FERRY__WORKER_ARGS_N)
+            return ferry__seterr(FERRY_EINVAL, "option 'worker_args' has more than %d arguments",
+                                 FERRY__WORKER_ARGS_N);
         memcpy((char *)cfg + d->offset, value, len + 1);
         return FERRY_OK;
     }

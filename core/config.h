@@ -17,6 +17,10 @@
 /* A dataset spec, with its NUL; the wire protocol carries as much (checked
  * where CONFIG is built). */
 #define FERRY__DATASET_MAX 4096
+/* worker_args: the arguments put before ferry's own, one per line (at most
+ * FERRY__WORKER_ARGS_N of them). */
+#define FERRY__WORKER_ARGS_MAX 4096
+#define FERRY__WORKER_ARGS_N 32
 
 typedef enum ferry__on_failure {
     FERRY__ON_FAILURE_RESTART = 0,
@@ -52,6 +56,7 @@ struct ferry_config {
     int64_t on_worker_failure; /* ferry__on_failure */
     int64_t max_attempts;      /* workers a batch may take down before it is given up */
     char worker_path[PATH_MAX];
+    char worker_args[FERRY__WORKER_ARGS_MAX]; /* newline-separated, before ferry's own */
     char bind[FERRY__ENDPOINT_MAX]; /* tcp:// endpoint for remote workers, "" = none */
     char curve_key[PATH_MAX];       /* the loader's key pair file */
     char curve_allow[PATH_MAX];     /* allow-list file or directory of worker .pub files */
@@ -70,6 +75,10 @@ int64_t ferry__config_prefetch(const ferry_config *cfg);
 
 /* Worker slots: local workers, then max_remote remote ones when bound. */
 int64_t ferry__config_slots(const ferry_config *cfg);
+
+/* The lines of a newline-separated list (worker_args): 0 for "", and a
+ * trailing newline ends the last line without starting another. */
+int ferry__count_lines(const char *s);
 
 /* Ready workers (local and remote) open waits for. */
 int64_t ferry__config_min_workers(const ferry_config *cfg);

@@ -35,6 +35,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <ctype.h>
+#include <pthread.h>
+
 #include "datasets/kinds.h"
 #include "error.h"
 
@@ -48,6 +51,58 @@ static const ferry__dataset_kind *const dataset_kinds[] = {
     &ferry__npy_kind,
     &ferry__plugin_kind,
 };
+
+/* Kinds registered at run time (ferry_dataset_register), looked up after the
+ * built-ins. Registration normally happens once before any worker starts;
+ * the lock makes a later one safe too. */
+#define FERRY__REGISTERED_MAX 8
+#define FERRY__KIND_NAME_MAX 32
+static pthread_mutex_t registered_lock = PTHREAD_MUTEX_INITIALIZER;
+static ferry__dataset_kind registered[FERRY__REGISTERED_MAX];
+static char registered_names[FERRY__REGISTERED_MAX][FERRY__KIND_NAME_MAX];
+static size_t nregistered;
+
+int ferry_dataset_register(const ferry_dataset_ops *ops)
+{
+    if (!ops || ops->abi_version != FERRY_DATASET_ABI || !ops->open || !ops->length ||
+        !ops->get_batch || !ops->close)
+        return ferry__seterr(FERRY_EINVAL, "ferry_dataset_register: the table needs abi_version "
+                                           "%d and all four functions",
+                             FERRY_DATASET_ABI);
+    const char *name = ops->name ? ops->name : "";
+    size_t len = strlen(name);
+    int ok = len > 0 && len < FERRY__KIND_NAME_MAX;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = isalnum((unsigned char)name[i]) || name[i] == '_';
+    if (!ok)
+        return ferry__seterr(FERRY_EINVAL, "ferry_dataset_register: kind name '%s' must be 1-%d "
+                                           "letters, digits or '_'",
+                             name, FERRY__KIND_NAME_MAX - 1);
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(dataset_kinds); k++) {
+        if (strcmp(dataset_kinds[k]->name, name) == 0)
+            return ferry__seterr(FERRY_EINVAL,
+                                 "ferry_dataset_register: '%s' is a built-in dataset kind", name);
+    }
+    pthread_mutex_lock(&registered_lock);
+    size_t slot = nregistered;
+    for (size_t k = 0; k < nregistered; k++) {
+        if (strcmp(registered_names[k], name) == 0)
+            slot = k;
+    }
+    int rc = FERRY_OK;
+    if (slot == FERRY__REGISTERED_MAX) {
+        rc = ferry__seterr(FERRY_ELIMIT, "ferry_dataset_register: %d kinds are registered already",
+                           FERRY__REGISTERED_MAX);
+    } else {
+        memcpy(registered_names[slot], name, len + 1);
+        registered[slot] = (ferry__dataset_kind){
+            .name = registered_names[slot], .ops = ops, .open = ferry__dataset_open_builtin};
+        if (slot == nregistered)
+            nregistered++;
+    }
+    pthread_mutex_unlock(&registered_lock);
+    return rc;
+}
 
 /* --- Helpers shared by the kinds (declared in datasets/kinds.h) --- */
 
@@ -146,17 +201,32 @@ static int find_kind(const char *spec, const ferry__dataset_kind **kind, const c
     const char *colon = strchr(spec, ':');
     size_t klen = colon ? (size_t)(colon - spec) : strlen(spec);
 
+    *args = colon ? colon + 1 : spec + klen;
     for (size_t k = 0; k < FERRY__ARRAY_LEN(dataset_kinds); k++) {
         const char *name = dataset_kinds[k]->name;
         if (strlen(name) == klen && memcmp(name, spec, klen) == 0) {
             *kind = dataset_kinds[k];
-            *args = colon ? colon + 1 : spec + klen;
             return FERRY_OK;
         }
     }
+    char also[FERRY__REGISTERED_MAX * (FERRY__KIND_NAME_MAX + 2)] = "";
+    size_t used = 0;
+    pthread_mutex_lock(&registered_lock);
+    for (size_t k = 0; k < nregistered && !*kind; k++) {
+        if (strlen(registered_names[k]) == klen && memcmp(registered_names[k], spec, klen) == 0)
+            *kind = &registered[k];
+        used += (size_t)snprintf(also + used, sizeof also - used, ", %s", registered_names[k]);
+    }
+    pthread_mutex_unlock(&registered_lock);
+    if (*kind)
+        return FERRY_OK;
+    const char *hint = klen == 6 && memcmp(spec, "python", 6) == 0
+                           ? "; python: datasets are served by Python workers, which "
+                             "ferry.Loader starts (python -m ferry.worker)"
+                           : "";
     return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                              "unknown dataset kind '%.*s' (expected synthetic, npy or plugin)",
-                              (int)klen, spec);
+                              "unknown dataset kind '%.*s' (expected synthetic, npy, plugin%s)%s",
+                              (int)klen, spec, also, hint);
 }
 
 /* Checks the schema and length a dataset reported and computes item_bytes,

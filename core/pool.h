@@ -28,6 +28,7 @@ typedef struct ferry__pool_opts {
     uint32_t n;              /* workers, indices 0..n-1 */
     int threads;             /* thread workers, not processes */
     const char *worker_path; /* the ferry-worker program (processes) */
+    const char *worker_args; /* its first arguments, one per line (option worker_args) */
     const char *endpoint;    /* the loader's local endpoint */
     void *zctx;              /* the loader's context (threads share it) */
     int start_timeout_ms;    /* a (re)started worker must be ready by then */

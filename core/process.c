@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "error.h"
 
 extern char **environ;
@@ -189,26 +190,46 @@ int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_f
     return FERRY_OK;
 }
 
-int ferry__spawn_worker(const char *path, const char *endpoint, int slot, int task_fd,
-                        pid_t *pid_out, int *pidfd_out, int *errfd_out)
+int ferry__spawn_worker(const char *path, const char *args, const char *endpoint, int slot,
+                        int task_fd, pid_t *pid_out, int *pidfd_out, int *errfd_out)
 {
-    int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
-    }
-    /* The child's end must block like any stderr. */
-    fcntl(errpipe[1], F_SETFL, 0);
-
+    /* argv: the program, args (one per line, in a copy cut at the
+     * newlines), then ferry's own. */
+    char *lines = strdup(args ? args : "");
+    if (!lines)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory starting a worker");
     char slot_s[16], parent_s[24], task_s[16];
     snprintf(slot_s, sizeof slot_s, "%d", slot);
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
     snprintf(task_s, sizeof task_s, "%d", FERRY__PASSED_FD);
-    char *argv[] = {(char *)path, "--connect", (char *)endpoint, "--slot", slot_s, "--parent",
-                    parent_s,     "--task-fd", task_s,           NULL};
-    if (task_fd < 0)
-        argv[7] = NULL;
+    char *argv[FERRY__WORKER_ARGS_N + 12];
+    int n = 0;
+    argv[n++] = (char *)path;
+    for (char *p = lines; *p && n < FERRY__WORKER_ARGS_N + 1;) {
+        argv[n++] = p;
+        char *nl = strchr(p, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        p = nl + 1;
+    }
+    char *own[] = {"--connect", (char *)endpoint, "--slot", slot_s, "--parent", parent_s,
+                   "--task-fd", task_s};
+    int nown = task_fd < 0 ? 6 : 8;
+    for (int i = 0; i < nown; i++)
+        argv[n++] = own[i];
+    argv[n] = NULL;
+
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        free(lines);
+        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
+    }
+    /* The child's end must block like any stderr. */
+    fcntl(errpipe[1], F_SETFL, 0);
     int rc = ferry__spawn(path, argv, errpipe[1], task_fd, pid_out, pidfd_out);
     close(errpipe[1]);
+    free(lines);
     if (rc != FERRY_OK) {
         close(errpipe[0]);
         return rc;

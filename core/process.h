@@ -40,15 +40,17 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
 int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd, pid_t *pid,
                  int *pidfd);
 
-/* Starts `path --connect endpoint --slot slot --parent <our pid>` (and,
+/* Starts `path ARGS --connect endpoint --slot slot --parent <our pid>`
+ * (ARGS: the lines of `args`, at most FERRY__WORKER_ARGS_N; NULL for none),
+ * and,
  * when task_fd >= 0, `--task-fd 3` with task_fd passed as fd 3), returns
  * its pid and a pidfd (close-on-exec). The child's stderr is the write end of
  * a pipe whose read end comes back in *errfd (non-blocking, close-on-exec),
  * so the loader can pass its output on and keep its last words. On failure
  * nothing is left running or open: FERRY_ESPAWN (exec failed: errno detail),
  * FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
-int ferry__spawn_worker(const char *path, const char *endpoint, int slot, int task_fd, pid_t *pid,
-                        int *pidfd, int *errfd);
+int ferry__spawn_worker(const char *path, const char *args, const char *endpoint, int slot,
+                        int task_fd, pid_t *pid, int *pidfd, int *errfd);
 
 /* FERRY_OK if at least `need` more file descriptors can be opened under the
  * soft RLIMIT_NOFILE, else FERRY_ELIMIT saying what needed them. Checked

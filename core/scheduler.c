@@ -371,6 +371,7 @@ static int setup(ferry__scheduler *s)
     ferry__pool_opts po = {.n = s->nlocal,
                            .threads = threads,
                            .worker_path = s->worker_path,
+                           .worker_args = s->cfg.worker_args,
                            .endpoint = s->endpoint,
                            .zctx = s->zctx,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,

@@ -93,6 +93,32 @@ typedef struct ferry_dataset_ops {
 
 typedef const ferry_dataset_ops *(*ferry_dataset_plugin_fn)(void);
 
+/* ----------------------------------------------------------------------------
+ * Embedding a worker. These two are in libferry (a plugin needs neither):
+ * a program that has its own kind of dataset (the Python package's
+ * "python:" kind is one) registers the kind's table and runs the worker
+ * program's main loop, and a loader given that program (options
+ * worker_path and worker_args) gets workers that open "KIND:ARGS" specs
+ * with it.
+ */
+
+/* Adds `ops` as dataset kind ops->name (letters, digits and '_', at most
+ * 31 characters) for every worker in this process, in any placement; the
+ * table must outlive them. Registering a name again replaces its table.
+ * FERRY_EINVAL for a bad table or name, or the name of a built-in kind
+ * (synthetic, npy, plugin); FERRY_ELIMIT past 8 registered kinds. */
+FERRY_API int ferry_dataset_register(const ferry_dataset_ops *ops);
+
+/* The ferry-worker program: parses argv as ferry-worker does (--connect,
+ * --slot, --processes, ...; see `ferry-worker --help`), runs the worker or
+ * the --processes supervisor, and returns the exit code for the process.
+ * `name` is the program's name in its usage text (NULL: "ferry-worker").
+ * `relaunch` is the command that starts this program again, NULL-terminated
+ * (e.g. {"/usr/bin/python3", "-m", "ferry.worker", NULL}): --processes
+ * starts its children with it followed by argv[1...]; NULL: this process's
+ * own executable. Installs signal handlers; call it from the main thread. */
+FERRY_API int ferry_worker_main(int argc, char **argv, const char *name, char *const relaunch[]);
+
 /* A 64-bit mix (splitmix64's finaliser). */
 static inline uint64_t ferry_mix64(uint64_t x)
 {

@@ -149,9 +149,78 @@ static double thread_cpu_seconds(void)
 static void test_unknown_kind_lists_the_known_ones(void **state)
 {
     expect_open_fails("foo:bar", FERRY_EDATASET,
-                      "unknown dataset kind 'foo' (expected synthetic, npy or plugin)", NULL);
+                      "unknown dataset kind 'foo' (expected synthetic, npy, plugin", NULL);
     expect_open_fails("", FERRY_EDATASET, "unknown dataset kind ''", NULL);
     expect_open_fails("Synthetic:n=3", FERRY_EDATASET, "'Synthetic'", NULL);
+    expect_open_fails("python:m:C", FERRY_EDATASET, "served by Python workers", NULL);
+}
+
+/* A kind registered at run time: one u8 field whose item i is i + the
+ * number in its args. */
+static int counting_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
+                         ferry_dataset_schema *schema, char *errbuf, size_t errlen)
+{
+    static int base;
+    base = atoi(args);
+    *handle = &base;
+    memset(schema, 0, sizeof *schema);
+    schema->nfields = 1;
+    snprintf(schema->fields[0].name, sizeof schema->fields[0].name, "v");
+    schema->fields[0].dtype = FERRY_DTYPE_U8;
+    return FERRY_OK;
+}
+static uint64_t counting_length(void *handle)
+{
+    return 10;
+}
+static int counting_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
+                              ferry_dataset_error *err)
+{
+    for (size_t i = 0; i < req->count; i++)
+        ((uint8_t *)dst[0])[i] = (uint8_t)(req->indices[i] + (uint64_t)*(int *)handle);
+    return FERRY_OK;
+}
+static void counting_close(void *handle)
+{
+}
+
+static void test_registered_kind_opens_and_bad_ones_are_refused(void **state)
+{
+    static ferry_dataset_ops ops = {.abi_version = FERRY_DATASET_ABI,
+                                    .name = "counting",
+                                    .open = counting_open,
+                                    .length = counting_length,
+                                    .get_batch = counting_get_batch,
+                                    .close = counting_close};
+    assert_int_equal(ferry_dataset_register(&ops), FERRY_OK);
+    assert_int_equal(ferry_dataset_register(&ops), FERRY_OK); /* again: replaces */
+    ferry__dataset ds;
+    char errbuf[256];
+    assert_int_equal(ferry__dataset_open(&ds, "counting:7", NULL, errbuf, sizeof errbuf), FERRY_OK);
+    assert_int_equal(ds.length, 10);
+    uint64_t idx[2] = {1, 9};
+    uint8_t out[2] = {0};
+    void *dst[1] = {out};
+    ferry_batch_request req = {.indices = idx, .count = 2};
+    ferry_dataset_error derr;
+    assert_int_equal(ferry__dataset_get_batch(&ds, &req, dst, &derr), FERRY_OK);
+    assert_int_equal(out[0], 8);
+    assert_int_equal(out[1], 16);
+    ferry__dataset_close(&ds);
+    expect_open_fails("nothing:1", FERRY_EDATASET, "plugin, counting)", NULL);
+
+    static ferry_dataset_ops builtin = {.abi_version = FERRY_DATASET_ABI,
+                                        .name = "npy",
+                                        .open = counting_open,
+                                        .length = counting_length,
+                                        .get_batch = counting_get_batch,
+                                        .close = counting_close};
+    FT_EXPECT_ERROR(ferry_dataset_register(&builtin), FERRY_EINVAL, "built-in", NULL);
+    builtin.name = "no spaces";
+    FT_EXPECT_ERROR(ferry_dataset_register(&builtin), FERRY_EINVAL, "letters, digits", NULL);
+    builtin.name = "nofuncs";
+    builtin.get_batch = NULL;
+    FT_EXPECT_ERROR(ferry_dataset_register(&builtin), FERRY_EINVAL, "all four functions", NULL);
 }
 
 static void test_close_is_safe_on_zeroed_and_twice(void **state)
@@ -943,6 +1012,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unknown_kind_lists_the_known_ones),
+        cmocka_unit_test(test_registered_kind_opens_and_bad_ones_are_refused),
         cmocka_unit_test(test_close_is_safe_on_zeroed_and_twice),
         cmocka_unit_test(test_get_batch_on_closed_dataset_is_einval),
         cmocka_unit_test(test_index_out_of_range_names_the_index),

@@ -422,6 +422,48 @@ static void test_open_fails_when_worker_program_is_missing(void **state)
     ft_end(&snap);
 }
 
+/* worker_args go between the program and ferry's own arguments: here the
+ * program is env(1), which sets a variable and runs ferry-worker. */
+static void test_worker_args_come_before_ferrys_own(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_config *cfg = make_cfg("process", 2, 4, 16, synthetic_spec());
+    assert_int_equal(ferry_config_set(cfg, "worker_path", "/usr/bin/env"), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "worker_args", "FERRY_UNUSED=1\n" FERRY_TEST_WORKER),
+                     FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg); /* frees cfg */
+    for (int i = 0; i < 8; i++) {
+        ferry_batch *b = NULL;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ft_assert_synthetic(b, DIM);
+        ferry_batch_release(b);
+    }
+    int pid = 0;
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &pid), FERRY_OK);
+    char path[64], cmd[4096] = {0};
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(cmd, 1, sizeof cmd - 1, f);
+    fclose(f);
+    /* argv: the worker program (env exec'd it), then --connect. */
+    assert_true(n > 0);
+    assert_string_equal(cmd, FERRY_TEST_WORKER);
+    assert_string_equal(cmd + strlen(cmd) + 1, "--connect");
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    cfg = ferry_config_new();
+    char many[200] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(many, "a\n");
+    FT_EXPECT_ERROR(ferry_config_set(cfg, "worker_args", many), FERRY_EINVAL, "worker_args",
+                    "32", NULL);
+    ferry_config_free(cfg);
+    ft_end(&snap);
+}
+
 static void test_bad_options_are_rejected_by_name(void **state)
 {
     (void)state;
@@ -745,6 +787,7 @@ static void test_malformed_messages_from_a_raw_peer_change_nothing(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_worker_args_come_before_ferrys_own),
         cmocka_unit_test(test_bad_options_are_rejected_by_name),
         cmocka_unit_test(test_every_index_once_in_order_with_processes),
         cmocka_unit_test(test_every_index_once_in_order_with_threads),
