@@ -1,0 +1,288 @@
+"""Python datasets: naming them for workers, and opening them in a worker.
+
+A Python dataset reaches a worker by name, never pickled. The trainer's
+``ferry.Loader`` turns a class into the spec::
+
+    python:MODULE:QUALNAME {"kwargs": {...}, "path": [...], "main": "..."}
+
+(``path``: directories to put on the worker's ``sys.path``; ``main``: the
+trainer's main script, for a class defined there). The worker (the C loop
+of ``python -m ferry.worker``, or a thread worker in the trainer) calls
+:func:`open_dataset` with the text after ``python:``; this module imports
+the class, builds the dataset, and reads the schema from item 0.
+
+A remote worker (no ``--slot``) takes neither ``path`` nor ``main`` from
+the loader and serves only modules under its ``--allow-module`` prefixes:
+a loader cannot make it import and call anything else.
+"""
+
+import json
+import os
+import re
+import sys
+import traceback
+import types
+
+import numpy as np
+
+from . import _ferry
+
+# ferry's dtype codes (include/ferry.h), by numpy dtype string.
+_DTYPES = {
+    "|u1": 1, "|i1": 2, "<u2": 3, "<i2": 4, "<u4": 5, "<i4": 6, "<u8": 7, "<i8": 8,
+    "<f2": 9, "<f4": 10, "<f8": 11, "|b1": 12,
+}
+DTYPE_NAMES = {v: np.dtype(k).name for k, v in _DTYPES.items()}
+
+_SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*):([A-Za-z_][\w.]*)\s*(.*)$", re.S)
+
+# Set by ferry.worker for a remote worker (configure()).
+_policy = {"remote": False, "allow": ()}
+
+SPEC_MAX = 4095  # the C library's dataset spec limit, less the NUL
+
+
+def configure(remote, allow):
+    """How this worker process treats specs: ``remote`` ignores the
+    loader's path and main and requires ``allow`` (module prefixes)."""
+    _policy["remote"] = bool(remote)
+    _policy["allow"] = tuple(allow)
+
+
+# ---------------------------------------------------------------- trainer
+
+def _child_finds_ferry():
+    """Whether ``python -m ferry.worker`` started from this process (same
+    environment, same cwd) imports this same ferry package."""
+    import site
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    places = [os.getcwd()] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    try:
+        places += site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:  # a virtualenv's old site module
+        pass
+    places += [p for p in sys.path if p.startswith(sys.base_prefix)]
+    return any(p and os.path.abspath(p) == parent for p in places)
+
+
+def worker_command():
+    """(worker_path, worker_args) for local Python workers: this interpreter
+    running ``-m ferry.worker``, or, when a child could not import this
+    ferry by itself, a ``-c`` line that puts it on the path first."""
+    if _child_finds_ferry():
+        return sys.executable, "-m\nferry.worker"
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys; sys.path.insert(0, %r); import ferry.worker as w; sys.exit(w.main())"
+            % parent)
+    return sys.executable, "-c\n" + code
+
+
+def spec_for(target, kwargs):
+    """The ``python:`` spec naming ``target`` (a class or function defined
+    at the top level of a module, or of the main script) built with
+    ``kwargs`` (JSON-able)."""
+    module = getattr(target, "__module__", None)
+    qual = getattr(target, "__qualname__", None)
+    if not module or not qual or "<locals>" in qual or "<lambda>" in qual:
+        raise TypeError(
+            "ferry.Loader: the dataset must be a class (or function) defined at the top level "
+            "of a module or of the main script, so workers can import it by name; got %r"
+            % (target,))
+    opts = {"kwargs": dict(kwargs or {})}
+    if module == "__main__":
+        main = getattr(sys.modules["__main__"], "__file__", None)
+        if not main:
+            raise TypeError(
+                "ferry.Loader: %s is defined in an interactive session; workers import the "
+                "dataset by name, so define it in a .py file (a module, or the main script)"
+                % qual)
+        opts["main"] = os.path.abspath(main)
+    opts["path"] = [os.path.abspath(p or os.getcwd()) for p in sys.path
+                    if not (p and p.startswith(sys.base_prefix))]
+    try:
+        text = json.dumps(opts, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise TypeError("ferry.Loader: dataset_kwargs must be JSON-able (%s)" % e) from None
+    spec = "python:%s:%s %s" % (module, qual, text)
+    if len(spec.encode()) > SPEC_MAX:
+        raise ValueError("ferry.Loader: the dataset spec is %d bytes (limit %d); pass large "
+                         "arguments as a file name" % (len(spec.encode()), SPEC_MAX))
+    return spec
+
+
+# ----------------------------------------------------------------- worker
+
+def describe_exception(exc, limit=511):
+    """'Type: message' on the first line, then the traceback's innermost
+    frames that fit in ``limit`` characters."""
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else "%s.%s" % (t.__module__,
+                                                                         t.__qualname__)
+    head = "%s: %s" % (name, exc)
+    if len(head) > limit // 2:
+        head = head[:limit // 2 - 3] + "..."
+    frames = traceback.format_tb(exc.__traceback__)
+    title = "Traceback (most recent call last):\n"
+    kept = []
+    room = limit - len(head) - len(title) - 1
+    for f in reversed(frames):
+        if len(f) > room:
+            break
+        kept.insert(0, f)
+        room -= len(f)
+    return head + "\n" + title + "".join(kept).rstrip("\n")
+
+
+def indices_array(raw):
+    """The indices of a batch (little-endian uint64 bytes) as a read-only
+    numpy array."""
+    return np.frombuffer(raw, dtype=np.uint64)
+
+
+def _allowed(module):
+    return any(module == p or module.startswith(p + ".") for p in _policy["allow"])
+
+
+def _import_main(main):
+    """The trainer's main script as module __mp_main__ (its
+    ``if __name__ == "__main__":`` part does not run), as
+    multiprocessing's spawn does."""
+    mod = sys.modules.get("__mp_main__")
+    if mod is not None:
+        return mod
+    import runpy
+    mod = types.ModuleType("__mp_main__")
+    mod.__dict__.update(runpy.run_path(main, run_name="__mp_main__"))
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = mod
+    return mod
+
+
+def _resolve(module, qual, opts):
+    remote = _policy["remote"]
+    if remote:
+        if module == "__main__" or not _allowed(module):
+            raise PermissionError(
+                "this remote worker does not serve module '%s' (allowed: %s; start it with "
+                "--allow-module PREFIX)" % (module, ", ".join(_policy["allow"]) or "none"))
+    else:
+        for p in reversed(opts.get("path", [])):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+    if module == "__main__":
+        if not opts.get("main"):
+            raise ImportError("a dataset in __main__ needs the main script's path")
+        mod = _import_main(opts["main"])
+    else:
+        import importlib
+        mod = importlib.import_module(module)
+    obj = mod
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    if remote:
+        # Nothing reached through an allowed module's imports (mypkg:os.system).
+        owner = getattr(obj, "__module__", None) or ""
+        if not _allowed(owner):
+            raise PermissionError(
+                "this remote worker does not serve '%s:%s': it comes from module '%s', which "
+                "is not allowed" % (module, qual, owner))
+    return obj
+
+
+def _as_field_array(v):
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return np.frombuffer(v, dtype=np.uint8)
+    return np.asarray(v)
+
+
+def _fields(sample, layout, lead):
+    """[(name, dtype code, item shape)] of one item (lead=False) or of a
+    get_batch result of one item (lead=True)."""
+    if layout == 2:
+        named = [(k, sample[k]) for k in sample]
+        for k, _ in named:
+            if not isinstance(k, str):
+                raise TypeError("item keys must be str, got %r" % (k,))
+    elif layout == 1:
+        named = [(str(i), v) for i, v in enumerate(sample)]
+    else:
+        named = [("0", sample)]
+    out = []
+    for name, v in named:
+        a = _as_field_array(v)
+        code = _DTYPES.get(a.dtype.str)
+        if code is None:
+            raise TypeError("field '%s' has dtype %s; ferry carries bool, int8-64, uint8-64 "
+                            "and float16/32/64 in native byte order" % (name, a.dtype))
+        shape = a.shape[1:] if lead else a.shape
+        out.append((name, code, tuple(int(d) for d in shape)))
+    return out
+
+
+def _layout(sample):
+    from collections.abc import Mapping
+    if isinstance(sample, Mapping):
+        return 2
+    if isinstance(sample, (tuple, list)):
+        return 1
+    return 0
+
+
+def open_dataset(args):
+    """Opens ``MODULE:QUALNAME [JSON]``: (dataset, length, layout, fields,
+    get_batch or None). Raises with a message naming what is wrong."""
+    m = _SPEC.match(args)
+    if not m:
+        raise ValueError("a python dataset spec reads 'python:MODULE:NAME [JSON]', got %r"
+                         % args[:200])
+    module, qual, rest = m.groups()
+    opts = json.loads(rest) if rest.strip() else {}
+    if not isinstance(opts, dict) or set(opts) - {"kwargs", "path", "main"}:
+        raise ValueError("the JSON after a python dataset's name is an object with keys "
+                         "kwargs, path and main")
+    kwargs = opts.get("kwargs") or {}
+    target = _resolve(module, qual, opts)
+    ds = target(**kwargs) if callable(target) and (isinstance(target, type) or kwargs or
+                                                   not hasattr(target, "__getitem__")) \
+        else target
+    n = len(ds)
+    if n <= 0:
+        raise ValueError("dataset %s:%s has no items (len %d)" % (module, qual, n))
+    gb = getattr(ds, "get_batch", None)
+    gb = gb if callable(gb) else None
+    sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
+    layout = _layout(sample)
+    return ds, n, layout, _fields(sample, layout, gb is not None), gb
+
+
+# ------------------------------------------------------------ worker_info
+
+class WorkerInfo:
+    """What a dataset running in a ferry worker may ask: ``id`` (the
+    worker's index), ``num_workers``, ``seed`` (the loader's), ``epoch``
+    (of the batch being built), and :meth:`rng`."""
+
+    __slots__ = ("id", "num_workers", "seed", "epoch")
+
+    def __init__(self, wid, num_workers, seed, epoch):
+        self.id, self.num_workers, self.seed, self.epoch = wid, num_workers, seed, epoch
+
+    def sample_seed(self, index):
+        """The seed of sample ``index`` in this epoch: a function of (seed,
+        epoch, index) only, whatever the worker count."""
+        return _ferry.sample_seed(self.seed, self.epoch, int(index))
+
+    def rng(self, index):
+        """A numpy Generator for sample ``index`` in this epoch, the same
+        whichever worker builds it: augmentations are reproducible."""
+        return np.random.default_rng(self.sample_seed(index))
+
+    def __repr__(self):
+        return "WorkerInfo(id=%d, num_workers=%d, seed=%d, epoch=%d)" % (
+            self.id, self.num_workers, self.seed, self.epoch)
+
+
+def worker_info():
+    """The :class:`WorkerInfo` of the worker running this code, or None in
+    the trainer."""
+    st = _ferry.worker_state()
+    return WorkerInfo(*st) if st else None

@@ -1,0 +1,138 @@
+"""ferry's exceptions: one class per kind of failure, built from the C code.
+
+Every exception ferry raises is a ``ferry.Error``; those that mean a wrong
+argument also subclass the built-in the user would expect (``TypeError`` for
+an unknown option, ``ValueError`` for a bad value, ``TimeoutError``).
+``ferry._ferry`` calls :func:`make` with the C code and ``ferry_last_error()``.
+"""
+
+import re
+
+from . import _ferry
+
+
+class Error(Exception):
+    """A ferry failure. ``code`` is the C code (``ferry._ferry.FERRY_E...``),
+    ``name`` its name ("FERRY_EBATCH"), ``detail`` the C library's sentence."""
+
+    def __init__(self, detail, code=None):
+        super().__init__(detail)
+        self.detail = detail
+        self.code = code
+        self.name = _ferry.strerror(code)[0] if code is not None else None
+
+
+class OptionError(Error, TypeError):
+    """An option ferry does not have (the name is in the message)."""
+
+
+class InvalidValue(Error, ValueError):
+    """An option or argument with a value ferry cannot take."""
+
+
+class DatasetError(Error):
+    """The dataset could not be opened: missing or malformed file, a Python
+    dataset that failed to import or build, a module a remote worker does
+    not allow."""
+
+
+class BatchError(Error):
+    """One batch could not be had; the next call goes on with the next one.
+
+    Attributes (None when the C message did not say): ``worker`` (its
+    index), ``index`` (the first failing sample index), ``epoch``,
+    ``batch_in_epoch``, ``exc_type`` and ``exc_message`` (the dataset's own
+    exception, for a Python dataset), ``traceback`` (the worker's traceback
+    text, its innermost frames).
+    """
+
+    _FORMAT = re.compile(
+        r"^(?P<who>.*?) failed on index (?P<index>\d+) \(epoch (?P<epoch>\d+), "
+        r"batch (?P<batch>\d+)\): (?P<rest>.*)$", re.S)
+    _EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<msg>.*)$")
+
+    def __init__(self, detail, code=None):
+        super().__init__(detail, code)
+        self.worker = self.index = self.epoch = self.batch_in_epoch = None
+        self.exc_type = self.exc_message = self.traceback = None
+        m = self._FORMAT.match(detail)
+        if not m:
+            return
+        w = re.search(r"worker (\d+)", m["who"])
+        self.worker = int(w[1]) if w else None
+        self.index, self.epoch = int(m["index"]), int(m["epoch"])
+        self.batch_in_epoch = int(m["batch"])
+        rest = m["rest"]
+        first, _, tb = rest.partition("\n")
+        e = self._EXC.match(first)
+        if e and tb.startswith("Traceback"):
+            self.exc_type, self.exc_message, self.traceback = e["type"], e["msg"], tb
+
+
+class IndexOutOfRange(BatchError, IndexError):
+    """A batch with an index the dataset does not have (an ``IndexError``
+    from a Python dataset, or a C dataset's FERRY_ERANGE)."""
+
+
+class WorkerError(Error):
+    """A worker died and the loader cannot go on (``on_worker_death="fail"``,
+    or one that keeps dying). ``pid``, ``signal`` ("SIGKILL") or
+    ``exit_code``, and ``last_words`` (what it wrote to stderr last) when the
+    message says them."""
+
+    _FORMAT = re.compile(r"worker (?P<worker>\d+) \(pid (?P<pid>\d+)\) (?P<how>[^;]*)")
+
+    def __init__(self, detail, code=None):
+        super().__init__(detail, code)
+        self.worker = self.pid = self.signal = self.exit_code = self.last_words = None
+        m = self._FORMAT.search(detail)
+        if m:
+            self.worker, self.pid = int(m["worker"]), int(m["pid"])
+            s = re.search(r"signal (SIG[A-Z0-9]+)", m["how"])
+            c = re.search(r"exited with code (\d+)", m["how"])
+            self.signal = s[1] if s else None
+            self.exit_code = int(c[1]) if c else None
+        words = detail.partition("; its last words: ")[2]
+        self.last_words = words or None
+
+
+class SpawnError(Error):
+    """A worker process could not be started."""
+
+
+class Timeout(Error, TimeoutError):
+    """A deadline passed: a batch past ``timeout``, workers not ready by
+    ``start_timeout_ms``, or ``next(timeout=...)`` with no batch ready."""
+
+
+class StateError(Error, ValueError):
+    """A resume state that is invalid or does not match the loader."""
+
+
+class Closed(Error):
+    """The loader has failed before and can only be closed."""
+
+
+_CLASSES = {
+    "FERRY_EOPTION": OptionError,
+    "FERRY_EINVAL": InvalidValue,
+    "FERRY_EDATASET": DatasetError,
+    "FERRY_EFORMAT": DatasetError,
+    "FERRY_EMISMATCH": DatasetError,
+    "FERRY_EBATCH": BatchError,
+    "FERRY_ERANGE": IndexOutOfRange,
+    "FERRY_EWORKER": WorkerError,
+    "FERRY_ESPAWN": SpawnError,
+    "FERRY_ETIMEDOUT": Timeout,
+    "FERRY_EAGAIN": Timeout,
+    "FERRY_ESTATE": StateError,
+    "FERRY_ECLOSED": Closed,
+}
+
+
+def make(code, detail):
+    """The exception for C code ``code`` with ``detail``."""
+    name = _ferry.strerror(code)[0]
+    if code == _ferry.FERRY_ENOMEM:
+        return MemoryError(detail)
+    return _CLASSES.get(name, Error)(detail or _ferry.strerror(code)[1], code)

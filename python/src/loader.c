@@ -1,0 +1,487 @@
+/*
+ * loader.c - the trainer's side of _ferry: Loader, Batch and View.
+ *
+ * A Loader wraps one ferry_loader. next() releases the GIL while it waits,
+ * in slices of at most SLICE_MS, and checks for signals between slices, so
+ * Ctrl-C raises KeyboardInterrupt within about SLICE_MS however long the
+ * batch takes. A Batch owns one ferry_batch; each field is handed out as a
+ * View, an object with the buffer protocol whose memory is the batch's (no
+ * copy). numpy arrays made from a View keep it alive, and it keeps the
+ * Batch alive: the batch's memory goes back when the last array made from
+ * it is gone.
+ *
+ * Threads: the loader is ferry's one-thread-at-a-time object; `busy` turns
+ * a second thread's next() or close() during a wait (the GIL is released
+ * then) into a RuntimeError instead of undefined behaviour. Batches may die
+ * on any thread.
+ */
+#include "module.h"
+
+#include <structmember.h>
+#include <time.h>
+
+#include "ferry.h"
+
+/* The longest next() waits without looking at signals. */
+#define SLICE_MS 50
+
+typedef struct {
+    PyObject_HEAD ferry_loader *ld;
+    int busy; /* a thread is in next() or close() with the GIL released */
+} LoaderObject;
+
+typedef struct {
+    PyObject_HEAD ferry_batch *b;
+    ferry_batch_info info;
+} BatchObject;
+
+/* A buffer over part of a batch's memory: one field, or the indices. */
+typedef struct {
+    PyObject_HEAD BatchObject *batch;
+    void *data;
+    const char *format;
+    Py_ssize_t itemsize, len;
+    int ndim;
+    Py_ssize_t shape[FERRY_MAX_DIMS + 1];
+    Py_ssize_t strides[FERRY_MAX_DIMS + 1];
+} ViewObject;
+
+static PyTypeObject LoaderType, BatchType, ViewType;
+
+/* ---------------------------------------------------------------- View */
+
+/* The struct-module format of a ferry dtype (numpy reads these). */
+static const char *dtype_format(int dtype)
+{
+    switch (dtype) {
+    case FERRY_DTYPE_U8: return "B";
+    case FERRY_DTYPE_I8: return "b";
+    case FERRY_DTYPE_U16: return "H";
+    case FERRY_DTYPE_I16: return "h";
+    case FERRY_DTYPE_U32: return "I";
+    case FERRY_DTYPE_I32: return "i";
+    case FERRY_DTYPE_U64: return "Q";
+    case FERRY_DTYPE_I64: return "q";
+    case FERRY_DTYPE_F16: return "e";
+    case FERRY_DTYPE_F32: return "f";
+    case FERRY_DTYPE_F64: return "d";
+    case FERRY_DTYPE_BOOL: return "?";
+    default: return NULL;
+    }
+}
+
+/* A View of ndim dims over data, C order. New reference, or NULL. */
+static PyObject *view_new(BatchObject *batch, void *data, const char *format, size_t itemsize,
+                          int ndim, const int64_t *shape)
+{
+    ViewObject *v = PyObject_New(ViewObject, &ViewType);
+    if (!v)
+        return NULL;
+    Py_INCREF(batch);
+    v->batch = batch;
+    v->data = data;
+    v->format = format;
+    v->itemsize = (Py_ssize_t)itemsize;
+    v->ndim = ndim;
+    Py_ssize_t stride = (Py_ssize_t)itemsize;
+    for (int d = ndim - 1; d >= 0; d--) {
+        v->shape[d] = (Py_ssize_t)shape[d];
+        v->strides[d] = stride;
+        stride *= (Py_ssize_t)shape[d];
+    }
+    v->len = stride;
+    return (PyObject *)v;
+}
+
+static void view_dealloc(ViewObject *v)
+{
+    Py_XDECREF(v->batch);
+    PyObject_Free(v);
+}
+
+/* The batch's memory is the trainer's own (a received message, not shared
+ * with anyone), so the buffer is writable: torch.from_numpy and in-place
+ * normalisation need that. */
+static int view_getbuffer(ViewObject *v, Py_buffer *view, int flags)
+{
+    view->buf = v->data;
+    view->obj = (PyObject *)v;
+    Py_INCREF(v);
+    view->len = v->len;
+    view->readonly = 0;
+    view->itemsize = v->itemsize;
+    view->format = (flags & PyBUF_FORMAT) ? (char *)v->format : NULL;
+    view->ndim = v->ndim;
+    view->shape = (flags & PyBUF_ND) ? v->shape : NULL;
+    view->strides = (flags & PyBUF_STRIDES) ? v->strides : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    if (!(flags & PyBUF_ND)) /* a plain run of bytes */
+        view->ndim = 1;
+    return 0;
+}
+
+static PyBufferProcs view_as_buffer = {.bf_getbuffer = (getbufferproc)view_getbuffer};
+
+static PyTypeObject ViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.View",
+    .tp_basicsize = sizeof(ViewObject),
+    .tp_dealloc = (destructor)view_dealloc,
+    .tp_as_buffer = &view_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The memory of one field of a batch, for numpy.asarray (no copy).",
+};
+
+/* --------------------------------------------------------------- Batch */
+
+static void batch_dealloc(BatchObject *b)
+{
+    ferry_batch_release(b->b);
+    PyObject_Free(b);
+}
+
+/* Batch.fields() -> ((name, View), ...) in the schema's order. */
+static PyObject *batch_fields(BatchObject *b, PyObject *unused)
+{
+    int n = ferry_batch_nfields(b->b);
+    PyObject *out = PyTuple_New(n);
+    for (int i = 0; out && i < n; i++) {
+        ferry_tensor t;
+        if (ferry_batch_field_at(b->b, i, &t) != FERRY_OK) {
+            Py_DECREF(out);
+            return ferry_py_raise(FERRY_EINVAL, ferry_last_error());
+        }
+        PyObject *view = view_new(b, (void *)t.data, dtype_format(t.dtype),
+                                  ferry_dtype_size(t.dtype), t.ndim, t.shape);
+        PyObject *pair = view ? Py_BuildValue("(sN)", t.name, view) : NULL;
+        if (!pair) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, pair);
+    }
+    return out;
+}
+
+/* Batch.indices() -> View of the sample indices (uint64). */
+static PyObject *batch_indices(BatchObject *b, PyObject *unused)
+{
+    int64_t n = b->info.size;
+    return view_new(b, (void *)ferry_batch_indices(b->b), "Q", sizeof(uint64_t), 1, &n);
+}
+
+static PyMethodDef batch_methods[] = {
+    {"fields", (PyCFunction)batch_fields, METH_NOARGS, "((name, View), ...)"},
+    {"indices", (PyCFunction)batch_indices, METH_NOARGS, "View of the sample indices"},
+    {NULL},
+};
+
+#define INFO_GETTER(field, conv)                                                                   \
+    static PyObject *batch_get_##field(BatchObject *b, void *unused)                               \
+    {                                                                                              \
+        return conv(b->info.field);                                                                \
+    }
+INFO_GETTER(epoch, PyLong_FromUnsignedLongLong)
+INFO_GETTER(batch_in_epoch, PyLong_FromUnsignedLongLong)
+INFO_GETTER(seq, PyLong_FromUnsignedLongLong)
+INFO_GETTER(size, PyLong_FromUnsignedLong)
+INFO_GETTER(last_in_epoch, PyBool_FromLong)
+INFO_GETTER(worker, PyLong_FromUnsignedLong)
+
+static PyGetSetDef batch_getset[] = {
+    {"epoch", (getter)batch_get_epoch, NULL, "epoch of the batch, from 0", NULL},
+    {"batch_in_epoch", (getter)batch_get_batch_in_epoch, NULL, "position in its epoch", NULL},
+    {"seq", (getter)batch_get_seq, NULL, "position in the whole stream", NULL},
+    {"size", (getter)batch_get_size, NULL, "items in the batch", NULL},
+    {"last_in_epoch", (getter)batch_get_last_in_epoch, NULL, "the last batch of its epoch", NULL},
+    {"worker", (getter)batch_get_worker, NULL, "index of the worker that built it", NULL},
+    {NULL},
+};
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = batch_methods,
+    .tp_getset = batch_getset,
+    .tp_doc = "One batch as ferry delivered it; ferry.Batch is the mapping over it.",
+};
+
+/* -------------------------------------------------------------- Loader */
+
+static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *options;
+    Py_buffer state = {0};
+    static char *kwlist[] = {"options", "state", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|z*:Loader", kwlist, &options, &state))
+        return -1;
+    if (self->ld) {
+        PyErr_SetString(PyExc_RuntimeError, "Loader is already open");
+        goto fail;
+    }
+    PyObject *seq = PySequence_Fast(options, "options must be a sequence of (key, value) pairs");
+    if (!seq)
+        goto fail;
+    ferry_config *cfg = ferry_config_new();
+    if (!cfg) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    int rc = FERRY_OK;
+    for (Py_ssize_t i = 0; rc == FERRY_OK && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        const char *key, *value;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ss", &key, &value)) {
+            rc = -1000;
+            break;
+        }
+        rc = ferry_config_set(cfg, key, value);
+    }
+    Py_DECREF(seq);
+    if (rc == FERRY_OK && state.buf)
+        rc = ferry_config_set_state(cfg, state.buf, (size_t)state.len);
+    if (rc == FERRY_OK) {
+        ferry_loader *ld = NULL;
+        Py_BEGIN_ALLOW_THREADS rc = ferry_loader_open(&ld, cfg);
+        Py_END_ALLOW_THREADS self->ld = ld;
+    }
+    ferry_config_free(cfg);
+    if (rc == -1000)
+        goto fail;
+    if (rc != FERRY_OK) {
+        ferry_py_raise(rc, ferry_last_error());
+        goto fail;
+    }
+    PyBuffer_Release(&state);
+    return 0;
+fail:
+    PyBuffer_Release(&state);
+    return -1;
+}
+
+/* The loader, or NULL with an exception when it is closed or in use. */
+static ferry_loader *usable(LoaderObject *self)
+{
+    if (!self->ld) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the loader is in use by another thread (a loader is used from one "
+                        "thread at a time)");
+        return NULL;
+    }
+    return self->ld;
+}
+
+static void close_loader(LoaderObject *self)
+{
+    ferry_loader *ld = self->ld;
+    self->ld = NULL;
+    if (!ld)
+        return;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS ferry_loader_close(ld);
+    Py_END_ALLOW_THREADS self->busy = 0;
+}
+
+static void loader_dealloc(LoaderObject *self)
+{
+    close_loader(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* next(timeout_ms=-1) -> Batch, or None at the end of the stream. Raises
+ * the loader's error (ferry.BatchError and the like), ferry.Timeout when
+ * timeout_ms passed with no batch, or KeyboardInterrupt. */
+static PyObject *loader_next(LoaderObject *self, PyObject *args)
+{
+    long long timeout_ms = -1;
+    if (!PyArg_ParseTuple(args, "|L:next", &timeout_ms))
+        return NULL;
+    ferry_loader *ld = usable(self);
+    if (!ld)
+        return NULL;
+    int64_t start = now_ms();
+    ferry_batch *b = NULL;
+    int rc;
+    self->busy = 1;
+    for (;;) {
+        int64_t slice = SLICE_MS;
+        if (timeout_ms >= 0) {
+            int64_t left = timeout_ms - (now_ms() - start);
+            slice = left < 0 ? 0 : left < SLICE_MS ? left : SLICE_MS;
+        }
+        Py_BEGIN_ALLOW_THREADS rc = ferry_loader_next_timeout(ld, &b, slice);
+        Py_END_ALLOW_THREADS if (rc != FERRY_EAGAIN) break;
+        if (PyErr_CheckSignals() < 0) {
+            self->busy = 0;
+            return NULL;
+        }
+        if (timeout_ms >= 0 && slice < SLICE_MS)
+            break; /* the caller's time is up */
+    }
+    self->busy = 0;
+    if (rc == FERRY_EOF)
+        Py_RETURN_NONE;
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, rc == FERRY_EAGAIN ? "no batch was ready in time"
+                                                     : ferry_last_error());
+    BatchObject *bo = PyObject_New(BatchObject, &BatchType);
+    if (!bo) {
+        ferry_batch_release(b);
+        return NULL;
+    }
+    bo->b = b;
+    ferry_batch_get_info(b, &bo->info);
+    return (PyObject *)bo;
+}
+
+static PyObject *loader_close(LoaderObject *self, PyObject *unused)
+{
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "close() while another thread is in next()");
+        return NULL;
+    }
+    close_loader(self);
+    Py_RETURN_NONE;
+}
+
+/* length() -> (items, batches_per_epoch) */
+static PyObject *loader_length(LoaderObject *self, PyObject *unused)
+{
+    ferry_loader *ld = usable(self);
+    uint64_t items, batches;
+    if (!ld)
+        return NULL;
+    int rc = ferry_loader_length(ld, &items, &batches);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return Py_BuildValue("(KK)", (unsigned long long)items, (unsigned long long)batches);
+}
+
+/* state() -> bytes: the resume blob after the last batch delivered. */
+static PyObject *loader_state(LoaderObject *self, PyObject *unused)
+{
+    ferry_loader *ld = usable(self);
+    char buf[FERRY_STATE_MAX];
+    size_t len = 0;
+    if (!ld)
+        return NULL;
+    int rc = ferry_loader_state(ld, buf, sizeof buf, &len);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+}
+
+/* stats() -> dict of the counters. Safe while another thread waits. */
+static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
+{
+    if (!self->ld) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    ferry_stats st;
+    int rc = ferry_loader_stats(self->ld, &st);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsI}", "dispatched", (unsigned long long)st.dispatched,
+        "completed", (unsigned long long)st.completed, "delivered",
+        (unsigned long long)st.delivered, "failed", (unsigned long long)st.failed, "realigned",
+        (unsigned long long)st.realigned, "malformed", (unsigned long long)st.malformed, "stale",
+        (unsigned long long)st.stale, "restarts", (unsigned long long)st.restarts, "timeouts",
+        (unsigned long long)st.timeouts, "joined", (unsigned long long)st.joined, "lost",
+        (unsigned long long)st.lost, "rejected", (unsigned long long)st.rejected, "workers",
+        st.workers, "in_flight", st.in_flight);
+}
+
+static PyObject *loader_worker_pid(LoaderObject *self, PyObject *args)
+{
+    unsigned int index;
+    int pid = 0;
+    if (!PyArg_ParseTuple(args, "I:worker_pid", &index))
+        return NULL;
+    if (!self->ld) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    int rc = ferry_loader_worker_pid(self->ld, index, &pid);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return PyLong_FromLong(pid);
+}
+
+static PyObject *loader_endpoint(LoaderObject *self, PyObject *unused)
+{
+    char buf[512];
+    if (!self->ld) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    int rc = ferry_loader_endpoint(self->ld, buf, sizeof buf);
+    if (rc == FERRY_ESTATE)
+        Py_RETURN_NONE;
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return PyUnicode_FromString(buf);
+}
+
+static PyObject *loader_closed(LoaderObject *self, void *unused)
+{
+    return PyBool_FromLong(self->ld == NULL);
+}
+
+static PyMethodDef loader_methods[] = {
+    {"next", (PyCFunction)loader_next, METH_VARARGS, "next(timeout_ms=-1) -> Batch or None"},
+    {"close", (PyCFunction)loader_close, METH_NOARGS, "stop the workers and free everything"},
+    {"length", (PyCFunction)loader_length, METH_NOARGS, "(items, batches_per_epoch)"},
+    {"state", (PyCFunction)loader_state, METH_NOARGS, "resume blob (bytes)"},
+    {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
+    {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},
+    {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},
+    {NULL},
+};
+
+static PyGetSetDef loader_getset[] = {
+    {"closed", (getter)loader_closed, NULL, "whether close() ran", NULL},
+    {NULL},
+};
+
+static PyTypeObject LoaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Loader",
+    .tp_basicsize = sizeof(LoaderObject),
+    .tp_dealloc = (destructor)loader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = loader_methods,
+    .tp_getset = loader_getset,
+    .tp_init = (initproc)loader_init,
+    .tp_new = PyType_GenericNew,
+    .tp_doc = "Loader(options, state=None): a ferry_loader; ferry.Loader is the Python API.",
+};
+
+int ferry_py_loader_init(PyObject *m)
+{
+    PyTypeObject *types[] = {&LoaderType, &BatchType, &ViewType};
+    const char *names[] = {"Loader", "Batch", "View"};
+    for (int i = 0; i < 3; i++) {
+        if (PyType_Ready(types[i]) < 0)
+            return -1;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            return -1;
+        }
+    }
+    return 0;
+}

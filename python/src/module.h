@@ -1,0 +1,34 @@
+/*
+ * module.h - what the files of the _ferry extension module share.
+ *
+ * _ferry is the C half of the Python package (python/ferry/): the trainer's
+ * side (loader.c: Loader, Batch and the buffer views numpy arrays are made
+ * from) and the worker's side (pydataset.c: the "python" dataset kind and
+ * the worker program's main). Everything Python-facing that is easier to
+ * say in Python (the Mapping a batch is, exception classes, option names,
+ * finding a dataset class) lives in the package; this half touches bytes,
+ * the GIL and ferry's C API.
+ */
+#ifndef FERRY_PY_MODULE_H
+#define FERRY_PY_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Sets the Python exception for ferry code `code` with message `msg`
+ * (ferry._errors.make builds the instance: the class follows the code).
+ * Returns NULL, for `return ferry_py_raise(...)`. */
+PyObject *ferry_py_raise(int code, const char *msg);
+
+/* A new reference to attribute `name` of module `module`, imported on
+ * first use; NULL with an exception set. */
+PyObject *ferry_py_import_attr(const char *module, const char *name);
+
+/* loader.c */
+int ferry_py_loader_init(PyObject *m);
+
+/* pydataset.c */
+int ferry_py_worker_init(PyObject *m);
+extern PyMethodDef ferry_py_worker_methods[];
+
+#endif

@@ -1,0 +1,516 @@
+/*
+ * pydataset.c - the worker's side of _ferry: the "python" dataset kind and
+ * the worker program's main.
+ *
+ * A spec "python:MODULE:QUALNAME [JSON]" names a dataset class (or any
+ * callable returning a dataset) and the keyword arguments to build it with.
+ * ferry._dataset.open_dataset (Python) finds and builds it, applies the
+ * remote allow-list, and reads the schema from item 0. This file is the
+ * ferry_dataset_ops table around it: for each batch it calls the dataset
+ * (get_batch(indices, epoch) when it has one, else __getitem__ per index)
+ * and collates the items straight into the buffers the worker loop hands
+ * it, one memcpy per field per item, checking each against the schema.
+ *
+ * The worker loop runs with the GIL released; every callback here takes it
+ * (PyGILState_Ensure), so the kind works in a `python -m ferry.worker`
+ * process and in thread placement inside the trainer alike.
+ *
+ * worker_info(): what a dataset may ask about the worker calling it (its
+ * index, the seed, the epoch being built) is kept per thread, since thread
+ * workers share the process.
+ */
+#include "module.h"
+
+#include <string.h>
+
+#include "ferry_dataset.h"
+
+enum layout { LAYOUT_SINGLE = 0, LAYOUT_TUPLE = 1, LAYOUT_DICT = 2 };
+
+typedef struct pyds {
+    PyObject *obj;       /* the dataset */
+    PyObject *get_batch; /* its bound get_batch, or NULL: __getitem__ per item */
+    uint64_t length;
+    int layout;
+    int nfields;
+    ferry_field_spec fields[FERRY_MAX_FIELDS];
+    PyObject *keys[FERRY_MAX_FIELDS]; /* LAYOUT_DICT: the item's keys */
+    size_t item_bytes[FERRY_MAX_FIELDS];
+    uint32_t worker, nworkers;
+    uint64_t seed;
+} pyds;
+
+/* The calling worker, for worker_info(). */
+static __thread struct {
+    int active;
+    uint32_t worker, nworkers;
+    uint64_t seed, epoch;
+} current;
+
+/* The text of the exception being raised ("Type: message" and, with
+ * traceback, the last frames), into buf; clears it. */
+static void take_exception(char *buf, size_t len)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && tb)
+        PyException_SetTraceback(value, tb);
+    PyObject *fn = ferry_py_import_attr("ferry._dataset", "describe_exception");
+    PyObject *text = fn && value ? PyObject_CallFunction(fn, "On", value, (Py_ssize_t)len - 1)
+                                 : NULL;
+    const char *s = text ? PyUnicode_AsUTF8(text) : NULL;
+    if (!s) {
+        PyErr_Clear();
+        s = "the dataset raised an exception that could not be described";
+    }
+    snprintf(buf, len, "%s", s);
+    Py_XDECREF(text);
+    Py_XDECREF(fn);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* Whether the exception being raised is an IndexError (the dataset has no
+ * such item: FERRY_ERANGE, like a plugin's answer). */
+static int raising_index_error(void)
+{
+    return PyErr_ExceptionMatches(PyExc_IndexError);
+}
+
+/* Fills d's schema from the fields list open_dataset returned:
+ * [(name, dtype, shape), ...]. */
+static int read_schema(pyds *d, PyObject *fields, ferry_dataset_schema *schema, char *errbuf,
+                       size_t errlen)
+{
+    memset(schema, 0, sizeof *schema);
+    Py_ssize_t n = PyList_Size(fields);
+    if (n < 1 || n > FERRY_MAX_FIELDS) {
+        snprintf(errbuf, errlen, "python dataset: items have %zd fields (1-%d allowed)", n,
+                 FERRY_MAX_FIELDS);
+        return FERRY_EDATASET;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *name;
+        int dtype;
+        PyObject *shape;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(fields, i), "siO!", &name, &dtype, &PyTuple_Type,
+                              &shape))
+            return -1;
+        ferry_field_spec *f = &schema->fields[i];
+        snprintf(f->name, sizeof f->name, "%s", name);
+        f->dtype = (ferry_dtype)dtype;
+        f->ndim = (int)PyTuple_GET_SIZE(shape);
+        if (f->ndim >= FERRY_MAX_DIMS) {
+            snprintf(errbuf, errlen, "python dataset: field '%s' has %d dims (at most %d)", name,
+                     f->ndim, FERRY_MAX_DIMS - 1);
+            return FERRY_EDATASET;
+        }
+        size_t bytes = ferry_dtype_size(dtype);
+        for (int k = 0; k < f->ndim; k++) {
+            f->shape[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, k));
+            bytes *= (size_t)(f->shape[k] > 0 ? f->shape[k] : 0);
+        }
+        if (PyErr_Occurred())
+            return -1;
+        d->item_bytes[i] = bytes;
+        d->fields[i] = *f;
+        if (d->layout == LAYOUT_DICT && !(d->keys[i] = PyUnicode_FromString(name)))
+            return -1;
+    }
+    schema->nfields = d->nfields = (int)n;
+    return FERRY_OK;
+}
+
+static void pyds_free(pyds *d)
+{
+    Py_XDECREF(d->obj);
+    Py_XDECREF(d->get_batch);
+    for (int i = 0; i < FERRY_MAX_FIELDS; i++)
+        Py_XDECREF(d->keys[i]);
+    PyMem_RawFree(d);
+}
+
+static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
+                   ferry_dataset_schema *schema, char *errbuf, size_t errlen)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = FERRY_EDATASET;
+    pyds *d = PyMem_RawCalloc(1, sizeof *d);
+    PyObject *res = NULL, *fields = NULL, *gb = NULL;
+    if (!d) {
+        snprintf(errbuf, errlen, "python dataset: out of memory");
+        rc = FERRY_ENOMEM;
+        goto out;
+    }
+    d->worker = ctx->worker_index;
+    d->nworkers = ctx->num_workers;
+    d->seed = ctx->seed;
+    current.active = 1;
+    current.worker = d->worker;
+    current.nworkers = d->nworkers;
+    current.seed = d->seed;
+    current.epoch = 0;
+    PyObject *fn = ferry_py_import_attr("ferry._dataset", "open_dataset");
+    res = fn ? PyObject_CallFunction(fn, "s", args) : NULL;
+    Py_XDECREF(fn);
+    unsigned long long length;
+    if (!res || !PyArg_ParseTuple(res, "OKiO!O", &d->obj, &length, &d->layout, &PyList_Type,
+                                  &fields, &gb)) {
+        d->obj = NULL;
+        take_exception(errbuf, errlen);
+        goto out;
+    }
+    Py_INCREF(d->obj);
+    d->length = length;
+    if (gb != Py_None) {
+        Py_INCREF(gb);
+        d->get_batch = gb;
+    }
+    rc = read_schema(d, fields, schema, errbuf, errlen);
+    if (rc < 0 && PyErr_Occurred()) {
+        take_exception(errbuf, errlen);
+        rc = FERRY_EDATASET;
+    }
+out:
+    Py_XDECREF(res);
+    if (rc == FERRY_OK)
+        *handle = d;
+    else if (d)
+        pyds_free(d);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static uint64_t py_length(void *handle)
+{
+    return ((pyds *)handle)->length;
+}
+
+/* numpy.asarray(x) (numpy.ascontiguousarray when `contiguous`); new ref. */
+static PyObject *as_array(PyObject *x, int contiguous)
+{
+    PyObject *fn = ferry_py_import_attr("numpy", contiguous ? "ascontiguousarray" : "asarray");
+    PyObject *out = fn ? PyObject_CallOneArg(fn, x) : NULL;
+    Py_XDECREF(fn);
+    return out;
+}
+
+/* The ferry dtype of a struct-module format ("<f", "l", "?"), or 0. */
+static int format_dtype(const char *fmt, Py_ssize_t itemsize)
+{
+    if (!fmt)
+        fmt = "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<')
+        fmt++;
+    if (!fmt[0] || fmt[1])
+        return 0;
+    switch (fmt[0]) {
+    case 'B': return FERRY_DTYPE_U8;
+    case 'b': return FERRY_DTYPE_I8;
+    case 'H': return FERRY_DTYPE_U16;
+    case 'h': return FERRY_DTYPE_I16;
+    case 'I': return FERRY_DTYPE_U32;
+    case 'i': return FERRY_DTYPE_I32;
+    case 'L': return itemsize == 8 ? FERRY_DTYPE_U64 : FERRY_DTYPE_U32;
+    case 'l': return itemsize == 8 ? FERRY_DTYPE_I64 : FERRY_DTYPE_I32;
+    case 'Q': return FERRY_DTYPE_U64;
+    case 'q': return FERRY_DTYPE_I64;
+    case 'e': return FERRY_DTYPE_F16;
+    case 'f': return FERRY_DTYPE_F32;
+    case 'd': return FERRY_DTYPE_F64;
+    case '?': return FERRY_DTYPE_BOOL;
+    default: return 0;
+    }
+}
+
+/* "float32 (3, 4)" for the message of a mismatch. */
+static void describe(char *buf, size_t len, int dtype, int ndim, const Py_ssize_t *shape)
+{
+    static const char *const names[] = {"?",     "uint8",   "int8",    "uint16", "int16",
+                                        "uint32", "int32",  "uint64",  "int64",  "float16",
+                                        "float32", "float64", "bool"};
+    int n = snprintf(buf, len, "%s (", dtype > 0 && dtype <= 12 ? names[dtype] : "unsupported");
+    for (int k = 0; k < ndim && n > 0 && (size_t)n < len; k++)
+        n += snprintf(buf + n, len - (size_t)n, k ? ", %zd" : "%zd", shape[k]);
+    if (n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, ndim == 1 ? ",)" : ")");
+}
+
+/* Copies x, one item of field f (count < 0) or the whole field of `count`
+ * items, into dst after checking its dtype and shape against the schema.
+ * FERRY_OK; FERRY_EBATCH with err->message on a mismatch; -1 with a Python
+ * exception set. */
+static int copy_field(const pyds *d, int f, PyObject *x, long long count, void *dst,
+                      ferry_dataset_error *err)
+{
+    const ferry_field_spec *spec = &d->fields[f];
+    PyObject *arr = x;
+    Py_INCREF(arr);
+    Py_buffer v;
+    /* x itself if it exports a C-contiguous buffer; else numpy.asarray(x)
+     * (scalars, lists); a strided array is made contiguous. */
+    for (int step = 0;; step++) {
+        PyObject *next = NULL;
+        if (PyObject_CheckBuffer(arr) && PyObject_GetBuffer(arr, &v, PyBUF_RECORDS_RO) == 0) {
+            if (PyBuffer_IsContiguous(&v, 'C'))
+                break;
+            PyBuffer_Release(&v);
+            next = step < 2 ? as_array(arr, 1) : NULL;
+        } else {
+            PyErr_Clear();
+            next = step < 2 ? as_array(arr, 0) : NULL;
+        }
+        Py_DECREF(arr);
+        if (!next) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "field '%s': %.100s is not an array", spec->name,
+                             Py_TYPE(x)->tp_name);
+            return -1;
+        }
+        arr = next;
+    }
+    int lead = count >= 0;
+    int dtype = format_dtype(v.format, v.itemsize);
+    int ok = dtype == (int)spec->dtype && v.ndim == spec->ndim + lead &&
+             (!lead || v.shape[0] == count);
+    for (int k = 0; ok && k < spec->ndim; k++)
+        ok = v.shape[k + lead] == spec->shape[k];
+    size_t want = d->item_bytes[f] * (size_t)(lead ? count : 1);
+    if (ok && (size_t)v.len == want) {
+        memcpy(dst, v.buf, want);
+        PyBuffer_Release(&v);
+        Py_DECREF(arr);
+        return FERRY_OK;
+    }
+    char got[160], expect[160];
+    Py_ssize_t eshape[FERRY_MAX_DIMS + 1];
+    eshape[0] = (Py_ssize_t)count;
+    for (int k = 0; k < spec->ndim; k++)
+        eshape[k + lead] = (Py_ssize_t)spec->shape[k];
+    describe(got, sizeof got, dtype, v.ndim, v.shape);
+    describe(expect, sizeof expect, spec->dtype, spec->ndim + lead, eshape);
+    if (dtype == 0)
+        snprintf(got, sizeof got, "format '%s'", v.format ? v.format : "B");
+    snprintf(err->message, sizeof err->message,
+             "field '%s' %s is %s, but the dataset's schema (from item 0) says %s", spec->name,
+             lead ? "of get_batch's result" : "of the item", got, expect);
+    PyBuffer_Release(&v);
+    Py_DECREF(arr);
+    return FERRY_EBATCH;
+}
+
+/* Field f of x (an item, or get_batch's result): new reference or NULL
+ * with an exception. */
+static PyObject *pick(const pyds *d, PyObject *x, int f)
+{
+    switch (d->layout) {
+    case LAYOUT_DICT:
+        return PyObject_GetItem(x, d->keys[f]);
+    case LAYOUT_TUPLE:
+        if (!PyTuple_Check(x) && !PyList_Check(x)) {
+            PyErr_Format(PyExc_TypeError, "expected a tuple of %d fields, got %.100s",
+                         d->nfields, Py_TYPE(x)->tp_name);
+            return NULL;
+        }
+        if (PySequence_Size(x) != d->nfields) {
+            PyErr_Format(PyExc_ValueError, "expected a tuple of %d fields, got %zd", d->nfields,
+                         PySequence_Size(x));
+            return NULL;
+        }
+        return PySequence_GetItem(x, f);
+    default:
+        Py_INCREF(x);
+        return x;
+    }
+}
+
+/* Copies every field of x into dst[f] + offset * item_bytes[f]. */
+static int copy_fields(const pyds *d, PyObject *x, long long count, size_t offset,
+                       void *const dst[], ferry_dataset_error *err)
+{
+    for (int f = 0; f < d->nfields; f++) {
+        PyObject *v = pick(d, x, f);
+        if (!v)
+            return -1;
+        int rc = copy_field(d, f, v, count, (char *)dst[f] + offset * d->item_bytes[f], err);
+        Py_DECREF(v);
+        if (rc != FERRY_OK)
+            return rc;
+    }
+    return FERRY_OK;
+}
+
+/* get_batch(indices, epoch) with indices a read-only numpy uint64 array. */
+static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[],
+                       ferry_dataset_error *err)
+{
+    err->index = req->count ? req->indices[0] : 0;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)req->indices,
+                                              (Py_ssize_t)(req->count * sizeof(uint64_t)));
+    PyObject *fn = raw ? ferry_py_import_attr("ferry._dataset", "indices_array") : NULL;
+    PyObject *idx = fn ? PyObject_CallOneArg(fn, raw) : NULL;
+    PyObject *res = idx ? PyObject_CallFunction(d->get_batch, "OK", idx,
+                                                (unsigned long long)req->epoch)
+                        : NULL;
+    int rc = res ? copy_fields(d, res, (long long)req->count, 0, dst, err) : -1;
+    Py_XDECREF(res);
+    Py_XDECREF(idx);
+    Py_XDECREF(fn);
+    Py_XDECREF(raw);
+    return rc;
+}
+
+/* __getitem__ for each index, each item collated into its place. */
+static int item_by_item(pyds *d, const ferry_batch_request *req, void *const dst[],
+                        ferry_dataset_error *err)
+{
+    for (size_t k = 0; k < req->count; k++) {
+        err->index = req->indices[k];
+        PyObject *i = PyLong_FromUnsignedLongLong(req->indices[k]);
+        PyObject *item = i ? PyObject_GetItem(d->obj, i) : NULL;
+        Py_XDECREF(i);
+        if (!item)
+            return -1;
+        int rc = copy_fields(d, item, -1, k, dst, err);
+        Py_DECREF(item);
+        if (rc != FERRY_OK)
+            return rc;
+    }
+    return FERRY_OK;
+}
+
+static int py_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
+                        ferry_dataset_error *err)
+{
+    pyds *d = handle;
+    PyGILState_STATE g = PyGILState_Ensure();
+    current.active = 1;
+    current.worker = d->worker;
+    current.nworkers = d->nworkers;
+    current.seed = req->seed;
+    current.epoch = req->epoch;
+    err->message[0] = '\0';
+    int rc = d->get_batch ? whole_batch(d, req, dst, err) : item_by_item(d, req, dst, err);
+    if (rc < 0) {
+        rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
+        take_exception(err->message, sizeof err->message);
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+static void py_close(void *handle)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    pyds *d = handle;
+    PyObject *close = PyObject_GetAttrString(d->obj, "close");
+    if (close && PyCallable_Check(close)) {
+        PyObject *r = PyObject_CallNoArgs(close);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(close);
+    PyErr_Clear();
+    pyds_free(d);
+    current.active = 0;
+    PyGILState_Release(g);
+}
+
+static const ferry_dataset_ops python_ops = {
+    .abi_version = FERRY_DATASET_ABI,
+    .name = "python",
+    .open = py_open,
+    .length = py_length,
+    .get_batch = py_get_batch,
+    .close = py_close,
+};
+
+/* ------------------------------------------------------ module functions */
+
+/* A NULL-terminated char* array of the strings in list `seq` (kept alive
+ * by the caller); PyMem_Free it. */
+static char **string_array(PyObject *seq, int *n_out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **out = PyMem_Calloc((size_t)n + 1, sizeof *out);
+    if (!out) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *s = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+        if (!s) {
+            PyMem_Free(out);
+            return NULL;
+        }
+        out[i] = (char *)s;
+    }
+    if (n_out)
+        *n_out = (int)n;
+    return out;
+}
+
+/* worker_main(argv, relaunch, name) -> exit code: ferry_worker_main with
+ * the GIL released. */
+static PyObject *worker_main(PyObject *self, PyObject *args)
+{
+    PyObject *argv_o, *relaunch_o;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "OOs:worker_main", &argv_o, &relaunch_o, &name))
+        return NULL;
+    PyObject *argv_seq = PySequence_Fast(argv_o, "argv must be a list of str");
+    PyObject *rel_seq = argv_seq ? PySequence_Fast(relaunch_o, "relaunch must be a list of str")
+                                 : NULL;
+    int argc = 0, rc = -1;
+    char **argv = rel_seq ? string_array(argv_seq, &argc) : NULL;
+    char **relaunch = argv ? string_array(rel_seq, NULL) : NULL;
+    if (relaunch) {
+        Py_BEGIN_ALLOW_THREADS rc = ferry_worker_main(argc, argv, name, relaunch);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(argv);
+    PyMem_Free(relaunch);
+    Py_XDECREF(argv_seq);
+    Py_XDECREF(rel_seq);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(rc);
+}
+
+/* worker_state() -> (worker, num_workers, seed, epoch) in a worker that is
+ * building a batch (or opening its dataset), else None. */
+static PyObject *worker_state(PyObject *self, PyObject *unused)
+{
+    if (!current.active)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(IIKK)", current.worker, current.nworkers,
+                         (unsigned long long)current.seed, (unsigned long long)current.epoch);
+}
+
+static PyObject *sample_seed(PyObject *self, PyObject *args)
+{
+    unsigned long long seed, epoch, index;
+    if (!PyArg_ParseTuple(args, "KKK:sample_seed", &seed, &epoch, &index))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(ferry_sample_seed(seed, epoch, index));
+}
+
+PyMethodDef ferry_py_worker_methods[] = {
+    {"worker_main", worker_main, METH_VARARGS,
+     "worker_main(argv, relaunch, name) -> exit code: the ferry-worker program"},
+    {"worker_state", worker_state, METH_NOARGS,
+     "(worker, num_workers, seed, epoch) inside a worker, else None"},
+    {"sample_seed", sample_seed, METH_VARARGS,
+     "sample_seed(seed, epoch, index): the per-sample seed (ferry_sample_seed)"},
+    {NULL},
+};
+
+int ferry_py_worker_init(PyObject *m)
+{
+    if (ferry_dataset_register(&python_ops) != FERRY_OK) {
+        PyErr_SetString(PyExc_RuntimeError, ferry_last_error());
+        return -1;
+    }
+    return 0;
+}
