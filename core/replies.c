@@ -57,6 +57,7 @@ static void reject_remote(ferry__scheduler *s, const ferry__ident *id, uint32_t 
                           const char *why)
 {
     ferry__remote_log_refusal(ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
+    snprintf(s->last_refusal, sizeof s->last_refusal, "%s", why);
     if (id)
         answer_refusal(s, ferry__remote_socket(s->remote), id, version, why);
 }

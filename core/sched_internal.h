@@ -49,6 +49,7 @@ struct ferry__scheduler {
     char ipc_dir[FERRY__IPC_DIR_MAX];
     char endpoint[FERRY__LOCAL_ENDPOINT_MAX];
     char worker_path[PATH_MAX];
+    char last_refusal[400]; /* why the last remote worker was refused, for open's timeout */
     sched_worker *w;
     uint32_t nworkers; /* slots: nlocal local ones, then the remote ones */
     uint32_t nlocal;

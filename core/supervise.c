@@ -187,13 +187,15 @@ static void check_start_deadline(ferry__scheduler *s, uint64_t now)
     uint32_t local_ready = 0;
     for (uint32_t i = 0; i < s->nlocal; i++)
         local_ready += s->w[i].p.state == FERRY__PEER_READY;
-    char msg[512];
+    char msg[FERRY__ERRMSG_MAX];
     if (s->remote)
         snprintf(msg, sizeof msg,
                  "only %u workers were ready after %lld ms (%u of %u local, %u remote on %s); "
-                 "open waits for every local worker and min_workers %u in all",
+                 "open waits for every local worker and min_workers %u in all%s%s",
                  st.workers, (long long)s->cfg.start_timeout_ms, local_ready, s->nlocal,
-                 st.workers - local_ready, ferry__remote_endpoint(s->remote), s->min_workers);
+                 st.workers - local_ready, ferry__remote_endpoint(s->remote), s->min_workers,
+                 s->last_refusal[0] ? "; the last remote worker refused: " : "",
+                 s->last_refusal);
     else
         snprintf(msg, sizeof msg, "only %u of %u workers were ready after %lld ms", st.workers,
                  s->nworkers, (long long)s->cfg.start_timeout_ms);

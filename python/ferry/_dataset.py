@@ -121,7 +121,13 @@ def describe_exception(exc, limit=511):
     head = "%s: %s" % (name, exc)
     if len(head) > limit // 2:
         head = head[:limit // 2 - 3] + "..."
-    frames = traceback.format_tb(exc.__traceback__)
+    # The dataset's frames, not ferry's own (a refusal has none).
+    own = os.path.dirname(os.path.abspath(__file__))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.dirname(os.path.abspath(f.filename)) != own]
+    if not frames:
+        return head[:limit]
+    frames = traceback.format_list(frames)
     title = "Traceback (most recent call last):\n"
     kept = []
     room = limit - len(head) - len(title) - 1

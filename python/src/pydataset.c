@@ -27,6 +27,10 @@
 
 enum layout { LAYOUT_SINGLE = 0, LAYOUT_TUPLE = 1, LAYOUT_DICT = 2 };
 
+/* The collating functions return FERRY_OK, FERRY_EBATCH (a mismatch, with
+ * the message written), or PYERR: a Python exception is set. */
+#define PYERR (-1000)
+
 typedef struct pyds {
     PyObject *obj;       /* the dataset */
     PyObject *get_batch; /* its bound get_batch, or NULL: __getitem__ per item */
@@ -240,8 +244,7 @@ static void describe(char *buf, size_t len, int dtype, int ndim, const Py_ssize_
 
 /* Copies x, one item of field f (count < 0) or the whole field of `count`
  * items, into dst after checking its dtype and shape against the schema.
- * FERRY_OK; FERRY_EBATCH with err->message on a mismatch; -1 with a Python
- * exception set. */
+ * FERRY_OK; FERRY_EBATCH with err->message on a mismatch; PYERR. */
 static int copy_field(const pyds *d, int f, PyObject *x, long long count, void *dst,
                       ferry_dataset_error *err)
 {
@@ -267,7 +270,7 @@ static int copy_field(const pyds *d, int f, PyObject *x, long long count, void *
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_TypeError, "field '%s': %.100s is not an array", spec->name,
                              Py_TYPE(x)->tp_name);
-            return -1;
+            return PYERR;
         }
         arr = next;
     }
@@ -333,7 +336,7 @@ static int copy_fields(const pyds *d, PyObject *x, long long count, size_t offse
     for (int f = 0; f < d->nfields; f++) {
         PyObject *v = pick(d, x, f);
         if (!v)
-            return -1;
+            return PYERR;
         int rc = copy_field(d, f, v, count, (char *)dst[f] + offset * d->item_bytes[f], err);
         Py_DECREF(v);
         if (rc != FERRY_OK)
@@ -354,7 +357,7 @@ static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[
     PyObject *res = idx ? PyObject_CallFunction(d->get_batch, "OK", idx,
                                                 (unsigned long long)req->epoch)
                         : NULL;
-    int rc = res ? copy_fields(d, res, (long long)req->count, 0, dst, err) : -1;
+    int rc = res ? copy_fields(d, res, (long long)req->count, 0, dst, err) : PYERR;
     Py_XDECREF(res);
     Py_XDECREF(idx);
     Py_XDECREF(fn);
@@ -372,7 +375,7 @@ static int item_by_item(pyds *d, const ferry_batch_request *req, void *const dst
         PyObject *item = i ? PyObject_GetItem(d->obj, i) : NULL;
         Py_XDECREF(i);
         if (!item)
-            return -1;
+            return PYERR;
         int rc = copy_fields(d, item, -1, k, dst, err);
         Py_DECREF(item);
         if (rc != FERRY_OK)
@@ -393,7 +396,7 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
     current.epoch = req->epoch;
     err->message[0] = '\0';
     int rc = d->get_batch ? whole_batch(d, req, dst, err) : item_by_item(d, req, dst, err);
-    if (rc < 0) {
+    if (rc == PYERR) {
         rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
         take_exception(err->message, sizeof err->message);
     }

@@ -1,0 +1,77 @@
+"""Datasets for the tests, importable by workers (conftest puts this folder
+on PYTHONPATH). Item i's content is a function of i, so a test can check
+every batch."""
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import ferry
+
+
+class Items:
+    """__getitem__: {"x": float32 (3,) all i, "y": int64 i*i}; raises on
+    index `bad`, kills its own worker on index `die` (once per file flag)."""
+
+    def __init__(self, n=100, bad=-1, die=-1, flag=None, slow_ms=0, slow_from=0):
+        self.n, self.bad, self.die, self.flag = n, bad, die, flag
+        self.slow_ms, self.slow_from = slow_ms, slow_from
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.slow_ms and i >= self.slow_from:
+            time.sleep(self.slow_ms / 1000)
+        if i == self.bad:
+            raise ValueError("item %d is bad" % i)
+        if i == self.die and (self.flag is None or not os.path.exists(self.flag)):
+            if self.flag:
+                open(self.flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"x": np.full(3, i, dtype=np.float32), "y": i * i}
+
+
+class Pairs:
+    """get_batch: a tuple (int64 indices * 2, float64 (n, 2) of the epoch)."""
+
+    def __len__(self):
+        return 50
+
+    def get_batch(self, indices, epoch):
+        return indices.astype(np.int64) * 2, np.full((len(indices), 2), float(epoch))
+
+
+class Augmented:
+    """Per-sample randomness from ferry.worker_info().rng(i)."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        info = ferry.worker_info()
+        return {"r": info.rng(i).random(), "worker": info.id}
+
+
+class WrongShape:
+    """Item 5 has another shape than item 0."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return np.zeros(4 if i == 5 else 3, dtype=np.int32)
+
+
+class Missing:
+    """Raises IndexError for items >= 8 while claiming 16."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i >= 8:
+            raise IndexError("no item %d" % i)
+        return np.int32(i)

@@ -1,0 +1,323 @@
+"""ferry.Loader from Python: iteration, epochs, resume, zero-copy views,
+Python datasets, errors, worker deaths, Ctrl-C."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import ferry
+from datasets import Augmented, Items, Missing, Pairs, WrongShape
+
+SYN = "synthetic:n=1000,dim=8"
+
+
+def synthetic_ok(b):
+    """Synthetic item i: y == i (the batch's own indices)."""
+    return np.array_equal(b["y"], b.indices.astype(np.int64))
+
+
+def test_epochs_len_and_one_epoch_per_for():
+    with ferry.Loader(SYN, batch_size=100, workers=2, shuffle=True, seed=3) as ld:
+        assert len(ld) == 10 and ld.num_items == 1000
+        for epoch in range(3):
+            seen = []
+            for b in ld:
+                assert b.epoch == epoch and synthetic_ok(b)
+                seen.append(b.index_in_epoch)
+                assert b.last_in_epoch == (b.index_in_epoch == 9)
+            assert seen == list(range(10))
+
+
+def test_stream_runs_across_epochs_to_max_batches():
+    with ferry.Loader(SYN, batch_size=300, workers=2, max_batches=9) as ld:
+        got = [(b.epoch, b.index_in_epoch, b.size) for b in ld.stream()]
+    assert len(got) == 9
+    assert got[:4] == [(0, 0, 300), (0, 1, 300), (0, 2, 300), (0, 3, 100)]
+    assert got[4] == (1, 0, 300)
+
+
+def test_epochs_option_ends_iteration():
+    with ferry.Loader(SYN, batch_size=250, workers=1, epochs=2) as ld:
+        assert sum(1 for _ in ld) == 4
+        assert sum(1 for _ in ld) == 4
+        assert sum(1 for _ in ld) == 0
+        with pytest.raises(StopIteration):
+            ld.next()
+
+
+def test_resume_is_exact_whatever_the_worker_count():
+    opts = dict(batch_size=64, shuffle=True, seed=11)
+    with ferry.Loader(SYN, workers=2, **opts) as ld:
+        full = [b.indices.copy() for b, _ in zip(ld.stream(), range(30))]
+    with ferry.Loader(SYN, workers=2, **opts) as ld:
+        for _, b in zip(range(17), ld.stream()):
+            pass
+        state = ld.state_dict()
+    with ferry.Loader(SYN, workers=1, state=state, **opts) as ld:
+        rest = [b.indices.copy() for b, _ in zip(ld.stream(), range(13))]
+    for a, b in zip(full[17:], rest):
+        assert np.array_equal(a, b)
+    with ferry.Loader(SYN, workers=3, **opts) as ld:
+        ld.load_state_dict(state)
+        assert np.array_equal(next(iter(ld.stream())).indices, full[17])
+
+
+def test_arrays_are_views_of_the_batch_and_outlive_it():
+    with ferry.Loader(SYN, batch_size=50, workers=1) as ld:
+        b = ld.next()
+        x = b["x"]
+        assert not x.flags.owndata and x.flags.writeable
+        assert x.base is not None
+        assert b["x"] is x and b[0] is x
+        # The same memory, not a copy: a write shows through the batch.
+        x[0, 0] = 123
+        assert b["x"][0, 0] == 123
+        assert np.shares_memory(b["x"], x)
+        y = b["y"]
+        expected = y.copy()
+        addr = y.__array_interface__["data"][0]
+        del b, x
+        gc.collect()
+        # y keeps the batch's memory alive after the Batch object is gone.
+        assert y.__array_interface__["data"][0] == addr
+        assert np.array_equal(y, expected)
+
+
+def test_torch_tensors_share_the_batch_memory():
+    torch = pytest.importorskip("torch")
+    with ferry.Loader(SYN, batch_size=50, workers=1) as ld:
+        b = ld.next()
+        t = b.torch()
+        assert isinstance(t["x"], torch.Tensor) and t["x"].dtype == torch.uint8
+        assert t["x"].data_ptr() == b["x"].__array_interface__["data"][0]
+        assert t["y"].dtype == torch.int64 and t["y"].tolist() == b.indices.tolist()
+        assert torch.equal(torch.from_dlpack(b["y"]), t["y"])
+
+
+def test_python_dataset_getitem_collated_in_c():
+    with ferry.Loader(Items, dataset_kwargs={"n": 100}, batch_size=10, workers=2) as ld:
+        assert len(ld) == 10
+        seen = set()
+        for b in ld:
+            idx = b.indices.astype(np.int64)
+            assert b["x"].dtype == np.float32 and b["x"].shape == (10, 3)
+            assert np.array_equal(b["x"][:, 1], idx.astype(np.float32))
+            assert b["y"].dtype == np.int64 and np.array_equal(b["y"], idx * idx)
+            seen.update(idx.tolist())
+        assert seen == set(range(100))
+
+
+def test_python_dataset_get_batch():
+    with ferry.Loader(Pairs, batch_size=16, workers=2, epochs=2) as ld:
+        got = list(ld.stream())
+    assert len(got) == 8
+    for b in got:
+        assert np.array_equal(b[0], b.indices.astype(np.int64) * 2)
+        assert b[1].shape == (b.size, 2) and np.all(b[1] == b.epoch)
+        assert list(b.keys()) == ["0", "1"]
+
+
+def test_worker_info_rng_is_the_same_whatever_the_worker_count():
+    def draws(workers):
+        with ferry.Loader(Augmented, batch_size=8, workers=workers, seed=5, epochs=1) as ld:
+            out = {}
+            for b in ld:
+                out.update(zip(b.indices.tolist(), b["r"].tolist()))
+                workers_seen = set(b["worker"].tolist())
+                assert workers_seen <= set(range(workers))
+            return out
+    one, three = draws(1), draws(3)
+    assert one == three and len(set(one.values())) == 40
+
+
+def test_dataset_exception_carries_type_traceback_and_iteration_goes_on():
+    with ferry.Loader(Items, dataset_kwargs={"n": 60, "bad": 23}, batch_size=10,
+                      workers=2) as ld:
+        it = iter(ld)
+        got, errors = [], []
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            except ferry.BatchError as e:
+                errors.append(e)
+                continue
+            got.append(b.index_in_epoch)
+    assert got == [0, 1, 3, 4, 5]
+    (e,) = errors
+    assert e.index == 23 and e.epoch == 0 and e.batch_in_epoch == 2
+    assert e.worker in (0, 1)
+    assert e.exc_type == "ValueError" and e.exc_message == "item 23 is bad"
+    assert "datasets.py" in e.traceback and "__getitem__" in e.traceback
+    assert "item 23 is bad" in str(e)
+
+
+def test_index_error_is_index_out_of_range():
+    with ferry.Loader(Missing, batch_size=8, workers=1, epochs=1) as ld:
+        it = iter(ld)
+        assert next(it)[0].tolist() == list(range(8))
+        with pytest.raises(ferry.IndexOutOfRange) as ei:
+            next(it)
+        assert isinstance(ei.value, IndexError) and ei.value.index == 8
+        with pytest.raises(StopIteration):
+            next(it)
+
+
+def test_item_with_another_shape_fails_that_batch_only():
+    with ferry.Loader(WrongShape, batch_size=4, workers=1, epochs=1) as ld:
+        it = iter(ld)
+        next(it)
+        with pytest.raises(ferry.BatchError) as ei:
+            next(it)
+        assert "int32 (4,)" in str(ei.value) and "int32 (3,)" in str(ei.value)
+        assert [b.index_in_epoch for b in it] == [2, 3, 4]
+
+
+def test_worker_killed_mid_epoch_restart_delivers_every_batch(tmp_path):
+    flag = str(tmp_path / "died")
+    with ferry.Loader(Items, dataset_kwargs={"n": 80, "die": 42, "flag": flag},
+                      batch_size=8, workers=2, on_worker_death="restart") as ld:
+        seen = []
+        for b in ld:
+            seen += b.indices.tolist()
+        assert sorted(seen) == list(range(80))
+        assert os.path.exists(flag) and ld.stats()["restarts"] == 1
+
+
+def test_worker_killed_under_fail_policy_raises_worker_error():
+    with ferry.Loader(Items, dataset_kwargs={"n": 80, "die": 42}, batch_size=8, workers=2,
+                      on_worker_death="fail") as ld:
+        with pytest.raises(ferry.WorkerError) as ei:
+            for _ in ld:
+                pass
+        e = ei.value
+        assert e.signal == "SIGKILL" and e.pid > 0 and e.worker in (0, 1)
+        # The stream is over: the same failure again, not a hang.
+        with pytest.raises(ferry.WorkerError):
+            ld.next()
+
+
+def test_bad_options_raise_type_and_value_errors_naming_them():
+    with pytest.raises(TypeError, match="bach_size"):
+        ferry.Loader(SYN, bach_size=3)
+    with pytest.raises(ValueError, match="batch_size"):
+        ferry.Loader(SYN, batch_size=0)
+    with pytest.raises(ValueError, match="worker_mode"):
+        ferry.Loader(SYN, placement="fiber")
+    with pytest.raises(TypeError, match="workers"):
+        ferry.Loader(SYN, workers=2.5)
+    with pytest.raises(TypeError, match="top level"):
+        class Local:
+            def __len__(self):
+                return 1
+        ferry.Loader(Local)
+    with pytest.raises(TypeError, match="JSON"):
+        ferry.Loader(Items, dataset_kwargs={"n": object()})
+
+
+def test_missing_dataset_file_is_a_dataset_error(tmp_path):
+    with pytest.raises(ferry.DatasetError, match="nothere.npy"):
+        ferry.Loader("npy:%s" % (tmp_path / "nothere.npy"), workers=1)
+
+
+def test_npy_fields_and_thread_placement(tmp_path):
+    np.save(tmp_path / "train_x.npy", np.arange(200 * 4, dtype=np.float32).reshape(200, 4))
+    np.save(tmp_path / "train_y.npy", np.arange(200, dtype=np.int64))
+    spec = "npy:x=%s,y=%s" % (tmp_path / "train_x.npy", tmp_path / "train_y.npy")
+    for placement in ("process", "thread"):
+        with ferry.Loader(spec, batch_size=32, workers=2, placement=placement) as ld:
+            b = ld.next()
+            assert set(b) == {"x", "y"}
+            assert np.array_equal(b["x"][:, 0], b["y"].astype(np.float32) * 4)
+
+
+def test_python_dataset_in_thread_placement():
+    with ferry.Loader(Items, dataset_kwargs={"n": 40}, batch_size=10, workers=2,
+                      placement="thread", epochs=1) as ld:
+        assert sorted(i for b in ld for i in b.indices.tolist()) == list(range(40))
+
+
+def test_dropped_loader_shuts_down():
+    ld = ferry.Loader(SYN, workers=2)
+    ld.next()
+    pids = [ld.worker_pid(i) for i in range(2)]
+    assert all(p > 0 for p in pids)
+    del ld
+    gc.collect()
+    # the autouse fixture checks the workers are gone and reaped
+
+
+def run_script(tmp_path, body, timeout=60, **popen):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), **popen)
+
+
+def test_dataset_defined_in_the_main_script(tmp_path):
+    p = run_script(tmp_path, """
+        import numpy as np, ferry
+        class Local:
+            def __init__(self, k): self.k = k
+            def __len__(self): return 12
+            def __getitem__(self, i): return (np.int64(i * self.k), b"ab")
+        if __name__ == "__main__":
+            with ferry.Loader(Local, dataset_kwargs={"k": 3}, batch_size=4, workers=2,
+                              epochs=1) as ld:
+                for b in ld:
+                    print(b[0].tolist(), bytes(b[1][0]).decode())
+        """)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.split("\n")[:3] == ["[0, 3, 6, 9] ab", "[12, 15, 18, 21] ab",
+                                   "[24, 27, 30, 33] ab"]
+
+
+def test_ctrl_c_in_next_raises_keyboard_interrupt_fast_and_leaves_no_worker(tmp_path):
+    p = run_script(tmp_path, """
+        import sys, time, ferry
+        from datasets import Items
+        ld = ferry.Loader(Items, dataset_kwargs={"n": 10, "slow_ms": 60000, "slow_from": 1},
+                          batch_size=1, shuffle=False,
+                          workers=2, start_timeout_ms=60000)
+        ld.next()  # item 0 is quick; item 1 takes 60 s
+        print(ld.worker_pid(0), ld.worker_pid(1), flush=True)
+        try:
+            ld.next()
+        except KeyboardInterrupt:
+            print(time.monotonic(), flush=True)
+            raise
+        """)
+    pids = [int(x) for x in p.stdout.readline().split()]
+    assert len(pids) == 2
+    # The trainer is now in (or about to enter) next(), waiting on a 60 s item.
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    line = p.stdout.readline()
+    out, err = p.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    raised = float(line)
+    # Within the 50 ms slice next() waits in, plus a loaded machine's slack.
+    assert raised - sent < 0.25, raised - sent
+    for pid in pids:
+        assert not os.path.exists("/proc/%d" % pid) or "State:\tZ" in open(
+            "/proc/%d/status" % pid).read()
+
+
+def test_next_timeout_raises_timeout_and_changes_nothing():
+    with ferry.Loader(Items, dataset_kwargs={"n": 4, "slow_ms": 400, "slow_from": 1},
+                      batch_size=1, workers=1, prefetch=1) as ld:
+        assert ld.next().indices.tolist() == [0]
+        t0 = time.monotonic()
+        with pytest.raises(ferry.Timeout):
+            ld.next(timeout=0.05)
+        assert time.monotonic() - t0 < 0.35
+        assert ld.next().indices.tolist() == [1]

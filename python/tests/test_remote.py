@@ -1,0 +1,88 @@
+"""Remote Python workers (python -m ferry.worker --connect tcp://...) and
+their allow-list: a loader can make a remote worker import and call only
+modules under its --allow-module prefixes."""
+
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import ferry
+from datasets import Items
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class RemoteWorker:
+    """A `python -m ferry.worker` subprocess that connects to port; stopped
+    (SIGTERM: BYE, exit) and reaped on exit from the with block."""
+
+    def __init__(self, port, allow):
+        args = [sys.executable, "-m", "ferry.worker", "--connect",
+                "tcp://127.0.0.1:%d" % port, "--insecure"]
+        for a in allow:
+            args += ["--allow-module", a]
+        self.p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        self.stderr = ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.p.send_signal(signal.SIGTERM)
+        self.stderr = self.p.communicate(timeout=30)[1]
+
+
+def open_remote(port, dataset, **kw):
+    return ferry.Loader(dataset, workers=0, bind="tcp://127.0.0.1:%d" % port, insecure=True,
+                        batch_size=5, **kw)
+
+
+def test_remote_worker_serves_an_allowed_module():
+    port = free_port()
+    with RemoteWorker(port, ["datasets"]) as w:
+        with open_remote(port, Items, dataset_kwargs={"n": 20}, epochs=1) as ld:
+            got = [b.indices.tolist() for b in ld]
+            assert sorted(sum(got, [])) == list(range(20))
+            assert ld.stats()["joined"] == 1
+    assert w.p.returncode == 0, w.stderr
+
+
+def test_remote_worker_refuses_a_module_not_allowed_and_both_sides_say_so():
+    port = free_port()
+    with RemoteWorker(port, ["mypkg"]) as w:
+        with pytest.raises(ferry.Timeout) as ei:
+            open_remote(port, Items, start_timeout_ms=3000)
+    msg = str(ei.value)
+    assert "refused" in msg and "does not serve module 'datasets'" in msg
+    assert "allowed: mypkg" in msg
+    assert "does not serve module 'datasets'" in w.stderr
+
+
+def test_remote_worker_refuses_what_an_allowed_module_merely_imports():
+    port = free_port()
+    with RemoteWorker(port, ["datasets"]) as w:
+        # datasets imports os; os.system is not datasets' own.
+        with pytest.raises(ferry.Timeout) as ei:
+            open_remote(port, 'python:datasets:os.system {"kwargs": {"command": "true"}}',
+                        start_timeout_ms=3000)
+    assert "comes from module 'posix', which is not allowed" in str(ei.value)
+    assert "not allowed" in w.stderr
+
+
+def test_remote_worker_without_allow_list_serves_no_python_dataset():
+    port = free_port()
+    with RemoteWorker(port, []) as w:
+        with pytest.raises(ferry.Timeout, match="allowed: none"):
+            open_remote(port, Items, start_timeout_ms=3000)
+        # C kinds are still served.
+        with open_remote(port, "synthetic:n=10,dim=4", epochs=1) as ld:
+            assert sum(b.size for b in ld) == 10
