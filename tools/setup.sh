@@ -8,7 +8,9 @@
 #   tools/setup.sh fuzz [SECONDS]                libFuzzer on the protocol decoders
 #
 # Environment: BUILD_DIR (default build), FERRY_SANITIZE (e.g.
-# address,undefined), JOBS (default: number of cores).
+# address,undefined), JOBS (default: number of cores), PYTHON (the
+# interpreter to build the Python package for; default Debian's
+# /usr/bin/python3, where python3-numpy and python3-torch install).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,9 +21,12 @@ build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 
 # Debian packages ferry needs: compiler and build tools, the three libraries
-# (ZeroMQ transport, msgpack wire encoding, cmocka tests), and clang for the
-# fuzz target.
-packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev iproute2)
+# (ZeroMQ transport, msgpack wire encoding, cmocka tests), Python headers
+# and numpy for the Python package, pytest and torch for its tests, and
+# clang for the fuzz target.
+packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev iproute2
+          python3-dev python3-numpy)
+[ "$job" = test ] && packages+=(python3-pytest python3-torch python3-pip python3-setuptools)
 [ "$job" = fuzz ] && packages+=(clang)
 missing=()
 for p in "${packages[@]}"; do
@@ -49,8 +54,10 @@ if [ "$job" = fuzz ]; then
     exit $?
 fi
 
+python_arg=()
+[ -n "${PYTHON:-}" ] && python_arg=(-DPython3_EXECUTABLE="$(command -v "$PYTHON")")
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFERRY_SANITIZE="${FERRY_SANITIZE:-}" >/dev/null
+    -DFERRY_SANITIZE="${FERRY_SANITIZE:-}" "${python_arg[@]}" >/dev/null
 cmake --build "$build" -j "$jobs"
 
 case "$job" in
