@@ -25,14 +25,14 @@ import numpy as np
 from . import _ferry
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._errors import (BatchError, Closed, DatasetError, Error, IndexOutOfRange, InvalidValue,
-                      OptionError, SpawnError, StateError, Timeout, WorkerError)
+                      LimitError, OptionError, SpawnError, StateError, Timeout, WorkerError)
 
 __version__ = _ferry.version()
 
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
-    "StateError", "Closed", "__version__",
+    "StateError", "Closed", "LimitError", "__version__",
 ]
 
 # Python names for C options (the C names work too).
@@ -175,13 +175,21 @@ class Loader:
     ``state``: a :meth:`state_dict` to resume from: the first batch is the
     one after the last delivered when it was saved.
 
+    ``max_held`` (default 1024; 0: no limit): a batch you keep (or any array
+    taken from it) keeps its memory, outside the prefetch window, which goes
+    on filling. ``next()`` raises ferry.LimitError while this many batches
+    are alive, instead of letting memory grow without bound.
+
     Iterating yields one epoch; the next ``for`` goes on with the next
     epoch (its first batches are already prefetched). :meth:`stream` is the
     endless form. ``len(loader)`` is the number of batches per epoch.
     """
 
-    def __init__(self, dataset, *, state=None, dataset_kwargs=None, **options):
+    def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024, **options):
         self._c = None
+        if not isinstance(max_held, int) or max_held < 0:
+            raise InvalidValue("ferry.Loader: max_held must be an int >= 0, got %r" % (max_held,))
+        self._max_held = max_held
         opts = {}
         for key, value in options.items():
             if key == "timeout":
@@ -213,6 +221,7 @@ class Loader:
             if not isinstance(blob, (bytes, bytearray)):
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
         self._c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None)
+        self._c.max_held = self._max_held
         self._len = self._c.length()
         _open_loaders.add(self)
 
@@ -247,6 +256,12 @@ class Loader:
         if b is None:
             raise StopIteration
         return b
+
+    @property
+    def held(self):
+        """Batches delivered and still alive (the Batch, or an array taken
+        from it, is referenced)."""
+        return self._c.held if self._c is not None else 0
 
     @property
     def num_items(self):

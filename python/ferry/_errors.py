@@ -109,6 +109,11 @@ class StateError(Error, ValueError):
     """A resume state that is invalid or does not match the loader."""
 
 
+class LimitError(Error):
+    """A limit was reached: ``max_held`` batches alive, file descriptors,
+    processes, a buffer too small."""
+
+
 class Closed(Error):
     """The loader has failed before and can only be closed."""
 
@@ -127,6 +132,7 @@ _CLASSES = {
     "FERRY_EAGAIN": Timeout,
     "FERRY_ESTATE": StateError,
     "FERRY_ECLOSED": Closed,
+    "FERRY_ELIMIT": LimitError,
 }
 
 

@@ -25,15 +25,32 @@
 /* The longest next() waits without looking at signals. */
 #define SLICE_MS 50
 
+/* The batches of one loader still alive (their memory held by the trainer),
+ * shared by the loader and its batches and freed by the last of them; only
+ * touched with the GIL held. */
+typedef struct held_count {
+    long owners; /* the loader, while it lives, and each live batch */
+    long live;   /* live batches */
+} held_count;
+
 typedef struct {
     PyObject_HEAD ferry_loader *ld;
-    int busy; /* a thread is in next() or close() with the GIL released */
+    int busy;         /* a thread is in next() or close() with the GIL released */
+    held_count *held; /* batches of this loader still alive */
+    long max_held;    /* next() refuses while this many are alive; 0: no limit */
 } LoaderObject;
 
 typedef struct {
     PyObject_HEAD ferry_batch *b;
     ferry_batch_info info;
+    held_count *held;
 } BatchObject;
+
+static void held_drop(held_count *h)
+{
+    if (h && --h->owners == 0)
+        PyMem_Free(h);
+}
 
 /* A buffer over part of a batch's memory: one field, or the indices. */
 typedef struct {
@@ -137,6 +154,9 @@ static PyTypeObject ViewType = {
 static void batch_dealloc(BatchObject *b)
 {
     ferry_batch_release(b->b);
+    if (b->held)
+        b->held->live--;
+    held_drop(b->held);
     PyObject_Free(b);
 }
 
@@ -221,6 +241,14 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Loader is already open");
         goto fail;
     }
+    if (!self->held) {
+        self->held = PyMem_Calloc(1, sizeof *self->held);
+        if (!self->held) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        self->held->owners = 1;
+    }
     PyObject *seq = PySequence_Fast(options, "options must be a sequence of (key, value) pairs");
     if (!seq)
         goto fail;
@@ -291,6 +319,7 @@ static void close_loader(LoaderObject *self)
 static void loader_dealloc(LoaderObject *self)
 {
     close_loader(self);
+    held_drop(self->held);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -312,6 +341,15 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
     ferry_loader *ld = usable(self);
     if (!ld)
         return NULL;
+    if (self->max_held > 0 && self->held->live >= self->max_held) {
+        char msg[400];
+        snprintf(msg, sizeof msg,
+                 "%ld batches of this loader are still alive (arrays taken from them are "
+                 "referenced), the limit max_held; each keeps its memory: drop them (del, or "
+                 "copy what you keep) or raise max_held",
+                 self->held->live);
+        return ferry_py_raise(FERRY_ELIMIT, msg);
+    }
     int64_t start = now_ms();
     ferry_batch *b = NULL;
     int rc;
@@ -344,6 +382,9 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
     }
     bo->b = b;
     ferry_batch_get_info(b, &bo->info);
+    bo->held = self->held;
+    self->held->owners++;
+    self->held->live++;
     return (PyObject *)bo;
 }
 
@@ -453,8 +494,20 @@ static PyMethodDef loader_methods[] = {
     {NULL},
 };
 
+static PyObject *loader_held(LoaderObject *self, void *unused)
+{
+    return PyLong_FromLong(self->held ? self->held->live : 0);
+}
+
+static PyMemberDef loader_members[] = {
+    {"max_held", T_LONG, offsetof(LoaderObject, max_held), 0,
+     "next() raises while this many batches are alive (0: no limit)"},
+    {NULL},
+};
+
 static PyGetSetDef loader_getset[] = {
     {"closed", (getter)loader_closed, NULL, "whether close() ran", NULL},
+    {"held", (getter)loader_held, NULL, "batches delivered and still alive", NULL},
     {NULL},
 };
 
@@ -464,6 +517,7 @@ static PyTypeObject LoaderType = {
     .tp_dealloc = (destructor)loader_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_methods = loader_methods,
+    .tp_members = loader_members,
     .tp_getset = loader_getset,
     .tp_init = (initproc)loader_init,
     .tp_new = PyType_GenericNew,

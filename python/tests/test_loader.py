@@ -321,3 +321,18 @@ def test_next_timeout_raises_timeout_and_changes_nothing():
             ld.next(timeout=0.05)
         assert time.monotonic() - t0 < 0.35
         assert ld.next().indices.tolist() == [1]
+
+
+def test_held_batches_are_counted_and_bounded():
+    with ferry.Loader(SYN, batch_size=10, workers=1, max_held=3) as ld:
+        kept = [ld.next()["x"] for _ in range(3)]  # arrays keep their batches alive
+        assert ld.held == 3
+        with pytest.raises(ferry.LimitError, match="3 batches"):
+            ld.next()
+        del kept[0]
+        gc.collect()
+        assert ld.held == 2
+        b = ld.next()
+        assert ld.held == 3 and b.seq == 3
+    with pytest.raises(ValueError, match="max_held"):
+        ferry.Loader(SYN, max_held=-1)
