@@ -192,13 +192,45 @@ static uint64_t py_length(void *handle)
     return ((pyds *)handle)->length;
 }
 
-/* numpy.asarray(x) (numpy.ascontiguousarray when `contiguous`); new ref. */
+/* numpy.asarray(x) (numpy.ascontiguousarray when `contiguous`); new ref.
+ * The two functions are looked up once and kept for the process. */
 static PyObject *as_array(PyObject *x, int contiguous)
 {
-    PyObject *fn = ferry_py_import_attr("numpy", contiguous ? "ascontiguousarray" : "asarray");
-    PyObject *out = fn ? PyObject_CallOneArg(fn, x) : NULL;
-    Py_XDECREF(fn);
-    return out;
+    static PyObject *fns[2];
+    if (!fns[contiguous] &&
+        !(fns[contiguous] =
+              ferry_py_import_attr("numpy", contiguous ? "ascontiguousarray" : "asarray")))
+        return NULL;
+    return PyObject_CallOneArg(fns[contiguous], x);
+}
+
+/* A Python int, float or bool item in a scalar field of the matching dtype
+ * (int64, float64, bool: what numpy would make of it), written without a
+ * trip through numpy. 1 if written, 0 if x is not such a scalar, PYERR
+ * (an int too large, say). */
+static int copy_scalar(const ferry_field_spec *spec, PyObject *x, void *dst)
+{
+    if (spec->ndim != 0)
+        return 0;
+    if (PyBool_Check(x)) {
+        if (spec->dtype != FERRY_DTYPE_BOOL)
+            return 0;
+        *(uint8_t *)dst = x == Py_True;
+        return 1;
+    }
+    if (PyLong_CheckExact(x) && spec->dtype == FERRY_DTYPE_I64) {
+        long long v = PyLong_AsLongLong(x);
+        if (v == -1 && PyErr_Occurred())
+            return PYERR;
+        memcpy(dst, &v, sizeof v);
+        return 1;
+    }
+    if (PyFloat_CheckExact(x) && spec->dtype == FERRY_DTYPE_F64) {
+        double v = PyFloat_AS_DOUBLE(x);
+        memcpy(dst, &v, sizeof v);
+        return 1;
+    }
+    return 0;
 }
 
 /* The ferry dtype of a struct-module format ("<f", "l", "?"), or 0. */
@@ -249,6 +281,11 @@ static int copy_field(const pyds *d, int f, PyObject *x, long long count, void *
                       ferry_dataset_error *err)
 {
     const ferry_field_spec *spec = &d->fields[f];
+    if (count < 0) {
+        int done = copy_scalar(spec, x, dst);
+        if (done != 0)
+            return done == 1 ? FERRY_OK : PYERR;
+    }
     PyObject *arr = x;
     Py_INCREF(arr);
     Py_buffer v;
