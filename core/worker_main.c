@@ -466,14 +466,14 @@ static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
             c->once = 1;
             taken = 0;
         } else {
-            fprintf(stderr, "ferry-worker: bad argument '%s'\n", a);
+            fprintf(stderr, "%s: bad argument '%s'\n", program_name, a);
             usage(stderr);
             return 2;
         }
         i += taken;
     }
     if (!c->endpoint) {
-        fprintf(stderr, "ferry-worker: --connect is required\n");
+        fprintf(stderr, "%s: --connect is required\n", program_name);
         usage(stderr);
         return 2;
     }
