@@ -19,6 +19,7 @@
 
 #include <structmember.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ferry.h"
 
@@ -38,6 +39,7 @@ typedef struct {
     int busy;         /* a thread is in next() or close() with the GIL released */
     held_count *held; /* batches of this loader still alive */
     long max_held;    /* next() refuses while this many are alive; 0: no limit */
+    pid_t owner;      /* the process that opened it */
 } LoaderObject;
 
 typedef struct {
@@ -274,6 +276,7 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
         ferry_loader *ld = NULL;
         Py_BEGIN_ALLOW_THREADS rc = ferry_loader_open(&ld, cfg);
         Py_END_ALLOW_THREADS self->ld = ld;
+        self->owner = getpid();
     }
     ferry_config_free(cfg);
     if (rc == -1000)
@@ -296,6 +299,12 @@ static ferry_loader *usable(LoaderObject *self)
         PyErr_SetString(PyExc_ValueError, "the loader is closed");
         return NULL;
     }
+    if (getpid() != self->owner) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this loader belongs to the process that opened it, not to a child "
+                        "forked from it; open another loader in the child");
+        return NULL;
+    }
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError,
                         "the loader is in use by another thread (a loader is used from one "
@@ -305,11 +314,15 @@ static ferry_loader *usable(LoaderObject *self)
     return self->ld;
 }
 
+/* Closes the loader. In a child forked from its owner (multiprocessing,
+ * torch's DataLoader) the handle is only dropped: the scheduler thread and
+ * the workers are the parent's, and closing them from here would stop the
+ * parent's loader. */
 static void close_loader(LoaderObject *self)
 {
     ferry_loader *ld = self->ld;
     self->ld = NULL;
-    if (!ld)
+    if (!ld || getpid() != self->owner)
         return;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS ferry_loader_close(ld);

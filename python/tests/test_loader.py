@@ -336,3 +336,28 @@ def test_held_batches_are_counted_and_bounded():
         assert ld.held == 3 and b.seq == 3
     with pytest.raises(ValueError, match="max_held"):
         ferry.Loader(SYN, max_held=-1)
+
+
+def test_a_forked_child_cannot_use_or_close_its_parents_loader():
+    with ferry.Loader(SYN, batch_size=10, workers=2) as ld:
+        ld.next()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: using it fails cleanly, dropping it stops nothing
+            os.close(r)
+            try:
+                ld.next()
+                code = b"used"
+            except RuntimeError as e:
+                code = b"refused" if "forked" in str(e) else b"other"
+            ld.close()
+            os.write(w, code)
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            said = f.read()
+        assert os.waitpid(pid, 0)[1] == 0
+        assert said == b"refused"
+        # The parent's workers and stream are untouched.
+        assert all(ld.worker_pid(i) > 0 for i in range(2))
+        assert ld.next().seq == 1
