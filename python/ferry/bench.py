@@ -10,6 +10,8 @@ What it measures, per loader (the median over rounds, with min..max):
   torch it includes ``iter(loader)``, which is where its workers restart);
 - startup: constructor to first batch, worker start and imports included
   (for torch, the dataset is built in the trainer, so that counts too);
+- cold start: a fresh interpreter to its first batch, the library's own
+  import included (``python train.py`` as a user waits for it);
 - peak RSS (VmHWM, reset before each run) of the trainer, and the sum
   over worker processes (with their PSS at the end, which counts pages
   shared between processes once: torch's workers are forked);
@@ -163,6 +165,46 @@ def _open_torch(a, kwargs):
 
 OPENERS = {"ferry": _open_ferry, "torch": _open_torch}
 
+# A fresh interpreter's way to its first batch, for the cold start.
+_COLD = {
+    "ferry": """
+import ferry
+from ferry.bench import MnistLike
+ld = ferry.Loader(MnistLike, dataset_kwargs=K, batch_size=B, workers=W, prefetch=P,
+                  shuffle=True, seed=S)
+next(iter(ld))
+print("first", flush=True)
+ld.close()
+""",
+    "torch": """
+import torch
+from torch.utils.data import DataLoader
+from ferry.bench import MnistLike
+dl = DataLoader(MnistLike(**K), batch_size=B, shuffle=True, num_workers=W,
+                persistent_workers=True, prefetch_factor=PF)
+next(iter(dl))
+print("first", flush=True)
+""",
+}
+
+
+def cold_start(name, a, kwargs):
+    """Seconds from starting a fresh interpreter to its first batch of
+    loader ``name``: the interpreter, the library's import, the loader and
+    its workers, what a user waits for at `python train.py`."""
+    import subprocess
+    code = ("K, B, W, P, S, PF = %r, %d, %d, %d, %d, %d\n" % (
+        kwargs, a.batch_size, a.workers, a.prefetch, a.seed, _torch_prefetch(a))) + _COLD[name]
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    took = time.perf_counter() - t0
+    p.communicate(timeout=120)
+    if line.strip() != "first" or p.returncode != 0:
+        raise RuntimeError("ferry.bench: the cold start of %s failed (exit %s)"
+                           % (name, p.returncode))
+    return took
+
 
 # ------------------------------------------------------------------ a run
 
@@ -207,6 +249,7 @@ def _epochs(new_iter, a, t0):
 def run_once(name, a):
     """One run of loader ``name``: its raw measurements (dict)."""
     kwargs = {"n": a.items, "seed": a.seed}
+    cold = cold_start(name, a, kwargs)
     gc.collect()
     reset = _reset_peak_rss()
     t0 = time.perf_counter()
@@ -222,7 +265,7 @@ def run_once(name, a):
     left = _wait_children_gone()
     if left:
         print("ferry.bench: %s left processes behind: %s" % (name, left), file=sys.stderr)
-    return {"waits": waits, "startup": t_first - t0, "t_first": t_first, "t_last": t_last,
+    return {"waits": waits, "startup": t_first - t0, "cold_start": cold, "t_first": t_first, "t_last": t_last,
             "items": items, "check": check, "per_epoch": per_epoch,
             "trainer_hwm_mib": trainer / 1024 if trainer else None, "hwm_reset": reset,
             "workers_hwm_mib": workers_hwm, "workers_pss_mib": workers_pss,
@@ -240,13 +283,14 @@ METRICS = (  # key, label, unit
     ("epoch_wait_ms", "epoch-boundary wait, mean", "ms"),
     ("epoch_wait_max_ms", "epoch-boundary wait, max", "ms"),
     ("startup_ms", "startup (ctor + 1st batch)", "ms"),
+    ("cold_start_ms", "cold start (python to 1st batch)", "ms"),
     ("trainer_peak_rss_mib", "trainer peak RSS", "MiB"),
     ("workers_peak_rss_mib", "workers peak RSS, sum", "MiB"),
     ("workers_pss_mib", "workers PSS at end, sum", "MiB"),
     ("step_bound_fraction", "of step-bound rate", "%"),
 )
 
-RATIOS = ("batches_per_s", "wait_p99_ms", "epoch_wait_ms", "startup_ms")
+RATIOS = ("batches_per_s", "wait_p99_ms", "epoch_wait_ms", "startup_ms", "cold_start_ms")
 
 
 def summarize(raw, a):
@@ -267,6 +311,7 @@ def summarize(raw, a):
         "epoch_wait_ms": float(bounds.mean()) if bounds.size else None,
         "epoch_wait_max_ms": float(bounds.max()) if bounds.size else None,
         "startup_ms": raw["startup"] * 1000,
+        "cold_start_ms": raw["cold_start"] * 1000,
         "trainer_peak_rss_mib": raw["trainer_hwm_mib"],
         "workers_peak_rss_mib": raw["workers_hwm_mib"],
         "workers_pss_mib": raw["workers_pss_mib"],
@@ -369,7 +414,7 @@ def table(res):
     names = list(res["loaders"])
     ratios = res["ratios_ferry_over_torch"]
     multi = res["config"]["rounds"] > 1
-    head = "%-32s" % ("median [min..max]" if multi else "one round")
+    head = "%-36s" % ("median [min..max]" if multi else "one round")
     head += "".join("%22s" % n for n in names) + ("%13s" % "ferry/torch" if ratios else "")
     lines = _header(res) + ["", head]
     for key, label, unit in METRICS:
@@ -384,7 +429,7 @@ def table(res):
         if all(c == "-" for c in cells):
             continue
         name = label + (" (%s)" % unit if unit and unit != "%" else "")
-        row = "%-32s" % name + "".join("%22s" % c for c in cells)
+        row = "%-36s" % name + "".join("%22s" % c for c in cells)
         if key in ratios:
             row += "%12sx" % ("%.3g" % ratios[key])
         lines.append(row)
@@ -392,7 +437,9 @@ def table(res):
         "",
         "wait = time in next(); steady = every batch but each epoch's first; epoch boundary =",
         "first batch of epochs 2..N (torch: iter() + next()); batches/s: first to last batch.",
-        "startup: constructor to first batch, worker start and imports included.",
+        "startup: constructor to first batch, worker start and imports included, in a trainer",
+        "that has imported its library already; cold start: a fresh `python` process to its",
+        "first batch (interpreter, `import ferry` or `import torch`, loader, workers).",
     ]
     if not all(r["trainer_peak_rss_reset"] for ld in res["loaders"].values()
                for r in ld["rounds"]):

@@ -9,7 +9,8 @@ import pytest
 
 ARGS = ["--items", "2000", "--epochs", "2", "--rounds", "1", "--batch-size", "64", "--json"]
 KEYS = {"batches_per_s", "wait_p50_ms", "wait_p99_ms", "wait_max_ms", "epoch_wait_ms",
-        "epoch_wait_max_ms", "startup_ms", "trainer_peak_rss_mib", "workers_peak_rss_mib"}
+        "epoch_wait_max_ms", "startup_ms", "cold_start_ms", "trainer_peak_rss_mib",
+        "workers_peak_rss_mib"}
 
 
 def run_bench(*extra):
@@ -47,4 +48,5 @@ def test_bench_ferry_and_torch():
     assert check_loader(res, "ferry")["batches_per_s"] > 0
     assert check_loader(res, "torch")["batches_per_s"] > 0
     assert set(res["ratios_ferry_over_torch"]) == {"batches_per_s", "wait_p99_ms",
-                                                   "epoch_wait_ms", "startup_ms"}
+                                                   "epoch_wait_ms", "startup_ms",
+                                                   "cold_start_ms"}
