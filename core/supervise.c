@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "alloc.h"
 #include "clock.h"
@@ -65,11 +66,15 @@ static void death_message(const sched_worker *w, ferry__peer_state was, char *ms
         snprintf(how, sizeof how,
                  "exited; its exit status is unknown (the program ignores SIGCHLD or reaps "
                  "children itself)");
-    else
+    else if (ev->kill_reason[0] && WIFSIGNALED(ev->status)) {
+        char sig[32];
+        snprintf(how, sizeof how, "was killed by ferry (%s)",
+                 ferry__signal_name(WTERMSIG(ev->status), sig, sizeof sig));
+    } else
         ferry__describe_status(ev->status, how, sizeof how);
     snprintf(msg, cap, "worker %u (pid %d) %s%s%s%s%s%s", w->p.index, (int)ev->pid, how,
              was == FERRY__PEER_SPAWNED || was == FERRY__PEER_CONFIGURED ? " while starting" : "",
-             ev->kill_reason[0] ? ", killed by ferry because " : "", ev->kill_reason,
+             ev->kill_reason[0] ? " because " : "", ev->kill_reason,
              ev->words[0] ? "; its last words: " : "", ev->words);
 }
 

@@ -16,6 +16,9 @@ See README.md for the whole guide.
 """
 
 import atexit
+import math
+import numbers
+import operator
 import sys
 import weakref
 from collections.abc import Mapping
@@ -23,16 +26,18 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import _ferry
+from . import _dataset
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._errors import (BatchError, Closed, DatasetError, Error, IndexOutOfRange, InvalidValue,
-                      LimitError, OptionError, SpawnError, StateError, Timeout, WorkerError)
+                      LimitError, NotReady, OptionError, SpawnError, StateError, Timeout,
+                      WorkerError)
 
 __version__ = _ferry.version()
 
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
-    "StateError", "Closed", "LimitError", "__version__",
+    "StateError", "Closed", "LimitError", "NotReady", "__version__",
 ]
 
 # Python names for C options (the C names work too).
@@ -49,25 +54,45 @@ class Batch(Mapping):
     and the memory goes back when the batch and every array taken from it
     are gone. A field can also be taken by position: ``batch[0]``.
 
+    A batch from a dataset whose items are tuples (fields "0", "1", ...)
+    also unpacks like one: ``x, y = batch`` (iteration gives the arrays);
+    any other batch iterates over its field names, like a dict.
+
     ``epoch``, ``index_in_epoch``, ``last_in_epoch``, ``seq`` (position in
     the whole stream), ``worker`` (the index of the worker that built it),
-    ``size`` and ``indices`` (the sample indices, a uint64 array).
+    ``size`` and ``indices`` (the sample indices, a uint64 array); None on a
+    Batch built from a plain mapping (``type(batch)({...})``, unpickling).
     """
 
-    __slots__ = ("_b", "_arrays", "_names")
+    __slots__ = ("_b", "_arrays", "_names", "_positional")
 
     def __init__(self, b):
-        self._b = b
-        fields = b.fields()
-        self._names = tuple(name for name, _ in fields)
-        self._arrays = {name: np.asarray(view) for name, view in fields}
+        if isinstance(b, _ferry.Batch):
+            fields = b.fields()
+            self._b = b
+            self._names = tuple(name for name, _ in fields)
+            self._arrays = {name: np.asarray(view) for name, view in fields}
+        else:  # a mapping of arrays: what generic code rebuilds a batch from
+            self._b = None
+            self._arrays = dict(b)
+            self._names = tuple(self._arrays)
+        self._positional = self._names == tuple(str(i) for i in range(len(self._names)))
 
     def __getitem__(self, key):
-        if isinstance(key, int):
-            return self._arrays[self._names[key]]
-        return self._arrays[key]
+        if isinstance(key, str):
+            return self._arrays[key]
+        try:
+            i = operator.index(key)
+        except TypeError:
+            raise KeyError(key) from None
+        if not -len(self._names) <= i < len(self._names):
+            raise IndexError("batch has %d fields (%s); no field %d"
+                             % (len(self._names), ", ".join(self._names), i))
+        return self._arrays[self._names[i]]
 
     def __iter__(self):
+        if self._positional:
+            return iter(self._arrays[n] for n in self._names)
         return iter(self._names)
 
     def __len__(self):
@@ -76,28 +101,62 @@ class Batch(Mapping):
     def __contains__(self, key):
         return key in self._arrays
 
-    epoch = property(lambda self: self._b.epoch, doc="epoch of the batch, from 0")
-    index_in_epoch = property(lambda self: self._b.batch_in_epoch,
-                              doc="position of the batch in its epoch, from 0")
-    last_in_epoch = property(lambda self: self._b.last_in_epoch,
-                             doc="True for the last batch of its epoch")
-    seq = property(lambda self: self._b.seq, doc="position in the whole stream")
-    worker = property(lambda self: self._b.worker, doc="index of the worker that built it")
-    size = property(lambda self: self._b.size, doc="items in the batch")
+    def keys(self):
+        return self._arrays.keys()
+
+    def values(self):
+        return self._arrays.values()
+
+    def items(self):
+        return self._arrays.items()
+
+    def __eq__(self, other):
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __reduce__(self):
+        # Pickled (and deep-copied) as a Batch over copies of the arrays.
+        return (Batch, ({k: np.array(v) for k, v in self._arrays.items()},))
+
+    def _info(name):
+        return property(lambda self: getattr(self._b, name) if self._b is not None else None)
+
+    epoch = _info("epoch")
+    index_in_epoch = _info("batch_in_epoch")
+    last_in_epoch = _info("last_in_epoch")
+    seq = _info("seq")
+    worker = _info("worker")
+    del _info
+
+    @property
+    def size(self):
+        """Items in the batch."""
+        if self._b is not None:
+            return self._b.size
+        return len(next(iter(self._arrays.values()))) if self._arrays else 0
 
     @property
     def indices(self):
         """The sample indices the batch was built from (uint64 array)."""
-        return np.asarray(self._b.indices())
+        return np.asarray(self._b.indices()) if self._b is not None else None
 
     def torch(self):
         """The fields as torch tensors sharing this batch's memory (dict)."""
         import torch
-        return {k: torch.from_numpy(v) for k, v in self._arrays.items()}
+        out = {}
+        for k, v in self._arrays.items():
+            try:
+                out[k] = torch.from_numpy(v)
+            except TypeError as e:
+                raise TypeError("field '%s' (%s): %s" % (k, v.dtype, e)) from None
+        return out
 
     def __repr__(self):
         fields = ", ".join("%s: %s%s" % (k, v.dtype, tuple(v.shape))
                            for k, v in self._arrays.items())
+        if self._b is None:
+            return "<ferry.Batch %s>" % fields
         return "<ferry.Batch epoch %d #%d, %s>" % (self.epoch, self.index_in_epoch, fields)
 
 
@@ -116,19 +175,34 @@ def _close_all():
 
 
 def _option_text(key, value):
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
     if isinstance(value, str):
         return value
     raise TypeError("ferry.Loader: option %s must be a bool, int or str, not %s"
                     % (key, type(value).__name__))
 
 
+def _seconds(what, value):
+    """A finite number of seconds >= 0 as whole ms (at least 1 when
+    positive), or raise naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("%s must be a number of seconds, not %s" % (what, type(value).__name__))
+    if math.isnan(value) or value < 0:
+        raise InvalidValue("%s must be >= 0 seconds, got %r" % (what, value))
+    if math.isinf(value):
+        return None
+    return max(1, int(round(value * 1000))) if value > 0 else 0
+
+
 class _Epoch:
     """The iterator one ``for batch in loader`` gets: batches until the
-    last of the current epoch."""
+    end of the current epoch. In order, that is the batch marked
+    last_in_epoch (or a failure in its place); out of order
+    (``in_order=False``), it is len(loader) batches, which may mix the two
+    epochs around a boundary."""
 
     __slots__ = ("_loader", "_done")
 
@@ -139,20 +213,30 @@ class _Epoch:
     def __iter__(self):
         return self
 
+    def _count(self, last):
+        ld = self._loader
+        if ld._in_order:
+            ld._seen = 0
+            self._done = bool(last)
+            return
+        ld._seen += 1
+        if ld._seen >= len(ld):
+            ld._seen = 0
+            self._done = True
+
     def __next__(self):
         if self._done:
             raise StopIteration
         try:
             b = self._loader._next(None)
         except BatchError as e:
-            if e.batch_in_epoch is not None and e.batch_in_epoch + 1 >= len(self._loader):
-                self._done = True
+            last = e.batch_in_epoch is not None and e.batch_in_epoch + 1 >= len(self._loader)
+            self._count(last)
             raise
         if b is None:
             self._done = True
             raise StopIteration
-        if b.last_in_epoch:
-            self._done = True
+        self._count(b.last_in_epoch)
         return b
 
 
@@ -187,14 +271,19 @@ class Loader:
 
     def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024, **options):
         self._c = None
-        if not isinstance(max_held, int) or max_held < 0:
+        _dataset.refuse_loader_in_worker()
+        if not isinstance(max_held, numbers.Integral) or max_held < 0:
             raise InvalidValue("ferry.Loader: max_held must be an int >= 0, got %r" % (max_held,))
-        self._max_held = max_held
+        self._max_held = int(max_held)
         opts = {}
         for key, value in options.items():
             if key == "timeout":
-                key, value = "timeout_ms", 0 if value is None else int(round(value * 1000))
-            opts[_ALIASES.get(key, key)] = value
+                ms = None if value is None else _seconds("ferry.Loader: timeout", value)
+                key, value = "timeout_ms", 0 if ms is None else ms
+            name = _ALIASES.get(key, key)
+            if name in opts:
+                raise TypeError("ferry.Loader: option %s is given twice (as %s)" % (name, key))
+            opts[name] = value
         if isinstance(dataset, str):
             if dataset_kwargs:
                 raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class, not a "
@@ -203,34 +292,48 @@ class Loader:
         elif callable(dataset):
             spec = spec_for(dataset, dataset_kwargs)
         else:
-            raise TypeError("ferry.Loader: dataset must be a spec string or a dataset class "
-                            "defined in a module, not %s (datasets are named, not pickled)"
-                            % type(dataset).__name__)
+            raise TypeError("ferry.Loader: dataset must be a spec string or a dataset class, "
+                            "not a %s instance: datasets are named, not pickled; pass the "
+                            "class and its arguments, ferry.Loader(%s, dataset_kwargs={...})"
+                            % (type(dataset).__name__, type(dataset).__name__))
         pairs = [("dataset", spec)]
         pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
         if "worker_path" not in opts:
             path, args = worker_command()
             pairs += [("worker_path", path), ("worker_args", args)]
         self._pairs = pairs
-        self._open(state)
+        in_order = opts.get("in_order", True)
+        self._in_order = in_order not in (False, 0, "false", "0", "no", "off")
+        self._seen = 0  # batches of the current epoch, out of order
+        self._adopt(self._open(state))
 
     def _open(self, state):
+        """A new C loader for self's options, resuming at ``state``."""
         blob = None
         if state is not None:
             blob = state.get("ferry") if isinstance(state, dict) else state
             if not isinstance(blob, (bytes, bytearray)):
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
-        self._c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None)
-        self._c.max_held = self._max_held
-        self._len = self._c.length()
+        c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None)
+        c.max_held = self._max_held
+        return c
+
+    def _adopt(self, c):
+        self._c = c
+        self._len = c.length()
         _open_loaders.add(self)
 
-    # -- iteration
-    def _next(self, timeout):
+    def _live(self):
         c = self._c
         if c is None:
             raise ValueError("the loader is closed")
-        b = c.next(-1 if timeout is None else max(0, int(timeout * 1000)))
+        return c
+
+    # -- iteration
+    def _next(self, timeout):
+        c = self._live()
+        ms = None if timeout is None else _seconds("next(): timeout", timeout)
+        b = c.next(-1 if ms is None else ms)
         return None if b is None else Batch(b)
 
     def __iter__(self):
@@ -250,8 +353,9 @@ class Loader:
 
     def next(self, timeout=None):
         """The next batch; waits at most ``timeout`` seconds (None: as long
-        as it takes) and raises ferry.Timeout when none was ready, leaving
-        the loader as it was. StopIteration at the end of the stream."""
+        as it takes) and raises ferry.NotReady (a ferry.Timeout) when none
+        was ready, leaving the loader as it was. StopIteration at the end
+        of the stream."""
         b = self._next(timeout)
         if b is None:
             raise StopIteration
@@ -271,37 +375,49 @@ class Loader:
     # -- state
     def state_dict(self):
         """The position after the last batch delivered (needs in_order)."""
-        return {"ferry": self._c.state()}
+        return {"ferry": self._live().state()}
 
     def load_state_dict(self, state):
         """Goes on from ``state``: the workers are restarted, and the next
-        batch is the one after the last delivered when it was saved."""
+        batch is the one after the last delivered when it was saved. A state
+        that does not fit raises and leaves this loader as it was."""
+        self._live()
+        c = self._open(state)
         self.close()
-        self._open(state)
+        self._adopt(c)
 
     # -- facts
     def stats(self):
         """The loader's counters (dict: delivered, failed, restarts, ...)."""
-        return self._c.stats()
+        return self._live().stats()
 
     def worker_pid(self, index):
         """The pid of local worker ``index`` (0 while it is being replaced or
         for a thread)."""
-        return self._c.worker_pid(index)
+        if not isinstance(index, numbers.Integral) or not 0 <= index < 2**32:
+            raise InvalidValue("worker_pid: no worker %r" % (index,))
+        return self._live().worker_pid(int(index))
 
     @property
     def endpoint(self):
         """The tcp:// endpoint remote workers connect to, or None."""
-        return self._c.endpoint()
+        return self._live().endpoint()
 
     # -- lifetime
     def close(self):
         """Stops the workers and frees everything (batches you hold stay
         valid). Safe to call twice."""
-        c, self._c = self._c, None
+        c = self._c
+        if c is not None and _ferry.worker_state() is not None:
+            # Called from one of this process's thread workers (a loader
+            # collected by the garbage collector there): a loader cannot
+            # stop the thread it runs on, so another thread closes it.
+            import threading
+            threading.Thread(target=c.close, name="ferry-close", daemon=True).start()
+        elif c is not None:
+            c.close()  # raises, changing nothing, while another thread is in next()
+        self._c = None
         _open_loaders.discard(self)
-        if c is not None:
-            c.close()
 
     @property
     def closed(self):

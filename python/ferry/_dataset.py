@@ -51,18 +51,29 @@ def configure(remote, allow):
 
 # ---------------------------------------------------------------- trainer
 
+def _system_dirs():
+    """The interpreter's own module folders (stdlib, site-packages): every
+    child finds those by itself."""
+    import site
+    import sysconfig
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:
+        pass
+    dirs.update(p for p in sys.path if p.endswith(".zip") or "dist-packages" in p.split(os.sep)
+                or "site-packages" in p.split(os.sep) or "lib-dynload" in p.split(os.sep))
+    return {os.path.abspath(d) for d in dirs if d}
+
+
 def _child_finds_ferry():
     """Whether ``python -m ferry.worker`` started from this process (same
     environment, same cwd) imports this same ferry package."""
-    import site
     parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     places = [os.getcwd()] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    try:
-        places += site.getsitepackages() + [site.getusersitepackages()]
-    except AttributeError:  # a virtualenv's old site module
-        pass
-    places += [p for p in sys.path if p.startswith(sys.base_prefix)]
-    return any(p and os.path.abspath(p) == parent for p in places)
+    places = {os.path.abspath(p) for p in places if p} | _system_dirs()
+    return parent in places
 
 
 def worker_command():
@@ -90,17 +101,32 @@ def spec_for(target, kwargs):
             % (target,))
     opts = {"kwargs": dict(kwargs or {})}
     if module == "__main__":
-        main = getattr(sys.modules["__main__"], "__file__", None)
-        if not main:
+        main_mod = sys.modules["__main__"]
+        spec = getattr(main_mod, "__spec__", None)
+        main = getattr(main_mod, "__file__", None)
+        if spec is not None and spec.name and spec.name != "__main__":
+            module = spec.name  # python -m pkg.train: workers import pkg.train
+        elif main and os.path.isfile(main):
+            opts["main"] = os.path.abspath(main)
+            opts["argv"] = list(sys.argv)
+        else:
             raise TypeError(
-                "ferry.Loader: %s is defined in an interactive session; workers import the "
-                "dataset by name, so define it in a .py file (a module, or the main script)"
-                % qual)
-        opts["main"] = os.path.abspath(main)
-    opts["path"] = [os.path.abspath(p or os.getcwd()) for p in sys.path
-                    if not (p and p.startswith(sys.base_prefix))]
+                "ferry.Loader: %s is defined in an interactive session or a script read from "
+                "stdin; workers import the dataset by name, so define it in a .py file (a "
+                "module, or the main script)" % qual)
+    system = _system_dirs()
+    opts["path"] = [p for p in (os.path.abspath(p or os.getcwd()) for p in sys.path)
+                    if p not in system]
+
+    def plain(o):  # numpy scalars and arrays in kwargs, as JSON numbers and lists
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        raise TypeError("%s is not JSON-able" % type(o).__name__)
+
     try:
-        text = json.dumps(opts, separators=(",", ":"))
+        text = json.dumps(opts, separators=(",", ":"), default=plain)
     except (TypeError, ValueError) as e:
         raise TypeError("ferry.Loader: dataset_kwargs must be JSON-able (%s)" % e) from None
     spec = "python:%s:%s %s" % (module, qual, text)
@@ -126,17 +152,24 @@ def describe_exception(exc, limit=511):
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if os.path.dirname(os.path.abspath(f.filename)) != own]
     if not frames:
-        return head[:limit]
+        return _fit(head, limit)
     frames = traceback.format_list(frames)
     title = "Traceback (most recent call last):\n"
     kept = []
-    room = limit - len(head) - len(title) - 1
+    room = limit - len(head.encode("utf-8", "replace")) - len(title) - 1
     for f in reversed(frames):
-        if len(f) > room:
+        size = len(f.encode("utf-8", "replace"))
+        if size > room:
             break
         kept.insert(0, f)
-        room -= len(f)
-    return head + "\n" + title + "".join(kept).rstrip("\n")
+        room -= size
+    return _fit(head + "\n" + title + "".join(kept).rstrip("\n"), limit)
+
+
+def _fit(text, limit):
+    """text cut to at most `limit` bytes of UTF-8, on a character boundary."""
+    raw = text.encode("utf-8", "replace")
+    return raw[:limit].decode("utf-8", "ignore") if len(raw) > limit else text
 
 
 def indices_array(raw):
@@ -149,16 +182,41 @@ def _allowed(module):
     return any(module == p or module.startswith(p + ".") for p in _policy["allow"])
 
 
-def _import_main(main):
-    """The trainer's main script as module __mp_main__ (its
-    ``if __name__ == "__main__":`` part does not run), as
-    multiprocessing's spawn does."""
+_importing_main = []  # non-empty while a worker runs the trainer's main script
+
+
+def refuse_loader_in_worker():
+    """Raises when a worker, importing the trainer's main script, is asked
+    to open a loader: the script's training code is not under
+    ``if __name__ == "__main__":``, and each worker would start its own."""
+    if _importing_main:
+        raise RuntimeError(
+            "ferry.Loader was created while a ferry worker imported the main script %s: put "
+            "the training code under `if __name__ == \"__main__\":` (workers import the "
+            "script to find the dataset class, as multiprocessing's spawn does)"
+            % _importing_main[0])
+
+
+def _import_main(main, argv):
+    """The trainer's main script as a module. In the trainer itself (thread
+    workers) that is __main__ as it is; in a worker process it is run as
+    __mp_main__ (its ``if __name__ == "__main__":`` part does not run),
+    with the trainer's sys.argv, as multiprocessing's spawn does."""
+    here = sys.modules.get("__main__")
+    if here is not None and os.path.abspath(getattr(here, "__file__", "") or "") == main:
+        return here
     mod = sys.modules.get("__mp_main__")
     if mod is not None:
         return mod
     import runpy
+    if argv:
+        sys.argv[:] = argv
     mod = types.ModuleType("__mp_main__")
-    mod.__dict__.update(runpy.run_path(main, run_name="__mp_main__"))
+    _importing_main.append(main)
+    try:
+        mod.__dict__.update(runpy.run_path(main, run_name="__mp_main__"))
+    finally:
+        _importing_main.pop()
     sys.modules["__mp_main__"] = sys.modules["__main__"] = mod
     return mod
 
@@ -166,7 +224,12 @@ def _import_main(main):
 def _resolve(module, qual, opts):
     remote = _policy["remote"]
     if remote:
-        if module == "__main__" or not _allowed(module):
+        hidden = [p for p in module.split(".") + qual.split(".") if p.startswith("_")]
+        if hidden:
+            raise PermissionError(
+                "this remote worker does not serve '%s:%s': it names private parts (%s)"
+                % (module, qual, ", ".join(hidden)))
+        if not _allowed(module):
             raise PermissionError(
                 "this remote worker does not serve module '%s' (allowed: %s; start it with "
                 "--allow-module PREFIX)" % (module, ", ".join(_policy["allow"]) or "none"))
@@ -177,7 +240,7 @@ def _resolve(module, qual, opts):
     if module == "__main__":
         if not opts.get("main"):
             raise ImportError("a dataset in __main__ needs the main script's path")
-        mod = _import_main(opts["main"])
+        mod = _import_main(opts["main"], opts.get("argv"))
     else:
         import importlib
         mod = importlib.import_module(module)
@@ -185,12 +248,18 @@ def _resolve(module, qual, opts):
     for part in qual.split("."):
         obj = getattr(obj, part)
     if remote:
-        # Nothing reached through an allowed module's imports (mypkg:os.system).
+        # Only a class or function defined where the spec says: nothing
+        # reached through the module's imports (mypkg:os.system) or through
+        # attributes of its objects (mypkg:instance.method).
         owner = getattr(obj, "__module__", None) or ""
         if not _allowed(owner):
             raise PermissionError(
                 "this remote worker does not serve '%s:%s': it comes from module '%s', which "
                 "is not allowed" % (module, qual, owner))
+        if owner != module or getattr(obj, "__qualname__", None) != qual:
+            raise PermissionError(
+                "this remote worker does not serve '%s:%s': that is not a class or function "
+                "defined by that name in that module" % (module, qual))
     return obj
 
 
@@ -214,11 +283,19 @@ def _fields(sample, layout, lead):
         named = [("0", sample)]
     out = []
     for name, v in named:
+        if len(name.encode()) > 63:
+            raise ValueError("field name '%s' is longer than 63 bytes" % name)
         a = _as_field_array(v)
         code = _DTYPES.get(a.dtype.str)
         if code is None:
-            raise TypeError("field '%s' has dtype %s; ferry carries bool, int8-64, uint8-64 "
-                            "and float16/32/64 in native byte order" % (name, a.dtype))
+            what = ("a %s" % type(v).__name__) if a.dtype == object else "dtype %s" % a.dtype
+            raise TypeError("field '%s' of item 0 is %s; a field is a number, a bool, bytes or "
+                            "an array of bool, int8-64, uint8-64 or float16/32/64 (native byte "
+                            "order), all items alike" % (name, what))
+        if lead and (a.ndim == 0 or a.shape[0] != 1):
+            raise ValueError("get_batch([0], 0) returned field '%s' with shape %s: each field "
+                             "needs the batch as its first dimension (here 1)"
+                             % (name, a.shape))
         shape = a.shape[1:] if lead else a.shape
         out.append((name, code, tuple(int(d) for d in shape)))
     return out
@@ -242,9 +319,9 @@ def open_dataset(args):
                          % args[:200])
     module, qual, rest = m.groups()
     opts = json.loads(rest) if rest.strip() else {}
-    if not isinstance(opts, dict) or set(opts) - {"kwargs", "path", "main"}:
+    if not isinstance(opts, dict) or set(opts) - {"kwargs", "path", "main", "argv"}:
         raise ValueError("the JSON after a python dataset's name is an object with keys "
-                         "kwargs, path and main")
+                         "kwargs, path, main and argv")
     kwargs = opts.get("kwargs") or {}
     target = _resolve(module, qual, opts)
     ds = target(**kwargs) if callable(target) and (isinstance(target, type) or kwargs or

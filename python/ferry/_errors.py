@@ -49,7 +49,10 @@ class BatchError(Error):
     _FORMAT = re.compile(
         r"^(?P<who>.*?) failed on index (?P<index>\d+) \(epoch (?P<epoch>\d+), "
         r"batch (?P<batch>\d+)\): (?P<rest>.*)$", re.S)
-    _EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<msg>.*)$")
+    # A batch as a whole: given up after worker deaths, or too large to send.
+    _WHOLE = re.compile(r"batch (?P<seq>\d+) \(epoch (?P<epoch>\d+), batch (?P<batch>\d+)[;)]")
+    _EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<msg>.*)$", re.S)
+    _TB = "\nTraceback (most recent call last):\n"
 
     def __init__(self, detail, code=None):
         super().__init__(detail, code)
@@ -57,16 +60,19 @@ class BatchError(Error):
         self.exc_type = self.exc_message = self.traceback = None
         m = self._FORMAT.match(detail)
         if not m:
+            w = self._WHOLE.search(detail)
+            if w:
+                self.epoch, self.batch_in_epoch = int(w["epoch"]), int(w["batch"])
             return
         w = re.search(r"worker (\d+)", m["who"])
         self.worker = int(w[1]) if w else None
         self.index, self.epoch = int(m["index"]), int(m["epoch"])
         self.batch_in_epoch = int(m["batch"])
-        rest = m["rest"]
-        first, _, tb = rest.partition("\n")
-        e = self._EXC.match(first)
-        if e and tb.startswith("Traceback"):
-            self.exc_type, self.exc_message, self.traceback = e["type"], e["msg"], tb
+        head, sep, tb = m["rest"].partition(self._TB)
+        e = self._EXC.match(head)
+        if e and sep:
+            self.exc_type, self.exc_message = e["type"], e["msg"]
+            self.traceback = sep.lstrip("\n") + tb
 
 
 class IndexOutOfRange(BatchError, IndexError):
@@ -101,8 +107,15 @@ class SpawnError(Error):
 
 
 class Timeout(Error, TimeoutError):
-    """A deadline passed: a batch past ``timeout``, workers not ready by
-    ``start_timeout_ms``, or ``next(timeout=...)`` with no batch ready."""
+    """A deadline passed: a batch past ``timeout`` (under
+    ``on_worker_death="fail"``, or with thread workers, which cannot be
+    killed: the loader cannot go on), or workers not ready by
+    ``start_timeout_ms``."""
+
+
+class NotReady(Timeout):
+    """``next(timeout=...)`` found no batch ready in time. Nothing changed:
+    call again."""
 
 
 class StateError(Error, ValueError):
@@ -129,7 +142,7 @@ _CLASSES = {
     "FERRY_EWORKER": WorkerError,
     "FERRY_ESPAWN": SpawnError,
     "FERRY_ETIMEDOUT": Timeout,
-    "FERRY_EAGAIN": Timeout,
+    "FERRY_EAGAIN": NotReady,
     "FERRY_ESTATE": StateError,
     "FERRY_ECLOSED": Closed,
     "FERRY_ELIMIT": LimitError,

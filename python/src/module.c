@@ -4,6 +4,8 @@
  */
 #include "module.h"
 
+#include <string.h>
+
 #include "ferry.h"
 
 PyObject *ferry_py_import_attr(const char *module, const char *name)
@@ -18,9 +20,14 @@ PyObject *ferry_py_import_attr(const char *module, const char *name)
 
 PyObject *ferry_py_raise(int code, const char *msg)
 {
-    PyObject *make = ferry_py_import_attr("ferry._errors", "make");
-    PyObject *exc = make ? PyObject_CallFunction(make, "is", code, msg ? msg : "") : NULL;
+    /* The C text may be cut inside a UTF-8 character: never let that turn
+     * the error into a UnicodeDecodeError. */
+    msg = msg ? msg : "";
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    PyObject *make = text ? ferry_py_import_attr("ferry._errors", "make") : NULL;
+    PyObject *exc = make ? PyObject_CallFunction(make, "iO", code, text) : NULL;
     Py_XDECREF(make);
+    Py_XDECREF(text);
     if (exc) {
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);

@@ -11,9 +11,11 @@
  * and collates the items straight into the buffers the worker loop hands
  * it, one memcpy per field per item, checking each against the schema.
  *
- * The worker loop runs with the GIL released; every callback here takes it
- * (PyGILState_Ensure), so the kind works in a `python -m ferry.worker`
- * process and in thread placement inside the trainer alike.
+ * The worker loop runs with the GIL released; open takes it
+ * (PyGILState_Ensure) and keeps the thread's Python state until close,
+ * each batch takes the GIL back with that state, so the kind works in a
+ * `python -m ferry.worker` process and in thread placement inside the
+ * trainer alike, and thread-local data lives as long as the dataset.
  *
  * worker_info(): what a dataset may ask about the worker calling it (its
  * index, the seed, the epoch being built) is kept per thread, since thread
@@ -39,6 +41,12 @@ typedef struct pyds {
     int nfields;
     ferry_field_spec fields[FERRY_MAX_FIELDS];
     PyObject *keys[FERRY_MAX_FIELDS]; /* LAYOUT_DICT: the item's keys */
+    PyObject *keys_tuple;             /* the same, for messages */
+    /* The worker thread's Python state, kept from open to close so that
+     * thread-local data (threading.local, contextvars) lives as long as
+     * the dataset: a thread worker is a thread Python did not start. */
+    PyGILState_STATE gil;
+    PyThreadState *tstate;
     size_t item_bytes[FERRY_MAX_FIELDS];
     uint32_t worker, nworkers;
     uint64_t seed;
@@ -124,6 +132,15 @@ static int read_schema(pyds *d, PyObject *fields, ferry_dataset_schema *schema, 
             return -1;
     }
     schema->nfields = d->nfields = (int)n;
+    if (d->layout == LAYOUT_DICT) {
+        d->keys_tuple = PyTuple_New(n);
+        if (!d->keys_tuple)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_INCREF(d->keys[i]);
+            PyTuple_SET_ITEM(d->keys_tuple, i, d->keys[i]);
+        }
+    }
     return FERRY_OK;
 }
 
@@ -131,6 +148,7 @@ static void pyds_free(pyds *d)
 {
     Py_XDECREF(d->obj);
     Py_XDECREF(d->get_batch);
+    Py_XDECREF(d->keys_tuple);
     for (int i = 0; i < FERRY_MAX_FIELDS; i++)
         Py_XDECREF(d->keys[i]);
     PyMem_RawFree(d);
@@ -179,9 +197,15 @@ static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
     }
 out:
     Py_XDECREF(res);
-    if (rc == FERRY_OK)
+    if (rc == FERRY_OK) {
+        /* Keep this thread's state (the Ensure stays open until close) and
+         * let the GIL go. */
+        d->gil = g;
+        d->tstate = PyEval_SaveThread();
         *handle = d;
-    else if (d)
+        return rc;
+    }
+    if (d)
         pyds_free(d);
     PyGILState_Release(g);
     return rc;
@@ -347,6 +371,14 @@ static PyObject *pick(const pyds *d, PyObject *x, int f)
 {
     switch (d->layout) {
     case LAYOUT_DICT:
+        if (f == 0 && PyMapping_Check(x) && PyObject_Size(x) != d->nfields) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError,
+                             "item has %zd fields, item 0 had %d (%R): every item needs the "
+                             "same keys",
+                             PyObject_Size(x), d->nfields, d->keys_tuple);
+            return NULL;
+        }
         return PyObject_GetItem(x, d->keys[f]);
     case LAYOUT_TUPLE:
         if (!PyTuple_Check(x) && !PyList_Check(x)) {
@@ -425,7 +457,7 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
                         ferry_dataset_error *err)
 {
     pyds *d = handle;
-    PyGILState_STATE g = PyGILState_Ensure();
+    PyEval_RestoreThread(d->tstate);
     current.active = 1;
     current.worker = d->worker;
     current.nworkers = d->nworkers;
@@ -437,14 +469,15 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
         rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
         take_exception(err->message, sizeof err->message);
     }
-    PyGILState_Release(g);
+    d->tstate = PyEval_SaveThread();
     return rc;
 }
 
 static void py_close(void *handle)
 {
-    PyGILState_STATE g = PyGILState_Ensure();
     pyds *d = handle;
+    PyEval_RestoreThread(d->tstate);
+    PyGILState_STATE g = d->gil;
     PyObject *close = PyObject_GetAttrString(d->obj, "close");
     if (close && PyCallable_Check(close)) {
         PyObject *r = PyObject_CallNoArgs(close);
