@@ -145,8 +145,8 @@ def describe_exception(exc, limit=511):
     name = t.__qualname__ if t.__module__ == "builtins" else "%s.%s" % (t.__module__,
                                                                          t.__qualname__)
     head = "%s: %s" % (name, exc)
-    if len(head) > limit // 2:
-        head = head[:limit // 2 - 3] + "..."
+    if len(head.encode("utf-8", "replace")) > limit // 2:
+        head = _fit(head, limit // 2 - 3) + "..."
     # The dataset's frames, not ferry's own (a refusal has none).
     own = os.path.dirname(os.path.abspath(__file__))
     frames = [f for f in traceback.extract_tb(exc.__traceback__)

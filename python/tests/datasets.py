@@ -75,3 +75,59 @@ class Missing:
         if i >= 8:
             raise IndexError("no item %d" % i)
         return np.int32(i)
+
+
+class Unicode:
+    """Raises on item 3 with a long non-ASCII, multi-line message."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise ValueError("é" * 300 + "\nsecond line")
+        return np.int64(i)
+
+
+class ExtraKey:
+    """Item 5 has a key item 0 lacks."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"a": i, "b": i} if i == 5 else {"a": i}
+
+
+class Crash:
+    """Kills its worker (SIGKILL) on item `at`, every time."""
+
+    def __init__(self, n, at):
+        self.n, self.at = n, at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.int64(i)
+
+
+class PerThread:
+    """How many times this thread's threading.local was set up."""
+
+    _local = __import__("threading").local()
+    _made = [0]
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if not hasattr(self._local, "handle"):
+            self._made[0] += 1
+            self._local.handle = self._made[0]
+        return np.int64(self._local.handle)
+
+
+DEFAULT = Items(n=10)  # a module-level instance: its methods are not datasets
