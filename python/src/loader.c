@@ -307,7 +307,8 @@ static ferry_loader *usable(LoaderObject *self)
     }
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError,
-                        "the loader is in use by another thread (a loader is used from one "
+                        "the loader is busy in next(): called from another thread, or from a "
+                        "signal handler that ran during next() (a loader is used from one "
                         "thread at a time)");
         return NULL;
     }
