@@ -92,7 +92,7 @@ def test_thread_workers_keep_their_thread_local_data():
 
 
 def test_close_from_another_thread_during_next_changes_nothing():
-    with ferry.Loader(Items, dataset_kwargs={"n": 4, "slow_ms": 1500, "slow_from": 1},
+    with ferry.Loader(Items, dataset_kwargs={"n": 4, "slow_ms": 3000, "slow_from": 1},
                       batch_size=1, workers=1, prefetch=1) as ld:
         ld.next()
         errors = []
@@ -108,7 +108,7 @@ def test_close_from_another_thread_during_next_changes_nothing():
         t = threading.Thread(target=closer)
         t.start()
         started.set()
-        b = ld.next()  # waits about 1.5 s for item 1; the close lands meanwhile
+        b = ld.next()  # waits about 3 s for item 1; the close lands meanwhile
         t.join(10)
         assert b.indices.tolist() == [1]
         assert errors and "next()" in str(errors[0]) and not ld.closed
