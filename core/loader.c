@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "ferry_dataset.h"
 #include "config.h"
 #include "error.h"
 #include "scheduler.h"
@@ -123,6 +124,25 @@ int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *batches_per
     if (!ld)
         return ferry__seterr(FERRY_EINVAL, "loader must not be NULL");
     return ferry__window_length(ld->win, items, batches_per_epoch);
+}
+
+int ferry_loader_schema(ferry_loader *ld, ferry_dataset_schema *out)
+{
+    if (!ld || !out)
+        return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
+    const ferry__schema *sc = ferry__scheduler_schema(ld->sched);
+    memset(out, 0, sizeof *out);
+    out->nfields = (int)sc->nfields;
+    for (uint32_t f = 0; f < sc->nfields; f++) {
+        const ferry__item_field *in = &sc->fields[f];
+        ferry_field_spec *o = &out->fields[f];
+        memcpy(o->name, in->name, sizeof o->name);
+        o->dtype = in->dtype;
+        o->ndim = in->ndim;
+        for (int d = 0; d < in->ndim; d++)
+            o->shape[d] = in->shape[d];
+    }
+    return FERRY_OK;
 }
 
 int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len)

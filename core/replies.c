@@ -197,8 +197,10 @@ static void maybe_start(ferry__scheduler *s, uint32_t ready)
 static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
 {
     const ferry__ready *r = &s->in.u.ready;
-    s->n = r->length;
-    s->schema = r->schema;
+    if (!s->schema.nfields) { /* set once: the trainer reads it after open */
+        s->n = r->length;
+        s->schema = r->schema;
+    }
     w->p.state = FERRY__PEER_READY;
     uint32_t ready = ferry__window_add_workers(s->win, +1);
     s->idle_since_ms = 0;

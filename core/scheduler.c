@@ -434,6 +434,11 @@ const char *ferry__scheduler_endpoint(const ferry__scheduler *s)
     return s->remote ? ferry__remote_endpoint(s->remote) : NULL;
 }
 
+const ferry__schema *ferry__scheduler_schema(const ferry__scheduler *s)
+{
+    return &s->schema;
+}
+
 pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i)
 {
     return i < s->nlocal ? ferry__pool_pid(s->pool, i) : 0;

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include "config.h"
+#include "protocol.h"
 #include "window.h"
 
 typedef struct ferry__scheduler ferry__scheduler;
@@ -37,6 +38,10 @@ void ferry__scheduler_wake(void *s);
 
 /* The remote endpoint as bound, or NULL without `bind`. */
 const char *ferry__scheduler_endpoint(const ferry__scheduler *s);
+
+/* The dataset's schema, fixed by the first READY before the run starts
+ * (and never written after): safe to read once open has returned. */
+const ferry__schema *ferry__scheduler_schema(const ferry__scheduler *s);
 
 /* Local worker i's pid (0 for a thread or while it is being replaced).
  * Any thread. */

@@ -171,6 +171,12 @@ FERRY_API int ferry_loader_next_timeout(ferry_loader *ld, ferry_batch **out, int
  * this rank. */
 FERRY_API int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *batches_per_epoch);
 
+/* The dataset's schema: each field's name, dtype and the shape of one item
+ * (the batch dimension left out), as the workers reported it before open
+ * returned. The struct is defined in ferry_dataset.h. */
+typedef struct ferry_dataset_schema ferry_dataset_schema;
+FERRY_API int ferry_loader_schema(ferry_loader *ld, ferry_dataset_schema *out);
+
 /* Saves the stream position after the last batch delivered, as a blob of at
  * most FERRY_STATE_MAX bytes. Only in in_order mode (FERRY_EINVAL otherwise).
  * FERRY_ELIMIT if `cap` is too small (*len says how much is needed). */

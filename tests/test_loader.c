@@ -23,6 +23,7 @@
 #include <zmq.h>
 
 #include "ferry.h"
+#include "ferry_dataset.h"
 #include "harness.h"
 #include "protocol.h"
 #include "sampler.h"
@@ -422,6 +423,28 @@ static void test_open_fails_when_worker_program_is_missing(void **state)
     ft_end(&snap);
 }
 
+static void test_schema_is_known_before_the_first_batch(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_loader *ld = ft_open_ok(make_cfg("process", 2, 4, 16, synthetic_spec()));
+    ferry_dataset_schema sc;
+    memset(&sc, 0x5A, sizeof sc);
+    assert_int_equal(ferry_loader_schema(ld, &sc), FERRY_OK);
+    assert_int_equal(sc.nfields, 2);
+    assert_string_equal(sc.fields[0].name, "x");
+    assert_int_equal(sc.fields[0].dtype, FERRY_DTYPE_U8);
+    assert_int_equal(sc.fields[0].ndim, 1);
+    assert_int_equal(sc.fields[0].shape[0], DIM);
+    assert_string_equal(sc.fields[1].name, "y");
+    assert_int_equal(sc.fields[1].dtype, FERRY_DTYPE_I64);
+    assert_int_equal(sc.fields[1].ndim, 0);
+    assert_int_equal(ferry_loader_schema(ld, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
 /* worker_args go between the program and ferry's own arguments: here the
  * program is env(1), which sets a variable and runs ferry-worker. */
 static void test_worker_args_come_before_ferrys_own(void **state)
@@ -788,6 +811,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_args_come_before_ferrys_own),
+        cmocka_unit_test(test_schema_is_known_before_the_first_batch),
         cmocka_unit_test(test_bad_options_are_rejected_by_name),
         cmocka_unit_test(test_every_index_once_in_order_with_processes),
         cmocka_unit_test(test_every_index_once_in_order_with_threads),

@@ -368,6 +368,14 @@ class Loader:
         return self._c.held if self._c is not None else 0
 
     @property
+    def schema(self):
+        """Each field's numpy dtype and the shape of one item (the batch
+        dimension left out), known before the first batch:
+        ``{"x": (dtype('uint8'), (28, 28)), "y": (dtype('int64'), ())}``."""
+        return {name: (np.dtype(_dataset.DTYPE_NAMES[code]), shape)
+                for name, code, shape in self._live().schema()}
+
+    @property
     def num_items(self):
         """Items in the dataset."""
         return self._len[0]

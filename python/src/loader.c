@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "ferry.h"
+#include "ferry_dataset.h"
 
 /* The longest next() waits without looking at signals. */
 #define SLICE_MS 50
@@ -425,6 +426,38 @@ static PyObject *loader_length(LoaderObject *self, PyObject *unused)
     return Py_BuildValue("(KK)", (unsigned long long)items, (unsigned long long)batches);
 }
 
+/* schema() -> [(name, dtype code, item shape), ...] */
+static PyObject *loader_schema(LoaderObject *self, PyObject *unused)
+{
+    ferry_loader *ld = usable(self);
+    ferry_dataset_schema sc;
+    if (!ld)
+        return NULL;
+    int rc = ferry_loader_schema(ld, &sc);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    PyObject *out = PyList_New(sc.nfields);
+    for (int f = 0; out && f < sc.nfields; f++) {
+        PyObject *shape = PyTuple_New(sc.fields[f].ndim);
+        for (int d = 0; shape && d < sc.fields[f].ndim; d++) {
+            PyObject *n = PyLong_FromLongLong(sc.fields[f].shape[d]);
+            if (!n) {
+                Py_CLEAR(shape);
+                break;
+            }
+            PyTuple_SET_ITEM(shape, d, n);
+        }
+        PyObject *item =
+            shape ? Py_BuildValue("(siN)", sc.fields[f].name, (int)sc.fields[f].dtype, shape) : NULL;
+        if (!item) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, f, item);
+    }
+    return out;
+}
+
 /* state() -> bytes: the resume blob after the last batch delivered. */
 static PyObject *loader_state(LoaderObject *self, PyObject *unused)
 {
@@ -502,6 +535,7 @@ static PyMethodDef loader_methods[] = {
     {"close", (PyCFunction)loader_close, METH_NOARGS, "stop the workers and free everything"},
     {"length", (PyCFunction)loader_length, METH_NOARGS, "(items, batches_per_epoch)"},
     {"state", (PyCFunction)loader_state, METH_NOARGS, "resume blob (bytes)"},
+    {"schema", (PyCFunction)loader_schema, METH_NOARGS, "[(name, dtype code, item shape)]"},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
     {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},
     {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},

@@ -35,6 +35,14 @@ def test_epochs_len_and_one_epoch_per_for():
             assert seen == list(range(10))
 
 
+def test_schema_before_the_first_batch():
+    with ferry.Loader(Items, dataset_kwargs={"n": 10}, batch_size=5, workers=1) as ld:
+        assert ld.schema == {"x": (np.dtype("float32"), (3,)), "y": (np.dtype("int64"), ())}
+        b = ld.next()
+        for name, (dtype, shape) in ld.schema.items():
+            assert b[name].dtype == dtype and b[name].shape[1:] == shape
+
+
 def test_stream_runs_across_epochs_to_max_batches():
     with ferry.Loader(SYN, batch_size=300, workers=2, max_batches=9) as ld:
         got = [(b.epoch, b.index_in_epoch, b.size) for b in ld.stream()]
