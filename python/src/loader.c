@@ -542,6 +542,11 @@ static PyMethodDef loader_methods[] = {
     {NULL},
 };
 
+static PyObject *loader_busy(LoaderObject *self, void *unused)
+{
+    return PyBool_FromLong(self->busy);
+}
+
 static PyObject *loader_held(LoaderObject *self, void *unused)
 {
     return PyLong_FromLong(self->held ? self->held->live : 0);
@@ -556,6 +561,7 @@ static PyMemberDef loader_members[] = {
 static PyGetSetDef loader_getset[] = {
     {"closed", (getter)loader_closed, NULL, "whether close() ran", NULL},
     {"held", (getter)loader_held, NULL, "batches delivered and still alive", NULL},
+    {"busy", (getter)loader_busy, NULL, "a thread is waiting in next() or close()", NULL},
     {NULL},
 };
 

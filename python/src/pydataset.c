@@ -144,6 +144,17 @@ static int read_schema(pyds *d, PyObject *fields, ferry_dataset_schema *schema, 
     return FERRY_OK;
 }
 
+/* Says, for worker_info(), that this thread is d's worker, building a
+ * batch of `epoch` with `seed`. */
+static void set_current(const pyds *d, uint64_t seed, uint64_t epoch)
+{
+    current.active = 1;
+    current.worker = d->worker;
+    current.nworkers = d->nworkers;
+    current.seed = seed;
+    current.epoch = epoch;
+}
+
 static void pyds_free(pyds *d)
 {
     Py_XDECREF(d->obj);
@@ -169,11 +180,7 @@ static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
     d->worker = ctx->worker_index;
     d->nworkers = ctx->num_workers;
     d->seed = ctx->seed;
-    current.active = 1;
-    current.worker = d->worker;
-    current.nworkers = d->nworkers;
-    current.seed = d->seed;
-    current.epoch = 0;
+    set_current(d, d->seed, 0);
     PyObject *fn = ferry_py_import_attr("ferry._dataset", "open_dataset");
     res = fn ? PyObject_CallFunction(fn, "s", args) : NULL;
     Py_XDECREF(fn);
@@ -216,16 +223,23 @@ static uint64_t py_length(void *handle)
     return ((pyds *)handle)->length;
 }
 
-/* numpy.asarray(x) (numpy.ascontiguousarray when `contiguous`); new ref.
- * The two functions are looked up once and kept for the process. */
+/* Attribute `name` of module `module`, looked up once and kept for the
+ * process (a borrowed reference), or NULL with an exception. For the
+ * functions called on every batch. */
+static PyObject *cached_attr(PyObject **slot, const char *module, const char *name)
+{
+    if (!*slot)
+        *slot = ferry_py_import_attr(module, name);
+    return *slot;
+}
+
+/* numpy.asarray(x) (numpy.ascontiguousarray when `contiguous`); new ref. */
 static PyObject *as_array(PyObject *x, int contiguous)
 {
     static PyObject *fns[2];
-    if (!fns[contiguous] &&
-        !(fns[contiguous] =
-              ferry_py_import_attr("numpy", contiguous ? "ascontiguousarray" : "asarray")))
-        return NULL;
-    return PyObject_CallOneArg(fns[contiguous], x);
+    PyObject *fn = cached_attr(&fns[contiguous], "numpy",
+                               contiguous ? "ascontiguousarray" : "asarray");
+    return fn ? PyObject_CallOneArg(fn, x) : NULL;
 }
 
 /* A Python int, float or bool item in a scalar field of the matching dtype
@@ -421,7 +435,8 @@ static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[
     err->index = req->count ? req->indices[0] : 0;
     PyObject *raw = PyBytes_FromStringAndSize((const char *)req->indices,
                                               (Py_ssize_t)(req->count * sizeof(uint64_t)));
-    PyObject *fn = raw ? ferry_py_import_attr("ferry._dataset", "indices_array") : NULL;
+    static PyObject *indices_array;
+    PyObject *fn = raw ? cached_attr(&indices_array, "ferry._dataset", "indices_array") : NULL;
     PyObject *idx = fn ? PyObject_CallOneArg(fn, raw) : NULL;
     PyObject *res = idx ? PyObject_CallFunction(d->get_batch, "OK", idx,
                                                 (unsigned long long)req->epoch)
@@ -429,7 +444,6 @@ static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[
     int rc = res ? copy_fields(d, res, (long long)req->count, 0, dst, err) : PYERR;
     Py_XDECREF(res);
     Py_XDECREF(idx);
-    Py_XDECREF(fn);
     Py_XDECREF(raw);
     return rc;
 }
@@ -458,11 +472,7 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
 {
     pyds *d = handle;
     PyEval_RestoreThread(d->tstate);
-    current.active = 1;
-    current.worker = d->worker;
-    current.nworkers = d->nworkers;
-    current.seed = req->seed;
-    current.epoch = req->epoch;
+    set_current(d, req->seed, req->epoch);
     err->message[0] = '\0';
     int rc = d->get_batch ? whole_batch(d, req, dst, err) : item_by_item(d, req, dst, err);
     if (rc == PYERR) {

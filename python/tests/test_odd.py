@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -96,10 +97,12 @@ def test_close_from_another_thread_during_next_changes_nothing():
                       batch_size=1, workers=1, prefetch=1) as ld:
         ld.next()
         errors = []
-        started = threading.Event()
 
         def closer():
-            started.wait(10)
+            # Only once the trainer thread is inside next(), waiting.
+            deadline = time.monotonic() + 10
+            while not ld._c.busy and time.monotonic() < deadline:
+                time.sleep(0.001)
             try:
                 ld.close()
             except RuntimeError as e:
@@ -107,8 +110,7 @@ def test_close_from_another_thread_during_next_changes_nothing():
 
         t = threading.Thread(target=closer)
         t.start()
-        started.set()
-        b = ld.next()  # waits about 3 s for item 1; the close lands meanwhile
+        b = ld.next()  # waits about 3 s for item 1; the close comes meanwhile
         t.join(10)
         assert b.indices.tolist() == [1]
         assert errors and "next()" in str(errors[0]) and not ld.closed
@@ -137,12 +139,14 @@ def test_options_are_checked_before_anything_starts():
         ferry.Loader(SYN, timeout="5")
     with pytest.raises(TypeError, match="dataset_kwargs"):
         ferry.Loader(Items(3))
-    with ferry.Loader(SYN, batch_size=np.int64(25), workers=1, timeout=0.0004) as ld:
+    # A sub-millisecond deadline rounds up to 1 ms; it never turns into 0 (off).
+    assert ferry._seconds("timeout", 0.0004) == 1 and ferry._seconds("timeout", 0) == 0
+    assert ferry._seconds("timeout", float("inf")) is None
+    with pytest.raises(ValueError, match="timeout"):
+        ferry._seconds("timeout", -1)
+    with ferry.Loader(SYN, batch_size=np.int64(25), workers=1) as ld:
         assert len(ld) == 4
-        with pytest.raises(ferry.NotReady):
-            while True:  # drain what is ready, then find none ready at once
-                ld.next(timeout=0)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="timeout"):
             ld.next(timeout=-1)
 
 
