@@ -94,8 +94,14 @@ typedef enum ferry_dtype {
 
 /* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
 FERRY_API size_t ferry_dtype_size(int dtype);
-/* numpy-style short name ("u1", "f4", ...), or NULL for an unknown dtype. */
+/* The dtype's name, as numpy names it: "uint8", "int8", "uint16", "int16",
+ * "uint32", "int32", "uint64", "int64", "float16", "float32", "float64",
+ * "bool"; NULL for an unknown dtype. These names are the one convention
+ * everywhere in ferry (messages, tools, Python); numpy's type strings ("<f4")
+ * are read only where numpy's own headers are (npy files). */
 FERRY_API const char *ferry_dtype_name(int dtype);
+/* The dtype named `name` (one of the names above), or 0 for none. */
+FERRY_API int ferry_dtype_from_name(const char *name);
 
 #define FERRY_MAX_DIMS 8
 #define FERRY_MAX_FIELDS 16
@@ -111,6 +117,7 @@ typedef struct ferry_tensor {
     int64_t shape[FERRY_MAX_DIMS];
     const void *data;
     size_t nbytes;
+    uint64_t reserved[4]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_tensor;
 
 /* ----------------------------------------------------------------------------
@@ -127,6 +134,24 @@ FERRY_API void ferry_config_free(ferry_config *cfg);
 FERRY_API int ferry_config_set(ferry_config *cfg, const char *key, const char *value);
 /* Sets an integer or boolean option. Same errors as ferry_config_set. */
 FERRY_API int ferry_config_set_int(ferry_config *cfg, const char *key, int64_t value);
+/* Where the loader's messages go: worker deaths and restarts, remote workers
+ * joining, lost or refused, warnings (plain TCP without CURVE, a worker thread
+ * that did not stop). One call per event, one line (no newline) with its
+ * level. The callback runs on the loader's own threads, never inside the
+ * caller's ferry_loader_next(); it must return quickly and must not call
+ * into the loader. Without one, messages at `log_level` and above go to
+ * stderr as "ferry: LEVEL: message". fn NULL restores that. */
+typedef enum ferry_log_level {
+    FERRY_LOG_DEBUG = 10,
+    FERRY_LOG_INFO = 20,
+    FERRY_LOG_WARN = 30,
+    FERRY_LOG_ERROR = 40,
+} ferry_log_level;
+typedef void (*ferry_log_fn)(void *user, int level, const char *message);
+FERRY_API int ferry_config_set_log(ferry_config *cfg, ferry_log_fn fn, void *user);
+/* "debug", "info", "warn", "error"; NULL for another level. */
+FERRY_API const char *ferry_log_level_name(int level);
+
 /* Resume from a blob saved by ferry_loader_state(): the loader then starts
  * with the batch after the last one delivered when the state was saved. The
  * blob is copied. Checked against the dataset and options at open
@@ -198,6 +223,7 @@ typedef struct ferry_stats {
     uint64_t rejected;   /* remote workers refused: key not allowed, bad HELLO or READY, full */
     uint32_t workers;    /* workers alive and ready, local and remote */
     uint32_t in_flight;  /* dispatched, not yet delivered */
+    uint64_t reserved[16]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_stats;
 
 /* A snapshot of the loader's counters; safe while another thread is in
@@ -231,6 +257,15 @@ typedef struct ferry_batch_info {
     uint32_t size;     /* items in this batch */
     int last_in_epoch; /* 1 for the last batch of its epoch */
     uint32_t worker;   /* index of the worker that built it */
+    uint32_t attempts; /* workers it was sent to (1 unless a worker died on it) */
+    uint64_t make_ns;  /* the worker's time to build it: the dataset's calls
+                          and packing, from the task's arrival to the reply */
+    uint64_t flight_ns; /* from dispatch to its arrival at the loader (make_ns,
+                           the queue at the worker and both transfers) */
+    uint64_t ready_ns;  /* from its arrival to its delivery by next(): how long
+                           it waited for the trainer (or for batches before
+                           it, in order) */
+    uint64_t reserved[8]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_batch_info;
 
 FERRY_API void ferry_batch_get_info(const ferry_batch *b, ferry_batch_info *info);
