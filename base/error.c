@@ -93,17 +93,30 @@ size_t ferry_dtype_size(int dtype)
     return 0;
 }
 
+/* numpy's names: the one spelling of a dtype in ferry (see ferry.h). */
+static const char *const dtype_names[] = {
+    [FERRY_DTYPE_U8] = "uint8",     [FERRY_DTYPE_I8] = "int8",
+    [FERRY_DTYPE_U16] = "uint16",   [FERRY_DTYPE_I16] = "int16",
+    [FERRY_DTYPE_U32] = "uint32",   [FERRY_DTYPE_I32] = "int32",
+    [FERRY_DTYPE_U64] = "uint64",   [FERRY_DTYPE_I64] = "int64",
+    [FERRY_DTYPE_F16] = "float16",  [FERRY_DTYPE_F32] = "float32",
+    [FERRY_DTYPE_F64] = "float64",  [FERRY_DTYPE_BOOL] = "bool",
+};
+#define DTYPE_COUNT ((int)(sizeof dtype_names / sizeof dtype_names[0]))
+
 const char *ferry_dtype_name(int dtype)
 {
-    static const char *const names[] = {
-        [FERRY_DTYPE_U8] = "u1",  [FERRY_DTYPE_I8] = "i1",  [FERRY_DTYPE_U16] = "u2",
-        [FERRY_DTYPE_I16] = "i2", [FERRY_DTYPE_U32] = "u4", [FERRY_DTYPE_I32] = "i4",
-        [FERRY_DTYPE_U64] = "u8", [FERRY_DTYPE_I64] = "i8", [FERRY_DTYPE_F16] = "f2",
-        [FERRY_DTYPE_F32] = "f4", [FERRY_DTYPE_F64] = "f8", [FERRY_DTYPE_BOOL] = "b1",
-    };
-    if (dtype <= 0 || dtype >= (int)(sizeof names / sizeof names[0]))
+    if (dtype <= 0 || dtype >= DTYPE_COUNT)
         return NULL;
-    return names[dtype];
+    return dtype_names[dtype];
+}
+
+int ferry_dtype_from_name(const char *name)
+{
+    for (int d = 1; name && d < DTYPE_COUNT; d++)
+        if (strcmp(dtype_names[d], name) == 0)
+            return d;
+    return 0;
 }
 
 int ferry__syserr(int code, const char *what, int e)

@@ -40,6 +40,7 @@ struct ferry_batch {
     char names[FERRY_MAX_FIELDS][FERRY_NAME_MAX];
     ferry__batch_backing backing; /* release == NULL once given back */
     void *copy;                   /* aligned copy, when realigned */
+    uint64_t arrived_ns;          /* when the loader received it */
     uint64_t indices[];           /* info.size entries */
 };
 

@@ -330,12 +330,16 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
         on_wrong_batch(s, w, e, why);
         return;
     }
+    uint64_t now = ferry__now_ns();
     ferry_batch_info info = {.epoch = e->t.epoch,
                              .batch_in_epoch = e->t.batch_in_epoch,
                              .seq = e->t.seq,
                              .size = e->t.count,
                              .last_in_epoch = e->t.last_in_epoch,
-                             .worker = w->p.index};
+                             .worker = w->p.index,
+                             .attempts = e->sends,
+                             .make_ns = h->make_ns,
+                             .flight_ns = now - e->sent_ns};
     ferry_tensor fields[FERRY_MAX_FIELDS];
     ferry__batch_backing backing = {.release = ferry__zsock_payload_release};
     ferry_batch *b = NULL;
@@ -346,6 +350,8 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
         rc = ferry__batch_new(&b, fields, (int)h->nfields, &info, e->indices, backing);
         if (rc != FERRY_OK)
             ferry__zsock_payload_release(backing.ctx);
+        else
+            b->arrived_ns = now;
     }
     if (rc != FERRY_OK) {
         ferry__window_fail(s->win, FERRY_ENOMEM, "out of memory receiving a batch");

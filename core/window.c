@@ -362,6 +362,7 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
     e->id = t.seq << SLOT_BITS | (uint64_t)slot_of(win, e);
     e->worker = NONE;
     e->attempts = 0;
+    e->sends = 0;
     win->in_flight++;
     win->next_seq++;
     win->st.dispatched++;
@@ -379,6 +380,8 @@ void ferry__window_sent(ferry__window *win, ferry__window_entry *e, uint32_t wor
 {
     worker_tasks *wt = &win->workers[worker];
     e->worker = (int32_t)worker;
+    e->sends++;
+    e->sent_ns = ferry__now_ns();
     if (wt->sent.n == 0)
         wt->busy_ms = now_ms;
     list_push(win, &wt->sent, slot_of(win, e));
@@ -544,6 +547,7 @@ static int deliver_unlock(ferry__window *win, ferry__window_entry *e, ferry_batc
         free(msg);
         return err;
     }
+    b->info.ready_ns = ferry__now_ns() - b->arrived_ns;
     *out = b;
     return FERRY_OK;
 }

@@ -355,6 +355,7 @@ static int fill_batch(worker_session *w, const ferry__task *t, void **dst,
 static int on_task(worker_session *w, zmq_msg_t *task_payload)
 {
     const ferry__task t = w->in.u.task;
+    uint64_t t0 = ferry__now_ns();
     if (!w->ds_open)
         return send_fail(w, t.id, FERRY_EDATASET, 0, "worker has no open dataset");
     if (take_indices(w, &t, task_payload) != FERRY_OK)
@@ -374,6 +375,7 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
         return send_fail(w, t.id, rc, derr.index, derr.message);
     }
     w->out.type = FERRY__MSG_BATCH;
+    w->out.u.batch.make_ns = ferry__now_ns() - t0;
     rc = send_msg(w, &payload, 0);
     if (rc != FERRY_OK)
         zmq_msg_close(&payload);

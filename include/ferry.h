@@ -257,7 +257,8 @@ typedef struct ferry_batch_info {
     uint32_t size;     /* items in this batch */
     int last_in_epoch; /* 1 for the last batch of its epoch */
     uint32_t worker;   /* index of the worker that built it */
-    uint32_t attempts; /* workers it was sent to (1 unless a worker died on it) */
+    uint32_t attempts; /* workers it was sent to: 1, or more when a worker
+                          holding it died or was given up */
     uint64_t make_ns;  /* the worker's time to build it: the dataset's calls
                           and packing, from the task's arrival to the reply */
     uint64_t flight_ns; /* from dispatch to its arrival at the loader (make_ns,

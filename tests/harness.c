@@ -564,6 +564,11 @@ ferry_stats ft_stats(ferry_loader *ld)
     return st;
 }
 
+int ft_completed_at_least(const ferry_stats *st, uint64_t n)
+{
+    return st->completed >= n;
+}
+
 int64_t ft_wait_stats(ferry_loader *ld, ft_stats_pred pred, uint64_t arg, uint64_t ms)
 {
     uint64_t t0 = ft_now_ms();

@@ -177,6 +177,9 @@ typedef int (*ft_stats_pred)(const ferry_stats *st, uint64_t arg);
 /* Polls the loader's stats until pred(stats, arg) holds; returns the ms it
  * took, or -1 if it did not within `ms`. */
 int64_t ft_wait_stats(ferry_loader *ld, ft_stats_pred pred, uint64_t arg, uint64_t ms);
+/* A predicate for ft_wait_stats: at least `n` batches (or failures) came
+ * back from workers. */
+int ft_completed_at_least(const ferry_stats *st, uint64_t n);
 
 /* Asserts rc == want and that ferry_last_error() holds every string of the
  * NULL-terminated list `words`. */

@@ -516,11 +516,6 @@ static void test_next_loader_removes_a_killed_trainers_ipc_directory(void **stat
  */
 
 /* For ft_wait_stats: at least `n` batches (or failures) received. */
-static int completed_at_least(const ferry_stats *st, uint64_t n)
-{
-    return st->completed >= n;
-}
-
 static void test_close_is_bounded_with_hung_stopped_or_deaf_workers(void **state)
 {
     (void)state;
@@ -537,7 +532,7 @@ static void test_close_is_bounded_with_hung_stopped_or_deaf_workers(void **state
         assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
         ferry_batch_release(b);
         /* Let the hang happen: batch 1 holds index 20. */
-        ft_wait_stats(ld, completed_at_least, 1, 5000);
+        ft_wait_stats(ld, ft_completed_at_least, 1, 5000);
         ft_close_within(ld, 300 + 300 + 2000);
         ft_end(&snap);
     }
@@ -669,8 +664,8 @@ static void test_open_fails_at_once_for_a_worker_of_another_version(void **state
     static const struct {
         const char *script, *words;
     } cases[] = {
-        {"version=1", "protocol version 1 worker, version 2 loader"},
-        {"version=3", "protocol version 3 worker, version 2 loader"},
+        {"version=1", "protocol version 1 worker, version 3 loader"},
+        {"version=4", "protocol version 4 worker, version 3 loader"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ft_snapshot snap;
@@ -715,7 +710,7 @@ static void test_local_wrong_batch_fails_that_batch_only(void **state)
         if (k == 2) {
             print_message("%s\n", ferry_last_error());
             FT_EXPECT_ERROR(rc, FERRY_EBATCH, "worker 0 (pid ", "batch 2 (epoch 0, batch 2)",
-                            "field 0 'x' is i1, not u1", NULL);
+                            "field 0 'x' is int8, not uint8", NULL);
             continue;
         }
         if (rc != FERRY_OK)

@@ -445,6 +445,46 @@ static void test_schema_is_known_before_the_first_batch(void **state)
     ft_end(&snap);
 }
 
+/* Each batch says how long its worker took to make it (here at least the
+ * dataset's cost_us per item), how long it was on its way, and how long it
+ * then waited in the window for the trainer: a batch that arrived while the
+ * trainer was busy for 30 ms reports at least those 30 ms. */
+static void test_batch_says_how_long_it_took_and_waited(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_loader *ld =
+        ft_open_ok(make_cfg("process", 1, 4, 8, "synthetic:n=64,dim=8,cost_us=500"));
+    ferry_batch *b;
+    ferry_batch_info info;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    memset(&info, 0x5A, sizeof info);
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.attempts, 1);
+    assert_true(info.make_ns >= 8 * 500 * 1000ull);
+    assert_true(info.make_ns < 10ull * 1000 * 1000 * 1000);
+    assert_true(info.flight_ns >= info.make_ns);
+    for (size_t i = 0; i < sizeof info.reserved / sizeof info.reserved[0]; i++)
+        assert_true(info.reserved[i] == 0);
+    ferry_batch_release(b);
+    /* Batch 1 is in the window once completed reaches 2. */
+    assert_true(ft_wait_stats(ld, ft_completed_at_least, 2, 10000) >= 0);
+    uint64_t busy_from = ft_now_ms();
+    while (ft_now_ms() < busy_from + 30)
+        ; /* the trainer's step */
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_get_info(b, &info);
+    printf("batch 1: make %.2f ms, flight %.2f ms, ready %.2f ms\n", info.make_ns / 1e6,
+           info.flight_ns / 1e6, info.ready_ns / 1e6);
+    assert_int_equal(info.seq, 1);
+    assert_true(info.ready_ns >= 30ull * 1000 * 1000);
+    assert_true(info.ready_ns < 10ull * 1000 * 1000 * 1000);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
 /* worker_args go between the program and ferry's own arguments: here the
  * program is env(1), which sets a variable and runs ferry-worker. */
 static void test_worker_args_come_before_ferrys_own(void **state)
@@ -812,6 +852,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_args_come_before_ferrys_own),
         cmocka_unit_test(test_schema_is_known_before_the_first_batch),
+        cmocka_unit_test(test_batch_says_how_long_it_took_and_waited),
         cmocka_unit_test(test_bad_options_are_rejected_by_name),
         cmocka_unit_test(test_every_index_once_in_order_with_processes),
         cmocka_unit_test(test_every_index_once_in_order_with_threads),

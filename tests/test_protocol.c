@@ -119,6 +119,7 @@ static void sample_batch(ferry__batch_hdr *b, int variant)
     if (variant == TYPICAL) {
         static const int64_t xs[] = {4, 3, 2}, ys[] = {4};
         b->id = 9;
+        b->make_ns = 1234567;
         b->count = 4;
         b->nfields = 2;
         set_field(&b->fields[0], "x", FERRY_DTYPE_F32, xs, 3, 0);   /* 96 bytes */
@@ -126,6 +127,7 @@ static void sample_batch(ferry__batch_hdr *b, int variant)
         return;
     }
     b->id = UINT64_MAX;
+    b->make_ns = UINT64_MAX;
     b->count = FERRY__MAX_BATCH;
     b->nfields = FERRY_MAX_FIELDS;
     for (int i = 0; i < FERRY_MAX_FIELDS; i++) {
@@ -231,7 +233,7 @@ static void sample(ferry__msg *m, ferry__msg_type type, int variant)
         if (ext)
             set_str(m->u.refuse.reason, FERRY__TEXT_MAX - 1, 'r');
         else
-            strcpy(m->u.refuse.reason, "protocol version 3 worker, version 2 loader");
+            strcpy(m->u.refuse.reason, "protocol version 4 worker, version 3 loader");
         break;
     case FERRY__MSG_HEARTBEAT:
     case FERRY__MSG_STOP:
@@ -540,7 +542,7 @@ static void test_hello_and_refuse_are_frozen(void **state)
         "\xa7program\xb2"
         "ferry-worker 0.1.0";
     static const char refuse[] = "\x83\xa4type\x0a\xa7version\x02\xa6reason\xd9\x2b"
-                                 "protocol version 3 worker, version 2 loader";
+                                 "protocol version 4 worker, version 3 loader";
     ferry__msg m, out;
     char buf[FERRY__HDR_MAX];
     memset(&m, 0, sizeof m);
@@ -557,7 +559,7 @@ static void test_hello_and_refuse_are_frozen(void **state)
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_REFUSE;
     m.u.refuse.version = 2;
-    strcpy(m.u.refuse.reason, "protocol version 3 worker, version 2 loader");
+    strcpy(m.u.refuse.reason, "protocol version 4 worker, version 3 loader");
     len = encode_ok(&m, buf, sizeof buf);
     assert_int_equal(len, sizeof refuse - 1);
     assert_memory_equal(buf, refuse, len);
@@ -607,6 +609,7 @@ static const struct key_path {
     {FERRY__MSG_TASK, "count", 'U', "count"},
     {FERRY__MSG_BATCH, "id", 'U', "id"},
     {FERRY__MSG_BATCH, "count", 'U', "count"},
+    {FERRY__MSG_BATCH, "make_ns", 'U', "make_ns"},
     {FERRY__MSG_BATCH, "fields", 'A', "fields"},
     {FERRY__MSG_BATCH, "fields.1", 'M', "field 1"},
     {FERRY__MSG_BATCH, "fields.1.name", 'S', "name"},
@@ -839,19 +842,22 @@ static void test_decode_rejects_inconsistent_ready_schema(void **state)
     assert_int_equal(decode_mutated(FERRY__MSG_READY, scalar), FERRY_OK);
 }
 
-/* {type: BATCH, id: 1, count: 4, fields: [nfields x {name, u8 [4], 4 bytes}]},
- * packed by hand since the encoder refuses more than FERRY_MAX_FIELDS. */
+/* {type: BATCH, id: 1, make_ns: 1000, count: 4, fields: [nfields x {name,
+ * u8 [4], 4 bytes}]}, packed by hand since the encoder refuses more than
+ * FERRY_MAX_FIELDS. */
 static size_t pack_batch_of(unsigned nfields, char *out, size_t cap)
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 4);
+    msgpack_pack_map(&pk, 5);
     msgpack_pack_str_with_body(&pk, "type", 4);
     msgpack_pack_uint32(&pk, FERRY__MSG_BATCH);
     msgpack_pack_str_with_body(&pk, "id", 2);
     msgpack_pack_uint32(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "make_ns", 7);
+    msgpack_pack_uint32(&pk, 1000);
     msgpack_pack_str_with_body(&pk, "count", 5);
     msgpack_pack_uint32(&pk, 4);
     msgpack_pack_str_with_body(&pk, "fields", 6);
@@ -1325,7 +1331,7 @@ static void test_schema_diff_names_the_first_difference(void **state)
 
     got = want;
     got.fields[1].dtype = FERRY_DTYPE_I8;
-    expect_diff(&want, &got, "field 1 'y' is i1, not i8");
+    expect_diff(&want, &got, "field 1 'y' is int8, not int64");
     got = want;
     set_item_field(&got.fields[0], "x", FERRY_DTYPE_F32, other, 2);
     expect_diff(&want, &got, "field 0 'x' has items of shape [2, 3], not [3, 2]");
@@ -1468,9 +1474,43 @@ static void test_decoder_survives_mutations_of_valid_messages(void **state)
     assert_true(accepted > 0);
 }
 
+/* One spelling of a dtype everywhere: numpy's names, both ways, and the
+ * sizes that go with them. */
+static void test_dtype_names_are_numpys(void **state)
+{
+    (void)state;
+    static const struct {
+        ferry_dtype d;
+        const char *name;
+        size_t size;
+    } table[] = {
+        {FERRY_DTYPE_U8, "uint8", 1},     {FERRY_DTYPE_I8, "int8", 1},
+        {FERRY_DTYPE_U16, "uint16", 2},   {FERRY_DTYPE_I16, "int16", 2},
+        {FERRY_DTYPE_U32, "uint32", 4},   {FERRY_DTYPE_I32, "int32", 4},
+        {FERRY_DTYPE_U64, "uint64", 8},   {FERRY_DTYPE_I64, "int64", 8},
+        {FERRY_DTYPE_F16, "float16", 2},  {FERRY_DTYPE_F32, "float32", 4},
+        {FERRY_DTYPE_F64, "float64", 8},  {FERRY_DTYPE_BOOL, "bool", 1},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        assert_string_equal(ferry_dtype_name(table[i].d), table[i].name);
+        assert_int_equal(ferry_dtype_from_name(table[i].name), table[i].d);
+        assert_int_equal(ferry_dtype_size(table[i].d), table[i].size);
+    }
+    assert_null(ferry_dtype_name(0));
+    assert_null(ferry_dtype_name(13));
+    assert_null(ferry_dtype_name(-1));
+    /* numpy's type strings are not dtype names. */
+    assert_int_equal(ferry_dtype_from_name("i8"), 0);
+    assert_int_equal(ferry_dtype_from_name("<f4"), 0);
+    assert_int_equal(ferry_dtype_from_name("float"), 0);
+    assert_int_equal(ferry_dtype_from_name(""), 0);
+    assert_int_equal(ferry_dtype_from_name(NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dtype_names_are_numpys),
         cmocka_unit_test(test_every_message_type_round_trips_typical_values),
         cmocka_unit_test(test_every_message_type_round_trips_extreme_values_within_hdr_max),
         cmocka_unit_test(test_ready_with_error_and_slot_minus_one_round_trip),

@@ -164,6 +164,7 @@ static const key_spec field_keys[] = {
 static const key_spec batch_keys[] = {
     {KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX)},
     {KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH)},
+    {KEY_UINT(ferry__batch_hdr, make_ns, 0, UINT64_MAX)},
     {KEY_MAPS(ferry__batch_hdr, "fields", fields, nfields, 1, FERRY_MAX_FIELDS, field_keys,
               check_field)},
 };

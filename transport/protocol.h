@@ -25,8 +25,9 @@
 #include "ferry.h"
 
 /* Version 2: CONFIG carries max_message, READY the dataset's schema, and
- * REFUSE exists. HELLO and REFUSE never change (docs/protocol.md section 7). */
-#define FERRY_PROTOCOL_VERSION 2
+ * REFUSE exists. Version 3: BATCH carries make_ns. HELLO and REFUSE never
+ * change (docs/protocol.md section 7). */
+#define FERRY_PROTOCOL_VERSION 3
 /* The first version that knows REFUSE; an older worker is refused with STOP. */
 #define FERRY__REFUSE_SINCE 2
 /* How a version mismatch is said, on both sides: worker's, then loader's. */
@@ -127,6 +128,7 @@ typedef struct ferry__field_desc {
 /* worker -> loader. */
 typedef struct ferry__batch_hdr {
     uint64_t id;
+    uint64_t make_ns; /* the worker's time from the TASK to this reply */
     uint32_t count;
     uint32_t nfields; /* 1..FERRY_MAX_FIELDS */
     ferry__field_desc fields[FERRY_MAX_FIELDS];

@@ -60,8 +60,12 @@ class Batch(Mapping):
 
     ``epoch``, ``index_in_epoch``, ``last_in_epoch``, ``seq`` (position in
     the whole stream), ``worker`` (the index of the worker that built it),
-    ``size`` and ``indices`` (the sample indices, a uint64 array); None on a
-    Batch built from a plain mapping (``type(batch)({...})``, unpickling).
+    ``size`` and ``indices`` (the sample indices, a uint64 array); the times,
+    in seconds: ``make_time`` (the worker's time to build it), ``flight_time``
+    (dispatch to arrival: make_time, the worker's queue and both transfers),
+    ``ready_time`` (how long it then waited for the trainer), and
+    ``attempts`` (workers it was sent to: 1 unless one died on it). None on
+    a Batch built from a plain mapping (``type(batch)({...})``, unpickling).
     """
 
     __slots__ = ("_b", "_arrays", "_names", "_positional")
@@ -127,6 +131,10 @@ class Batch(Mapping):
     last_in_epoch = _info("last_in_epoch")
     seq = _info("seq")
     worker = _info("worker")
+    attempts = _info("attempts")
+    make_time = _info("make_time")
+    flight_time = _info("flight_time")
+    ready_time = _info("ready_time")
     del _info
 
     @property

@@ -210,6 +210,16 @@ INFO_GETTER(seq, PyLong_FromUnsignedLongLong)
 INFO_GETTER(size, PyLong_FromUnsignedLong)
 INFO_GETTER(last_in_epoch, PyBool_FromLong)
 INFO_GETTER(worker, PyLong_FromUnsignedLong)
+INFO_GETTER(attempts, PyLong_FromUnsignedLong)
+
+/* Durations in seconds, as Python's time functions give them. */
+static PyObject *seconds_from_ns(uint64_t ns)
+{
+    return PyFloat_FromDouble((double)ns * 1e-9);
+}
+INFO_GETTER(make_ns, seconds_from_ns)
+INFO_GETTER(flight_ns, seconds_from_ns)
+INFO_GETTER(ready_ns, seconds_from_ns)
 
 static PyGetSetDef batch_getset[] = {
     {"epoch", (getter)batch_get_epoch, NULL, "epoch of the batch, from 0", NULL},
@@ -218,6 +228,10 @@ static PyGetSetDef batch_getset[] = {
     {"size", (getter)batch_get_size, NULL, "items in the batch", NULL},
     {"last_in_epoch", (getter)batch_get_last_in_epoch, NULL, "the last batch of its epoch", NULL},
     {"worker", (getter)batch_get_worker, NULL, "index of the worker that built it", NULL},
+    {"attempts", (getter)batch_get_attempts, NULL, "workers it was sent to", NULL},
+    {"make_time", (getter)batch_get_make_ns, NULL, "seconds its worker took to make it", NULL},
+    {"flight_time", (getter)batch_get_flight_ns, NULL, "seconds from dispatch to arrival", NULL},
+    {"ready_time", (getter)batch_get_ready_ns, NULL, "seconds it waited for the trainer", NULL},
     {NULL},
 };
 

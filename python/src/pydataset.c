@@ -302,10 +302,8 @@ static int format_dtype(const char *fmt, Py_ssize_t itemsize)
 /* "float32 (3, 4)" for the message of a mismatch. */
 static void describe(char *buf, size_t len, int dtype, int ndim, const Py_ssize_t *shape)
 {
-    static const char *const names[] = {"?",     "uint8",   "int8",    "uint16", "int16",
-                                        "uint32", "int32",  "uint64",  "int64",  "float16",
-                                        "float32", "float64", "bool"};
-    int n = snprintf(buf, len, "%s (", dtype > 0 && dtype <= 12 ? names[dtype] : "unsupported");
+    const char *name = ferry_dtype_name(dtype);
+    int n = snprintf(buf, len, "%s (", name ? name : "unsupported");
     for (int k = 0; k < ndim && n > 0 && (size_t)n < len; k++)
         n += snprintf(buf + n, len - (size_t)n, k ? ", %zd" : "%zd", shape[k]);
     if (n > 0 && (size_t)n < len)

@@ -43,6 +43,23 @@ def test_schema_before_the_first_batch():
             assert b[name].dtype == dtype and b[name].shape[1:] == shape
 
 
+def test_batch_times_say_who_waited():
+    # 8 items at 500 us each: at least 4 ms to make; a batch that arrives
+    # while the trainer is busy for 30 ms waits at least that long for it.
+    with ferry.Loader("synthetic:n=64,dim=8,cost_us=500", batch_size=8, workers=1) as ld:
+        b = ld.next()
+        assert b.attempts == 1
+        assert 0.004 <= b.make_time < 10 and b.flight_time >= b.make_time
+        deadline = time.monotonic() + 10
+        while ld.stats()["completed"] < 2:
+            assert time.monotonic() < deadline
+        busy_until = time.monotonic() + 0.03
+        while time.monotonic() < busy_until:
+            pass
+        b = ld.next()
+        assert b.seq == 1 and 0.03 <= b.ready_time < 10
+
+
 def test_stream_runs_across_epochs_to_max_batches():
     with ferry.Loader(SYN, batch_size=300, workers=2, max_batches=9) as ld:
         got = [(b.epoch, b.index_in_epoch, b.size) for b in ld.stream()]
@@ -193,11 +210,16 @@ def test_worker_killed_mid_epoch_restart_delivers_every_batch(tmp_path):
     flag = str(tmp_path / "died")
     with ferry.Loader(Items, dataset_kwargs={"n": 80, "die": 42, "flag": flag},
                       batch_size=8, workers=2, on_worker_death="restart") as ld:
-        seen = []
+        seen, attempts = [], {}
         for b in ld:
             seen += b.indices.tolist()
+            attempts[b.index_in_epoch] = b.attempts
         assert sorted(seen) == list(range(80))
         assert os.path.exists(flag) and ld.stats()["restarts"] == 1
+        # The batch holding item 42 went to a second worker, and so did any
+        # other the dead worker held; the rest to one.
+        assert attempts[42 // 8] == 2 and set(attempts.values()) == {1, 2}
+        assert list(attempts.values()).count(1) >= 5
 
 
 def test_worker_killed_under_fail_policy_raises_worker_error():

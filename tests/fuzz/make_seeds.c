@@ -158,6 +158,7 @@ static int payload_seeds(const char *dir)
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_BATCH;
     m.u.batch.id = 5;
+    m.u.batch.make_ns = 250000;
     m.u.batch.count = 4;
     m.u.batch.nfields = 2;
     batch_field(&m.u.batch.fields[0], "x", FERRY_DTYPE_U8, 3, 0);   /* [0, 12) */
