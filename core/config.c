@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -31,6 +32,8 @@ typedef struct opt_def {
 
 static const char *const placement_names[] = {"process", "thread", NULL};
 static const char *const failure_names[] = {"restart", "fail", NULL};
+/* Positions 0..3 are FERRY_LOG_DEBUG..FERRY_LOG_ERROR (10..40). */
+static const char *const log_level_names[] = {"debug", "info", "warning", "error", NULL};
 
 #define OFF(f) offsetof(struct ferry_config, f)
 static const opt_def options[] = {
@@ -69,6 +72,8 @@ static const opt_def options[] = {
     {"heartbeat_ms", OPT_INT, OFF(heartbeat_ms), 10, 600000, NULL, "remote heartbeat interval"},
     {"heartbeat_liveness", OPT_INT, OFF(heartbeat_liveness), 1, 1000, NULL,
      "silent intervals before a remote worker is lost"},
+    {"log_level", OPT_ENUM, OFF(log_level), 0, 0, log_level_names,
+     "least level of message passed on"},
 };
 #undef OFF
 
@@ -94,6 +99,7 @@ ferry_config *ferry_config_new(void)
     c->max_remote = 16;
     c->heartbeat_ms = 1000;
     c->heartbeat_liveness = 3;
+    c->log_level = 1; /* info */
     return c;
 }
 
@@ -196,15 +202,19 @@ int ferry_config_set(ferry_config *cfg, const char *key, const char *value)
         memcpy((char *)cfg + d->offset, value, len + 1);
         return FERRY_OK;
     }
-    case OPT_ENUM:
+    case OPT_ENUM: {
+        char list[128] = "";
         for (int i = 0; d->choices[i]; i++) {
             if (strcmp(d->choices[i], value) == 0) {
                 *int_field(cfg, d) = i;
                 return FERRY_OK;
             }
+            size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, "%s%s", i == 0 ? "" : d->choices[i + 1] ? ", " : " or ",
+                     d->choices[i]);
         }
-        return ferry__seterr(FERRY_EINVAL, "option '%s' must be %s or %s; got '%s'", key,
-                             d->choices[0], d->choices[1], value);
+        return ferry__seterr(FERRY_EINVAL, "option '%s' must be %s; got '%s'", key, list, value);
+    }
     case OPT_BOOL:
         if (!strcasecmp(value, "true") || !strcasecmp(value, "yes") || !strcasecmp(value, "on"))
             return store_int(cfg, d, 1);
@@ -243,6 +253,20 @@ int ferry_config_set_int(ferry_config *cfg, const char *key, int64_t value)
         return FERRY_OK;
     }
     return store_int(cfg, d, value);
+}
+
+int ferry_config_set_log(ferry_config *cfg, ferry_log_fn fn, void *user)
+{
+    if (!cfg)
+        return ferry__seterr(FERRY_EINVAL, "config must not be NULL");
+    cfg->log_fn = fn;
+    cfg->log_user = fn ? user : NULL;
+    return FERRY_OK;
+}
+
+ferry__log ferry__config_log(const ferry_config *cfg)
+{
+    return (ferry__log){cfg->log_fn, cfg->log_user, (int)(cfg->log_level + 1) * 10};
 }
 
 int ferry_config_set_state(ferry_config *cfg, const void *state, size_t len)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
+#include "log.h"
 
 #define FERRY__ENDPOINT_MAX 256
 /* A dataset spec, with its NUL; the wire protocol carries as much (checked
@@ -65,6 +66,9 @@ struct ferry_config {
     int64_t max_remote;
     int64_t heartbeat_ms;
     int64_t heartbeat_liveness;
+    int64_t log_level; /* position in the level names: debug, info, warning, error */
+    ferry_log_fn log_fn;
+    void *log_user;
     unsigned char state[FERRY_STATE_MAX];
     size_t state_len;
 };
@@ -79,6 +83,9 @@ int64_t ferry__config_slots(const ferry_config *cfg);
 /* The lines of a newline-separated list (worker_args): 0 for "", and a
  * trailing newline ends the last line without starting another. */
 int ferry__count_lines(const char *s);
+
+/* Where this config's messages go, at which level. */
+ferry__log ferry__config_log(const ferry_config *cfg);
 
 /* Ready workers (local and remote) open waits for. */
 int64_t ferry__config_min_workers(const ferry_config *cfg);

@@ -451,7 +451,10 @@ int ferry__pool_join_threads(ferry__pool *p, uint64_t grace_ms)
         if (pthread_timedjoin_np(w->thread, NULL, &ts) != 0) {
             /* A thread stuck inside dataset code cannot be stopped safely; it
              * keeps the ZeroMQ context, which is then left alive. */
-            fprintf(stderr, "ferry: worker thread %u did not stop; leaving it\n", i);
+            ferry__logf(&p->o.log, FERRY_LOG_ERROR,
+                        "worker thread %u did not stop within %llu ms of being told to; it is left "
+                        "running, with the loader's ZeroMQ context",
+                        i, (unsigned long long)grace_ms);
             pthread_detach(w->thread);
             leaked = 1;
         }

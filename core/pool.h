@@ -22,6 +22,8 @@
 #include <sys/types.h>
 #include <zmq.h>
 
+#include "log.h"
+
 typedef struct ferry__pool ferry__pool;
 
 typedef struct ferry__pool_opts {
@@ -33,6 +35,7 @@ typedef struct ferry__pool_opts {
     void *zctx;              /* the loader's context (threads share it) */
     int start_timeout_ms;    /* a (re)started worker must be ready by then */
     int wake_fd;             /* written when a thread worker stops */
+    ferry__log log;          /* where its messages go */
 } ferry__pool_opts;
 
 typedef enum ferry__pool_event_kind {

@@ -84,10 +84,10 @@ static int setup_socket(ferry__remote *rm, void *zctx)
     if (zmq_getsockopt(rm->sock, ZMQ_LAST_ENDPOINT, rm->bound, &len) != 0)
         snprintf(rm->bound, sizeof rm->bound, "%s", o->bind);
     if (o->insecure)
-        fprintf(stderr,
-                "ferry: WARNING: remote workers on %s are neither authenticated nor encrypted "
-                "(insecure=1): anyone who can reach it can join and read every batch\n",
-                rm->bound);
+        ferry__logf(&o->log, FERRY_LOG_WARN,
+                    "remote workers on %s are neither authenticated nor encrypted (insecure=1): "
+                    "anyone who can reach it can join and read every batch",
+                    rm->bound);
     return FERRY_OK;
 }
 
@@ -191,9 +191,9 @@ ferry__liveness ferry__remote_liveness(const ferry__remote *rm, const ferry__pee
     return now - p->sent_ms >= hb ? FERRY__LIVE_HEARTBEAT : FERRY__LIVE_OK;
 }
 
-void ferry__remote_log_refusal(uint64_t n, const char *why)
+void ferry__remote_log_refusal(const ferry__remote *rm, uint64_t n, const char *why)
 {
     if (n <= 10 || n % 100 == 0)
-        fprintf(stderr, "ferry: refused a remote worker (%llu refused so far): %s\n",
-                (unsigned long long)n, why);
+        ferry__logf(&rm->o.log, FERRY_LOG_WARN, "refused a remote worker (%llu refused so far): %s",
+                    (unsigned long long)n, why);
 }

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <zmq.h>
 
+#include "log.h"
 #include "peer.h"
 #include "protocol.h"
 
@@ -32,6 +33,7 @@ typedef struct ferry__remote_opts {
     int64_t max_message;
     int64_t heartbeat_ms;
     int64_t liveness; /* heartbeat intervals of silence before a peer is lost */
+    ferry__log log;   /* where its messages go */
 } ferry__remote_opts;
 
 /* Makes the socket (and the ZAP handler, with CURVE) in zctx and binds it.
@@ -74,6 +76,6 @@ ferry__liveness ferry__remote_liveness(const ferry__remote *rm, const ferry__pee
 
 /* Logs a refusal: the first ten, then every hundredth (a misconfigured
  * host retries forever). n: refusals so far, this one included. */
-void ferry__remote_log_refusal(uint64_t n, const char *why);
+void ferry__remote_log_refusal(const ferry__remote *rm, uint64_t n, const char *why);
 
 #endif

@@ -56,7 +56,7 @@ static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *
 static void reject_remote(ferry__scheduler *s, const ferry__ident *id, uint32_t version,
                           const char *why)
 {
-    ferry__remote_log_refusal(ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
+    ferry__remote_log_refusal(s->remote, ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
     snprintf(s->last_refusal, sizeof s->last_refusal, "%s", why);
     if (id)
         answer_refusal(s, ferry__remote_socket(s->remote), id, version, why);
@@ -157,8 +157,10 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
     }
     const ferry__hello *h = &s->in.u.hello;
     if (h->slot < 0 || (uint32_t)h->slot >= s->nlocal) {
-        fprintf(stderr, "ferry: refused HELLO (protocol version %u, slot %d) from %s\n", h->version,
-                h->slot, h->host);
+        ferry__logf(&s->log, FERRY_LOG_WARN,
+                    "refused a HELLO on the local socket (protocol version %u, slot %d, pid %u, "
+                    "host %s): no local worker has that slot",
+                    h->version, h->slot, (unsigned)h->pid, h->host);
         ferry__window_count(s->win, FERRY__STAT_MALFORMED);
         return;
     }
@@ -203,11 +205,12 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
     }
     w->p.state = FERRY__PEER_READY;
     uint32_t ready = ferry__window_add_workers(s->win, +1);
+    ferry__logf(&s->log, FERRY_LOG_DEBUG, "%s is ready (%u ready)", who, ready);
     s->idle_since_ms = 0;
     if (w->p.remote) {
         ferry__window_count(s->win, FERRY__STAT_JOINED);
         if (ferry__window_phase(s->win) == FERRY__PHASE_RUNNING)
-            fprintf(stderr, "ferry: %s joined\n", who);
+            ferry__logf(&s->log, FERRY_LOG_INFO, "%s joined", who);
     }
     maybe_start(s, ready);
 }

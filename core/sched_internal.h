@@ -40,6 +40,7 @@ typedef struct sched_worker {
 
 struct ferry__scheduler {
     ferry_config cfg;
+    ferry__log log; /* the config's: where messages go */
     ferry__window *win;
     ferry__pool *pool;
     ferry__remote *remote; /* NULL without bind */

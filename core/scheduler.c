@@ -134,6 +134,9 @@ static void dispatch(ferry__scheduler *s)
         ferry__window_entry *e = ferry__window_take(s->win);
         if (!e)
             return;
+        /* Before the send: the worker may start (and its make_ns clock with
+         * it) before send_task returns. */
+        e->sent_ns = ferry__now_ns();
         if (send_task(s, e, w) == FERRY_OK) {
             uint64_t now = ferry__now_ms();
             ferry__window_sent(s->win, e, w->p.index, now);
@@ -348,7 +351,8 @@ static int setup_sockets(ferry__scheduler *s)
                              .insecure = (int)s->cfg.insecure,
                              .max_message = s->cfg.max_message,
                              .heartbeat_ms = s->cfg.heartbeat_ms,
-                             .liveness = s->cfg.heartbeat_liveness};
+                             .liveness = s->cfg.heartbeat_liveness,
+                             .log = s->log};
     rc = ferry__remote_open(&s->remote, s->zctx, &ro);
     for (uint32_t i = s->nlocal; rc == FERRY_OK && i < s->nworkers; i++)
         s->w[i].p.sock = ferry__remote_socket(s->remote);
@@ -375,7 +379,8 @@ static int setup(ferry__scheduler *s)
                            .endpoint = s->endpoint,
                            .zctx = s->zctx,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,
-                           .wake_fd = s->wake_fd};
+                           .wake_fd = s->wake_fd,
+                           .log = s->log};
     return ferry__pool_new(&s->pool, &po);
 }
 
@@ -385,6 +390,7 @@ int ferry__scheduler_start(ferry__scheduler **out, const ferry_config *cfg, ferr
     if (!s)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
     s->cfg = *cfg;
+    s->log = ferry__config_log(cfg);
     s->win = win;
     s->wake_fd = -1;
     s->nworkers = (uint32_t)ferry__config_slots(cfg);

@@ -114,7 +114,7 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     uint64_t task = w->death.task;
     ferry__window_requeue(s->win, w->p.index, task ? FERRY__CHARGE_TASK : FERRY__CHARGE_NONE,
                           task - 1, msg);
-    fprintf(stderr, "ferry: %s; starting a replacement\n", msg);
+    ferry__logf(&s->log, FERRY_LOG_WARN, "%s; starting a replacement", msg);
     w->p.delivered_any = 0;
     w->p.ident.len = 0;
     w->p.unreachable = 0;
@@ -176,7 +176,7 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
     ferry__window_requeue(s->win, w->p.index, charge, id, msg);
     if (was == FERRY__PEER_READY && !s->closing)
-        fprintf(stderr, "ferry: %s\n", msg);
+        ferry__logf(&s->log, FERRY_LOG_WARN, "%s", msg);
 }
 
 /* ------------------------------------------------------------------------

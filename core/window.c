@@ -381,7 +381,6 @@ void ferry__window_sent(ferry__window *win, ferry__window_entry *e, uint32_t wor
     worker_tasks *wt = &win->workers[worker];
     e->worker = (int32_t)worker;
     e->sends++;
-    e->sent_ns = ferry__now_ns();
     if (wt->sent.n == 0)
         wt->busy_ms = now_ms;
     list_push(win, &wt->sent, slot_of(win, e));

@@ -79,7 +79,7 @@ typedef struct ferry__window_entry {
     int32_t worker;    /* the worker it was sent to; -1 while not with one */
     uint32_t attempts; /* workers that died while working on it */
     uint32_t sends;    /* times it was sent to a worker */
-    uint64_t sent_ns;  /* when it was last sent */
+    uint64_t sent_ns;  /* when it was last sent (the scheduler sets it) */
     /* private to window.c */
     int state;
     int32_t prev, next;

@@ -136,11 +136,15 @@ FERRY_API int ferry_config_set(ferry_config *cfg, const char *key, const char *v
 FERRY_API int ferry_config_set_int(ferry_config *cfg, const char *key, int64_t value);
 /* Where the loader's messages go: worker deaths and restarts, remote workers
  * joining, lost or refused, warnings (plain TCP without CURVE, a worker thread
- * that did not stop). One call per event, one line (no newline) with its
- * level. The callback runs on the loader's own threads, never inside the
- * caller's ferry_loader_next(); it must return quickly and must not call
- * into the loader. Without one, messages at `log_level` and above go to
- * stderr as "ferry: LEVEL: message". fn NULL restores that. */
+ * that did not stop). One call per event with one line (no newline) and its
+ * level; only levels at or above option `log_level` (default "info") are
+ * passed. The levels' values are Python logging's. The callback runs on the
+ * loader's own thread, or the caller's inside ferry_loader_open() and
+ * ferry_loader_close(); calls are never concurrent. It must return quickly
+ * and must not call into ferry. Without one (fn NULL), messages go to
+ * stderr as "ferry: LEVEL: message". What workers themselves write (a
+ * dataset's prints, the worker program's messages) goes to the trainer's
+ * stderr as written. */
 typedef enum ferry_log_level {
     FERRY_LOG_DEBUG = 10,
     FERRY_LOG_INFO = 20,
@@ -149,7 +153,8 @@ typedef enum ferry_log_level {
 } ferry_log_level;
 typedef void (*ferry_log_fn)(void *user, int level, const char *message);
 FERRY_API int ferry_config_set_log(ferry_config *cfg, ferry_log_fn fn, void *user);
-/* "debug", "info", "warn", "error"; NULL for another level. */
+/* "debug", "info", "warning", "error" (the names option log_level takes);
+ * NULL for another level. */
 FERRY_API const char *ferry_log_level_name(int level);
 
 /* Resume from a blob saved by ferry_loader_state(): the loader then starts

@@ -207,6 +207,106 @@ static void test_restart_replaces_killed_workers_and_loses_nothing(void **state)
     ft_end(&snap);
 }
 
+/* What a log callback is handed: every message, in order. */
+typedef struct log_capture {
+    pthread_mutex_t mu;
+    int n;
+    int level[64];
+    char line[64][1024];
+} log_capture;
+
+static void capture_log(void *user, int level, const char *message)
+{
+    log_capture *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (c->n < 64) {
+        c->level[c->n] = level;
+        snprintf(c->line[c->n], sizeof c->line[0], "%s", message);
+        c->n++;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Messages at `level` holding `words`. */
+static int count_lines(log_capture *c, int level, const char *words)
+{
+    int n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        n += c->level[i] == level && strstr(c->line[i], words) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+/* With a log callback, a worker's death and its replacement are one
+ * message at warning level, naming the worker, its pid and the signal;
+ * debug level adds one line per worker that becomes ready; and the loader
+ * writes nothing to stderr. */
+static void test_log_callback_gets_one_message_per_death(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    static log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    cap.n = 0;
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    FILE *err = tmpfile();
+    assert_true(saved >= 0 && err);
+    assert_int_equal(dup2(fileno(err), STDERR_FILENO), STDERR_FILENO);
+
+    ferry_config *cfg = make_cfg(2, 20, "synthetic:n=400,dim=24,cost_us=50");
+    assert_int_equal(ferry_config_set_log(cfg, capture_log, &cap), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "log_level", "debug"), FERRY_OK);
+    ferry_config_set_int(cfg, "epochs", 2);
+    ferry_loader *ld = ft_open_ok(cfg);
+    assert_int_equal(count_lines(&cap, FERRY_LOG_DEBUG, "is ready"), 2);
+    int pid = worker_pid(ld, 1);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(consume_in_order(ld, NULL), 2 * 20);
+    assert_int_equal(ft_stats(ld).restarts, 1);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    fflush(stderr);
+    assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+    close(saved);
+    char out[4096] = "";
+    rewind(err);
+    size_t got = fread(out, 1, sizeof out - 1, err);
+    out[got] = '\0';
+    fclose(err);
+    for (int i = 0; i < cap.n; i++)
+        print_message("[%s] %s\n", ferry_log_level_name(cap.level[i]), cap.line[i]);
+    assert_null(strstr(out, "ferry: "));
+
+    char want[96];
+    snprintf(want, sizeof want, "worker 1 (pid %d) was killed by signal SIGKILL", pid);
+    assert_int_equal(count_lines(&cap, FERRY_LOG_WARN, want), 1);
+    assert_int_equal(count_lines(&cap, FERRY_LOG_WARN, "starting a replacement"), 1);
+    assert_int_equal(count_lines(&cap, FERRY_LOG_WARN, ""), 1);
+    assert_int_equal(count_lines(&cap, FERRY_LOG_DEBUG, "is ready"), 3);
+    ft_end(&snap);
+}
+
+/* log_level takes the four names; the names come back from
+ * ferry_log_level_name. */
+static void test_log_levels_are_named(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"debug", "info", "warning", "error"};
+    ferry_config *cfg = ferry_config_new();
+    for (int i = 0; i < 4; i++) {
+        assert_string_equal(ferry_log_level_name((i + 1) * 10), names[i]);
+        assert_int_equal(ferry_config_set(cfg, "log_level", names[i]), FERRY_OK);
+    }
+    assert_null(ferry_log_level_name(25));
+    FT_EXPECT_ERROR(ferry_config_set(cfg, "log_level", "verbose"), FERRY_EINVAL, "log_level",
+                    "warning", NULL);
+    assert_int_equal(ferry_config_set_log(NULL, capture_log, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_config_set_log(cfg, NULL, NULL), FERRY_OK);
+    ferry_config_free(cfg);
+}
+
 static void test_poison_batch_is_given_up_and_run_continues(void **state)
 {
     (void)state;
@@ -840,6 +940,8 @@ int main(void)
         cmocka_unit_test(test_dead_worker_is_noticed_within_100ms_and_named),
         cmocka_unit_test(test_crash_is_explained_with_signal_and_last_words),
         cmocka_unit_test(test_restart_replaces_killed_workers_and_loses_nothing),
+        cmocka_unit_test(test_log_callback_gets_one_message_per_death),
+        cmocka_unit_test(test_log_levels_are_named),
         cmocka_unit_test(test_poison_batch_is_given_up_and_run_continues),
         cmocka_unit_test(test_only_the_poison_batch_is_ever_given_up_under_load),
         cmocka_unit_test(test_stopped_worker_is_replaced_after_timeout),

@@ -16,6 +16,7 @@ See README.md for the whole guide.
 """
 
 import atexit
+import logging
 import math
 import numbers
 import operator
@@ -170,6 +171,13 @@ class Batch(Mapping):
 
 _open_loaders = weakref.WeakSet()
 
+_logger = logging.getLogger("ferry")
+
+
+def _to_logging(level, message):
+    """The default log sink: the "ferry" logger (ferry's levels are logging's)."""
+    _logger.log(level, "%s", message)
+
 
 @atexit.register
 def _close_all():
@@ -267,6 +275,14 @@ class Loader:
     ``state``: a :meth:`state_dict` to resume from: the first batch is the
     one after the last delivered when it was saved.
 
+    ``log``: where the loader's messages go (a worker died and was replaced,
+    a remote worker joined or was refused, ...): by default the ``"ferry"``
+    logger of the logging module, at logging's levels; or any
+    ``callable(level, message)``; or None to let ferry write them to stderr
+    itself. They are handed over on the trainer's thread, during next(),
+    stats() and close(). Option ``log_level`` ("debug", "info" (default),
+    "warning", "error") drops the ones below it at the source.
+
     ``max_held`` (default 1024; 0: no limit): a batch you keep (or any array
     taken from it) keeps its memory, outside the prefetch window, which goes
     on filling. ``next()`` raises ferry.LimitError while this many batches
@@ -277,8 +293,13 @@ class Loader:
     endless form. ``len(loader)`` is the number of batches per epoch.
     """
 
-    def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024, **options):
+    def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024,
+                 log=_to_logging, **options):
         self._c = None
+        if log is not None and not callable(log):
+            raise TypeError("ferry.Loader: log must be a callable(level, message) or None, "
+                            "not %s" % type(log).__name__)
+        self._log = log
         _dataset.refuse_loader_in_worker()
         if not isinstance(max_held, numbers.Integral) or max_held < 0:
             raise InvalidValue("ferry.Loader: max_held must be an int >= 0, got %r" % (max_held,))
@@ -322,7 +343,7 @@ class Loader:
             blob = state.get("ferry") if isinstance(state, dict) else state
             if not isinstance(blob, (bytes, bytearray)):
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
-        c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None)
+        c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None, self._log)
         c.max_held = self._max_held
         return c
 

@@ -14,9 +14,17 @@
  * a second thread's next() or close() during a wait (the GIL is released
  * then) into a RuntimeError instead of undefined behaviour. Batches may die
  * on any thread.
+ *
+ * Log messages: ferry calls its log callback on the loader's own thread,
+ * which must never wait for the GIL (close() joins that thread while this
+ * one may hold it). So the callback only queues the line, and the
+ * trainer's thread hands the queue to the Python sink (logging, by
+ * default) whenever it is in here anyway: after open, between next()'s
+ * slices, in stats() and after close.
  */
 #include "module.h"
 
+#include <pthread.h>
 #include <structmember.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,8 +43,25 @@ typedef struct held_count {
     long live;   /* live batches */
 } held_count;
 
+/* Messages from ferry's thread, waiting for the trainer's. */
+#define LOG_QUEUE_MAX 1000
+typedef struct log_entry {
+    struct log_entry *next;
+    int level;
+    char message[];
+} log_entry;
+
+typedef struct log_queue {
+    pthread_mutex_t mu;
+    log_entry *head, **tail;
+    int n;
+    unsigned long dropped; /* past LOG_QUEUE_MAX */
+} log_queue;
+
 typedef struct {
     PyObject_HEAD ferry_loader *ld;
+    log_queue *log;   /* NULL: ferry writes to stderr itself */
+    PyObject *log_sink; /* called as sink(level, message) */
     int busy;         /* a thread is in next() or close() with the GIL released */
     held_count *held; /* batches of this loader still alive */
     long max_held;    /* next() refuses while this many are alive; 0: no limit */
@@ -247,16 +272,104 @@ static PyTypeObject BatchType = {
 
 /* -------------------------------------------------------------- Loader */
 
+/* ferry's log callback: runs on ferry's thread without the GIL. */
+static void queue_log(void *user, int level, const char *message)
+{
+    log_queue *q = user;
+    size_t len = strlen(message);
+    log_entry *e = len < 4096 ? malloc(sizeof *e + len + 1) : NULL;
+    pthread_mutex_lock(&q->mu);
+    if (!e || q->n >= LOG_QUEUE_MAX) {
+        q->dropped++;
+        free(e);
+    } else {
+        e->next = NULL;
+        e->level = level;
+        memcpy(e->message, message, len + 1);
+        *q->tail = e;
+        q->tail = &e->next;
+        q->n++;
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Hands the queued messages to the sink, in order; the sink's own errors
+ * are reported as unraisable, never raised into the trainer's call. */
+static void drain_log(LoaderObject *self)
+{
+    log_queue *q = self->log;
+    if (!q)
+        return;
+    pthread_mutex_lock(&q->mu);
+    log_entry *e = q->head;
+    unsigned long dropped = q->dropped;
+    q->head = NULL;
+    q->tail = &q->head;
+    q->n = 0;
+    q->dropped = 0;
+    pthread_mutex_unlock(&q->mu);
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* a pending error stays pending */
+    while (e) {
+        log_entry *next = e->next;
+        PyObject *r = PyObject_CallFunction(self->log_sink, "is", e->level, e->message);
+        if (!r)
+            PyErr_WriteUnraisable(self->log_sink);
+        Py_XDECREF(r);
+        free(e);
+        e = next;
+    }
+    if (dropped) {
+        PyObject *r = PyObject_CallFunction(self->log_sink, "is", FERRY_LOG_WARN,
+                                            "ferry: log messages were dropped (more than 1000 "
+                                            "waiting for the trainer's thread)");
+        if (!r)
+            PyErr_WriteUnraisable(self->log_sink);
+        Py_XDECREF(r);
+    }
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+}
+
+static void free_log(LoaderObject *self)
+{
+    log_queue *q = self->log;
+    self->log = NULL;
+    Py_CLEAR(self->log_sink);
+    if (!q)
+        return;
+    for (log_entry *e = q->head, *next; e; e = next) {
+        next = e->next;
+        free(e);
+    }
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
+
 static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *options;
+    PyObject *options, *sink = Py_None;
     Py_buffer state = {0};
-    static char *kwlist[] = {"options", "state", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|z*:Loader", kwlist, &options, &state))
+    static char *kwlist[] = {"options", "state", "log", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|z*O:Loader", kwlist, &options, &state, &sink))
         return -1;
     if (self->ld) {
         PyErr_SetString(PyExc_RuntimeError, "Loader is already open");
         goto fail;
+    }
+    if (sink != Py_None && !PyCallable_Check(sink)) {
+        PyErr_SetString(PyExc_TypeError, "log must be a callable(level, message) or None");
+        goto fail;
+    }
+    if (sink != Py_None && !self->log) {
+        self->log = calloc(1, sizeof *self->log);
+        if (!self->log) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        pthread_mutex_init(&self->log->mu, NULL);
+        self->log->tail = &self->log->head;
+        Py_INCREF(sink);
+        self->log_sink = sink;
     }
     if (!self->held) {
         self->held = PyMem_Calloc(1, sizeof *self->held);
@@ -287,11 +400,14 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
     Py_DECREF(seq);
     if (rc == FERRY_OK && state.buf)
         rc = ferry_config_set_state(cfg, state.buf, (size_t)state.len);
+    if (rc == FERRY_OK && self->log)
+        rc = ferry_config_set_log(cfg, queue_log, self->log);
     if (rc == FERRY_OK) {
         ferry_loader *ld = NULL;
         Py_BEGIN_ALLOW_THREADS rc = ferry_loader_open(&ld, cfg);
         Py_END_ALLOW_THREADS self->ld = ld;
         self->owner = getpid();
+        drain_log(self);
     }
     ferry_config_free(cfg);
     if (rc == -1000)
@@ -343,11 +459,14 @@ static void close_loader(LoaderObject *self)
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS ferry_loader_close(ld);
     Py_END_ALLOW_THREADS self->busy = 0;
+    drain_log(self);
 }
 
 static void loader_dealloc(LoaderObject *self)
 {
     close_loader(self);
+    /* In a forked child the queue is a copy nobody writes to. */
+    free_log(self);
     held_drop(self->held);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -390,7 +509,9 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
             slice = left < 0 ? 0 : left < SLICE_MS ? left : SLICE_MS;
         }
         Py_BEGIN_ALLOW_THREADS rc = ferry_loader_next_timeout(ld, &b, slice);
-        Py_END_ALLOW_THREADS if (rc != FERRY_EAGAIN) break;
+        Py_END_ALLOW_THREADS drain_log(self);
+        if (rc != FERRY_EAGAIN)
+            break;
         if (PyErr_CheckSignals() < 0) {
             self->busy = 0;
             return NULL;
@@ -494,6 +615,8 @@ static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
         return NULL;
     }
     ferry_stats st;
+    if (getpid() == self->owner && !self->busy)
+        drain_log(self);
     int rc = ferry_loader_stats(self->ld, &st);
     if (rc != FERRY_OK)
         return ferry_py_raise(rc, ferry_last_error());

@@ -222,6 +222,41 @@ def test_worker_killed_mid_epoch_restart_delivers_every_batch(tmp_path):
         assert list(attempts.values()).count(1) >= 5
 
 
+def test_a_worker_death_is_one_log_message(caplog):
+    # By default to the "ferry" logger; or to a callable; debug level adds
+    # a line per worker that becomes ready.
+    got = []
+    with ferry.Loader(SYN, batch_size=100, workers=2, log_level="debug",
+                      log=lambda level, msg: got.append((level, msg))) as ld:
+        assert [m for lv, m in got if lv == 10 and "is ready" in m] and all(
+            lv == 10 for lv, _ in got)
+        ld.next()
+        pid = ld.worker_pid(1)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while ld.stats()["restarts"] < 1:
+            assert time.monotonic() < deadline
+        for _ in range(12):
+            ld.next()
+    warnings = [m for lv, m in got if lv == 30]
+    assert len(warnings) == 1, got
+    assert "worker 1 (pid %d) was killed by signal SIGKILL" % pid in warnings[0]
+    assert "starting a replacement" in warnings[0]
+
+    with caplog.at_level("INFO", logger="ferry"):
+        with ferry.Loader(SYN, batch_size=100, workers=1) as ld:
+            ld.next()
+            os.kill(ld.worker_pid(0), signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while ld.stats()["restarts"] < 1:
+                assert time.monotonic() < deadline
+    recs = [r for r in caplog.records if r.name == "ferry"]
+    assert len(recs) == 1 and recs[0].levelname == "WARNING"
+    assert "starting a replacement" in recs[0].getMessage()
+    with pytest.raises(TypeError, match="log must be"):
+        ferry.Loader(SYN, log="stderr")
+
+
 def test_worker_killed_under_fail_policy_raises_worker_error():
     with ferry.Loader(Items, dataset_kwargs={"n": 80, "die": 42}, batch_size=8, workers=2,
                       on_worker_death="fail") as ld:
