@@ -29,11 +29,14 @@
 #include "dataset.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ctype.h>
 #include <pthread.h>
@@ -227,6 +230,50 @@ static int find_kind(const char *spec, const ferry__dataset_kind **kind, const c
     return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                               "unknown dataset kind '%.*s' (expected synthetic, npy, plugin%s)%s",
                               (int)klen, spec, also, hint);
+}
+
+/* Appends n bytes of s to out (cap bytes) at *len, counting what does not
+ * fit, so one check at the end says whether everything did. */
+static void append(char *out, size_t cap, size_t *len, const char *s, size_t n)
+{
+    if (*len + n < cap)
+        memcpy(out + *len, s, n);
+    *len += n;
+}
+
+int ferry__dataset_absolute(const char *spec, char *out, size_t cap)
+{
+    const char *colon = strchr(spec, ':');
+    const ferry__dataset_kind *kind = NULL;
+    for (size_t k = 0; colon && k < FERRY__ARRAY_LEN(dataset_kinds); k++) {
+        const char *name = dataset_kinds[k]->name;
+        if (strlen(name) == (size_t)(colon - spec) && memcmp(name, spec, strlen(name)) == 0)
+            kind = dataset_kinds[k];
+    }
+    ferry__span path[64];
+    int n = kind && kind->paths ? kind->paths(colon + 1, path, 64) : 0;
+    char cwd[PATH_MAX] = "";
+    size_t len = 0, from = 0;
+    for (int i = 0; i < n; i++) {
+        size_t at = (size_t)(colon + 1 - spec) + path[i].off;
+        if (path[i].len == 0 || spec[at] == '/')
+            continue;
+        if (!cwd[0] && !getcwd(cwd, sizeof cwd))
+            return ferry__syserr(FERRY_ESYS,
+                                 "getcwd (to make the dataset's relative paths absolute)", errno);
+        append(out, cap, &len, spec + from, at - from);
+        append(out, cap, &len, cwd, strlen(cwd));
+        append(out, cap, &len, "/", 1);
+        from = at;
+    }
+    append(out, cap, &len, spec + from, strlen(spec + from));
+    if (len >= cap)
+        return ferry__seterr(FERRY_EINVAL,
+                             "option 'dataset' with its relative paths made absolute (against "
+                             "%s) is %zu bytes, more than %zu",
+                             cwd, len, cap - 1);
+    out[len] = '\0';
+    return FERRY_OK;
 }
 
 /* Checks the schema and length a dataset reported and computes item_bytes,

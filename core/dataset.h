@@ -58,6 +58,15 @@ void ferry__dataset_wire_schema(const ferry__dataset *ds, ferry__schema *out);
  * unmapped code, and the process exits right after anyway. */
 void ferry__dataset_close(ferry__dataset *ds);
 
+/* The spec with every relative file path it names (npy files, a plugin's
+ * path with a '/') made absolute against this process's working directory,
+ * into out (cap bytes): the trainer resolves them, so a worker started
+ * elsewhere (another directory, another host with the same mounts) reads
+ * the same files. Specs of other kinds are copied as they are. FERRY_EINVAL
+ * when the result does not fit, FERRY_ESYS when the working directory
+ * cannot be had and a path is relative. */
+int ferry__dataset_absolute(const char *spec, char *out, size_t cap);
+
 /* The synthetic dataset's content, for tests and checkers: byte j of item i
  * of field "x" (without augmentation). Field "y" of item i is the int64 i. */
 uint8_t ferry__synthetic_byte(uint64_t i, uint64_t j);

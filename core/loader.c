@@ -18,6 +18,7 @@
 #include "alloc.h"
 #include "ferry_dataset.h"
 #include "config.h"
+#include "dataset.h"
 #include "error.h"
 #include "scheduler.h"
 #include "window.h"
@@ -86,9 +87,16 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
     if (!ld)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
     ld->cfg = *cfg;
-    rc = open_window(&ld->win, cfg);
+    /* Relative paths are the trainer's: resolved here, where they were
+     * written, not in each worker's directory. */
+    rc = ferry__dataset_absolute(cfg->dataset, ld->cfg.dataset, sizeof ld->cfg.dataset);
+    if (rc != FERRY_OK) {
+        free(ld);
+        return rc;
+    }
+    rc = open_window(&ld->win, &ld->cfg);
     if (rc == FERRY_OK)
-        rc = ferry__scheduler_start(&ld->sched, cfg, ld->win);
+        rc = ferry__scheduler_start(&ld->sched, &ld->cfg, ld->win);
     if (rc == FERRY_OK)
         rc = ferry__window_wait_started(ld->win);
     if (rc != FERRY_OK) {

@@ -608,3 +608,26 @@ void ft_assert_in_stream(ft_stream *c, const ferry_batch *b)
     if (ft_stream_check(c, b, why, sizeof why) != 0)
         fail_msg("%s", why);
 }
+
+/* Writes a .npy file as numpy does: preamble of `version` (1, 2 or 3), the
+ * header dict padded with spaces and a '\n' so the data starts at a multiple
+ * of 64, then the data. */
+void ft_write_npy(const char *path, int version, const char *dict, const void *data, size_t len)
+{
+    unsigned char pre[12] = {0x93, 'N', 'U', 'M', 'P', 'Y', (unsigned char)version, 0};
+    size_t pre_len = version == 1 ? 10 : 12;
+    size_t total = (pre_len + strlen(dict) + 1 + 63) / 64 * 64, hlen = total - pre_len;
+    FILE *f = fopen(path, "wb");
+
+    assert_non_null(f);
+    for (size_t k = 0; k < pre_len - 8; k++)
+        pre[8 + k] = (unsigned char)(hlen >> (8 * k));
+    assert_int_equal(fwrite(pre, 1, pre_len, f), pre_len);
+    fputs(dict, f);
+    for (size_t k = strlen(dict); k < hlen - 1; k++)
+        fputc(' ', f);
+    fputc('\n', f);
+    if (len > 0)
+        assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}

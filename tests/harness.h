@@ -177,6 +177,11 @@ typedef int (*ft_stats_pred)(const ferry_stats *st, uint64_t arg);
 /* Polls the loader's stats until pred(stats, arg) holds; returns the ms it
  * took, or -1 if it did not within `ms`. */
 int64_t ft_wait_stats(ferry_loader *ld, ft_stats_pred pred, uint64_t arg, uint64_t ms);
+/* Writes a .npy file as numpy does: the preamble of `version` (1, 2 or 3),
+ * the header dict padded to a multiple of 64 bytes, then len bytes of data. */
+void ft_write_npy(const char *path, int version, const char *dict, const void *data,
+                  size_t len);
+
 /* A predicate for ft_wait_stats: at least `n` batches (or failures) came
  * back from workers. */
 int ft_completed_at_least(const ferry_stats *st, uint64_t n);

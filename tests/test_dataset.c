@@ -537,29 +537,6 @@ static void test_synthetic_builds_mnist_sized_epoch_fast(void **state)
 
 /* --- npy --- */
 
-/* Writes a .npy file as numpy does: preamble of `version` (1, 2 or 3), the
- * header dict padded with spaces and a '\n' so the data starts at a multiple
- * of 64, then the data. */
-static void write_npy(const char *path, int version, const char *dict, const void *data, size_t len)
-{
-    unsigned char pre[12] = {0x93, 'N', 'U', 'M', 'P', 'Y', (unsigned char)version, 0};
-    size_t pre_len = version == 1 ? 10 : 12;
-    size_t total = (pre_len + strlen(dict) + 1 + 63) / 64 * 64, hlen = total - pre_len;
-    FILE *f = fopen(path, "wb");
-
-    assert_non_null(f);
-    for (size_t k = 0; k < pre_len - 8; k++)
-        pre[8 + k] = (unsigned char)(hlen >> (8 * k));
-    assert_int_equal(fwrite(pre, 1, pre_len, f), pre_len);
-    fputs(dict, f);
-    for (size_t k = strlen(dict); k < hlen - 1; k++)
-        fputc(' ', f);
-    fputc('\n', f);
-    if (len > 0)
-        assert_int_equal(fwrite(data, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
-}
-
 static void write_raw(const char *path, const void *bytes, size_t len)
 {
     FILE *f = fopen(path, "wb");
@@ -591,10 +568,10 @@ static void test_npy_gathers_rows_from_several_files(void **state)
     snprintf(px, sizeof px, "%s/x.npy", s.tmpdir);
     snprintf(pf, sizeof pf, "%s/feat.npy", s.tmpdir);
     snprintf(pl, sizeof pl, "%s/label.npy", s.tmpdir);
-    write_npy(px, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (6, 3), }", x, sizeof x);
-    write_npy(pf, 2, "{ 'shape' :( 6 ,2, 2, ),\t'fortran_order' :False,\"descr\":'<f4' }", feat,
+    ft_write_npy(px, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (6, 3), }", x, sizeof x);
+    ft_write_npy(pf, 2, "{ 'shape' :( 6 ,2, 2, ),\t'fortran_order' :False,\"descr\":'<f4' }", feat,
               sizeof feat);
-    write_npy(pl, 3, "{'fortran_order': False, 'descr': '=i8', 'shape': (6L,)}", label,
+    ft_write_npy(pl, 3, "{'fortran_order': False, 'descr': '=i8', 'shape': (6L,)}", label,
               sizeof label);
     snprintf(spec, sizeof spec, "npy:%s,%s,lbl=%s", px, pf, pl);
 
@@ -651,7 +628,7 @@ static void test_npy_accepts_every_supported_dtype(void **state)
         ferry__dataset ds;
         snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (3,), }",
                  descrs[d]);
-        write_npy(path, 1, dict, data, 3 * sizes[d]);
+        ft_write_npy(path, 1, dict, data, 3 * sizes[d]);
         open_ok(&ds, spec);
         assert_int_equal(ds.item_bytes[0], sizes[d]);
         assert_int_equal(ds.schema.fields[0].ndim, 0);
@@ -728,7 +705,7 @@ static void test_npy_corrupt_files_fail_with_code_and_path(void **state)
     snprintf(spec, sizeof spec, "npy:%s", path);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         if (cases[c].dict != NULL)
-            write_npy(path, 1, cases[c].dict, zeros, cases[c].data_len);
+            ft_write_npy(path, 1, cases[c].dict, zeros, cases[c].data_len);
         else
             write_raw(path, cases[c].raw, cases[c].raw_len);
         expect_open_fails(spec, cases[c].code, path, cases[c].needle, NULL);
@@ -768,8 +745,8 @@ static void test_npy_files_must_agree_and_exist(void **state)
     snprintf(pa, sizeof pa, "%s/a.npy", s.tmpdir);
     snprintf(pb, sizeof pb, "%s/b.npy", s.tmpdir);
     snprintf(pmissing, sizeof pmissing, "%s/missing.npy", s.tmpdir);
-    write_npy(pa, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (6, 2), }", zeros, 12);
-    write_npy(pb, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (5,), }", zeros, 5);
+    ft_write_npy(pa, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (6, 2), }", zeros, 12);
+    ft_write_npy(pb, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (5,), }", zeros, 5);
 
     snprintf(spec, sizeof spec, "npy:%s,%s", pa, pb);
     expect_open_fails(spec, FERRY_EDATASET, pa, pb, "has 5 items", "has 6", NULL);
@@ -806,11 +783,11 @@ static void test_npy_item_shape_is_validated(void **state)
     snprintf(spec, sizeof spec, "npy:%s", path);
 
     /* Consistent as a file, but an item with a zero dim has no bytes. */
-    write_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 0), }", NULL, 0);
+    ft_write_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 0), }", NULL, 0);
     expect_open_fails(spec, FERRY_EDATASET, "field 'wide' has dim 0 of size 0", NULL);
 
     /* 2 items of 1 GiB + 4 bytes: a sparse file, so nothing is really written. */
-    write_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 268435457), }", NULL,
+    ft_write_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 268435457), }", NULL,
               0);
     f = fopen(path, "r+b");
     assert_non_null(f);
@@ -1005,6 +982,43 @@ static void test_keep_loaded_plugin_stays_after_its_open_fails(void **state)
     assert_true(is_loaded(FERRY_TEST_HOSTILE));
 }
 
+/* Relative file paths in a spec are made absolute against the working
+ * directory; absolute ones, a plugin's bare file name (dlopen searches for
+ * it) and specs of kinds without files are left as they are. */
+static void test_relative_paths_are_made_absolute(void **state)
+{
+    (void)state;
+    char cwd[1024], want[4096], out[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    static const struct {
+        const char *spec, *want; /* %1$s: the working directory */
+    } cases[] = {
+        {"npy:x.npy", "npy:%1$s/x.npy"},
+        {"npy:img=data/x.npy,/abs/y.npy,lbl=./z.npy", "npy:img=%1$s/data/x.npy,/abs/y.npy,lbl=%1$s/./z.npy"},
+        {"npy:sub/x=1.npy", "npy:%1$s/sub/x=1.npy"},
+        {"plugin:libmine.so?a=b/c", "plugin:libmine.so?a=b/c"},
+        {"plugin:build/libmine.so?a=b", "plugin:%1$s/build/libmine.so?a=b"},
+        {"plugin:/opt/libmine.so", "plugin:/opt/libmine.so"},
+        {"synthetic:n=10,dim=3", "synthetic:n=10,dim=3"},
+        {"python:pkg.mod:Cls {\"path\": \"rel\"}", "python:pkg.mod:Cls {\"path\": \"rel\"}"},
+        {"npy:", "npy:"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(want, sizeof want, cases[c].want, cwd);
+#pragma GCC diagnostic pop
+        assert_int_equal(ferry__dataset_absolute(cases[c].spec, out, sizeof out), 0);
+        assert_string_equal(out, want);
+    }
+    /* Too long once resolved: an error naming the option, out untouched. */
+    char small[16] = "untouched";
+    FT_EXPECT_ERROR(ferry__dataset_absolute("npy:a.npy", small, strlen(cwd) + 6), FERRY_EINVAL,
+                    "option 'dataset'", "relative paths", NULL);
+    assert_int_equal(ferry__dataset_absolute("npy:/a.npy", small, sizeof small), 0);
+    assert_string_equal(small, "npy:/a.npy");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1026,6 +1040,7 @@ int main(void)
         cmocka_unit_test(test_npy_accepts_every_supported_dtype),
         cmocka_unit_test(test_npy_corrupt_files_fail_with_code_and_path),
         cmocka_unit_test(test_npy_files_must_agree_and_exist),
+        cmocka_unit_test(test_relative_paths_are_made_absolute),
         cmocka_unit_test(test_npy_fifo_is_refused_without_blocking),
         cmocka_unit_test(test_npy_item_shape_is_validated),
         cmocka_unit_test(test_plugin_values_follow_the_formula),

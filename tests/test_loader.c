@@ -485,6 +485,53 @@ static void test_batch_says_how_long_it_took_and_waited(void **state)
     ft_end(&snap);
 }
 
+/* A relative dataset path is the trainer's: here the workers run in "/"
+ * (env -C / ferry-worker), yet "npy:x.npy" opened in the trainer's
+ * directory reads that directory's x.npy, and errors name the full path. */
+static void test_relative_dataset_paths_are_the_trainers(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char cwd[1024], path[1200];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    int16_t rows[8];
+    for (int i = 0; i < 8; i++)
+        rows[i] = (int16_t)(100 + i);
+    snprintf(path, sizeof path, "%s/x.npy", snap.tmpdir);
+    ft_write_npy(path, 1, "{'descr': '<i2', 'fortran_order': False, 'shape': (8,), }", rows,
+                 sizeof rows);
+    assert_int_equal(chdir(snap.tmpdir), 0);
+    ferry_config *cfg = make_cfg("process", 2, 4, 4, "npy:x.npy");
+    assert_int_equal(ferry_config_set(cfg, "worker_path", "/usr/bin/env"), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "worker_args", "-C\n/\n" FERRY_TEST_WORKER), FERRY_OK);
+    ferry_config *bad = make_cfg("process", 1, 4, 4, "npy:x.npy,missing.npy");
+    assert_int_equal(ferry_config_set(bad, "worker_path", "/usr/bin/env"), FERRY_OK);
+    assert_int_equal(ferry_config_set(bad, "worker_args", "-C\n/\n" FERRY_TEST_WORKER), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ferry_loader *none = NULL;
+    int rc = ferry_loader_open(&none, bad);
+    ferry_config_free(bad);
+    assert_int_equal(chdir(cwd), 0);
+    snprintf(path, sizeof path, "%s/missing.npy", snap.tmpdir);
+    FT_EXPECT_ERROR(rc, FERRY_EDATASET, path, NULL);
+    ferry_dataset_schema sc;
+    assert_int_equal(ferry_loader_schema(ld, &sc), FERRY_OK);
+    assert_int_equal(sc.fields[0].dtype, FERRY_DTYPE_I16);
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_tensor t;
+    assert_int_equal(ferry_batch_field(b, "x", &t), FERRY_OK);
+    const uint64_t *idx = ferry_batch_indices(b);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(((const int16_t *)t.data)[i], 100 + (int)idx[i]);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    snprintf(path, sizeof path, "%s/x.npy", snap.tmpdir);
+    assert_int_equal(unlink(path), 0);
+    ft_end(&snap);
+}
+
 /* worker_args go between the program and ferry's own arguments: here the
  * program is env(1), which sets a variable and runs ferry-worker. */
 static void test_worker_args_come_before_ferrys_own(void **state)
@@ -853,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_worker_args_come_before_ferrys_own),
         cmocka_unit_test(test_schema_is_known_before_the_first_batch),
         cmocka_unit_test(test_batch_says_how_long_it_took_and_waited),
+        cmocka_unit_test(test_relative_dataset_paths_are_the_trainers),
         cmocka_unit_test(test_bad_options_are_rejected_by_name),
         cmocka_unit_test(test_every_index_once_in_order_with_processes),
         cmocka_unit_test(test_every_index_once_in_order_with_threads),

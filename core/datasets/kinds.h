@@ -31,6 +31,10 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ferry assumes a littl
 
 typedef struct ferry__dataset_kind ferry__dataset_kind;
 
+typedef struct ferry__span {
+    size_t off, len;
+} ferry__span;
+
 struct ferry__dataset_kind {
     const char *name; /* the KIND of "KIND:ARGS", without the ':' */
 
@@ -47,6 +51,13 @@ struct ferry__dataset_kind {
      * NULL. */
     int (*open)(const ferry__dataset_kind *kind, ferry__dataset *d, const char *args,
                 const ferry_dataset_ctx *ctx, char *errbuf, size_t errlen);
+
+    /* Where ARGS names files, for ferry__dataset_absolute: fills path[i]
+     * with the offset and length in args of up to `max` file paths and
+     * returns how many; NULL for a kind that names none. Only paths that
+     * open would take relative to the working directory count (a plugin's
+     * bare file name is searched for by dlopen, not relative). */
+    int (*paths)(const char *args, ferry__span *path, int max);
 };
 
 extern const ferry__dataset_kind ferry__synthetic_kind;

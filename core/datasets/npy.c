@@ -364,20 +364,39 @@ fail:
     return rc;
 }
 
+/* Where the path of list element tok (len bytes) starts: after a NAME=
+ * prefix, which counts as a name only if it has no '/'. */
+static const char *npy_path_start(const char *tok, size_t len)
+{
+    const char *eq = memchr(tok, '=', len);
+    if (eq != NULL && eq > tok && memchr(tok, '/', (size_t)(eq - tok)) == NULL)
+        return eq + 1;
+    return tok;
+}
+
+/* The kind's paths (see ferry__dataset_kind): every file of the list. */
+static int npy_paths(const char *args, ferry__span *path, int max)
+{
+    const char *cur = args, *tok;
+    size_t len;
+    int n = 0;
+    while (n < max && ferry__next_comma_token(&cur, &tok, &len)) {
+        const char *p = npy_path_start(tok, len);
+        path[n].off = (size_t)(p - args);
+        path[n].len = len - (size_t)(p - tok);
+        n++;
+    }
+    return n;
+}
+
 /* Splits one list element into the path (NUL-terminated, in path[PATH_MAX])
  * and the field name. */
 static int npy_name_path(const char *tok, size_t len, char *path, char name[FERRY_NAME_MAX],
                          char *errbuf, size_t errlen)
 {
-    const char *eq = memchr(tok, '=', len), *base, *p = tok;
-    size_t plen = len, nlen;
+    const char *p = npy_path_start(tok, len), *eq = p > tok ? p - 1 : NULL, *base;
+    size_t plen = len - (size_t)(p - tok), nlen;
 
-    if (eq != NULL && eq > tok && memchr(tok, '/', (size_t)(eq - tok)) == NULL) {
-        p = eq + 1;
-        plen = len - (size_t)(p - tok);
-    } else {
-        eq = NULL;
-    }
     if (plen == 0)
         return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                   "npy: empty path in file list (expected npy:PATH[,PATH...])");
@@ -503,4 +522,5 @@ const ferry__dataset_kind ferry__npy_kind = {
     .name = "npy",
     .ops = &npy_ops,
     .open = ferry__dataset_open_builtin,
+    .paths = npy_paths,
 };

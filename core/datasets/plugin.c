@@ -126,8 +126,19 @@ fail:
     return rc;
 }
 
+/* The kind's paths (see ferry__dataset_kind): PATH, when it has a '/'. */
+static int plugin_paths(const char *args, ferry__span *path, int max)
+{
+    size_t len = strcspn(args, "?");
+    if (max < 1 || !memchr(args, '/', len))
+        return 0;
+    path[0] = (ferry__span){0, len};
+    return 1;
+}
+
 const ferry__dataset_kind ferry__plugin_kind = {
     .name = "plugin",
     .ops = NULL, /* each plugin brings its own */
     .open = plugin_open,
+    .paths = plugin_paths,
 };
