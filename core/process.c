@@ -10,11 +10,13 @@
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,50 +25,172 @@
 
 extern char **environ;
 
-#ifndef FERRY_INSTALL_BINDIR
-#define FERRY_INSTALL_BINDIR "/usr/local/bin"
+/* ---- Finding the worker program ---- */
+
+/* The installed bin/ as seen from the installed lib/ ("../bin" for the
+ * usual layout), set by CMake from CMAKE_INSTALL_LIBDIR and _BINDIR. Only
+ * this relative step is compiled in, never the prefix, so a prefix moved
+ * or copied elsewhere still finds its own worker. */
+#ifndef FERRY_LIBDIR_TO_BINDIR
+#define FERRY_LIBDIR_TO_BINDIR "../bin"
 #endif
 
-static int executable(const char *path)
+#define WORKER_PROGRAM "ferry-worker"
+
+/* Every place a search tried and why it failed, for the one error that
+ * names them all: "PLACE (what it is): why; PLACE ...". Cut at its size
+ * on purpose: the error sentence is cut at the same size anyway. */
+typedef struct worker_search {
+    char tried[FERRY__ERRMSG_MAX];
+    size_t len;
+} worker_search;
+
+static void search_note(worker_search *ws, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void search_note(worker_search *ws, const char *fmt, ...)
 {
-    return access(path, X_OK) == 0;
+    size_t room = sizeof ws->tried - ws->len;
+    if (room <= 1)
+        return;
+    if (ws->len > 0) {
+        int n = snprintf(ws->tried + ws->len, room, "; ");
+        ws->len += (size_t)n < room ? (size_t)n : room - 1;
+        room = sizeof ws->tried - ws->len;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(ws->tried + ws->len, room, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        ws->len += (size_t)n < room ? (size_t)n : room - 1;
 }
 
+/* 0 if `path` is a program we may run, else an errno saying why not. A
+ * directory passes access(X_OK), so the file type is checked first. */
+static int runnable(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return errno;
+    if (!S_ISREG(st.st_mode))
+        return S_ISDIR(st.st_mode) ? EISDIR : EACCES;
+    return access(path, X_OK) == 0 ? 0 : errno;
+}
+
+/* Takes the program the caller named (option worker_path, or
+ * FERRY_WORKER) as it is, or refuses it: falling back to a guess would run
+ * a program nobody asked for. Not resolved: a Python in a virtual
+ * environment is a symlink whose name is what makes it that environment's. */
+static int take_named(const char *what, const char *path, char *out, size_t cap)
+{
+    int e = runnable(path);
+    if (e != 0)
+        return ferry__seterr(FERRY_ESPAWN, "worker program '%s' (%s) cannot be run: %s", path, what,
+                             strerror(e));
+    if (strlen(path) >= cap)
+        return ferry__seterr(FERRY_ESPAWN, "worker program path (%s) is too long", what);
+    strcpy(out, path);
+    return FERRY_OK;
+}
+
+/* 1 with DIR/ferry-worker in `out` if that is runnable, else 0 with the
+ * reason noted in `ws` (unless NULL); `what` says what DIR is. */
+static int try_dir(worker_search *ws, const char *dir, const char *what, char *out, size_t cap)
+{
+    char path[PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/" WORKER_PROGRAM, dir);
+    int e = n < 0 || (size_t)n >= sizeof path || (size_t)n >= cap ? ENAMETOOLONG : runnable(path);
+    if (e == 0) {
+        strcpy(out, path);
+        return 1;
+    }
+    if (ws)
+        search_note(ws, "%s/" WORKER_PROGRAM " (%s): %s", dir, what, strerror(e));
+    return 0;
+}
+
+/* Relative to the object that holds this code, symlinks resolved: beside
+ * it first (the build tree keeps everything in one folder, and a program
+ * linked with ferry statically may carry its worker beside it), then the
+ * install's bin/ (libferry.so in PREFIX/lib, the worker in PREFIX/bin). */
+static int find_near_library(worker_search *ws, char *out, size_t cap)
+{
+    Dl_info info;
+    char dir[PATH_MAX];
+    if (!dladdr((void *)ferry__find_worker, &info) || !info.dli_fname || !info.dli_fname[0]) {
+        search_note(ws, "the library's own folder: dladdr does not know it");
+        return 0;
+    }
+    if (!realpath(info.dli_fname, dir)) {
+        search_note(ws, "the library's own folder: %s: %s", info.dli_fname, strerror(errno));
+        return 0;
+    }
+    char *slash = strrchr(dir, '/'); /* realpath's answer is absolute */
+    char beside[64 + NAME_MAX];
+    snprintf(beside, sizeof beside, "beside %s", slash + 1);
+    *slash = '\0';
+    if (try_dir(ws, dir, beside, out, cap))
+        return 1;
+    if (!FERRY_LIBDIR_TO_BINDIR[0])
+        return 0; /* bin/ and lib/ are one folder: already tried */
+    char bin[PATH_MAX + sizeof FERRY_LIBDIR_TO_BINDIR], resolved[PATH_MAX];
+    snprintf(bin, sizeof bin, "%s/" FERRY_LIBDIR_TO_BINDIR, dir);
+    /* Resolved so that the workers' command line and the messages that
+     * name the program read PREFIX/bin rather than PREFIX/lib/../bin. */
+    return try_dir(ws, realpath(bin, resolved) ? resolved : bin,
+                   "the install's bin, relative to the library", out, cap);
+}
+
+/* The absolute directories of PATH, in order. Relative entries (and the
+ * empty one, which means the current directory to a shell) are skipped:
+ * a library should not start whatever program the trainer's current
+ * directory holds, and a worker restarted later must be the same file. */
+static int find_on_path(worker_search *ws, char *out, size_t cap)
+{
+    const char *path = getenv("PATH");
+    if (!path || !path[0]) {
+        search_note(ws, "PATH: not set");
+        return 0;
+    }
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, ":");
+        char dir[PATH_MAX];
+        if (p[0] == '/' && n < sizeof dir) {
+            memcpy(dir, p, n);
+            dir[n] = '\0';
+            if (try_dir(NULL, dir, "in PATH", out, cap)) /* one note for all, below */
+                return 1;
+        }
+        p += n + (p[n] == ':');
+    }
+    search_note(ws, WORKER_PROGRAM " in PATH=%s (absolute entries): not found", path);
+    return 0;
+}
+
+/* The order, and why (README.md, "Install"): what the caller named, in
+ * code, then in the environment, wins over anything guessed, and a named
+ * program that cannot run is an error, never a reason to guess (a stale
+ * FERRY_WORKER of another version is caught at the handshake as
+ * FERRY_EVERSION, loudly). Of the guesses, the worker that came with this
+ * library comes first, because a worker must speak the library's protocol
+ * version; PATH is the last resort, for a library and worker installed
+ * apart. */
 int ferry__find_worker(const char *configured, char *out, size_t cap)
 {
+    if (configured && configured[0])
+        return take_named("option worker_path", configured, out, cap);
     const char *env = getenv("FERRY_WORKER");
-    const char *chosen = NULL;
-    char here[PATH_MAX];
-
-    if (configured && configured[0]) {
-        chosen = configured;
-    } else if (env && env[0]) {
-        chosen = env;
-    } else {
-        /* Beside the object that holds this function: libferry.so in the
-         * build tree or a program linked statically against ferry. */
-        Dl_info info;
-        if (dladdr((void *)ferry__find_worker, &info) && info.dli_fname &&
-            realpath(info.dli_fname, here)) {
-            char *slash = strrchr(here, '/');
-            if (slash && (size_t)(slash - here) + sizeof "/ferry-worker" <= sizeof here) {
-                strcpy(slash, "/ferry-worker");
-                if (executable(here))
-                    chosen = here;
-            }
-        }
-        if (!chosen)
-            chosen = FERRY_INSTALL_BINDIR "/ferry-worker";
-    }
-    if (!executable(chosen))
-        return ferry__seterr(FERRY_ESPAWN,
-                             "worker program '%s' is not executable: %s "
-                             "(set option worker_path or FERRY_WORKER)",
-                             chosen, strerror(errno));
-    if (strlen(chosen) >= cap)
-        return ferry__seterr(FERRY_ESPAWN, "worker program path is too long");
-    strcpy(out, chosen);
-    return FERRY_OK;
+    if (env && env[0])
+        return take_named("FERRY_WORKER", env, out, cap);
+    worker_search ws = {.len = 0};
+    search_note(&ws, "option worker_path: not set; FERRY_WORKER: not set");
+    if (find_near_library(&ws, out, cap) || find_on_path(&ws, out, cap))
+        return FERRY_OK;
+    return ferry__seterr(FERRY_ESPAWN,
+                         "no " WORKER_PROGRAM " program found. Looked at: %s. Set option "
+                         "worker_path or FERRY_WORKER to the program",
+                         ws.tried);
 }
 
 int ferry__fd_headroom(int need, const char *what)

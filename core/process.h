@@ -18,10 +18,13 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-/* Finds the worker program: `configured` if non-empty, else $FERRY_WORKER,
- * else ferry-worker beside the object holding this code (the build tree or
- * the install's bin), else the install bindir. FERRY_ESPAWN with detail if
- * the chosen file is not executable. */
+/* Finds the worker program, as a path no longer than cap - 1 in `out`:
+ * `configured` if non-empty, else $FERRY_WORKER if non-empty (either is
+ * taken as it is or refused, never passed over), else ferry-worker beside
+ * the object holding this code (libferry.so or a static program), else in
+ * the install's bin/ relative to it, else in PATH's absolute directories.
+ * FERRY_ESPAWN when none will run: for a named program, that one and why;
+ * else every place looked and why each failed. `out` is untouched then. */
 int ferry__find_worker(const char *configured, char *out, size_t cap);
 
 /* The fd number a spawned child finds `pass_fd` at. */
