@@ -304,15 +304,14 @@ static int trainer_loop(ferry_loader *ld, const bench_opts *o, bench_progress *p
         r->items += info.size;
         *sink += touch(b, &r->bytes);
         ferry_batch_release(b);
+        uint64_t t2 = bench_now_ns();
+        train_step(o);
+        uint64_t now = bench_now_ns();
+        rec.step_ns = now - t2;
         if (record(r, &rec) != 0) {
             fprintf(stderr, "ferry-bench: out of memory for the batch records\n");
             return FERRY_ENOMEM;
         }
-        uint64_t t2 = bench_now_ns();
-        train_step(o);
-        uint64_t now = bench_now_ns();
-        r->recs[r->nrecs - 1].step_ns = now - t2;
-
         if (now - t_sample >= SAMPLE_NS) {
             sample_pss(ld, o, r);
             t_sample = now;
