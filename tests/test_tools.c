@@ -371,6 +371,7 @@ static void test_ferry_bench_refuses_bad_values(void **state)
         {"--step-ms", "fast", "--step-ms"},
         {"--step", "wobble", "spin or sleep"},
         {"--rounds", "0", "--rounds"},
+        {"--compare", "0", "must be >= 1"},
         {"--compare", "--epoch-barrier", "leave out --epoch-barrier"},
         {"--compare", "--compare-remote", "pick one"},
     };

@@ -420,21 +420,25 @@ static int parse_long(const char *s, long lo, long *out)
     return 0;
 }
 
-/* Takes the optional N after --compare or --compare-remote: i moves past
- * it when argv[i + 1] is a number. */
-static void optional_rounds(int argc, char **argv, int *i, long *rounds)
-{
-    long n;
-    if (*i + 1 < argc && parse_long(argv[*i + 1], 1, &n) == 0) {
-        *rounds = n;
-        (*i)++;
-    }
-}
-
 static int bad(const char *why, const char *what)
 {
     fprintf(stderr, "ferry-bench: %s%s\n", why, what ? what : "");
     return 2;
+}
+
+/* Takes the optional N after --compare or --compare-remote: when argv[i +
+ * 1] is a number, i moves past it. -1 to go on, or 2 for a number below 1. */
+static int optional_rounds(int argc, char **argv, int *i, long *rounds)
+{
+    long n;
+    if (*i + 1 >= argc || parse_long(argv[*i + 1], LONG_MIN, &n) != 0)
+        return -1;
+    if (n < 1)
+        return bad("the rounds after --compare or --compare-remote must be >= 1, not ",
+                   argv[*i + 1]);
+    *rounds = n;
+    (*i)++;
+    return -1;
 }
 
 /* Fills *o from the command line. Returns -1 to go on, else the exit code
@@ -501,14 +505,16 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             o->insecure = 1;
         } else if (!strcmp(a, "--compare-remote")) {
             o->compare_remote = 1;
-            optional_rounds(argc, argv, &i, &o->rounds);
+            if (optional_rounds(argc, argv, &i, &o->rounds) >= 0)
+                return 2;
         } else if (!strcmp(a, "--threads")) {
             o->worker_mode = "thread";
         } else if (!strcmp(a, "--epoch-barrier")) {
             o->epoch_barrier = 1;
         } else if (!strcmp(a, "--compare")) {
             o->compare = 1;
-            optional_rounds(argc, argv, &i, &o->rounds);
+            if (optional_rounds(argc, argv, &i, &o->rounds) >= 0)
+                return 2;
         } else if (!strcmp(a, "--out-of-order")) {
             o->in_order = 0;
         } else if (!strcmp(a, "--json")) {
