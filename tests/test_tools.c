@@ -4,6 +4,11 @@
  * "usage: NAME ..." on stdout (listing --help and --version) and exits 0,
  * and an unknown option says "NAME: bad argument '...'" on stderr, prints
  * the usage there, and exits 2.
+ *
+ * And ferry-bench measures: short real runs over a tiny synthetic dataset
+ * whose JSON, CSV and plot are checked for what they must hold (counts
+ * that match the epochs, p50 <= p99 <= max, a step-bound fraction in
+ * (0, 1.05], A and B alternating under --compare).
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -26,7 +31,7 @@ extern char **environ;
 
 typedef struct ran {
     int status;
-    char out[8192], err[8192];
+    char out[65536], err[16384];
 } ran;
 
 /* Reads what fd holds into buf (a NUL-terminated prefix). */
@@ -40,9 +45,9 @@ static void slurp(int fd, char *buf, size_t cap)
     buf[n] = '\0';
 }
 
-/* Runs `path arg` with stdout and stderr in files, waits (bounded) and
- * fills *r. */
-static void run_tool(const char *path, const char *arg, ran *r)
+/* Runs argv (argv[0] the program's path) in environment envp, with stdout
+ * and stderr in files, waits at most ms and fills *r. */
+static void run_argv(char *const argv[], char *const envp[], int ms, ran *r)
 {
     FILE *out = tmpfile(), *err = tmpfile();
     assert_non_null(out);
@@ -51,15 +56,21 @@ static void run_tool(const char *path, const char *arg, ran *r)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fileno(out), 1);
     posix_spawn_file_actions_adddup2(&fa, fileno(err), 2);
-    char *argv[] = {(char *)path, (char *)arg, NULL};
     pid_t pid;
-    assert_int_equal(posix_spawn(&pid, path, &fa, NULL, argv, environ), 0);
+    assert_int_equal(posix_spawn(&pid, argv[0], &fa, NULL, argv, envp), 0);
     posix_spawn_file_actions_destroy(&fa);
-    assert_int_equal(ft_wait_child(pid, 10000, &r->status), 0);
+    assert_int_equal(ft_wait_child(pid, ms, &r->status), 0);
     slurp(fileno(out), r->out, sizeof r->out);
     slurp(fileno(err), r->err, sizeof r->err);
     fclose(out);
     fclose(err);
+}
+
+/* Runs `path arg`: what every tool must answer. */
+static void run_tool(const char *path, const char *arg, ran *r)
+{
+    char *argv[] = {(char *)path, (char *)arg, NULL};
+    run_argv(argv, environ, 10000, r);
 }
 
 static void check_tool(const char *path, const char *name)
@@ -107,12 +118,284 @@ static void test_ferry_bench_answers_like_every_tool(void **state)
     check_tool(FERRY_TEST_BENCH, "ferry-bench");
 }
 
+/* ------------------------------------------------------------------------
+ * ferry-bench's figures
+ */
+
+/* The tiny run every case below makes: 512 items in batches of 32 is 16
+ * batches an epoch, 48 in 3 epochs; a 0.2 ms step keeps it well under a
+ * second a run. */
+#define BENCH_RUN                                                                                  \
+    FERRY_TEST_BENCH, "--dataset", "synthetic:n=512,dim=8", "--batch-size", "32", "--epochs", "3", \
+        "--workers", "2", "--step-ms", "0.2"
+#define BENCH_BATCHES 48
+
+/* The number after the first `"key": ` at or after `from` in json; fails
+ * the case when the key is not there or holds no number (null). */
+static double json_number(const char *from, const char *key)
+{
+    char want[96];
+    snprintf(want, sizeof want, "\"%s\": ", key);
+    const char *at = strstr(from, want);
+    if (!at)
+        fail_msg("no %s in %.400s", want, from);
+    char *end;
+    double v = strtod(at + strlen(want), &end);
+    if (end == at + strlen(want))
+        fail_msg("%s holds no number: %.40s", want, at);
+    return v;
+}
+
+/* Where `"key": ` starts in json (failing the case when it is not there). */
+static const char *json_at(const char *json, const char *key)
+{
+    char want[96];
+    snprintf(want, sizeof want, "\"%s\": ", key);
+    const char *at = strstr(json, want);
+    if (!at)
+        fail_msg("no %s in the JSON", want);
+    return at;
+}
+
+/* p50 <= p99 <= max for figures PREFIX_p50_ms, _p99_ms and _max_ms. */
+static void assert_ordered(const char *json, const char *prefix)
+{
+    char k[64];
+    snprintf(k, sizeof k, "%s_p50_ms", prefix);
+    double p50 = json_number(json, k);
+    snprintf(k, sizeof k, "%s_p99_ms", prefix);
+    double p99 = json_number(json, k);
+    snprintf(k, sizeof k, "%s_max_ms", prefix);
+    double max = json_number(json, k);
+    assert_true(p50 >= 0 && p50 <= p99 && p99 <= max);
+}
+
+/* Reads a small text file whole into buf; its length. */
+static size_t read_file(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    slurp(fd, buf, cap);
+    close(fd);
+    return strlen(buf);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* Whether a program is on PATH. */
+static int on_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    char dir[4096], full[4200];
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        snprintf(dir, sizeof dir, "%.*s", (int)n, path);
+        snprintf(full, sizeof full, "%s/%s", dir[0] ? dir : ".", name);
+        if (access(full, X_OK) == 0)
+            return 1;
+        path += n + (path[n] == ':');
+    }
+    return 0;
+}
+
+static void test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char csv[512];
+    snprintf(csv, sizeof csv, "%s/batches.csv", snap.tmpdir);
+    char *argv[] = {BENCH_RUN, "--csv", csv, "--json", NULL};
+    static ran r;
+    run_argv(argv, environ, 20000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench failed: %s", r.err);
+    assert_null(strstr(r.err, "ferry-bench:"));
+
+    /* Every setting that made the figures, then the figures. */
+    assert_true(r.out[0] == '{' && strstr(r.out, "}\n") != NULL);
+    const char *settings = json_at(r.out, "settings");
+    assert_true(json_number(settings, "workers") == 2);
+    assert_true(json_number(settings, "batch_size") == 32);
+    assert_true(json_number(settings, "epochs") == 3);
+    assert_true(json_number(settings, "step_ms") == 0.2);
+    assert_non_null(strstr(settings, "\"step_mode\": \"spin\""));
+    assert_true(json_number(json_at(r.out, "host"), "cores") >= 1);
+    assert_true(json_number(r.out, "batches_per_epoch") == 16);
+
+    const char *fig = json_at(r.out, "median");
+    assert_true(json_number(fig, "batches") == BENCH_BATCHES);
+    assert_true(json_number(fig, "items") == 512 * 3);
+    assert_true(json_number(fig, "epochs") == 3);
+    assert_true(json_number(fig, "failed") == 0);
+    assert_ordered(fig, "wait");
+    assert_ordered(fig, "epoch_wait");
+    assert_true(json_number(fig, "startup_ms") > 0);
+    assert_true(json_number(fig, "startup_ms") >= json_number(fig, "open_ms"));
+    assert_true(json_number(fig, "batches_per_s") > 0);
+    double frac = json_number(fig, "step_bound_fraction");
+    assert_true(frac > 0 && frac <= 1.05);
+    double share = json_number(fig, "wait_share");
+    assert_true(share >= 0 && share < 1);
+    assert_true(json_number(fig, "trainer_peak_rss_mib") > 0);
+    assert_true(json_number(fig, "trainer_peak_pss_mib") > 0);
+    assert_true(json_number(fig, "workers_peak_rss_mib") > 0);
+    assert_true(json_number(fig, "workers_peak_pss_mib") > 0);
+
+    /* The CSV: the header, then the batches in order. */
+    static char text[65536];
+    read_file(csv, text, sizeof text);
+    const char *header =
+        "seq,epoch,batch_in_epoch,worker,wait_us,make_us,flight_us,ready_us,attempts\n";
+    assert_true(strncmp(text, header, strlen(header)) == 0);
+    assert_int_equal(count_lines(text), 1 + BENCH_BATCHES);
+    const char *row = text + strlen(header);
+    for (int seq = 0; seq < BENCH_BATCHES; seq++) {
+        unsigned long long s, e, b;
+        unsigned w, attempts;
+        double wait, make, flight, ready;
+        assert_int_equal(sscanf(row, "%llu,%llu,%llu,%u,%lf,%lf,%lf,%lf,%u", &s, &e, &b, &w, &wait,
+                                &make, &flight, &ready, &attempts),
+                         9);
+        assert_true(s == (unsigned long long)seq && e == (unsigned)seq / 16 &&
+                    b == (unsigned)seq % 16);
+        assert_true(w < 2 && wait >= 0);
+        row = strchr(row, '\n') + 1;
+    }
+    assert_int_equal(unlink(csv), 0);
+    ft_end(&snap);
+}
+
+static void test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 40);
+    char csv[512], png[512];
+    snprintf(csv, sizeof csv, "%s/batches.csv", snap.tmpdir);
+    snprintf(png, sizeof png, "%s/waits.png", snap.tmpdir);
+    int plot = on_path("gnuplot");
+    if (!plot)
+        printf("note: gnuplot is not installed (Debian: gnuplot-nox); --plot is not checked\n");
+    /* Without gnuplot, the list ends before --plot. */
+    char *argv[] = {BENCH_RUN, "--compare", "2", "--csv", csv, "--json", plot ? "--plot" : NULL,
+                    png,       NULL};
+    static ran r;
+    run_argv(argv, environ, 30000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench --compare failed: %s", r.err);
+
+    assert_true(json_number(json_at(r.out, "settings"), "rounds") == 2);
+    assert_non_null(strstr(r.out, "\"compare\": true"));
+    /* Both sides, each with both rounds, and B is the barrier. */
+    const char *baseline = json_at(json_at(r.out, "results"), "baseline");
+    assert_non_null(json_at(r.out, "ferry"));
+    assert_true(json_number(baseline, "batches") == BENCH_BATCHES);
+    assert_non_null(strstr(r.out, "\"name\": \"baseline\", \"what\": "));
+    assert_non_null(strstr(r.out, "\"epoch_barrier\": true, \"prefetch\": 4}"));
+    /* The ratios of B against A: median, min and max of each. */
+    const char *ratios = json_at(json_at(r.out, "ratios"), "baseline");
+    assert_non_null(json_at(r.out, "ratio_meaning"));
+    const char *med = json_at(ratios, "median"), *min = json_at(ratios, "min"),
+               *max = json_at(ratios, "max");
+    double lo = json_number(min, "batches_per_s"), mid = json_number(med, "batches_per_s"),
+           hi = json_number(max, "batches_per_s");
+    assert_true(lo > 0 && lo <= mid && mid <= hi);
+    assert_true(json_number(med, "startup_ms") > 0);
+    assert_true(json_number(med, "step_bound_fraction") > 0);
+
+    /* The CSV: round and side first, and the runs in the order A B A B. */
+    static char text[262144];
+    read_file(csv, text, sizeof text);
+    const char *header = "round,side,seq,epoch,batch_in_epoch,worker,wait_us,";
+    assert_true(strncmp(text, header, strlen(header)) == 0);
+    assert_int_equal(count_lines(text), 1 + 4 * BENCH_BATCHES);
+    const char *order[] = {"1,ferry,0,", "1,baseline,0,", "2,ferry,0,", "2,baseline,0,"};
+    const char *row = strchr(text, '\n') + 1;
+    for (int run = 0; run < 4; run++) {
+        assert_true(strncmp(row, order[run], strlen(order[run])) == 0);
+        for (int i = 0; i < BENCH_BATCHES; i++)
+            row = strchr(row, '\n') + 1;
+    }
+    assert_int_equal(unlink(csv), 0);
+
+    if (plot) {
+        unsigned char magic[8] = {0};
+        int fd = open(png, O_RDONLY);
+        assert_true(fd >= 0);
+        assert_int_equal(read(fd, magic, sizeof magic), (ssize_t)sizeof magic);
+        close(fd);
+        assert_memory_equal(magic, "\x89PNG\r\n\x1a\n", 8);
+        assert_int_equal(unlink(png), 0);
+    }
+    ft_end(&snap);
+}
+
+static void test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char csv[512], png[512], tmpdir[600];
+    snprintf(csv, sizeof csv, "%s/batches.csv", snap.tmpdir);
+    snprintf(png, sizeof png, "%s/waits.png", snap.tmpdir);
+    snprintf(tmpdir, sizeof tmpdir, "TMPDIR=%s", snap.tmpdir);
+    /* A PATH with nothing on it: no gnuplot to be found. */
+    char *envp[] = {"PATH=/nonexistent", tmpdir, NULL};
+    char *argv[] = {BENCH_RUN, "--csv", csv, "--plot", png, NULL};
+    static ran r;
+    run_argv(argv, envp, 20000, &r);
+    assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    assert_non_null(strstr(r.err, "gnuplot-nox"));
+    assert_non_null(strstr(r.out, "wait in next()")); /* the summary came first */
+    static char text[65536];
+    read_file(csv, text, sizeof text);
+    assert_int_equal(count_lines(text), 1 + BENCH_BATCHES);
+    assert_int_equal(access(png, F_OK), -1);
+    assert_int_equal(unlink(csv), 0);
+    ft_end(&snap);
+}
+
+/* Wrong values are refused before anything runs, with exit status 2. */
+static void test_ferry_bench_refuses_bad_values(void **state)
+{
+    (void)state;
+    static const char *const cases[][3] = {
+        {"--step-ms", "-1", "--step-ms"},
+        {"--step-ms", "fast", "--step-ms"},
+        {"--step", "wobble", "spin or sleep"},
+        {"--rounds", "0", "--rounds"},
+        {"--compare", "0", "must be >= 1"},
+        {"--compare", "--epoch-barrier", "leave out --epoch-barrier"},
+        {"--compare", "--compare-remote", "pick one"},
+    };
+    static ran r;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[] = {FERRY_TEST_BENCH, (char *)cases[i][0], (char *)cases[i][1], NULL};
+        run_argv(argv, environ, 10000, &r);
+        assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2);
+        if (!strstr(r.err, cases[i][2]))
+            fail_msg("%s %s: no '%s' in: %s", cases[i][0], cases[i][1], cases[i][2], r.err);
+        assert_string_equal(r.out, "");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ferry_worker_answers_like_every_tool),
         cmocka_unit_test(test_ferry_keygen_answers_like_every_tool),
         cmocka_unit_test(test_ferry_bench_answers_like_every_tool),
+        cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
+        cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
+        cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
+        cmocka_unit_test(test_ferry_bench_refuses_bad_values),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }
