@@ -497,6 +497,9 @@ def parse_args(argv=None):
         prog="python -m ferry.bench",
         description="ferry.Loader against torch.utils.data.DataLoader on one Python "
                     "dataset class (MNIST-shaped, numpy-backed), runs alternating.")
+    from ferry import __version__  # loaded already: this module is inside the package
+    p.add_argument("--version", action="version",
+                   version="python -m ferry.bench %s" % __version__)
     p.add_argument("--workers", type=int, default=2, help="worker processes (2)")
     p.add_argument("--batch-size", type=int, default=256, help="items per batch (256)")
     p.add_argument("--prefetch", type=int, default=8,

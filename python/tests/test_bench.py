@@ -33,6 +33,20 @@ def check_loader(res, name):
     return ld["median"]
 
 
+def test_bench_answers_version_help_and_bad_options_like_every_tool():
+    import ferry
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ferry.bench"] + list(a),
+                                    capture_output=True, text=True, timeout=60)
+    for mod in ("ferry.bench", "ferry.worker"):
+        p = subprocess.run([sys.executable, "-m", mod, "--version"], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout == "python -m %s %s\n" % (mod, ferry.__version__)
+    p = run("--help")
+    assert p.returncode == 0 and p.stdout.startswith("usage: python -m ferry.bench")
+    p = run("--bogus")
+    assert p.returncode == 2 and "--bogus" in p.stderr
+
+
 def test_bench_ferry_only():
     res = run_bench("--only", "ferry")
     assert set(res) >= {"config", "batches_per_epoch", "loaders", "ratios_ferry_over_torch"}
