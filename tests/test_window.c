@@ -107,6 +107,51 @@ static void test_window_fills_to_prefetch_and_no_further(void **state)
     ferry__window_free(win); /* frees what is still in flight */
 }
 
+static void count_wake(void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* A full window of 8 drained by the trainer wakes the scheduler when 2
+ * slots are free, once, not on every delivery; a window of 4 on the first
+ * free slot. Either way a window that is not full never wakes it (replies
+ * do). */
+static void test_window_wakes_the_scheduler_once_per_quarter_drained(void **state)
+{
+    (void)state;
+    ferry__window_opts o = opts(8, 1);
+    ferry__window *win = open_window(&o);
+    int wakes = 0;
+    ferry__window_set_wake(win, count_wake, &wakes);
+    for (int i = 0; i < 8; i++)
+        answer(win, take_and_send(win, (uint32_t)i % 2));
+    assert_int_equal(next_seq(win), 0);
+    assert_int_equal(wakes, 0);
+    assert_int_equal(next_seq(win), 1);
+    assert_int_equal(wakes, 1);
+    assert_int_equal(next_seq(win), 2);
+    assert_int_equal(wakes, 1);
+    for (int i = 0; i < 2; i++) /* the scheduler refills: seqs 8 and 9, the last */
+        answer(win, take_and_send(win, (uint32_t)i));
+    assert_null(ferry__window_take(win));
+    for (uint64_t seq = 3; seq < 10; seq++)
+        assert_int_equal(next_seq(win), seq);
+    assert_int_equal(wakes, 2); /* 8 -> 6 in flight again */
+    ferry__window_free(win);
+
+    o = opts(4, 1);
+    win = open_window(&o);
+    wakes = 0;
+    ferry__window_set_wake(win, count_wake, &wakes);
+    for (int i = 0; i < 4; i++)
+        answer(win, take_and_send(win, (uint32_t)i % 2));
+    assert_int_equal(next_seq(win), 0);
+    assert_int_equal(wakes, 1);
+    assert_int_equal(next_seq(win), 1);
+    assert_int_equal(wakes, 1);
+    ferry__window_free(win);
+}
+
 static void test_window_delivers_in_order_whatever_the_completion_order(void **state)
 {
     (void)state;
@@ -356,6 +401,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_fills_to_prefetch_and_no_further),
+        cmocka_unit_test(test_window_wakes_the_scheduler_once_per_quarter_drained),
         cmocka_unit_test(test_window_delivers_in_order_whatever_the_completion_order),
         cmocka_unit_test(test_window_out_of_order_delivers_as_completed),
         cmocka_unit_test(test_window_find_names_exactly_one_task),
