@@ -700,6 +700,31 @@ static int raw_send(void *s, const ferry__msg *m, zmq_msg_t *payload)
     return ferry__zsock_send(s, NULL, m, payload, 0);
 }
 
+/* A DEALER to port `port` of ep's host presenting `token` as PLAIN
+ * password (a data connection, or an attempt at one), linger 0. */
+static void *raw_data_dealer(void *ctx, const char *ep, uint32_t port, const char *token)
+{
+    char data_ep[96];
+    const char *colon = strrchr(ep, ':');
+    snprintf(data_ep, sizeof data_ep, "%.*s:%u", (int)(colon - ep), ep, (unsigned)port);
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    assert_non_null(s);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "raw", 3), 0);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, token, strlen(token)), 0);
+    assert_int_equal(zmq_connect(s, data_ep), 0);
+    return s;
+}
+
+/* After a CONFIG (cfg) on plain TCP: the session's data connection, as
+ * ferry's worker makes it. */
+static void *raw_join(void *ctx, const char *ep, const ferry__config_msg *cfg)
+{
+    assert_true(cfg->data_port > 0);
+    return raw_data_dealer(ctx, ep, cfg->data_port, cfg->token);
+}
+
 /* The next message of type `want` within `ms`, skipping others (the
  * loader's heartbeats, a task sent before a session ended). 0, or -1 when
  * none came. A TASK's payload is dropped. */
@@ -830,7 +855,7 @@ static void *raw_script_main(void *arg)
 {
     raw_script *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep);
+    void *s = raw_dealer(ctx, r->ep), *d = NULL;
     static ferry__msg m; /* one thread; too big for a comfortable stack */
     int ok = 1;
     raw_hello(s, FERRY_PROTOCOL_VERSION);
@@ -838,27 +863,34 @@ static void *raw_script_main(void *arg)
         snprintf(r->what, sizeof r->what, "no CONFIG");
         ok = 0;
     }
-    if (ok)
-        raw_ready(s, DIM + 1);
-    if (ok && raw_wait(s, &m, FERRY__MSG_STOP, 10000) != 0) {
+    if (ok) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready(d, DIM + 1);
+    }
+    if (ok && raw_wait(d, &m, FERRY__MSG_STOP, 10000) != 0) {
         snprintf(r->what, sizeof r->what, "no STOP for a READY with another schema");
         ok = 0;
     }
     for (int how = 0; ok && how < NWRONG; how++) {
+        zmq_close(d);
+        d = NULL;
         raw_hello(s, FERRY_PROTOCOL_VERSION);
         if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
             snprintf(r->what, sizeof r->what, "no CONFIG in session %d", how);
             ok = 0;
             break;
         }
-        raw_ready(s, DIM);
-        if (raw_wait(s, &m, FERRY__MSG_TASK, 10000) != 0) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready(d, DIM);
+        if (raw_wait(d, &m, FERRY__MSG_TASK, 10000) != 0) {
             snprintf(r->what, sizeof r->what, "no TASK in session %d", how);
             ok = 0;
             break;
         }
-        raw_wrong_batch(s, &m.u.task, how);
+        raw_wrong_batch(d, &m.u.task, how);
     }
+    if (d)
+        zmq_close(d);
     zmq_close(s);
     zmq_ctx_term(ctx);
     atomic_store(&r->done, ok ? 1 : -1);
@@ -922,7 +954,7 @@ static void *raw_empty_main(void *arg)
 {
     raw_script *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep);
+    void *s = raw_dealer(ctx, r->ep), *d = NULL;
     static ferry__msg m;
     int ok = 1;
     raw_hello(s, FERRY_PROTOCOL_VERSION);
@@ -930,12 +962,16 @@ static void *raw_empty_main(void *arg)
         snprintf(r->what, sizeof r->what, "no CONFIG");
         ok = 0;
     }
-    if (ok)
-        raw_ready_n(s, DIM, 0);
-    if (ok && raw_wait(s, &m, FERRY__MSG_STOP, 10000) != 0) {
+    if (ok) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready_n(d, DIM, 0);
+    }
+    if (ok && raw_wait(d, &m, FERRY__MSG_STOP, 10000) != 0) {
         snprintf(r->what, sizeof r->what, "no STOP for a READY with no items");
         ok = 0;
     }
+    if (d)
+        zmq_close(d);
     zmq_close(s);
     zmq_ctx_term(ctx);
     atomic_store(&r->done, ok ? 1 : -1);
@@ -993,7 +1029,7 @@ static void test_remote_worker_with_empty_data_is_refused(void **state)
 }
 
 /* A worker of another protocol version is told so at once: a HELLO of
- * version 3 gets REFUSE naming both versions, one of version 1 (which knows
+ * version 5 gets REFUSE naming both versions, one of version 1 (which knows
  * no REFUSE) gets STOP; both are counted as rejected, and the run goes on. */
 static void test_hello_of_another_version_is_refused_at_once(void **state)
 {
@@ -1013,7 +1049,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     printf("REFUSE after %llu ms: version %u, '%s'\n", (unsigned long long)(ft_now_ms() - t0),
            m.u.refuse.version, m.u.refuse.reason);
     assert_int_equal(m.u.refuse.version, FERRY_PROTOCOL_VERSION);
-    assert_non_null(strstr(m.u.refuse.reason, "protocol version 4 worker, version 3 loader"));
+    assert_non_null(strstr(m.u.refuse.reason, "protocol version 5 worker, version 4 loader"));
     raw_hello(s, 1);
     assert_int_equal(raw_wait(s, &m, FERRY__MSG_STOP, 5000), 0);
     zmq_close(s);
@@ -1079,14 +1115,14 @@ static void test_worker_refused_for_its_version_stops_at_once(void **state)
     m.type = FERRY__MSG_REFUSE;
     m.u.refuse.version = FERRY_PROTOCOL_VERSION + 1;
     snprintf(m.u.refuse.reason, sizeof m.u.refuse.reason,
-             "protocol version 3 worker, version 4 loader");
+             "protocol version 4 worker, version 5 loader");
     assert_int_equal(ferry__zsock_send(router, &id, &m, NULL, 0), FERRY_OK);
     pthread_join(th, NULL);
     uint64_t took = ft_now_ms() - t0;
     printf("worker stopped after %llu ms: %s\n", (unsigned long long)took, r.err);
     assert_int_equal(r.rc, FERRY_EVERSION);
     assert_non_null(
-        strstr(r.err, "refused this worker: protocol version 3 worker, version 4 loader"));
+        strstr(r.err, "refused this worker: protocol version 4 worker, version 5 loader"));
     assert_true(took < 5000);
     zmq_close(router);
     zmq_ctx_term(ctx);
