@@ -1068,6 +1068,160 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     case_end(&t);
 }
 
+/* ------------------------------------------------------------------------
+ * What a peer that was never admitted can make the loader hold (plain TCP)
+ */
+
+#define HOSTILE_FRAME ((uint64_t)512 << 20)
+
+/* This process's peak resident memory since the last reset (VmHWM), in
+ * KiB; reset_peak() makes it the current size. */
+static long peak_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    assert_true(kib > 0);
+    return kib;
+}
+
+static void reset_peak(void)
+{
+    int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "5", 1), 1);
+    close(fd);
+}
+
+/* In a forked child, so async-signal-safe calls only: connects to
+ * 127.0.0.1:port, speaks ZMTP 3.0 as a DEALER with the NULL mechanism
+ * (greeting, READY), and without a HELLO announces one frame of
+ * HOSTILE_FRAME bytes and streams them, until they are all out or the
+ * loader hangs up. Returns the bytes of the frame that went out. */
+static uint64_t stream_hostile_frame(int port)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0)
+        return 0;
+    unsigned char lead[64 + 30 + 9];
+    unsigned char *g = lead; /* greeting: signature, 3.0, NULL, client */
+    memset(g, 0, 64);
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    memcpy(g + 12, "NULL", 4);
+    static const unsigned char ready[30] = {0x04, 28,  5,   'R', 'E', 'A', 'D', 'Y', 11,  'S',
+                                            'o',  'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                            0,    0,   0,   6,   'D', 'E', 'A', 'L', 'E', 'R'};
+    memcpy(lead + 64, ready, sizeof ready); /* READY: a command frame of 28 bytes */
+    unsigned char *h = lead + 64 + sizeof ready; /* a long frame, the last of its message */
+    h[0] = 0x02;
+    for (int i = 0; i < 8; i++)
+        h[1 + i] = (unsigned char)(HOSTILE_FRAME >> (56 - 8 * i));
+    for (size_t off = 0; off < sizeof lead;) {
+        ssize_t n = send(s, lead + off, sizeof lead - off, MSG_NOSIGNAL);
+        if (n <= 0) {
+            close(s);
+            return 0;
+        }
+        off += (size_t)n;
+    }
+    static unsigned char chunk[1 << 20];
+    memset(chunk, 0x5a, sizeof chunk);
+    uint64_t sent = 0;
+    while (sent < HOSTILE_FRAME) {
+        ssize_t n = send(s, chunk, sizeof chunk, MSG_NOSIGNAL);
+        if (n <= 0)
+            break;
+        sent += (uint64_t)n;
+    }
+    close(s);
+    return sent;
+}
+
+/* A stranger connects to a plain-TCP loader's bind endpoint and, without
+ * HELLO, streams one 512 MiB frame; then does the same at the data port,
+ * and tries the data port with a made-up session token. None of it may
+ * make the loader (this process) hold more than a few MiB, and the real
+ * worker's run goes on exactly: every batch once, in order, intact. */
+static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 120);
+    int data_port = free_port();
+    pid_t good = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "data_port", data_port), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    /* Long enough that ZeroMQ's own heartbeat never cuts the stranger off. */
+    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", 10000), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 2);
+    for (int i = 0; i < 10; i++)
+        read_one(ld, &c);
+
+    reset_peak();
+    long before = peak_rss_kib();
+    int fds[2];
+    assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        uint64_t sent[2] = {stream_hostile_frame(t.port), stream_hostile_frame(data_port)};
+        _exit(write(fds[1], sent, sizeof sent) == (ssize_t)sizeof sent ? 0 : 1);
+    }
+    close(fds[1]);
+    int status;
+    assert_int_equal(ft_wait_child(pid, 60000, &status), 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    uint64_t sent[2] = {0, 0};
+    assert_int_equal(read(fds[0], sent, sizeof sent), (ssize_t)sizeof sent);
+    close(fds[0]);
+
+    /* A made-up token at the data port: refused by the ZAP handler. */
+    void *ctx = zmq_ctx_new();
+    char token[FERRY__TOKEN_HEX + 1];
+    memset(token, '0', FERRY__TOKEN_HEX);
+    token[FERRY__TOKEN_HEX] = '\0';
+    void *d = raw_data_dealer(ctx, t.ep, (uint32_t)data_port, token);
+    assert_int_equal(zmq_send(d, "x", 1, ZMQ_DONTWAIT), 1);
+    assert_true(ft_wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+
+    while (c.taken < 2 * PER_EPOCH)
+        read_one(ld, &c);
+    long after = peak_rss_kib();
+    ferry_stats st = ft_stats(ld);
+    printf("sent %llu KiB of the frame to the bind endpoint, %llu KiB to the data port; "
+           "the loader's peak RSS went from %ld to %ld KiB (+%ld KiB); rejected %llu, "
+           "malformed %llu, delivered %llu\n",
+           (unsigned long long)(sent[0] >> 10), (unsigned long long)(sent[1] >> 10), before,
+           after, after - before, (unsigned long long)st.rejected,
+           (unsigned long long)st.malformed, (unsigned long long)st.delivered);
+    assert_true(after - before < 32 * 1024);
+    assert_true(sent[0] < HOSTILE_FRAME && sent[1] < HOSTILE_FRAME);
+    assert_int_equal(st.delivered, 2 * PER_EPOCH);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.joined, 1);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
+}
+
 /* A loader that answers REFUSE stands for one of a newer version: the
  * worker stops at once (not after its handshake timeout) with
  * FERRY_EVERSION naming both versions. */
@@ -1533,6 +1687,7 @@ int main(void)
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
         cmocka_unit_test(test_remote_worker_with_empty_data_is_refused),
         cmocka_unit_test(test_hello_of_another_version_is_refused_at_once),
+        cmocka_unit_test(test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame),
         cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),
