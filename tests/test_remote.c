@@ -1201,10 +1201,8 @@ static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void 
     zmq_close(d);
     zmq_ctx_term(ctx);
 
-    while (c.taken < 2 * PER_EPOCH)
-        read_one(ld, &c);
+    ferry_stats st = read_to_end(ld, &c, 2 * PER_EPOCH);
     long after = peak_rss_kib();
-    ferry_stats st = ft_stats(ld);
     printf("sent %llu KiB of the frame to the bind endpoint, %llu KiB to the data port; "
            "the loader's peak RSS went from %ld to %ld KiB (+%ld KiB); rejected %llu, "
            "malformed %llu, delivered %llu\n",
@@ -1213,10 +1211,7 @@ static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void 
            (unsigned long long)st.malformed, (unsigned long long)st.delivered);
     assert_true(after - before < 32 * 1024);
     assert_true(sent[0] < HOSTILE_FRAME && sent[1] < HOSTILE_FRAME);
-    assert_int_equal(st.delivered, 2 * PER_EPOCH);
-    assert_int_equal(st.failed, 0);
     assert_int_equal(st.joined, 1);
-    ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(good);
     case_end(&t);
