@@ -62,6 +62,7 @@ struct ferry_config {
     char curve_key[PATH_MAX];       /* the loader's key pair file */
     char curve_allow[PATH_MAX];     /* allow-list file or directory of worker .pub files */
     int64_t insecure;               /* plain TCP allowed (warned about) */
+    int64_t data_port;              /* plain TCP: the data socket's port, 0: any free one */
     int64_t min_workers;            /* -1: workers, or 1 when there are none */
     int64_t max_remote;
     int64_t heartbeat_ms;

@@ -1,6 +1,12 @@
 /*
- * remote.c - the remote workers' socket, CURVE and ZAP, admission and
+ * remote.c - the remote workers' sockets, CURVE and ZAP, admission and
  * liveness (see remote.h).
+ *
+ * Session tokens (plain TCP): one per remote slot, k = the slot's index
+ * among the remote ones. A token is ISSUED when the slot's worker is sent
+ * CONFIG, TAKEN when the ZAP handler lets one data connection in with it
+ * (never again: a second connection, or a redial, is refused), and wiped
+ * when the slot's session ends or a new one begins.
  */
 #include "remote.h"
 
@@ -9,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "alloc.h"
 #include "config.h"
@@ -21,14 +28,35 @@
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93 /* a draft option in libzmq 4.3's header */
 #endif
 
+enum { TOKEN_NONE = 0, TOKEN_ISSUED, TOKEN_TAKEN };
+
+typedef struct session_token {
+    char hex[FERRY__TOKEN_HEX + 1];
+    int state;
+} session_token;
+
 struct ferry__remote {
     ferry__remote_opts o;
-    void *sock;
-    void *zap; /* the ZAP handler's socket when CURVE is on */
+    void *sock; /* where workers say HELLO: the bind endpoint */
+    void *data; /* plain TCP: where admitted workers go on; NULL under CURVE */
+    void *zap;  /* the ZAP handler's socket */
     ferry__allow allow;
     char bound[FERRY__ENDPOINT_MAX];
-    int item_sock, item_zap; /* where their poll items went, -1: none */
+    uint32_t data_port;
+    session_token *tokens; /* plain TCP: max_remote of them */
+    int item_sock, item_data, item_zap; /* where their poll items went, -1: none */
 };
+
+/* sock asks the ZAP handler about every handshake, and fails it should
+ * the handler be missing. */
+static int set_zap_domain(void *sock)
+{
+    int rc = ferry__sockopt(sock, ZMQ_ZAP_DOMAIN, FERRY__ZAP_DOMAIN, strlen(FERRY__ZAP_DOMAIN),
+                            "ZMQ_ZAP_DOMAIN");
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt_int(sock, ZMQ_ZAP_ENFORCE_DOMAIN, 1, "ZMQ_ZAP_ENFORCE_DOMAIN");
+    return rc;
+}
 
 /* The CURVE server side: the loader's key pair, the allow-list, and the ZAP
  * handler that applies it, bound before the endpoint so no handshake can
@@ -56,26 +84,87 @@ static int setup_curve(ferry__remote *rm, void *zctx)
                             "ZMQ_CURVE_SECRETKEY");
     explicit_bzero(sec, sizeof sec);
     if (rc == FERRY_OK)
-        rc = ferry__sockopt(rm->sock, ZMQ_ZAP_DOMAIN, FERRY__ZAP_DOMAIN, strlen(FERRY__ZAP_DOMAIN),
-                            "ZMQ_ZAP_DOMAIN");
-    if (rc == FERRY_OK)
-        rc = ferry__sockopt_int(rm->sock, ZMQ_ZAP_ENFORCE_DOMAIN, 1, "ZMQ_ZAP_ENFORCE_DOMAIN");
+        rc = set_zap_domain(rm->sock);
     return rc;
 }
 
-/* ZeroMQ's own heartbeats, so a dead TCP connection is closed, then CURVE
- * (or, asked for, plain TCP), then the bind. */
+/* ZeroMQ's own heartbeats on sock, so a dead TCP connection is closed. */
+static int set_heartbeats(const ferry__remote *rm, void *sock)
+{
+    int64_t dead = rm->o.heartbeat_ms * rm->o.liveness;
+    int rc =
+        ferry__sockopt_int(sock, ZMQ_HEARTBEAT_IVL, (int)rm->o.heartbeat_ms, "ZMQ_HEARTBEAT_IVL");
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt_int(sock, ZMQ_HEARTBEAT_TIMEOUT,
+                                dead > INT32_MAX ? INT32_MAX : (int)dead, "ZMQ_HEARTBEAT_TIMEOUT");
+    return rc;
+}
+
+/* The data socket's endpoint: the bind endpoint's host with data_port
+ * (or `*`, any free port). FERRY_EOPTION when bind has no port to
+ * replace. */
+static int data_endpoint(const ferry__remote *rm, char *out, size_t cap)
+{
+    const char *colon = strrchr(rm->o.bind, ':');
+    if (!colon || colon < rm->o.bind + 6)
+        return ferry__seterr(FERRY_EOPTION, "bind '%s' names no port", rm->o.bind);
+    char port[8] = "*";
+    if (rm->o.data_port)
+        snprintf(port, sizeof port, "%lld", (long long)rm->o.data_port);
+    snprintf(out, cap, "%.*s:%s", (int)(colon - rm->o.bind), rm->o.bind, port);
+    return FERRY_OK;
+}
+
+/* Plain TCP's data socket: max_message frames, but only for connections
+ * that bring a live session token (PLAIN, checked by the ZAP handler).
+ * The port it got goes into every CONFIG. */
+static int setup_data(ferry__remote *rm, void *zctx)
+{
+    char ep[FERRY__ENDPOINT_MAX + 8], got[FERRY__ENDPOINT_MAX];
+    rm->tokens = ferry__calloc((size_t)rm->o.max_remote, sizeof *rm->tokens);
+    if (!rm->tokens)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory for session tokens");
+    int rc = data_endpoint(rm, ep, sizeof ep);
+    if (rc == FERRY_OK)
+        rc = ferry__socket_new(zctx, ZMQ_ROUTER, rm->o.max_message, &rm->data);
+    if (rc == FERRY_OK)
+        rc = set_heartbeats(rm, rm->data);
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt_int(rm->data, ZMQ_PLAIN_SERVER, 1, "ZMQ_PLAIN_SERVER");
+    if (rc == FERRY_OK)
+        rc = set_zap_domain(rm->data);
+    if (rc == FERRY_OK)
+        rc = ferry__socket_bind(rm->data, ep, FERRY_EOPTION);
+    if (rc != FERRY_OK)
+        return rc;
+    size_t len = sizeof got;
+    const char *colon;
+    long port = 0;
+    if (zmq_getsockopt(rm->data, ZMQ_LAST_ENDPOINT, got, &len) == 0 &&
+        (colon = strrchr(got, ':')) != NULL)
+        port = strtol(colon + 1, NULL, 10);
+    if (port <= 0 || port > 65535)
+        return ferry__seterr(FERRY_ESYS, "the data socket bound at %s has no port", ep);
+    rm->data_port = (uint32_t)port;
+    return FERRY_OK;
+}
+
+/* The HELLO socket, with CURVE or (asked for) plain TCP, bound. On plain
+ * TCP anyone can reach it, so it takes no frame larger than a header: a
+ * peer that has not been admitted cannot make the loader hold more. */
 static int setup_socket(ferry__remote *rm, void *zctx)
 {
     const ferry__remote_opts *o = &rm->o;
-    int64_t dead = o->heartbeat_ms * o->liveness;
-    int rc =
-        ferry__sockopt_int(rm->sock, ZMQ_HEARTBEAT_IVL, (int)o->heartbeat_ms, "ZMQ_HEARTBEAT_IVL");
+    int rc = ferry__socket_new(zctx, ZMQ_ROUTER, o->insecure ? FERRY__HDR_MAX : o->max_message,
+                               &rm->sock);
     if (rc == FERRY_OK)
-        rc = ferry__sockopt_int(rm->sock, ZMQ_HEARTBEAT_TIMEOUT,
-                                dead > INT32_MAX ? INT32_MAX : (int)dead, "ZMQ_HEARTBEAT_TIMEOUT");
+        rc = set_heartbeats(rm, rm->sock);
     if (rc == FERRY_OK && !o->insecure)
         rc = setup_curve(rm, zctx);
+    if (rc == FERRY_OK && o->insecure)
+        rc = ferry__zap_open(zctx, &rm->zap);
+    if (rc == FERRY_OK && o->insecure)
+        rc = setup_data(rm, zctx);
     if (rc == FERRY_OK)
         rc = ferry__socket_bind(rm->sock, o->bind, FERRY_EOPTION);
     if (rc != FERRY_OK)
@@ -85,9 +174,9 @@ static int setup_socket(ferry__remote *rm, void *zctx)
         snprintf(rm->bound, sizeof rm->bound, "%s", o->bind);
     if (o->insecure)
         ferry__logf(&o->log, FERRY_LOG_WARN,
-                    "remote workers on %s are neither authenticated nor encrypted (insecure=1): "
-                    "anyone who can reach it can join and read every batch",
-                    rm->bound);
+                    "remote workers on %s (data port %u) are neither authenticated nor encrypted "
+                    "(insecure=1): anyone who can reach it can join and read every batch",
+                    rm->bound, rm->data_port);
     return FERRY_OK;
 }
 
@@ -99,9 +188,7 @@ int ferry__remote_open(ferry__remote **out, void *zctx, const ferry__remote_opts
     if (!rm)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for the remote socket");
     rm->o = *o;
-    int rc = ferry__socket_new(zctx, ZMQ_ROUTER, o->max_message, &rm->sock);
-    if (rc == FERRY_OK)
-        rc = setup_socket(rm, zctx);
+    int rc = setup_socket(rm, zctx);
     if (rc != FERRY_OK) {
         ferry__remote_close(rm);
         return rc;
@@ -116,15 +203,25 @@ void ferry__remote_close(ferry__remote *rm)
         return;
     if (rm->sock)
         zmq_close(rm->sock);
+    if (rm->data)
+        zmq_close(rm->data);
     if (rm->zap)
         zmq_close(rm->zap);
     ferry__allow_free(&rm->allow);
+    if (rm->tokens)
+        explicit_bzero(rm->tokens, (size_t)rm->o.max_remote * sizeof *rm->tokens);
+    free(rm->tokens);
     free(rm);
 }
 
 void *ferry__remote_socket(const ferry__remote *rm)
 {
     return rm->sock;
+}
+
+void *ferry__remote_data_socket(const ferry__remote *rm)
+{
+    return rm->data;
 }
 
 const char *ferry__remote_endpoint(const ferry__remote *rm)
@@ -137,6 +234,11 @@ int ferry__remote_poll_items(ferry__remote *rm, zmq_pollitem_t *items)
     int n = 0;
     rm->item_sock = n;
     items[n++] = (zmq_pollitem_t){.socket = rm->sock, .events = ZMQ_POLLIN};
+    rm->item_data = -1;
+    if (rm->data) {
+        rm->item_data = n;
+        items[n++] = (zmq_pollitem_t){.socket = rm->data, .events = ZMQ_POLLIN};
+    }
     rm->item_zap = -1;
     if (rm->zap) {
         rm->item_zap = n;
@@ -145,9 +247,80 @@ int ferry__remote_poll_items(ferry__remote *rm, zmq_pollitem_t *items)
     return n;
 }
 
-int ferry__remote_readable(const ferry__remote *rm, const zmq_pollitem_t *items)
+int ferry__remote_readable(const ferry__remote *rm, const zmq_pollitem_t *items, void **socks)
 {
-    return (items[rm->item_sock].revents & ZMQ_POLLIN) != 0;
+    int n = 0;
+    if (items[rm->item_sock].revents & ZMQ_POLLIN)
+        socks[n++] = rm->sock;
+    if (rm->item_data >= 0 && (items[rm->item_data].revents & ZMQ_POLLIN))
+        socks[n++] = rm->data;
+    return n;
+}
+
+/* The ZAP handler's question on plain TCP: is this a token given out and
+ * not yet used? Compared in full, whatever the first difference. */
+static int take_token(void *arg, const char *hex)
+{
+    ferry__remote *rm = arg;
+    for (int64_t k = 0; k < rm->o.max_remote; k++) {
+        session_token *t = &rm->tokens[k];
+        unsigned char diff = 0;
+        for (int i = 0; i < FERRY__TOKEN_HEX; i++)
+            diff |= (unsigned char)(t->hex[i] ^ hex[i]);
+        if (t->state == TOKEN_ISSUED && diff == 0) {
+            t->state = TOKEN_TAKEN;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex)
+{
+    if (!rm->data) {
+        hex[0] = '\0';
+        return FERRY_OK;
+    }
+    unsigned char raw[FERRY__TOKEN_HEX / 2];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
+        if (r < 0 && errno != EINTR)
+            return ferry__syserr(FERRY_ESYS, "getrandom (a session token)", errno);
+        if (r > 0)
+            got += (size_t)r;
+    }
+    session_token *t = &rm->tokens[k];
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(t->hex + 2 * i, 3, "%02x", raw[i]);
+    explicit_bzero(raw, sizeof raw);
+    t->state = TOKEN_ISSUED;
+    memcpy(hex, t->hex, sizeof t->hex);
+    return FERRY_OK;
+}
+
+void ferry__remote_token_revoke(ferry__remote *rm, uint32_t k)
+{
+    if (rm->data) {
+        explicit_bzero(&rm->tokens[k], sizeof rm->tokens[k]);
+        rm->tokens[k].state = TOKEN_NONE;
+    }
+}
+
+int ferry__remote_token_owner(const ferry__remote *rm, const char *user)
+{
+    if (!rm->data || strlen(user) != FERRY__TOKEN_HEX)
+        return -1;
+    for (int64_t k = 0; k < rm->o.max_remote; k++) {
+        if (rm->tokens[k].state == TOKEN_TAKEN && strcmp(rm->tokens[k].hex, user) == 0)
+            return (int)k;
+    }
+    return -1;
+}
+
+uint32_t ferry__remote_data_port(const ferry__remote *rm)
+{
+    return rm->data_port;
 }
 
 void ferry__remote_serve_zap(ferry__remote *rm, const zmq_pollitem_t *items,
@@ -156,8 +329,11 @@ void ferry__remote_serve_zap(ferry__remote *rm, const zmq_pollitem_t *items,
     if (rm->item_zap < 0 || !(items[rm->item_zap].revents & ZMQ_POLLIN))
         return;
     char why[256];
+    ferry__zap_rules rules = {.allow = rm->data ? NULL : &rm->allow,
+                              .take_token = rm->data ? take_token : NULL,
+                              .arg = rm};
     for (int k = 0; k < 16; k++) {
-        int r = ferry__zap_serve(rm->zap, &rm->allow, why, sizeof why);
+        int r = ferry__zap_serve(rm->zap, &rules, why, sizeof why);
         if (r < 0)
             return;
         if (r == 0)

@@ -1,11 +1,22 @@
 /*
- * remote.h - remote workers: the TCP socket they connect to, who may
+ * remote.h - remote workers: the TCP sockets they connect to, who may
  * connect (CURVE with an allow-list served as ZAP), admission into a free
  * remote slot, and liveness (heartbeats both ways).
  *
  * Position in the data flow: beside the local pool, under the scheduler.
  * Remote workers come in on a ROUTER of their own, so the local ipc or
- * inproc socket never authenticates anyone from the network. This module
+ * inproc socket never authenticates anyone from the network.
+ *
+ * Under CURVE nobody off the allow-list gets a message through, and one
+ * socket serves the whole session. On plain TCP (insecure=1) anyone can
+ * connect, so what an unadmitted peer may send is bounded apart from what
+ * a worker may: the bind endpoint takes only frames up to FERRY__HDR_MAX
+ * (enough for HELLO), and an admitted worker is sent, in CONFIG, the port
+ * of a second socket (max_message frames) and a one-use session token
+ * that the ZAP handler asks of every connection to it (PLAIN mechanism).
+ * Everything after CONFIG runs there. So a stranger can make the loader
+ * hold at most a header per connection, and only max_remote admitted
+ * workers can send batches. This module
  * decides what the rules say (admit or refuse, heartbeat due or peer lost);
  * the scheduler carries out what follows for the window. It never touches
  * the window or the loader.
@@ -30,25 +41,47 @@ typedef struct ferry__remote_opts {
     const char *curve_key;   /* the loader's key pair file */
     const char *curve_allow; /* allowed worker keys: file or directory */
     int insecure;            /* plain TCP, asked for */
+    int64_t data_port;       /* plain TCP: the data socket's port, 0: any free one */
+    int64_t max_remote;      /* remote slots: as many session tokens */
     int64_t max_message;
     int64_t heartbeat_ms;
     int64_t liveness; /* heartbeat intervals of silence before a peer is lost */
     ferry__log log;   /* where its messages go */
 } ferry__remote_opts;
 
-/* Makes the socket (and the ZAP handler, with CURVE) in zctx and binds it.
+/* Makes the sockets and the ZAP handler in zctx and binds them.
  * FERRY_EOPTION for a bad bind or missing keys, key errors as keys.h,
  * FERRY_ESYS/FERRY_ELIMIT from ZeroMQ. *out untouched on failure. */
 int ferry__remote_open(ferry__remote **out, void *zctx, const ferry__remote_opts *o);
 void ferry__remote_close(ferry__remote *rm);
 
+/* Where workers say HELLO (and, under CURVE, everything else). */
 void *ferry__remote_socket(const ferry__remote *rm);
+
+/* Plain TCP: where admitted workers go on after CONFIG; NULL under CURVE. */
+void *ferry__remote_data_socket(const ferry__remote *rm);
+
+/* The data socket's port, for CONFIG; 0 under CURVE. */
+uint32_t ferry__remote_data_port(const ferry__remote *rm);
+
+/* Plain TCP: a fresh session token for remote slot k (0..max_remote-1)
+ * into hex (FERRY__TOKEN_HEX + 1 bytes), replacing the slot's last one;
+ * under CURVE hex is "". FERRY_ESYS when no randomness could be had. */
+int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex);
+
+/* Slot k's token is no longer any good (its session ended). */
+void ferry__remote_token_revoke(ferry__remote *rm, uint32_t k);
+
+/* The remote slot whose token let in the data connection whose ZAP user
+ * id is `user`, or -1. */
+int ferry__remote_token_owner(const ferry__remote *rm, const char *user);
 
 /* The endpoint as bound, a `*` port resolved. */
 const char *ferry__remote_endpoint(const ferry__remote *rm);
 
-/* Appends poll items (the socket, and the ZAP handler) to items[]; returns
- * how many (at most 2). */
+/* Appends poll items (the sockets, and the ZAP handler) to items[];
+ * returns how many (at most FERRY__REMOTE_POLL_ITEMS). */
+#define FERRY__REMOTE_POLL_ITEMS 3
 int ferry__remote_poll_items(ferry__remote *rm, zmq_pollitem_t *items);
 
 /* Answers waiting ZAP requests (after a poll, if its items fired): each
@@ -56,8 +89,9 @@ int ferry__remote_poll_items(ferry__remote *rm, zmq_pollitem_t *items);
 void ferry__remote_serve_zap(ferry__remote *rm, const zmq_pollitem_t *items,
                              void (*refused)(void *arg, const char *why), void *arg);
 
-/* Whether the remote socket has messages waiting, after a poll. */
-int ferry__remote_readable(const ferry__remote *rm, const zmq_pollitem_t *items);
+/* The remote sockets with messages waiting, after a poll, into socks[]
+ * (room for 2); returns how many. */
+int ferry__remote_readable(const ferry__remote *rm, const zmq_pollitem_t *items, void **socks);
 
 /* Whether a HELLO on the remote socket may be admitted: this protocol
  * version, and no claim on a local slot. 0 with *why set otherwise (for

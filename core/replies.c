@@ -9,6 +9,10 @@
  * is not what its task asked for (count, schema) is counted as malformed
  * and charged to its worker: nothing a peer sends can crash the loader or
  * reach the trainer unchecked.
+ *
+ * On plain TCP a remote worker's session moves, after CONFIG, from the
+ * HELLO socket to the data socket (remote.h): its first message there,
+ * on the connection its session token let in, binds it (bind_data).
  */
 #include <errno.h>
 #include <string.h>
@@ -52,19 +56,26 @@ static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *
 }
 
 /* A remote worker refused: counted, said so (rate-limited), and answered
- * (answer_refusal) so it backs off at once. */
-static void reject_remote(ferry__scheduler *s, const ferry__ident *id, uint32_t version,
-                          const char *why)
+ * (answer_refusal) on sock so it backs off at once. */
+static void reject_remote(ferry__scheduler *s, void *sock, const ferry__ident *id,
+                          uint32_t version, const char *why)
 {
     ferry__remote_log_refusal(s->remote, ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
     snprintf(s->last_refusal, sizeof s->last_refusal, "%s", why);
     if (id)
-        answer_refusal(s, ferry__remote_socket(s->remote), id, version, why);
+        answer_refusal(s, sock, id, version, why);
 }
 
 void ferry__sched_zap_refused(void *arg, const char *why)
 {
-    reject_remote(arg, NULL, FERRY_PROTOCOL_VERSION, why);
+    reject_remote(arg, NULL, NULL, FERRY_PROTOCOL_VERSION, why);
+}
+
+void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w)
+{
+    w->p.state = FERRY__PEER_EMPTY;
+    w->p.ident.len = 0;
+    ferry__remote_token_revoke(s->remote, w->p.index - s->nlocal);
 }
 
 /* Sends CONFIG (or, while closing, STOP) to a worker that said HELLO. */
@@ -88,7 +99,19 @@ static void configure_worker(ferry__scheduler *s, sched_worker *w)
     c->heartbeat_ms = w->p.remote ? (uint32_t)s->cfg.heartbeat_ms : 0;
     c->liveness = (uint32_t)s->cfg.heartbeat_liveness;
     c->max_message = (uint64_t)s->cfg.max_message;
-    if (sched_send(s, w, NULL) == FERRY_OK) {
+    if (w->p.remote) {
+        c->data_port = ferry__remote_data_port(s->remote);
+        if (ferry__remote_token_issue(s->remote, w->p.index - s->nlocal, c->token) != FERRY_OK) {
+            ferry__logf(&s->log, FERRY_LOG_WARN, "turned a remote worker away: %s",
+                        ferry_last_error());
+            sched_send_simple(s, w, FERRY__MSG_STOP);
+            ferry__sched_end_remote(s, w);
+            return;
+        }
+    }
+    int rc = sched_send(s, w, NULL);
+    explicit_bzero(c->token, sizeof c->token);
+    if (rc == FERRY_OK) {
         w->p.state = FERRY__PEER_CONFIGURED;
         w->p.sent_ms = ferry__now_ms();
     }
@@ -112,7 +135,7 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     const ferry__hello *h = &s->in.u.hello;
     char why[FERRY__ERRMSG_MAX];
     if (!ferry__remote_hello_ok(h, why, sizeof why)) {
-        reject_remote(s, id, h->version, why);
+        reject_remote(s, ferry__remote_socket(s->remote), id, h->version, why);
         return;
     }
     sched_worker *w = find_by_ident(s, ferry__remote_socket(s->remote), id);
@@ -122,9 +145,10 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     if (!w) {
         snprintf(why, sizeof why, "%s (pid %u): all %lld remote slots are taken (max_remote)",
                  h->host, h->pid, (long long)s->cfg.max_remote);
-        reject_remote(s, id, FERRY_PROTOCOL_VERSION, why);
+        reject_remote(s, ferry__remote_socket(s->remote), id, FERRY_PROTOCOL_VERSION, why);
         return;
     }
+    w->p.sock = ferry__remote_socket(s->remote); /* until its data connection binds it */
     w->p.ident = *id;
     w->p.unreachable = 0;
     w->p.delivered_any = 0;
@@ -153,6 +177,11 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
 {
     if (s->remote && sock == ferry__remote_socket(s->remote)) {
         on_hello_remote(s, id);
+        return;
+    }
+    if (s->remote && sock == ferry__remote_data_socket(s->remote)) {
+        /* A session starts on the HELLO socket, never here. */
+        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
         return;
     }
     const ferry__hello *h = &s->in.u.hello;
@@ -249,8 +278,8 @@ static void on_ready(ferry__scheduler *s, sched_worker *w)
         ferry__window_fail(s->win, r->code != 0 ? r->code : FERRY_EMISMATCH, msg);
         return;
     }
-    reject_remote(s, &w->p.ident, FERRY_PROTOCOL_VERSION, msg);
-    w->p.state = FERRY__PEER_EMPTY;
+    reject_remote(s, w->p.sock, &w->p.ident, FERRY_PROTOCOL_VERSION, msg);
+    ferry__sched_end_remote(s, w);
 }
 
 /* The worker delivered (or failed on) a task: it is alive and useful. */
@@ -389,6 +418,28 @@ static void on_fail(ferry__scheduler *s, sched_worker *w)
                            msg, ferry__now_ms());
 }
 
+/* The first message on a data connection: the ZAP handler let it in with
+ * the session token of the remote slot whose worker it is (its user id),
+ * so that worker's session goes on there from now on. The slot must still
+ * be waiting for it: a token outlives no session. NULL when the message is
+ * no such thing (stale). The worker hears at once that it got through. */
+static sched_worker *bind_data(ferry__scheduler *s, void *sock, const ferry__ident *id)
+{
+    if (!s->remote || sock != ferry__remote_data_socket(s->remote))
+        return NULL;
+    int k = ferry__remote_token_owner(s->remote, id->user);
+    if (k < 0)
+        return NULL;
+    sched_worker *w = &s->w[s->nlocal + (uint32_t)k];
+    if (w->p.state != FERRY__PEER_CONFIGURED || w->p.sock == sock)
+        return NULL;
+    w->p.sock = sock;
+    w->p.ident = *id;
+    if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
+        w->p.sent_ms = ferry__now_ms();
+    return w;
+}
+
 /* A message that only a ready worker may send. */
 static int ready_or_malformed(ferry__scheduler *s, const sched_worker *w)
 {
@@ -404,7 +455,14 @@ static void on_message(ferry__scheduler *s, void *sock, const ferry__ident *id, 
         on_hello(s, sock, id);
         return;
     }
+    if (s->remote && sock == ferry__remote_socket(s->remote) && ferry__remote_data_socket(s->remote)) {
+        /* On plain TCP the HELLO socket takes HELLO and nothing else. */
+        ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+        return;
+    }
     sched_worker *w = find_by_ident(s, sock, id);
+    if (!w)
+        w = bind_data(s, sock, id);
     if (!w) {
         ferry__window_count(s->win, FERRY__STAT_STALE);
         return;

@@ -105,6 +105,10 @@ void ferry__sched_drain(ferry__scheduler *s, void *sock, int budget);
 /* The ZAP handler refused a key (remote.h's refused callback). */
 void ferry__sched_zap_refused(void *s, const char *why);
 
+/* Remote slot w's session is over: the slot is free again and its session
+ * token no longer opens anything. */
+void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w);
+
 /* ---- supervise.c ---- */
 
 /* A local process worker died (a pool event); handled once it settles. */

@@ -181,8 +181,10 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
         ferry__remote_serve_zap(s->remote, remote_items, ferry__sched_zap_refused, s);
     if (items[0].revents & ZMQ_POLLIN)
         ferry__sched_drain(s, s->router, 64);
-    if (s->remote && ferry__remote_readable(s->remote, remote_items))
-        ferry__sched_drain(s, ferry__remote_socket(s->remote), 64);
+    void *readable[2];
+    int nr = s->remote ? ferry__remote_readable(s->remote, remote_items, readable) : 0;
+    for (int i = 0; i < nr; i++)
+        ferry__sched_drain(s, readable[i], 64);
     int nev = ferry__pool_after_poll(s->pool, pool_items, s->events);
     for (int i = 0; i < nev; i++) {
         const ferry__pool_event *ev = &s->events[i];
@@ -308,7 +310,8 @@ static void destroy(ferry__scheduler *s)
 static int alloc_tables(ferry__scheduler *s)
 {
     s->w = ferry__calloc(s->nworkers, sizeof *s->w);
-    s->items = ferry__calloc(4 + 2 * (size_t)s->nlocal, sizeof *s->items);
+    s->items =
+        ferry__calloc(2 + FERRY__REMOTE_POLL_ITEMS + 2 * (size_t)s->nlocal, sizeof *s->items);
     s->events = ferry__calloc(s->nlocal ? s->nlocal : 1, sizeof *s->events);
     if (!s->w || !s->items || !s->events)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
@@ -349,6 +352,8 @@ static int setup_sockets(ferry__scheduler *s)
                              .curve_key = s->cfg.curve_key,
                              .curve_allow = s->cfg.curve_allow,
                              .insecure = (int)s->cfg.insecure,
+                             .data_port = s->cfg.data_port,
+                             .max_remote = s->cfg.max_remote,
                              .max_message = s->cfg.max_message,
                              .heartbeat_ms = s->cfg.heartbeat_ms,
                              .liveness = s->cfg.heartbeat_liveness,

@@ -163,8 +163,7 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
     snprintf(msg, sizeof msg, "%s left: %s", who, why);
     ferry__peer_state was = w->p.state;
     stop_settling(s, w); /* a BYE or a new session settles it too */
-    w->p.state = FERRY__PEER_EMPTY;
-    w->p.ident.len = 0;
+    ferry__sched_end_remote(s, w);
     if (was == FERRY__PEER_READY) {
         ferry__window_add_workers(s->win, -1);
         ferry__window_count(s->win, FERRY__STAT_LOST);
@@ -301,6 +300,10 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
             ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
             break;
         case FERRY__LIVE_HEARTBEAT:
+            /* Not yet on its data connection: the HELLO one is closed. */
+            if (ferry__remote_data_socket(s->remote) &&
+                w->p.sock != ferry__remote_data_socket(s->remote))
+                break;
             if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
                 w->p.sent_ms = now;
             else

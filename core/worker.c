@@ -37,7 +37,12 @@
 
 typedef struct worker_session {
     const ferry__worker_opts *o;
+    void *ctx;
     void *sock;
+    /* Plain TCP: the loader's data port, once CONFIG named one; until the
+     * loader is first heard there, joining is set. */
+    char data_ep[FERRY__HOST_MAX + 16];
+    int joining;
     /* The socket is shared with the heartbeat thread: whoever uses it holds
      * sock_mu (the mutex is also the memory barrier ZeroMQ asks for when a
      * socket changes threads). */
@@ -173,6 +178,7 @@ static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
     if (rc != FERRY_OK)
         return e == EAGAIN ? FERRY_OK : rc;
     *got = 1;
+    w->joining = 0;
     w->heard_ms = ferry__now_ms();
     return FERRY_OK;
 }
@@ -382,22 +388,79 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
     return rc;
 }
 
-/* The DEALER: limits, then for tcp:// ZeroMQ's heartbeats (a dead
- * connection is closed and redialled), a reconnect interval that backs off
- * to 2 s, and CURVE when a server key is given. */
-static int setup_socket(worker_session *w)
+/* A DEALER for endpoint: limits, then for tcp:// ZeroMQ's heartbeats (a
+ * dead connection is closed and redialled) and a reconnect interval that
+ * backs off to 2 s. */
+static int setup_socket(void *sock, const char *endpoint)
+{
+    /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
+    int rc = ferry__socket_setup(sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
+    if (rc != FERRY_OK || strncmp(endpoint, "tcp://", 6) != 0)
+        return rc;
+    rc = ferry__sockopt_int(sock, ZMQ_HEARTBEAT_IVL, 1000, "ZMQ_HEARTBEAT_IVL");
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt_int(sock, ZMQ_HEARTBEAT_TIMEOUT, 5000, "ZMQ_HEARTBEAT_TIMEOUT");
+    if (rc == FERRY_OK) /* redial backs off to 2 s */
+        rc = ferry__sockopt_int(sock, ZMQ_RECONNECT_IVL_MAX, 2000, "ZMQ_RECONNECT_IVL_MAX");
+    return rc;
+}
+
+/* The loader's endpoint with another port: the host is the one this
+ * worker reached, whatever address the loader bound. */
+static int with_port(const char *endpoint, uint32_t port, char *out, size_t cap)
+{
+    const char *colon = strrchr(endpoint, ':');
+    if (strncmp(endpoint, "tcp://", 6) != 0 || !colon || colon < endpoint + 6)
+        return ferry__seterr(FERRY_EPROTO, "CONFIG names a data port, but %s is not tcp://HOST:PORT",
+                             endpoint);
+    int n = snprintf(out, cap, "%.*s:%u", (int)(colon - endpoint), endpoint, (unsigned)port);
+    if (n < 0 || (size_t)n >= cap)
+        return ferry__seterr(FERRY_ELIMIT, "the loader's endpoint %s is too long", endpoint);
+    return FERRY_OK;
+}
+
+/* Plain TCP: CONFIG admitted this worker and named the port and token of
+ * its data connection. The session moves there (a new DEALER, PLAIN with
+ * the token as password) and says so with a HEARTBEAT, so the loader
+ * binds it before the dataset is even open; the HELLO connection, which
+ * takes nothing larger than a header, is closed. */
+static int join_data(worker_session *w, const ferry__config_msg *c)
+{
+    int rc = with_port(w->o->endpoint, c->data_port, w->data_ep, sizeof w->data_ep);
+    if (rc != FERRY_OK)
+        return rc;
+    void *s = zmq_socket(w->ctx, ZMQ_DEALER);
+    if (!s)
+        return ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
+    rc = setup_socket(s, w->data_ep);
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt(s, ZMQ_PLAIN_USERNAME, "ferry-worker", 12, "ZMQ_PLAIN_USERNAME");
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt(s, ZMQ_PLAIN_PASSWORD, c->token, strlen(c->token),
+                            "ZMQ_PLAIN_PASSWORD");
+    if (rc == FERRY_OK && zmq_connect(s, w->data_ep) != 0)
+        rc = ferry__seterr(FERRY_ESYS, "connecting to %s: %s", w->data_ep, zmq_strerror(errno));
+    if (rc != FERRY_OK) {
+        zmq_close(s);
+        return rc;
+    }
+    pthread_mutex_lock(&w->sock_mu);
+    ferry__sockopt_int(w->sock, ZMQ_LINGER, 0, "ZMQ_LINGER");
+    zmq_close(w->sock);
+    w->sock = s;
+    pthread_mutex_unlock(&w->sock_mu);
+    w->joining = 1;
+    w->heard_ms = ferry__now_ms();
+    return send_simple(w, FERRY__MSG_HEARTBEAT);
+}
+
+/* The HELLO connection's DEALER: setup_socket, and CURVE when a server
+ * key is given. */
+static int setup_hello_socket(worker_session *w)
 {
     const ferry__worker_opts *o = w->o;
-    /* A TASK is at most a header and FERRY__MAX_BATCH indices. */
-    int rc = ferry__socket_setup(w->sock, FERRY__HDR_MAX + (int64_t)FERRY__MAX_BATCH * 8);
-    if (rc != FERRY_OK || strncmp(o->endpoint, "tcp://", 6) != 0)
-        return rc;
-    rc = ferry__sockopt_int(w->sock, ZMQ_HEARTBEAT_IVL, 1000, "ZMQ_HEARTBEAT_IVL");
-    if (rc == FERRY_OK)
-        rc = ferry__sockopt_int(w->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000, "ZMQ_HEARTBEAT_TIMEOUT");
-    if (rc == FERRY_OK) /* redial backs off to 2 s */
-        rc = ferry__sockopt_int(w->sock, ZMQ_RECONNECT_IVL_MAX, 2000, "ZMQ_RECONNECT_IVL_MAX");
-    if (rc != FERRY_OK || !o->server_key)
+    int rc = setup_socket(w->sock, o->endpoint);
+    if (rc != FERRY_OK || !o->server_key || strncmp(o->endpoint, "tcp://", 6) != 0)
         return rc;
     if (zmq_setsockopt(w->sock, ZMQ_CURVE_SERVERKEY, o->server_key, 40) != 0 ||
         zmq_setsockopt(w->sock, ZMQ_CURVE_PUBLICKEY, o->public_key, 40) != 0 ||
@@ -444,9 +507,16 @@ static int on_idle(worker_session *w, int configured, uint64_t waited)
                                  w->o->endpoint, w->o->handshake_ms);
         return FERRY_OK;
     }
+    uint64_t now = ferry__now_ms();
+    uint64_t join_ms = w->hb_ms ? w->dead_ms : (uint64_t)w->o->handshake_ms;
+    if (w->joining && join_ms && now - w->heard_ms >= join_ms)
+        return ferry__seterr(FERRY_ETIMEDOUT,
+                             "the loader at %s admitted this worker, but its data port %s did not "
+                             "take the connection within %llu ms (is that port reachable through "
+                             "the firewall? or the loader refused the session token)",
+                             w->o->endpoint, w->data_ep, (unsigned long long)join_ms);
     if (!w->hb_ms)
         return FERRY_OK;
-    uint64_t now = ferry__now_ms();
     if (now - w->heard_ms >= w->dead_ms)
         return ferry__seterr(
             FERRY_ETIMEDOUT, "the loader at %s has been silent for %llu ms (heartbeat %llu ms)",
@@ -493,7 +563,10 @@ static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, in
     switch (w->in.type) {
     case FERRY__MSG_CONFIG: {
         *configured = 1;
-        int rc = on_config(w);
+        int rc = w->in.u.config.data_port && !w->data_ep[0] ? join_data(w, &w->in.u.config)
+                                                             : FERRY_OK;
+        if (rc == FERRY_OK)
+            rc = on_config(w);
         if (rc == FERRY_OK && w->ds_open && w->o->configured)
             *w->o->configured = 1;
         return rc;
@@ -558,7 +631,7 @@ static int open_session(worker_session *w, void *ctx)
     w->sock = zmq_socket(ctx, ZMQ_DEALER);
     if (!w->sock)
         return ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
-    int rc = setup_socket(w);
+    int rc = setup_hello_socket(w);
     if (rc != FERRY_OK)
         return rc;
     if (zmq_connect(w->sock, o->endpoint) != 0)
@@ -594,6 +667,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
         if (!ctx)
             rc = ferry__syserr(FERRY_ESYS, "zmq_ctx_new", errno);
     }
+    w->ctx = ctx;
     if (rc == FERRY_OK)
         rc = open_session(w, ctx);
     if (rc == FERRY_OK)

@@ -700,6 +700,31 @@ static int raw_send(void *s, const ferry__msg *m, zmq_msg_t *payload)
     return ferry__zsock_send(s, NULL, m, payload, 0);
 }
 
+/* A DEALER to port `port` of ep's host presenting `token` as PLAIN
+ * password (a data connection, or an attempt at one), linger 0. */
+static void *raw_data_dealer(void *ctx, const char *ep, uint32_t port, const char *token)
+{
+    char data_ep[96];
+    const char *colon = strrchr(ep, ':');
+    snprintf(data_ep, sizeof data_ep, "%.*s:%u", (int)(colon - ep), ep, (unsigned)port);
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    assert_non_null(s);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "raw", 3), 0);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, token, strlen(token)), 0);
+    assert_int_equal(zmq_connect(s, data_ep), 0);
+    return s;
+}
+
+/* After a CONFIG (cfg) on plain TCP: the session's data connection, as
+ * ferry's worker makes it. */
+static void *raw_join(void *ctx, const char *ep, const ferry__config_msg *cfg)
+{
+    assert_true(cfg->data_port > 0);
+    return raw_data_dealer(ctx, ep, cfg->data_port, cfg->token);
+}
+
 /* The next message of type `want` within `ms`, skipping others (the
  * loader's heartbeats, a task sent before a session ended). 0, or -1 when
  * none came. A TASK's payload is dropped. */
@@ -830,7 +855,7 @@ static void *raw_script_main(void *arg)
 {
     raw_script *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep);
+    void *s = raw_dealer(ctx, r->ep), *d = NULL;
     static ferry__msg m; /* one thread; too big for a comfortable stack */
     int ok = 1;
     raw_hello(s, FERRY_PROTOCOL_VERSION);
@@ -838,27 +863,34 @@ static void *raw_script_main(void *arg)
         snprintf(r->what, sizeof r->what, "no CONFIG");
         ok = 0;
     }
-    if (ok)
-        raw_ready(s, DIM + 1);
-    if (ok && raw_wait(s, &m, FERRY__MSG_STOP, 10000) != 0) {
+    if (ok) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready(d, DIM + 1);
+    }
+    if (ok && raw_wait(d, &m, FERRY__MSG_STOP, 10000) != 0) {
         snprintf(r->what, sizeof r->what, "no STOP for a READY with another schema");
         ok = 0;
     }
     for (int how = 0; ok && how < NWRONG; how++) {
+        zmq_close(d);
+        d = NULL;
         raw_hello(s, FERRY_PROTOCOL_VERSION);
         if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
             snprintf(r->what, sizeof r->what, "no CONFIG in session %d", how);
             ok = 0;
             break;
         }
-        raw_ready(s, DIM);
-        if (raw_wait(s, &m, FERRY__MSG_TASK, 10000) != 0) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready(d, DIM);
+        if (raw_wait(d, &m, FERRY__MSG_TASK, 10000) != 0) {
             snprintf(r->what, sizeof r->what, "no TASK in session %d", how);
             ok = 0;
             break;
         }
-        raw_wrong_batch(s, &m.u.task, how);
+        raw_wrong_batch(d, &m.u.task, how);
     }
+    if (d)
+        zmq_close(d);
     zmq_close(s);
     zmq_ctx_term(ctx);
     atomic_store(&r->done, ok ? 1 : -1);
@@ -922,7 +954,7 @@ static void *raw_empty_main(void *arg)
 {
     raw_script *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep);
+    void *s = raw_dealer(ctx, r->ep), *d = NULL;
     static ferry__msg m;
     int ok = 1;
     raw_hello(s, FERRY_PROTOCOL_VERSION);
@@ -930,12 +962,16 @@ static void *raw_empty_main(void *arg)
         snprintf(r->what, sizeof r->what, "no CONFIG");
         ok = 0;
     }
-    if (ok)
-        raw_ready_n(s, DIM, 0);
-    if (ok && raw_wait(s, &m, FERRY__MSG_STOP, 10000) != 0) {
+    if (ok) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready_n(d, DIM, 0);
+    }
+    if (ok && raw_wait(d, &m, FERRY__MSG_STOP, 10000) != 0) {
         snprintf(r->what, sizeof r->what, "no STOP for a READY with no items");
         ok = 0;
     }
+    if (d)
+        zmq_close(d);
     zmq_close(s);
     zmq_ctx_term(ctx);
     atomic_store(&r->done, ok ? 1 : -1);
@@ -993,7 +1029,7 @@ static void test_remote_worker_with_empty_data_is_refused(void **state)
 }
 
 /* A worker of another protocol version is told so at once: a HELLO of
- * version 3 gets REFUSE naming both versions, one of version 1 (which knows
+ * version 5 gets REFUSE naming both versions, one of version 1 (which knows
  * no REFUSE) gets STOP; both are counted as rejected, and the run goes on. */
 static void test_hello_of_another_version_is_refused_at_once(void **state)
 {
@@ -1013,7 +1049,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     printf("REFUSE after %llu ms: version %u, '%s'\n", (unsigned long long)(ft_now_ms() - t0),
            m.u.refuse.version, m.u.refuse.reason);
     assert_int_equal(m.u.refuse.version, FERRY_PROTOCOL_VERSION);
-    assert_non_null(strstr(m.u.refuse.reason, "protocol version 4 worker, version 3 loader"));
+    assert_non_null(strstr(m.u.refuse.reason, "protocol version 5 worker, version 4 loader"));
     raw_hello(s, 1);
     assert_int_equal(raw_wait(s, &m, FERRY__MSG_STOP, 5000), 0);
     zmq_close(s);
@@ -1027,6 +1063,155 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     assert_int_equal(st.joined, 1);
     assert_int_equal(st.malformed, 0);
     ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
+}
+
+/* ------------------------------------------------------------------------
+ * What a peer that was never admitted can make the loader hold (plain TCP)
+ */
+
+#define HOSTILE_FRAME ((uint64_t)512 << 20)
+
+/* This process's peak resident memory since the last reset (VmHWM), in
+ * KiB; reset_peak() makes it the current size. */
+static long peak_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    assert_true(kib > 0);
+    return kib;
+}
+
+static void reset_peak(void)
+{
+    int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "5", 1), 1);
+    close(fd);
+}
+
+/* In a forked child, so async-signal-safe calls only: connects to
+ * 127.0.0.1:port, speaks ZMTP 3.0 as a DEALER with the NULL mechanism
+ * (greeting, READY), and without a HELLO announces one frame of
+ * HOSTILE_FRAME bytes and streams them, until they are all out or the
+ * loader hangs up. Returns the bytes of the frame that went out. */
+static uint64_t stream_hostile_frame(int port)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0)
+        return 0;
+    unsigned char lead[64 + 30 + 9];
+    unsigned char *g = lead; /* greeting: signature, 3.0, NULL, client */
+    memset(g, 0, 64);
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    memcpy(g + 12, "NULL", 4);
+    static const unsigned char ready[30] = {0x04, 28,  5,   'R', 'E', 'A', 'D', 'Y', 11,  'S',
+                                            'o',  'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                            0,    0,   0,   6,   'D', 'E', 'A', 'L', 'E', 'R'};
+    memcpy(lead + 64, ready, sizeof ready); /* READY: a command frame of 28 bytes */
+    unsigned char *h = lead + 64 + sizeof ready; /* a long frame, the last of its message */
+    h[0] = 0x02;
+    for (int i = 0; i < 8; i++)
+        h[1 + i] = (unsigned char)(HOSTILE_FRAME >> (56 - 8 * i));
+    for (size_t off = 0; off < sizeof lead;) {
+        ssize_t n = send(s, lead + off, sizeof lead - off, MSG_NOSIGNAL);
+        if (n <= 0) {
+            close(s);
+            return 0;
+        }
+        off += (size_t)n;
+    }
+    static unsigned char chunk[1 << 20];
+    memset(chunk, 0x5a, sizeof chunk);
+    uint64_t sent = 0;
+    while (sent < HOSTILE_FRAME) {
+        ssize_t n = send(s, chunk, sizeof chunk, MSG_NOSIGNAL);
+        if (n <= 0)
+            break;
+        sent += (uint64_t)n;
+    }
+    close(s);
+    return sent;
+}
+
+/* A stranger connects to a plain-TCP loader's bind endpoint and, without
+ * HELLO, streams one 512 MiB frame; then does the same at the data port,
+ * and tries the data port with a made-up session token. None of it may
+ * make the loader (this process) hold more than a few MiB, and the real
+ * worker's run goes on exactly: every batch once, in order, intact. */
+static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 120);
+    int data_port = free_port();
+    pid_t good = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "data_port", data_port), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    /* Long enough that ZeroMQ's own heartbeat never cuts the stranger off. */
+    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", 10000), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 2);
+    for (int i = 0; i < 10; i++)
+        read_one(ld, &c);
+
+    reset_peak();
+    long before = peak_rss_kib();
+    int fds[2];
+    assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        uint64_t sent[2] = {stream_hostile_frame(t.port), stream_hostile_frame(data_port)};
+        _exit(write(fds[1], sent, sizeof sent) == (ssize_t)sizeof sent ? 0 : 1);
+    }
+    close(fds[1]);
+    int status;
+    assert_int_equal(ft_wait_child(pid, 60000, &status), 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    uint64_t sent[2] = {0, 0};
+    assert_int_equal(read(fds[0], sent, sizeof sent), (ssize_t)sizeof sent);
+    close(fds[0]);
+
+    /* A made-up token at the data port: refused by the ZAP handler. */
+    void *ctx = zmq_ctx_new();
+    char token[FERRY__TOKEN_HEX + 1];
+    memset(token, '0', FERRY__TOKEN_HEX);
+    token[FERRY__TOKEN_HEX] = '\0';
+    void *d = raw_data_dealer(ctx, t.ep, (uint32_t)data_port, token);
+    assert_int_equal(zmq_send(d, "x", 1, ZMQ_DONTWAIT), 1);
+    assert_true(ft_wait_stats(ld, rejected_at_least, 1, 10000) >= 0);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+
+    ferry_stats st = read_to_end(ld, &c, 2 * PER_EPOCH);
+    long after = peak_rss_kib();
+    printf("sent %llu KiB of the frame to the bind endpoint, %llu KiB to the data port; "
+           "the loader's peak RSS went from %ld to %ld KiB (+%ld KiB); rejected %llu, "
+           "malformed %llu, delivered %llu\n",
+           (unsigned long long)(sent[0] >> 10), (unsigned long long)(sent[1] >> 10), before,
+           after, after - before, (unsigned long long)st.rejected,
+           (unsigned long long)st.malformed, (unsigned long long)st.delivered);
+    assert_true(after - before < 32 * 1024);
+    assert_true(sent[0] < HOSTILE_FRAME && sent[1] < HOSTILE_FRAME);
+    assert_int_equal(st.joined, 1);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(good);
     case_end(&t);
@@ -1079,14 +1264,14 @@ static void test_worker_refused_for_its_version_stops_at_once(void **state)
     m.type = FERRY__MSG_REFUSE;
     m.u.refuse.version = FERRY_PROTOCOL_VERSION + 1;
     snprintf(m.u.refuse.reason, sizeof m.u.refuse.reason,
-             "protocol version 3 worker, version 4 loader");
+             "protocol version 4 worker, version 5 loader");
     assert_int_equal(ferry__zsock_send(router, &id, &m, NULL, 0), FERRY_OK);
     pthread_join(th, NULL);
     uint64_t took = ft_now_ms() - t0;
     printf("worker stopped after %llu ms: %s\n", (unsigned long long)took, r.err);
     assert_int_equal(r.rc, FERRY_EVERSION);
     assert_non_null(
-        strstr(r.err, "refused this worker: protocol version 3 worker, version 4 loader"));
+        strstr(r.err, "refused this worker: protocol version 4 worker, version 5 loader"));
     assert_true(took < 5000);
     zmq_close(router);
     zmq_ctx_term(ctx);
@@ -1497,6 +1682,7 @@ int main(void)
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
         cmocka_unit_test(test_remote_worker_with_empty_data_is_refused),
         cmocka_unit_test(test_hello_of_another_version_is_refused_at_once),
+        cmocka_unit_test(test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame),
         cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),

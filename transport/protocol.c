@@ -124,6 +124,8 @@ static const key_spec config_keys[] = {
     {KEY_UINT(ferry__config_msg, heartbeat_ms, 0, UINT32_MAX)},
     {KEY_UINT(ferry__config_msg, liveness, 1, 1000)},
     {KEY_UINT(ferry__config_msg, max_message, FERRY__MIN_MESSAGE, INT64_MAX)},
+    {KEY_UINT(ferry__config_msg, data_port, 0, 65535)},
+    {KEY_STR(ferry__config_msg, token, 0)},
 };
 
 static int check_item_field(const void *elem, const void *parent, const char *where);
@@ -364,6 +366,17 @@ static int check_config(const void *body)
                              "CONFIG: key 'worker_index' is %" PRIu32
                              ", must be below num_workers %" PRIu32,
                              c->worker_index, c->num_workers);
+    /* A port comes with the token that opens it, and a token is exactly
+     * what the loader's generator makes, so nothing else reaches a ZAP
+     * request as a password. */
+    size_t tlen = strlen(c->token);
+    if ((c->data_port == 0) != (tlen == 0))
+        return ferry__seterr(FERRY_EPROTO,
+                             "CONFIG: key 'data_port' is %" PRIu32 " with a token of %zu bytes",
+                             c->data_port, tlen);
+    if (tlen && (tlen != FERRY__TOKEN_HEX || strspn(c->token, "0123456789abcdef") != tlen))
+        return ferry__seterr(FERRY_EPROTO, "CONFIG: key 'token' is not %d lowercase hex digits",
+                             FERRY__TOKEN_HEX);
     return FERRY_OK;
 }
 

@@ -25,9 +25,10 @@
 #include "ferry.h"
 
 /* Version 2: CONFIG carries max_message, READY the dataset's schema, and
- * REFUSE exists. Version 3: BATCH carries make_ns. HELLO and REFUSE never
- * change (docs/protocol.md section 7). */
-#define FERRY_PROTOCOL_VERSION 3
+ * REFUSE exists. Version 3: BATCH carries make_ns. Version 4: CONFIG
+ * carries data_port and token (plain TCP's admission, docs/remote.md).
+ * HELLO and REFUSE never change (docs/protocol.md section 7). */
+#define FERRY_PROTOCOL_VERSION 4
 /* The first version that knows REFUSE; an older worker is refused with STOP. */
 #define FERRY__REFUSE_SINCE 2
 /* How a version mismatch is said, on both sides: worker's, then loader's. */
@@ -41,6 +42,7 @@
 #define FERRY__PROGRAM_MAX 64
 #define FERRY__MAX_CREDITS 64
 #define FERRY__MAX_BATCH 1048576u /* items in one batch */
+#define FERRY__TOKEN_HEX 64        /* a session token: 32 random bytes in lowercase hex */
 /* The smallest max_message: every header a worker sends fits it (the
  * largest, a BATCH of 16 fields of 8 dims with 63-byte names, is about
  * 3.2 KB). */
@@ -79,6 +81,11 @@ typedef struct ferry__config_msg {
     uint32_t heartbeat_ms; /* 0 = off */
     uint32_t liveness;     /* intervals of silence before a peer is given up; 1..1000 */
     uint64_t max_message;  /* the largest frame the loader takes; FERRY__MIN_MESSAGE.. */
+    /* Plain TCP: the port (on the host the worker reached) where the
+     * session goes on, and the token that opens it (ZeroMQ's PLAIN
+     * password). 0 and "": the session stays on this connection. */
+    uint32_t data_port;
+    char token[FERRY__TOKEN_HEX + 1];
 } ferry__config_msg;
 
 /* One field of a dataset's schema: its name, dtype and the shape of one

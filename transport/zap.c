@@ -1,7 +1,8 @@
 /*
  * zap.c - the ZAP handler (see zap.h). Request frames: version "1.0",
  * request id, domain, address, routing id, mechanism, then the mechanism's
- * credentials (CURVE: the client's 32-byte public key). Reply frames:
+ * credentials (CURVE: the client's 32-byte public key; PLAIN: user name and
+ * password). Reply frames:
  * version, the same request id, status code, status text, user id,
  * metadata.
  */
@@ -15,6 +16,7 @@
 
 #include "endpoint.h"
 #include "error.h"
+#include "protocol.h"
 
 #define ZAP_FRAMES 8
 #define ZAP_FRAME_MAX 256
@@ -45,7 +47,34 @@ static int frame_is(const unsigned char *f, size_t len, const char *text)
     return len == strlen(text) && memcmp(f, text, len) == 0;
 }
 
-int ferry__zap_serve(void *s, const ferry__allow *allow, char *why, size_t cap)
+/* The verdict on one request's credentials: 1 to let it in, with *user
+ * (the connection's user id from then on); 0 with *reason. who: how to
+ * name the peer in a refusal. */
+static int judge(const ferry__zap_rules *r, unsigned char f[][ZAP_FRAME_MAX], const size_t *len,
+                 int nf, char *user, size_t ucap, char *who, size_t wcap, const char **reason)
+{
+    if (r->allow && frame_is(f[5], len[5], "CURVE") && nf == 7 && len[6] == 32) {
+        zmq_z85_encode(user, f[6], 32);
+        snprintf(who, wcap, "with key %s", user);
+        *reason = "its key is not on the allow-list (curve_allow)";
+        return ferry__allow_has(r->allow, f[6]);
+    }
+    if (r->take_token && frame_is(f[5], len[5], "PLAIN") && nf == 8 &&
+        len[7] == FERRY__TOKEN_HEX && len[6] <= ZAP_FRAME_MAX) {
+        snprintf(who, wcap, "named '%.*s'", len[6] < 64 ? (int)len[6] : 64, (const char *)f[6]);
+        memcpy(user, f[7], len[7]);
+        user[len[7]] = '\0';
+        *reason = "its session token is not one this loader gave out, or was used already";
+        if (strlen(user) == len[7] && r->take_token(r->arg, user))
+            return 1;
+        user[0] = '\0';
+        return 0;
+    }
+    *reason = r->allow ? "not a CURVE handshake" : "not a PLAIN handshake with a session token";
+    return 0;
+}
+
+int ferry__zap_serve(void *s, const ferry__zap_rules *rules, char *why, size_t cap)
 {
     unsigned char f[ZAP_FRAMES][ZAP_FRAME_MAX];
     size_t len[ZAP_FRAMES];
@@ -65,22 +94,17 @@ int ferry__zap_serve(void *s, const ferry__allow *allow, char *why, size_t cap)
     }
 
     int ok = 0;
-    char addr[64] = "?", key[41] = "";
+    char addr[64] = "?", user[FERRY__TOKEN_HEX + 1] = "", who[96] = "";
     const char *reason = "malformed ZAP request";
     if (nf >= 6 && frame_is(f[0], len[0], "1.0") && len[1] <= ZAP_FRAME_MAX) {
         if (len[3] < sizeof addr) {
             memcpy(addr, f[3], len[3]);
             addr[len[3]] = '\0';
         }
-        if (!frame_is(f[2], len[2], FERRY__ZAP_DOMAIN)) {
+        if (!frame_is(f[2], len[2], FERRY__ZAP_DOMAIN))
             reason = "wrong ZAP domain";
-        } else if (!frame_is(f[5], len[5], "CURVE") || nf != 7 || len[6] != 32) {
-            reason = "not a CURVE handshake";
-        } else {
-            zmq_z85_encode(key, f[6], 32);
-            ok = ferry__allow_has(allow, f[6]);
-            reason = "its key is not on the allow-list (curve_allow)";
-        }
+        else
+            ok = judge(rules, f, len, nf, user, sizeof user, who, sizeof who, &reason);
     }
     /* The request id is echoed even for a malformed request, so the REP
      * socket's state stays right. */
@@ -89,9 +113,9 @@ int ferry__zap_serve(void *s, const ferry__allow *allow, char *why, size_t cap)
                nf > 1 && len[1] <= ZAP_FRAME_MAX ? len[1] : 0, 1);
     send_frame(s, ok ? "200" : "400", 3, 1);
     send_frame(s, ok ? "OK" : reason, strlen(ok ? "OK" : reason), 1);
-    send_frame(s, ok ? key : "", ok ? strlen(key) : 0, 1);
+    send_frame(s, ok ? user : "", ok ? strlen(user) : 0, 1);
     send_frame(s, "", 0, 0);
     if (!ok)
-        snprintf(why, cap, "a worker at %s with key %s: %s", addr, key[0] ? key : "(none)", reason);
+        snprintf(why, cap, "a worker at %s %s: %s", addr, who[0] ? who : "with key (none)", reason);
     return ok;
 }

@@ -4,6 +4,7 @@
 #include "zsock.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,6 +85,12 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
 
     if (recv_frame(sock, &f, flags) != 0)
         return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
+    if (ident) {
+        /* Set by libzmq on every frame that came off an authenticated
+         * connection (the routing id frame is the ROUTER's own). */
+        const char *user = zmq_msg_gets(&f, "User-Id");
+        snprintf(ident->user, sizeof ident->user, "%s", user ? user : "");
+    }
     size_t hlen = zmq_msg_size(&f);
     if (hlen > FERRY__HDR_MAX) {
         zmq_msg_close(&f);

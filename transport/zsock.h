@@ -19,10 +19,14 @@
 #include "protocol.h"
 
 #define FERRY__IDENT_MAX 255
+#define FERRY__USER_MAX 72 /* a ZAP user id: a Z85 key (40) or a session token (64) */
 
+/* Who sent a message on a ROUTER: its routing id, and the user id the ZAP
+ * handler gave its connection ("" when none did). */
 typedef struct ferry__ident {
     unsigned char id[FERRY__IDENT_MAX];
     size_t len;
+    char user[FERRY__USER_MAX + 1];
 } ferry__ident;
 
 /* Sends m (and *payload if m's type has one; the payload message is moved

@@ -101,6 +101,10 @@ static int plain_seeds(const char *dir)
                                      .max_message = UINT64_C(1) << 31};
     strcpy(m.u.config.dataset, "synthetic:n=10,dim=4");
     rc |= write_seed(dir, "config", &m, NULL, 0);
+    /* Plain TCP's CONFIG: the data port and its session token. */
+    m.u.config.data_port = 40123;
+    memset(m.u.config.token, 'a', FERRY__TOKEN_HEX);
+    rc |= write_seed(dir, "config_data", &m, NULL, 0);
 
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_READY;
