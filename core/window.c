@@ -53,6 +53,7 @@ struct ferry__window {
     /* --- shared, under mu --- */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    uint32_t waiters; /* threads inside wait_cv: a filing wakes only when some */
     ferry__phase phase;
     int fatal_code;
     char fatal_msg[FERRY__ERRMSG_MAX];
@@ -247,7 +248,9 @@ ferry__phase ferry__window_phase(ferry__window *win)
 static void wait_cv(ferry__window *win, uint64_t ms)
 {
     struct timespec ts = ferry__deadline_ts(CLOCK_MONOTONIC, ms);
+    win->waiters++;
     pthread_cond_timedwait(&win->cv, &win->mu, &ts);
+    win->waiters--;
 }
 
 /* The failure, as this thread's error. Caller holds mu. */
@@ -416,9 +419,16 @@ ferry__window_entry *ferry__window_find(ferry__window *win, uint32_t worker, uin
     return e;
 }
 
-/* Files e as done and wakes the trainer. Caller holds mu; e is on no list. */
-static void done_locked(ferry__window *win, ferry__window_entry *e, ferry_batch *b, int err,
-                        char *errmsg)
+static ferry__window_entry *deliverable_locked(ferry__window *win);
+
+/* Files e as done. Caller holds mu; e is on no list. Returns whether the
+ * trainer is waiting and can now go on (with in_order, a batch filed ahead
+ * of the one it waits for does not count): the caller then wakes it
+ * (wake_unlocked) once it has let go of mu, so the woken thread does not at
+ * once block on a mutex still held, and a trainer busy elsewhere, or
+ * waiting for another batch, costs no wake-up at all. */
+static int done_locked(ferry__window *win, ferry__window_entry *e, ferry_batch *b, int err,
+                       char *errmsg)
 {
     e->state = E_DONE;
     e->worker = NONE;
@@ -430,7 +440,16 @@ static void done_locked(ferry__window *win, ferry__window_entry *e, ferry_batch 
         win->st.realigned += (uint64_t)b->realigned;
     win->st.completed++;
     list_push(win, &win->done, slot_of(win, e));
-    pthread_cond_broadcast(&win->cv);
+    return win->waiters > 0 && deliverable_locked(win) != NULL;
+}
+
+/* A waiter noted under mu is inside pthread_cond_timedwait by the time mu
+ * is free again, so this broadcast after the unlock cannot miss it; should
+ * it time out first, it finds the entry anyway. */
+static void wake_unlocked(ferry__window *win, int waiting)
+{
+    if (waiting)
+        pthread_cond_broadcast(&win->cv);
 }
 
 void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_batch *b, int err,
@@ -441,8 +460,9 @@ void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_ba
     if (wt->sent.n)
         wt->busy_ms = now_ms;
     pthread_mutex_lock(&win->mu);
-    done_locked(win, e, b, err, errmsg);
+    int waiting = done_locked(win, e, b, err, errmsg);
     pthread_mutex_unlock(&win->mu);
+    wake_unlocked(win, waiting);
 }
 
 uint32_t ferry__window_outstanding(const ferry__window *win, uint32_t worker)
@@ -488,8 +508,9 @@ static void give_up(ferry__window *win, ferry__window_entry *e, const char *deat
                  (unsigned long long)e->t.batch_in_epoch, idx, e->attempts, death);
     list_remove(win, &win->resend, slot_of(win, e));
     pthread_mutex_lock(&win->mu);
-    done_locked(win, e, NULL, FERRY_EBATCH, msg);
+    int waiting = done_locked(win, e, NULL, FERRY_EBATCH, msg);
     pthread_mutex_unlock(&win->mu);
+    wake_unlocked(win, waiting);
 }
 
 void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge charge, uint64_t id,

@@ -54,6 +54,7 @@ typedef struct worker_session {
     uint64_t hb_ms, dead_ms;
     uint64_t sent_ms;              /* last send, under sock_mu */
     uint64_t heard_ms;             /* last message from the loader */
+    uint64_t parent_ms;            /* when should_quit last looked at the parent */
     char refusal[FERRY__TEXT_MAX]; /* why the dataset did not open here, for the log */
     ferry__dataset ds;
     int ds_open;
@@ -125,13 +126,21 @@ static void stop_heartbeats(worker_session *w)
     w->hb_live = 0;
 }
 
-static int should_quit(const worker_session *w)
+/* Whether to end the session: told to, or the loader that started this
+ * process is gone. getppid is a system call and this is asked after every
+ * message, so the parent is looked at at most once per POLL_MS (an orphan
+ * notices within two idle polls; PR_SET_PDEATHSIG usually ends it first). */
+static int should_quit(worker_session *w)
 {
     if (w->o->cancel && atomic_load(w->o->cancel))
         return 1;
-    if (w->o->parent && getppid() != w->o->parent)
-        return 1;
-    return 0;
+    if (!w->o->parent)
+        return 0;
+    uint64_t now = ferry__now_ms();
+    if (now - w->parent_ms < POLL_MS)
+        return 0;
+    w->parent_ms = now;
+    return getppid() != w->o->parent;
 }
 
 static int send_simple(worker_session *w, ferry__msg_type type)

@@ -193,19 +193,25 @@ typedef struct msg_spec {
     size_t nkeys;
     int (*check)(const void *body); /* rules across keys, NULL if none */
     int has_payload;
+    size_t size; /* of the body's struct */
 } msg_spec;
 
 static const msg_spec msg_specs[] = {
-    [FERRY__MSG_HELLO] = {"HELLO", hello_keys, COUNT_OF(hello_keys), NULL, 0},
-    [FERRY__MSG_CONFIG] = {"CONFIG", config_keys, COUNT_OF(config_keys), check_config, 0},
-    [FERRY__MSG_READY] = {"READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0},
-    [FERRY__MSG_TASK] = {"TASK", task_keys, COUNT_OF(task_keys), NULL, 1},
-    [FERRY__MSG_BATCH] = {"BATCH", batch_keys, COUNT_OF(batch_keys), NULL, 1},
-    [FERRY__MSG_FAIL] = {"FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0},
-    [FERRY__MSG_HEARTBEAT] = {"HEARTBEAT", NULL, 0, NULL, 0},
-    [FERRY__MSG_STOP] = {"STOP", NULL, 0, NULL, 0},
-    [FERRY__MSG_BYE] = {"BYE", NULL, 0, NULL, 0},
-    [FERRY__MSG_REFUSE] = {"REFUSE", refuse_keys, COUNT_OF(refuse_keys), NULL, 0},
+    [FERRY__MSG_HELLO] = {"HELLO", hello_keys, COUNT_OF(hello_keys), NULL, 0,
+                          sizeof(ferry__hello)},
+    [FERRY__MSG_CONFIG] = {"CONFIG", config_keys, COUNT_OF(config_keys), check_config, 0,
+                           sizeof(ferry__config_msg)},
+    [FERRY__MSG_READY] = {"READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0,
+                          sizeof(ferry__ready)},
+    [FERRY__MSG_TASK] = {"TASK", task_keys, COUNT_OF(task_keys), NULL, 1, sizeof(ferry__task)},
+    [FERRY__MSG_BATCH] = {"BATCH", batch_keys, COUNT_OF(batch_keys), NULL, 1,
+                          sizeof(ferry__batch_hdr)},
+    [FERRY__MSG_FAIL] = {"FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0, sizeof(ferry__fail)},
+    [FERRY__MSG_HEARTBEAT] = {"HEARTBEAT", NULL, 0, NULL, 0, 0},
+    [FERRY__MSG_STOP] = {"STOP", NULL, 0, NULL, 0, 0},
+    [FERRY__MSG_BYE] = {"BYE", NULL, 0, NULL, 0, 0},
+    [FERRY__MSG_REFUSE] = {"REFUSE", refuse_keys, COUNT_OF(refuse_keys), NULL, 0,
+                           sizeof(ferry__refuse)},
 };
 
 /* The spec of message type `type`, NULL if there is no such type. */
@@ -284,26 +290,41 @@ static int bad_count(const key_spec *k, uint64_t n, const char *where)
 
 static int check_keys(const key_spec *keys, size_t nkeys, const void *body, const char *where);
 
-/* The elements of K_MAPS key k: each one's keys, its rule, and a name no
- * earlier element has (every element struct starts with its name). */
+/* Element i of K_MAPS key k: its keys, its rule, and a name no earlier
+ * element has (every element struct starts with its name). */
+static int check_element(const key_spec *k, const void *body, uint32_t i, const char *ewhere)
+{
+    const char *e = elem_at(body, k, i);
+    int rc = check_keys(k->sub, k->nsub, e, ewhere);
+    if (rc == FERRY_OK)
+        rc = k->rule(e, body, ewhere);
+    if (rc != FERRY_OK)
+        return rc;
+    /* Names before i are already known to be terminated. */
+    for (uint32_t j = 0; j < i; j++) {
+        if (strcmp(elem_at(body, k, j), e) == 0)
+            return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32,
+                                 ewhere, e, j);
+    }
+    return FERRY_OK;
+}
+
+/* "BATCH field 3", the place an element's error detail names. Only made
+ * once an element has failed: a message that checks out formats nothing.
+ * The failing element is then checked again under this name, which, the
+ * checks being pure, fails again the same way with the detail it needs. */
+#define ELEMENT_WHERE(buf, where, i) snprintf(buf, sizeof buf, "%s field %" PRIu32, where, i)
+
+/* The elements of K_MAPS key k, each by check_element. */
 static int check_elements(const key_spec *k, const void *body, const char *where)
 {
     uint32_t n = load_count(body, k);
     for (uint32_t i = 0; i < n; i++) {
+        if (check_element(k, body, i, where) == FERRY_OK)
+            continue;
         char ewhere[32];
-        snprintf(ewhere, sizeof ewhere, "%s field %" PRIu32, where, i);
-        const char *e = elem_at(body, k, i);
-        int rc = check_keys(k->sub, k->nsub, e, ewhere);
-        if (rc == FERRY_OK)
-            rc = k->rule(e, body, ewhere);
-        if (rc != FERRY_OK)
-            return rc;
-        /* Names before i are already known to be terminated. */
-        for (uint32_t j = 0; j < i; j++) {
-            if (strcmp(elem_at(body, k, j), e) == 0)
-                return ferry__seterr(FERRY_EPROTO, "%s: key 'name' '%s' repeats field %" PRIu32,
-                                     ewhere, e, j);
-        }
+        ELEMENT_WHERE(ewhere, where, i);
+        return check_element(k, body, i, ewhere);
     }
     return FERRY_OK;
 }
@@ -756,7 +777,22 @@ static int decode_dims(const key_spec *k, const msgpack_object *v, void *body, c
     return FERRY_OK;
 }
 
-/* K_MAPS: an array of maps, each decoded with k->sub. */
+/* Element i of K_MAPS key k, a map decoded with k->sub into a struct
+ * cleared first, so that its string tails, unused dims and padding are
+ * zero whatever the struct held before. */
+static int decode_element(const key_spec *k, const msgpack_object *v, void *body, uint32_t i,
+                          const char *ewhere)
+{
+    if (v->type != MSGPACK_OBJECT_MAP)
+        return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", ewhere,
+                             mp_type_name(v->type));
+    void *elem = (char *)body + k->off + (size_t)i * k->elem_size;
+    memset(elem, 0, k->elem_size);
+    return decode_map(v, k->sub, k->nsub, elem, ewhere, NULL);
+}
+
+/* K_MAPS: an array of maps, each decoded by decode_element. Elements past
+ * the array's length are left as they were. */
 static int decode_maps(const key_spec *k, const msgpack_object *v, void *body, const char *where)
 {
     if (v->type != MSGPACK_OBJECT_ARRAY)
@@ -765,15 +801,11 @@ static int decode_maps(const key_spec *k, const msgpack_object *v, void *body, c
     if (a->size > capacity(k))
         return bad_count(k, a->size, where);
     for (uint32_t i = 0; i < a->size; i++) {
+        if (decode_element(k, &a->ptr[i], body, i, where) == FERRY_OK)
+            continue;
         char ewhere[32];
-        snprintf(ewhere, sizeof ewhere, "%s field %" PRIu32, where, i);
-        if (a->ptr[i].type != MSGPACK_OBJECT_MAP)
-            return ferry__seterr(FERRY_EPROTO, "%s: must be a map, got %s", ewhere,
-                                 mp_type_name(a->ptr[i].type));
-        void *elem = (char *)body + k->off + (size_t)i * k->elem_size;
-        int rc = decode_map(&a->ptr[i], k->sub, k->nsub, elem, ewhere, NULL);
-        if (rc != FERRY_OK)
-            return rc;
+        ELEMENT_WHERE(ewhere, where, i);
+        return decode_element(k, &a->ptr[i], body, i, ewhere);
     }
     store_count(body, k, a->size);
     return FERRY_OK;
@@ -877,6 +909,25 @@ static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nk
     return FERRY_OK;
 }
 
+_Static_assert(offsetof(ferry__batch_hdr, fields) + MEMBER_SIZE(ferry__batch_hdr, fields) ==
+                   sizeof(ferry__batch_hdr),
+               "BATCH's fields must be its struct's last member");
+_Static_assert(offsetof(ferry__ready, schema.fields) + MEMBER_SIZE(ferry__ready, schema.fields) ==
+                   sizeof(ferry__ready),
+               "READY's fields must be its struct's last member");
+
+/* The bytes of a message body before its array of maps, if it has one:
+ * the array is the struct's last member (ferry__ready's schema ends with
+ * it), so these are all the bytes that are not array elements. */
+static size_t body_extent(const msg_spec *spec)
+{
+    for (size_t i = 0; i < spec->nkeys; i++) {
+        if (spec->keys[i].kind == K_MAPS)
+            return spec->keys[i].off;
+    }
+    return spec->size;
+}
+
 /* The top level: a map with one "type" naming a known message, then that
  * message's keys, then its rules. */
 static int decode_header(const msgpack_object *root, ferry__msg *out)
@@ -902,8 +953,11 @@ static int decode_header(const msgpack_object *root, ferry__msg *out)
                              "header: key 'type' is %" PRIu64 ", not a known message type",
                              type->via.u64);
 
-    /* Zeroed so that unused dims, fields and string tails are predictable. */
-    memset(out, 0, sizeof *out);
+    /* The body is cleared so that its string tails and padding are zero,
+     * but only up to an array of maps: each element is cleared as it is
+     * decoded (decode_element), and the rest of the array, most of a
+     * BATCH's or READY's struct, is never touched. */
+    memset(&out->u, 0, body_extent(spec));
     out->type = (ferry__msg_type)type->via.u64;
     int rc = decode_map(root, spec->keys, spec->nkeys, &out->u, spec->name, "type");
     if (rc != FERRY_OK)

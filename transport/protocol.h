@@ -12,7 +12,11 @@
  * must have the expected msgpack type and lie in its range, strings must fit
  * their buffers. Nothing in a message drives an allocation: the decoded
  * message is a fixed-size struct. Any violation returns FERRY_EPROTO with a
- * detail (ferry__seterr), and *out is then unspecified.
+ * detail (ferry__seterr), and *out is then unspecified. On success the
+ * message's own struct is written whole (string tails, unused dims and
+ * padding zero) except for the elements of an array of maps (BATCH's
+ * fields, READY's schema) past its length, which are left as they were:
+ * clearing them cost every small BATCH a 2 KB memset.
  *
  * Thread safety: pure functions over caller-owned buffers.
  */

@@ -89,7 +89,10 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
         /* Set by libzmq on every frame that came off an authenticated
          * connection (the routing id frame is the ROUTER's own). */
         const char *user = zmq_msg_gets(&f, "User-Id");
-        snprintf(ident->user, sizeof ident->user, "%s", user ? user : "");
+        /* Copied, not formatted: this runs for every message received. */
+        size_t n = user ? strnlen(user, sizeof ident->user - 1) : 0;
+        memcpy(ident->user, user ? user : "", n);
+        ident->user[n] = '\0';
     }
     size_t hlen = zmq_msg_size(&f);
     if (hlen > FERRY__HDR_MAX) {
