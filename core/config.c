@@ -47,7 +47,8 @@ static const opt_def options[] = {
     {"workers", OPT_INT, OFF(workers), 0, 256, NULL, "local worker processes or threads"},
     {"worker_mode", OPT_ENUM, OFF(worker_mode), 0, 0, placement_names, "process or thread"},
     {"prefetch", OPT_INT, OFF(prefetch), 0, 1024, NULL, "batches in flight (0: auto)"},
-    {"credits", OPT_INT, OFF(credits), 1, FERRY__MAX_CREDITS, NULL, "tasks queued per worker"},
+    {"credits", OPT_INT, OFF(credits), 0, FERRY__MAX_CREDITS, NULL,
+     "tasks queued per worker (0: auto)"},
     {"in_order", OPT_BOOL, OFF(in_order), 0, 1, NULL, "deliver in sampler order"},
     {"epochs", OPT_INT, OFF(epochs), 0, INT64_MAX, NULL, "stop after this many epochs"},
     {"max_batches", OPT_INT, OFF(max_batches), 0, INT64_MAX, NULL, "stop after this many batches"},
@@ -90,7 +91,7 @@ ferry_config *ferry_config_new(void)
     c->world_size = 1;
     c->workers = 2;
     c->worker_mode = FERRY__PLACE_PROCESS;
-    c->credits = 2;
+    c->credits = 0; /* auto: ferry__config_credits */
     c->in_order = 1;
     c->start_timeout_ms = 30000;
     c->close_grace_ms = 2000;
@@ -110,12 +111,25 @@ void ferry_config_free(ferry_config *cfg)
     free(cfg);
 }
 
+int64_t ferry__config_credits(const ferry_config *cfg)
+{
+    if (cfg->credits > 0)
+        return cfg->credits;
+    /* At least 32 items queued per worker: a tiny batch is built in less
+     * time than a round trip's wake-ups take, and only a deep queue keeps
+     * the worker busy meanwhile (batch size 1: 16 credits, 123 -> 45 us
+     * per batch in process placement). Never fewer than 2, which hide one
+     * batch's round trip behind the next's building. */
+    int64_t c = (32 + cfg->batch_size - 1) / cfg->batch_size;
+    return c < 2 ? 2 : c > 16 ? 16 : c;
+}
+
 int64_t ferry__config_prefetch(const ferry_config *cfg)
 {
     if (cfg->prefetch > 0)
         return cfg->prefetch;
     int64_t slots = ferry__config_slots(cfg);
-    int64_t auto_window = 2 * slots * cfg->credits;
+    int64_t auto_window = 2 * slots * ferry__config_credits(cfg);
     return cfg->bind[0] && auto_window > 1024 ? 1024 : auto_window;
 }
 

@@ -45,7 +45,7 @@ struct ferry_config {
     int64_t workers;
     int64_t worker_mode; /* ferry__placement */
     int64_t prefetch;    /* 0: 2 * workers * credits */
-    int64_t credits;
+    int64_t credits;     /* 0: ferry__config_credits decides */
     int64_t in_order;
     int64_t epochs;
     int64_t max_batches;
@@ -73,6 +73,10 @@ struct ferry_config {
     unsigned char state[FERRY_STATE_MAX];
     size_t state_len;
 };
+
+/* Tasks queued per worker: the option, or when 0, enough for 32 items
+ * (ceil(32 / batch_size)), at least 2 and at most 16. */
+int64_t ferry__config_credits(const ferry_config *cfg);
 
 /* The effective prefetch window of a config: 2 x credits per worker slot
  * (local workers plus max_remote when bound), at most 1024 when remote. */

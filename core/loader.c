@@ -87,6 +87,7 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
     if (!ld)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
     ld->cfg = *cfg;
+    ld->cfg.credits = ferry__config_credits(cfg); /* the rooms read a number */
     /* Relative paths are the trainer's: resolved here, where they were
      * written, not in each worker's directory. */
     rc = ferry__dataset_absolute(cfg->dataset, ld->cfg.dataset, sizeof ld->cfg.dataset);

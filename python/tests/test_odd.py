@@ -178,7 +178,8 @@ def test_main_script_gets_the_trainers_argv_and_thread_placement_runs_it_once(tm
     lines = p.stdout.split("\n")
     # The trainer's run, and one per process worker (which inherit its
     # stdout); thread workers use the trainer's own __main__, not another run.
-    assert lines.count("TOP") == 3
+    # Counted in the whole text: two workers printing at once may share a line.
+    assert p.stdout.count("TOP") == 3
     assert lines.count(str([0, 3, 6, 9, 12, 15, 18, 21])) == 2
 
 
