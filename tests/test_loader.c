@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <zmq.h>
 
+#include "config.h"
 #include "ferry.h"
 #include "ferry_dataset.h"
 #include "harness.h"
@@ -533,6 +534,26 @@ static void test_relative_dataset_paths_are_the_trainers(void **state)
     ft_end(&snap);
 }
 
+/* credits left at auto queue 32 items per worker, 2 to 16 tasks; the
+ * automatic window follows them; a set value is kept. */
+static void test_auto_credits_follow_the_batch_size(void **state)
+{
+    (void)state;
+    static const struct {
+        int batch, credits;
+    } cases[] = {{1, 16}, {2, 16}, {3, 11}, {4, 8}, {16, 2}, {17, 2}, {256, 2}};
+    ferry_config *cfg = ferry_config_new();
+    assert_int_equal(ferry_config_set_int(cfg, "workers", 2), FERRY_OK);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        assert_int_equal(ferry_config_set_int(cfg, "batch_size", cases[c].batch), FERRY_OK);
+        assert_int_equal(ferry__config_credits(cfg), cases[c].credits);
+        assert_int_equal(ferry__config_prefetch(cfg), 2 * 2 * cases[c].credits);
+    }
+    assert_int_equal(ferry_config_set_int(cfg, "credits", 3), FERRY_OK);
+    assert_int_equal(ferry__config_credits(cfg), 3);
+    ferry_config_free(cfg);
+}
+
 /* worker_args go between the program and ferry's own arguments: here the
  * program is env(1), which sets a variable and runs ferry-worker. */
 static void test_worker_args_come_before_ferrys_own(void **state)
@@ -902,6 +923,7 @@ int main(void)
         cmocka_unit_test(test_schema_is_known_before_the_first_batch),
         cmocka_unit_test(test_batch_says_how_long_it_took_and_waited),
         cmocka_unit_test(test_relative_dataset_paths_are_the_trainers),
+        cmocka_unit_test(test_auto_credits_follow_the_batch_size),
         cmocka_unit_test(test_bad_options_are_rejected_by_name),
         cmocka_unit_test(test_every_index_once_in_order_with_processes),
         cmocka_unit_test(test_every_index_once_in_order_with_threads),
