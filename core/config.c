@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "error.h"
@@ -75,6 +76,8 @@ static const opt_def options[] = {
     {"heartbeat_ms", OPT_INT, OFF(heartbeat_ms), 10, 600000, NULL, "remote heartbeat interval"},
     {"heartbeat_liveness", OPT_INT, OFF(heartbeat_liveness), 1, 1000, NULL,
      "silent intervals before a remote worker is lost"},
+    {"io_threads", OPT_INT, OFF(io_threads), 0, 64, NULL,
+     "the loader's ZeroMQ I/O threads, 0: auto (with bind, min(CPUs, 4))"},
     {"log_level", OPT_ENUM, OFF(log_level), 0, 0, log_level_names,
      "least level of message passed on"},
 };
@@ -146,6 +149,16 @@ int ferry__count_lines(const char *s)
 int64_t ferry__config_slots(const ferry_config *cfg)
 {
     return cfg->workers + (cfg->bind[0] ? cfg->max_remote : 0);
+}
+
+int ferry__config_io_threads(const ferry_config *cfg)
+{
+    if (cfg->io_threads > 0)
+        return (int)cfg->io_threads;
+    if (!cfg->bind[0])
+        return 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus < 1 ? 1 : cpus > 4 ? 4 : (int)cpus;
 }
 
 int64_t ferry__config_min_workers(const ferry_config *cfg)

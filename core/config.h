@@ -67,6 +67,7 @@ struct ferry_config {
     int64_t max_remote;
     int64_t heartbeat_ms;
     int64_t heartbeat_liveness;
+    int64_t io_threads; /* the loader's ZeroMQ I/O threads, 0: auto */
     int64_t log_level; /* position in the level names: debug, info, warning, error */
     ferry_log_fn log_fn;
     void *log_user;
@@ -91,6 +92,13 @@ int ferry__count_lines(const char *s);
 
 /* Where this config's messages go, at which level. */
 ferry__log ferry__config_log(const ferry_config *cfg);
+
+/* The loader's ZeroMQ I/O threads: io_threads when set; else, with bind,
+ * one per online CPU up to 4 (each remote connection's receiving and CURVE
+ * decryption run on one I/O thread, and libzmq gives each new connection
+ * to the least loaded one); else 1, ZeroMQ's default (ipc:// and inproc
+ * ask little of it). */
+int ferry__config_io_threads(const ferry_config *cfg);
 
 /* Ready workers (local and remote) open waits for. */
 int64_t ferry__config_min_workers(const ferry_config *cfg);

@@ -327,8 +327,10 @@ static int alloc_tables(ferry__scheduler *s)
 static int setup_sockets(ferry__scheduler *s)
 {
     /* libzmq aborts rather than fail when its threads' pollers cannot get an
-     * fd; its context, socket, listener and our eventfd take about nine. */
-    int rc = ferry__fd_headroom(12, "opening a loader");
+     * fd; its context, socket, listener and our eventfd take about nine,
+     * and each further I/O thread two (its epoll fd and its mailbox). */
+    int io_threads = ferry__config_io_threads(&s->cfg);
+    int rc = ferry__fd_headroom(12 + 2 * (io_threads - 1), "opening a loader");
     if (rc != FERRY_OK)
         return rc;
     s->zctx = zmq_ctx_new();
@@ -336,6 +338,10 @@ static int setup_sockets(ferry__scheduler *s)
         return ferry__syserr(FERRY_ESYS, "zmq_ctx_new", errno);
     if (zmq_ctx_set(s->zctx, ZMQ_BLOCKY, 0) != 0)
         return ferry__seterr(FERRY_ESYS, "setting ZMQ_BLOCKY: %s", zmq_strerror(errno));
+    /* Before the first socket: libzmq starts its I/O threads with it. */
+    if (zmq_ctx_set(s->zctx, ZMQ_IO_THREADS, io_threads) != 0)
+        return ferry__seterr(FERRY_ESYS, "setting ZMQ_IO_THREADS to %d: %s", io_threads,
+                             zmq_strerror(errno));
     rc = ferry__socket_new(s->zctx, ZMQ_ROUTER, s->cfg.max_message, &s->router);
     if (rc == FERRY_OK)
         rc = ferry__socket_bind(s->router, s->endpoint, FERRY_ESYS);

@@ -607,6 +607,11 @@ static void test_bad_options_are_rejected_by_name(void **state)
     assert_int_equal(ferry_config_set(cfg, "workers", "two"), FERRY_EINVAL);
     assert_int_equal(ferry_config_set(cfg, "worker_mode", "fiber"), FERRY_EINVAL);
     assert_int_equal(ferry_config_set(cfg, "in_order", "maybe"), FERRY_EINVAL);
+    assert_int_equal(ferry_config_set_int(cfg, "io_threads", -1), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "io_threads"));
+    assert_int_equal(ferry_config_set_int(cfg, "io_threads", 65), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "io_threads"));
+    assert_int_equal(ferry_config_set_int(cfg, "io_threads", 4), FERRY_OK);
     assert_int_equal(ferry_config_set(cfg, "in_order", "false"), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "rank", 2), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "world_size", 2), FERRY_OK);

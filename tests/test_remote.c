@@ -1152,6 +1152,34 @@ static uint64_t stream_hostile_frame(int port)
  * and tries the data port with a made-up session token. None of it may
  * make the loader (this process) hold more than a few MiB, and the real
  * worker's run goes on exactly: every batch once, in order, intact. */
+/* Threads of this process while a bound loader with io_threads `n` (0:
+ * auto) is open: CURVE on, one local worker process. */
+static int threads_with_io_threads(remote_case *t, int64_t n)
+{
+    ferry_config *cfg = remote_cfg(&t->k, t->port, 1, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "io_threads", n), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    int threads = ft_count_threads();
+    ft_close_within(ld, 5000);
+    return threads;
+}
+
+/* A bound loader runs as many ZeroMQ I/O threads as io_threads says, and
+ * by default one per CPU up to 4, so that remote connections (CURVE
+ * decryption) are not all on one thread. */
+static void test_bound_loader_runs_io_threads_per_cpu(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 60);
+    int one = threads_with_io_threads(&t, 1);
+    assert_int_equal(threads_with_io_threads(&t, 3), one + 2);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus < 1 ? 1 : cpus > 4 ? 4 : (int)cpus;
+    assert_int_equal(threads_with_io_threads(&t, 0), one + want - 1);
+    case_end(&t);
+}
+
 static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void **state)
 {
     (void)state;
@@ -1688,6 +1716,7 @@ int main(void)
         cmocka_unit_test(test_remote_poison_batch_is_given_up),
         cmocka_unit_test(test_supervisor_replaces_killed_child_and_leaves_none),
         cmocka_unit_test(test_link_cut_between_namespaces_loses_nothing),
+        cmocka_unit_test(test_bound_loader_runs_io_threads_per_cpu),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

@@ -362,6 +362,70 @@ static void test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_packag
     ft_end(&snap);
 }
 
+/* --limits: the one-copy limit, the raw ZeroMQ round trip and ferry, in
+ * rounds, each with its rates and the ratios of ferry to each. */
+static void test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"process", "thread"};
+    for (int m = 0; m < 2; m++) {
+        ft_snapshot snap;
+        ft_begin(&snap, 30);
+        char *argv[] = {FERRY_TEST_BENCH,
+                        "--dataset",
+                        "synthetic:n=512,dim=8",
+                        "--batch-size",
+                        "32",
+                        "--epochs",
+                        "3",
+                        "--workers",
+                        "2",
+                        "--limits",
+                        "--rounds",
+                        "2",
+                        "--json",
+                        m ? "--threads" : NULL,
+                        NULL};
+        static ran r;
+        run_argv(argv, environ, 30000, &r);
+        if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+            fail_msg("ferry-bench --limits (%s) failed: %s", modes[m], r.err);
+        assert_true(r.out[0] == '{' && strstr(r.out, "}\n") != NULL);
+        assert_non_null(strstr(r.out, "\"limits\": true"));
+        assert_true(json_number(json_at(r.out, "settings"), "rounds") == 2);
+        const char *lim = json_at(json_at(r.out, "batches_per_epoch"), "limits");
+        /* x: 8 uint8, y: one int64, per item: 16 bytes, 32 of them. */
+        assert_true(json_number(lim, "batch_bytes") == 512);
+        assert_true(json_number(lim, "depth") == 8); /* the automatic window: 2 x 2 x 2 */
+        assert_true(json_number(lim, "batches") == BENCH_BATCHES);
+        assert_true(json_number(lim, "source_bytes") >= 256 << 20);
+        assert_non_null(strstr(json_at(lim, "raw_zmq"), m ? "inproc://" : "ipc://"));
+        const char *med = json_at(lim, "median"), *min = json_at(lim, "min"),
+                   *max = json_at(lim, "max");
+        static const char *const rates[] = {"copy", "zmq", "ferry"};
+        char k[64];
+        for (int i = 0; i < 3; i++) {
+            snprintf(k, sizeof k, "%s_batches_per_s", rates[i]);
+            double lo = json_number(min, k), mid = json_number(med, k), hi = json_number(max, k);
+            assert_true(lo > 0 && lo <= mid && mid <= hi);
+            snprintf(k, sizeof k, "%s_gb_per_s", rates[i]);
+            assert_true(json_number(med, k) > 0);
+            snprintf(k, sizeof k, "%s_us_per_batch", rates[i]);
+            assert_true(json_number(med, k) > 0);
+        }
+        /* Nothing delivers batches faster than one thread copies them. */
+        double vs_copy = json_number(med, "ferry_vs_copy");
+        assert_true(vs_copy > 0 && vs_copy < 1);
+        assert_true(json_number(med, "ferry_vs_zmq") > 0);
+        (void)json_number(med, "ferry_added_us_per_batch"); /* present; may be negative */
+        /* Each round has every figure. */
+        const char *rounds = json_at(lim, "rounds");
+        assert_true(json_number(rounds, "ferry_vs_zmq") > 0);
+        assert_true(json_number(strstr(rounds, "}, {"), "ferry_vs_copy") > 0);
+        ft_end(&snap);
+    }
+}
+
 /* Wrong values are refused before anything runs, with exit status 2. */
 static void test_ferry_bench_refuses_bad_values(void **state)
 {
@@ -374,6 +438,9 @@ static void test_ferry_bench_refuses_bad_values(void **state)
         {"--compare", "0", "must be >= 1"},
         {"--compare", "--epoch-barrier", "leave out --epoch-barrier"},
         {"--compare", "--compare-remote", "pick one"},
+        {"--limits", "--compare", "leave out --compare"},
+        {"--limits", "--epoch-barrier", "no step"},
+        {"--io-threads", "-1", "--io-threads"},
     };
     static ran r;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -395,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
+        cmocka_unit_test(test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq),
         cmocka_unit_test(test_ferry_bench_refuses_bad_values),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;

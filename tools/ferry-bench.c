@@ -17,6 +17,9 @@
  * alike; the report has each side's medians and the ratio per round, its
  * median and its spread.
  *
+ * --limits measures ferry against two ceilings in the same rounds, the
+ * one-copy limit and a raw ZeroMQ round trip (tools/bench/limits.c).
+ *
  * --compare-remote does the same with three sides: --workers local worker
  * processes over ipc://, then as many ferry-worker daemons that this
  * program starts on 127.0.0.1 over TCP with CURVE (keys made with
@@ -392,9 +395,19 @@ static void usage(FILE *f)
             "  --curve-key FILE      the loader's key pair (ferry-keygen)\n"
             "  --curve-allow PATH    allowed worker keys (file, or directory of .pub files)\n"
             "  --insecure            plain TCP for --bind (trusted networks only)\n"
+            "  --io-threads N        the loader's ZeroMQ I/O threads (its io_threads option;\n"
+            "                        default 0: auto, min(CPUs, 4) with --bind, else 1)\n"
             "  --compare-remote [N]  --workers local processes, then as many remote ones over\n"
             "                        TCP+CURVE, then plain TCP, on 127.0.0.1, alternating for\n"
             "                        N rounds (default 5)\n"
+            "  --limits              ferry against its ceilings, in rounds (--rounds, default 3)\n"
+            "                        of three runs with the same batch bytes and depth: one\n"
+            "                        thread memcpy'ing batch-sized chunks out of a large\n"
+            "                        source (one-copy), a raw ZeroMQ round trip to a process\n"
+            "                        (a thread with --threads) replying with a fresh message\n"
+            "                        of the batch's size, then ferry; batches/s, GB/s, us per\n"
+            "                        batch, ferry / each, and ferry's us per batch over raw\n"
+            "                        ZeroMQ, each a median [min..max] over the rounds\n"
             "  --json                print one JSON object: every setting and every figure\n"
             "  --no-progress         no progress bar (there is one only on a terminal)\n"
             "  --help                this text\n"
@@ -459,6 +472,7 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         {"--seed", offsetof(bench_opts, seed), 0},
         {"--rounds", offsetof(bench_opts, rounds), 1},
         {"--prefetch-factor", offsetof(bench_opts, prefetch_factor), 1},
+        {"--io-threads", offsetof(bench_opts, io_threads), 0},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -507,6 +521,8 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             o->compare_remote = 1;
             if (optional_rounds(argc, argv, &i, &o->rounds) >= 0)
                 return 2;
+        } else if (!strcmp(a, "--limits")) {
+            o->limits = 1;
         } else if (!strcmp(a, "--threads")) {
             o->worker_mode = "thread";
         } else if (!strcmp(a, "--epoch-barrier")) {
@@ -539,8 +555,18 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         return bad("--compare already runs the epoch barrier (side B); leave out "
                    "--epoch-barrier",
                    NULL);
+    if (o->limits && (o->compare || o->compare_remote || o->bind))
+        return bad("--limits compares ferry with its own baselines: leave out --compare, "
+                   "--compare-remote and --bind",
+                   NULL);
+    if (o->limits && (o->step_ms > 0 || o->csv || o->plot || o->epoch_barrier))
+        return bad("--limits measures throughput with no step: leave out --step-ms, --csv, "
+                   "--plot and --epoch-barrier",
+                   NULL);
+    if (o->limits && o->workers < 1)
+        return bad("--limits needs --workers 1 or more", NULL);
     if (!o->rounds)
-        o->rounds = o->compare || o->compare_remote ? 5 : 1;
+        o->rounds = o->compare || o->compare_remote ? 5 : o->limits ? 3 : 1;
     return -1;
 }
 
@@ -560,6 +586,8 @@ int main(int argc, char **argv)
     if (rc >= 0)
         return rc;
 
+    if (o.limits)
+        return bench_limits(&o);
     if (o.compare_remote) {
         static const bench_side remote[] = {
             {"local", "worker processes over ipc://", 0, 0, BENCH_LOCAL},

@@ -29,11 +29,12 @@ typedef struct bench_opts {
     const char *worker_path;
     const char *bind, *curve_key, *curve_allow;
     long workers, batch_size, epochs, batches, prefetch, seed, min_workers;
+    long io_threads;      /* the loader's io_threads; 0: its default */
     long rounds;          /* runs of each side; 0 until the command line is read */
     long prefetch_factor; /* the baseline's window per worker (PyTorch's name) */
     double step_ms;       /* the simulated training step per batch */
     int step_sleep;       /* the step sleeps instead of spinning */
-    int epoch_barrier, compare, compare_remote, json, progress, in_order, insecure;
+    int epoch_barrier, compare, compare_remote, limits, json, progress, in_order, insecure;
     const char *csv, *plot;
 } bench_opts;
 
@@ -203,6 +204,15 @@ typedef struct bench_report {
 void bench_print_text(const bench_report *rep, FILE *f);
 void bench_print_json(const bench_report *rep, FILE *f);
 
+/* The pieces the reports are made of, for --limits' own report: the
+ * settings' two lines, and JSON's strings (NULL: null), numbers (NAN and
+ * infinities: null), settings and host objects. */
+void bench_print_settings(const bench_opts *o, long prefetch, uint64_t batches_per_epoch, FILE *f);
+void bench_json_str(FILE *f, const char *s);
+void bench_json_num(FILE *f, double v);
+void bench_json_settings(const bench_opts *o, size_t rounds, FILE *f);
+void bench_json_host(FILE *f);
+
 /* The CSV: one row per batch. With `labelled`, each row starts with the
  * round and the side. */
 void bench_csv_header(FILE *f, int labelled);
@@ -212,6 +222,22 @@ void bench_csv_rows(FILE *f, const bench_run *r, int labelled, size_t round, con
  * side) into png_path with gnuplot. 0, or 1 after saying why on stderr (no
  * gnuplot names the Debian package). */
 int bench_plot(const bench_report *rep, const char *csv_path, const char *png_path);
+
+/* Opens a loader as bench_run_once would (side s) just long enough to read
+ * the dataset's schema and length: the bytes of a full batch (each field's
+ * item bytes x batch_size) and the batches of an epoch. 0, or 1 after
+ * saying why on stderr. */
+int bench_probe(const bench_opts *o, const bench_side *s, uint64_t *batch_bytes,
+                uint64_t *batches_per_epoch);
+
+/* ------------------------------------------------------------------------
+ * --limits
+ */
+
+/* Runs o->rounds rounds of the one-copy limit, a raw ZeroMQ round trip
+ * and ferry (see limits.c) and prints their report. The exit code: 0, or
+ * 1 after saying on stderr what failed. */
+int bench_limits(const bench_opts *o);
 
 /* Monotonic nanoseconds. */
 uint64_t bench_now_ns(void);

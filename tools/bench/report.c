@@ -73,15 +73,14 @@ static const char *fmt_ratio(char *buf, size_t cap, double v)
  * The summary
  */
 
-static void print_settings(const bench_report *rep, FILE *f)
+void bench_print_settings(const bench_opts *o, long prefetch_n, uint64_t batches_per_epoch, FILE *f)
 {
-    const bench_opts *o = rep->o;
     char prefetch[32] = "auto";
-    if (rep->sides[0].prefetch > 0)
-        snprintf(prefetch, sizeof prefetch, "%ld", rep->sides[0].prefetch);
+    if (prefetch_n > 0)
+        snprintf(prefetch, sizeof prefetch, "%ld", prefetch_n);
     fprintf(f, "ferry-bench %s: %s\n", ferry_version(), o->dataset);
     fprintf(f, "  %ld %s workers%s, batch %ld, %llu batches/epoch, ", o->workers, o->worker_mode,
-            o->bind ? " + remote" : "", o->batch_size, (unsigned long long)rep->batches_per_epoch);
+            o->bind ? " + remote" : "", o->batch_size, (unsigned long long)batches_per_epoch);
     if (o->batches > 0)
         fprintf(f, "%ld batches", o->batches);
     else
@@ -104,7 +103,7 @@ static void print_one(const bench_report *rep, FILE *f)
     const bench_fig *x = &rep->figs[0];
     const bench_opts *o = rep->o;
     char a[32], b[32], c[32], d[32];
-    print_settings(rep, f);
+    bench_print_settings(rep->o, rep->sides[0].prefetch, rep->batches_per_epoch, f);
     if (rep->sides[0].epoch_barrier)
         fprintf(f, "  epoch_barrier on: %s\n", rep->sides[0].what);
     fprintf(f, "\n  wait in next() (ms)        p50        p99        max    batches\n");
@@ -183,7 +182,7 @@ static void print_table(const bench_report *rep, FILE *f)
     int spread = rep->rounds > 1;
     int side_spread = spread && rep->nsides <= 2;
     int wide = side_spread ? 24 : 14;
-    print_settings(rep, f);
+    bench_print_settings(rep->o, rep->sides[0].prefetch, rep->batches_per_epoch, f);
     for (size_t k = 0; k < rep->nsides; k++)
         fprintf(f, "  %c = %s: %s\n", (int)('A' + k), rep->sides[k].name, rep->sides[k].what);
     if (rep->nsides > 1 && rep->rounds > 1)
@@ -240,7 +239,7 @@ void bench_print_text(const bench_report *rep, FILE *f)
  * JSON
  */
 
-static void json_str(FILE *f, const char *s)
+void bench_json_str(FILE *f, const char *s)
 {
     if (!s) {
         fputs("null", f);
@@ -259,7 +258,7 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static void json_num(FILE *f, double v)
+void bench_json_num(FILE *f, double v)
 {
     if (isnan(v) || isinf(v))
         fputs("null", f);
@@ -277,7 +276,7 @@ static void json_figs(FILE *out, const bench_fig *f, int ratios)
         if (ratios && !m->better)
             continue;
         fprintf(out, "%s\"%s\": ", sep, m->key);
-        json_num(out, bench_get(f, m));
+        bench_json_num(out, bench_get(f, m));
         sep = ", ";
     }
     fputc('}', out);
@@ -293,13 +292,12 @@ static void json_summary(FILE *f, const bench_summary *s, int ratios)
     json_figs(f, &s->max, ratios);
 }
 
-static void json_settings(const bench_report *rep, FILE *f)
+void bench_json_settings(const bench_opts *o, size_t rounds, FILE *f)
 {
-    const bench_opts *o = rep->o;
     fputs("{\"dataset\": ", f);
-    json_str(f, o->dataset);
+    bench_json_str(f, o->dataset);
     fputs(", \"worker_mode\": ", f);
-    json_str(f, o->worker_mode);
+    bench_json_str(f, o->worker_mode);
     fprintf(f,
             ", \"workers\": %ld, \"batch_size\": %ld, \"prefetch\": %ld, \"epochs\": %ld, "
             "\"batches\": %ld, ",
@@ -310,24 +308,24 @@ static void json_settings(const bench_report *rep, FILE *f)
         fputs("\"seed\": null, \"shuffle\": false, ", f);
     fprintf(f, "\"in_order\": %s, \"epoch_barrier\": %s, \"step_ms\": ",
             o->in_order ? "true" : "false", o->epoch_barrier ? "true" : "false");
-    json_num(f, o->step_ms);
+    bench_json_num(f, o->step_ms);
     fprintf(f,
             ", \"step_mode\": \"%s\", \"rounds\": %zu, \"compare\": %s, "
-            "\"compare_remote\": %s, \"prefetch_factor\": %ld, \"bind\": ",
-            o->step_sleep ? "sleep" : "spin", rep->rounds, o->compare ? "true" : "false",
-            o->compare_remote ? "true" : "false", o->prefetch_factor);
-    json_str(f, o->bind);
-    fprintf(f, ", \"min_workers\": %ld, \"insecure\": %s, \"worker_path\": ", o->min_workers,
-            o->insecure ? "true" : "false");
-    json_str(f, o->worker_path);
+            "\"compare_remote\": %s, \"limits\": %s, \"prefetch_factor\": %ld, \"bind\": ",
+            o->step_sleep ? "sleep" : "spin", rounds, o->compare ? "true" : "false",
+            o->compare_remote ? "true" : "false", o->limits ? "true" : "false", o->prefetch_factor);
+    bench_json_str(f, o->bind);
+    fprintf(f, ", \"min_workers\": %ld, \"insecure\": %s, \"io_threads\": %ld, \"worker_path\": ",
+            o->min_workers, o->insecure ? "true" : "false", o->io_threads);
+    bench_json_str(f, o->worker_path);
     fputs(", \"csv\": ", f);
-    json_str(f, o->csv);
+    bench_json_str(f, o->csv);
     fputs(", \"plot\": ", f);
-    json_str(f, o->plot);
+    bench_json_str(f, o->plot);
     fputc('}', f);
 }
 
-static void json_host(FILE *f)
+void bench_json_host(FILE *f)
 {
     char host[256] = "";
     struct utsname u;
@@ -336,30 +334,30 @@ static void json_host(FILE *f)
     int have_uname = uname(&u) == 0;
     getloadavg(load, 3);
     fprintf(f, "{\"cores\": %ld, \"hostname\": ", sysconf(_SC_NPROCESSORS_ONLN));
-    json_str(f, host);
+    bench_json_str(f, host);
     fputs(", \"kernel\": ", f);
-    json_str(f, have_uname ? u.release : NULL);
+    bench_json_str(f, have_uname ? u.release : NULL);
     fputs(", \"loadavg_1m_at_end\": ", f);
-    json_num(f, load[0]);
+    bench_json_num(f, load[0]);
     fputc('}', f);
 }
 
 void bench_print_json(const bench_report *rep, FILE *f)
 {
     fputs("{\"tool\": \"ferry-bench\", \"version\": ", f);
-    json_str(f, ferry_version());
+    bench_json_str(f, ferry_version());
     fputs(", \"settings\": ", f);
-    json_settings(rep, f);
+    bench_json_settings(rep->o, rep->rounds, f);
     fputs(", \"host\": ", f);
-    json_host(f);
+    bench_json_host(f);
     fprintf(f, ", \"batches_per_epoch\": %llu, \"sides\": [",
             (unsigned long long)rep->batches_per_epoch);
     for (size_t k = 0; k < rep->nsides; k++) {
         const bench_side *s = &rep->sides[k];
         fprintf(f, "%s{\"name\": ", k ? ", " : "");
-        json_str(f, s->name);
+        bench_json_str(f, s->name);
         fputs(", \"what\": ", f);
-        json_str(f, s->what);
+        bench_json_str(f, s->what);
         fprintf(f, ", \"epoch_barrier\": %s, \"prefetch\": %ld}",
                 s->epoch_barrier ? "true" : "false", s->prefetch);
     }
@@ -377,7 +375,7 @@ void bench_print_json(const bench_report *rep, FILE *f)
     fputc('}', f);
     if (rep->nsides > 1) {
         fputs(", \"ratio_meaning\": ", f);
-        json_str(f, ratio_meaning);
+        bench_json_str(f, ratio_meaning);
         fputs(", \"ratios\": {", f);
         for (size_t k = 1; k < rep->nsides; k++) {
             fprintf(f, "%s\"%s\": ", k > 1 ? ", " : "", rep->sides[k].name);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "ferry_dataset.h"
 
 #define SAMPLE_NS 100000000ull   /* memory samples: every 100 ms of the loop */
 #define PROGRESS_NS 100000000ull /* the progress bar: at most 10 redraws a second */
@@ -216,6 +217,9 @@ static int configure(ferry_config *cfg, const bench_opts *o, const bench_side *s
         }
         SETI("start_timeout_ms", 120000);
     }
+    if (o->io_threads > 0) {
+        SETI("io_threads", o->io_threads);
+    }
     SETI("batch_size", o->batch_size);
     SETI("prefetch", s->prefetch);
     SETI("in_order", o->in_order);
@@ -392,4 +396,42 @@ int bench_run_once(const bench_opts *o, const bench_side *s, bench_progress *p, 
         fputc(' ', stderr);
     p->done_before += r->nrecs;
     return rc == FERRY_OK ? 0 : 1;
+}
+
+int bench_probe(const bench_opts *o, const bench_side *s, uint64_t *batch_bytes,
+                uint64_t *batches_per_epoch)
+{
+    ferry_config *cfg = ferry_config_new();
+    if (!cfg) {
+        fprintf(stderr, "ferry-bench: out of memory\n");
+        return 1;
+    }
+    bench_opts one = *o;
+    one.batches = 1; /* open needs the workers' READY, not a run */
+    ferry_loader *ld = NULL;
+    int rc = configure(cfg, &one, s);
+    if (rc == FERRY_OK)
+        rc = ferry_loader_open(&ld, cfg);
+    ferry_config_free(cfg);
+    ferry_dataset_schema schema;
+    if (rc == FERRY_OK)
+        rc = ferry_loader_schema(ld, &schema);
+    if (rc == FERRY_OK)
+        rc = ferry_loader_length(ld, NULL, batches_per_epoch);
+    if (rc != FERRY_OK) {
+        fprintf(stderr, "ferry-bench: reading the dataset's schema: %s: %s\n", ferry_err_name(rc),
+                ferry_last_error());
+        if (ld)
+            ferry_loader_close(ld);
+        return 1;
+    }
+    uint64_t bytes = 0;
+    for (int f = 0; f < schema.nfields; f++) {
+        uint64_t item = ferry_dtype_size(schema.fields[f].dtype);
+        for (int d = 0; d < schema.fields[f].ndim; d++)
+            item *= (uint64_t)schema.fields[f].shape[d];
+        bytes += item * (uint64_t)o->batch_size;
+    }
+    *batch_bytes = bytes;
+    return ferry_loader_close(ld) == FERRY_OK ? 0 : 1;
 }
