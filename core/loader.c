@@ -166,6 +166,7 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
     if (!ld || !st)
         return ferry__seterr(FERRY_EINVAL, "loader and stats must not be NULL");
     ferry__window_stats(ld->win, st);
+    st->credits = (uint32_t)ld->cfg.credits;
     return FERRY_OK;
 }
 

@@ -324,6 +324,7 @@ void ferry__window_stats(ferry__window *win, ferry_stats *st)
     pthread_mutex_lock(&win->mu);
     *st = win->st;
     st->in_flight = win->in_flight;
+    st->prefetch = win->prefetch;
     pthread_mutex_unlock(&win->mu);
 }
 

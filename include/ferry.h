@@ -228,7 +228,9 @@ typedef struct ferry_stats {
     uint64_t rejected;   /* remote workers refused: key not allowed, bad HELLO or READY, full */
     uint32_t workers;    /* workers alive and ready, local and remote */
     uint32_t in_flight;  /* dispatched, not yet delivered */
-    uint64_t reserved[16]; /* room to grow (see "ABI" in README.md); zero */
+    uint32_t prefetch;   /* the window: the most batches in flight (the option, or auto) */
+    uint32_t credits;    /* tasks queued at one worker at most (the option, or auto) */
+    uint64_t reserved[15]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_stats;
 
 /* A snapshot of the loader's counters; safe while another thread is in

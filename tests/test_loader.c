@@ -457,6 +457,9 @@ static void test_batch_says_how_long_it_took_and_waited(void **state)
     ft_begin(&snap, 30);
     ferry_loader *ld =
         ft_open_ok(make_cfg("process", 1, 4, 8, "synthetic:n=64,dim=8,cost_us=500"));
+    /* The window as set, and the credits chosen for batches of 8. */
+    assert_int_equal(ft_stats(ld).prefetch, 4);
+    assert_int_equal(ft_stats(ld).credits, 4);
     ferry_batch *b;
     ferry_batch_info info;
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);

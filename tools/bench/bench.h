@@ -228,7 +228,7 @@ int bench_plot(const bench_report *rep, const char *csv_path, const char *png_pa
  * item bytes x batch_size) and the batches of an epoch. 0, or 1 after
  * saying why on stderr. */
 int bench_probe(const bench_opts *o, const bench_side *s, uint64_t *batch_bytes,
-                uint64_t *batches_per_epoch);
+                uint64_t *batches_per_epoch, uint32_t *prefetch);
 
 /* ------------------------------------------------------------------------
  * --limits

@@ -546,15 +546,15 @@ int bench_limits(const bench_opts *o)
 {
     bench_side side = {"ferry", "as configured", 0, o->prefetch, BENCH_LOCAL};
     limit_plan p = {.threads = !strcmp(o->worker_mode, "thread")};
-    if (bench_probe(o, &side, &p.batch_bytes, &p.batches_per_epoch) != 0)
+    uint32_t window = 0;
+    if (bench_probe(o, &side, &p.batch_bytes, &p.batches_per_epoch, &window) != 0)
         return 1;
     if (!p.batch_bytes) {
         fprintf(stderr, "ferry-bench: --limits: the dataset's batches have no bytes\n");
         return 1;
     }
     p.batches = o->batches > 0 ? (uint64_t)o->batches : p.batches_per_epoch * (uint64_t)o->epochs;
-    /* The loader's automatic window: 2 credits per worker, twice over. */
-    p.depth = o->prefetch > 0 ? o->prefetch : 2 * 2 * o->workers;
+    p.depth = (long)window; /* the loader's own window, as it sized it */
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     p.source_bytes = SOURCE_MIN;
     if (llc > 0 && 4 * (uint64_t)llc > p.source_bytes)

@@ -399,7 +399,7 @@ int bench_run_once(const bench_opts *o, const bench_side *s, bench_progress *p, 
 }
 
 int bench_probe(const bench_opts *o, const bench_side *s, uint64_t *batch_bytes,
-                uint64_t *batches_per_epoch)
+                uint64_t *batches_per_epoch, uint32_t *prefetch)
 {
     ferry_config *cfg = ferry_config_new();
     if (!cfg) {
@@ -433,5 +433,8 @@ int bench_probe(const bench_opts *o, const bench_side *s, uint64_t *batch_bytes,
         bytes += item * (uint64_t)o->batch_size;
     }
     *batch_bytes = bytes;
+    ferry_stats st;
+    ferry_loader_stats(ld, &st);
+    *prefetch = st.prefetch;
     return ferry_loader_close(ld) == FERRY_OK ? 0 : 1;
 }
