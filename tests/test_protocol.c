@@ -607,9 +607,12 @@ static const struct key_path {
     {FERRY__MSG_TASK, "batch_in_epoch", 'U', "batch_in_epoch"},
     {FERRY__MSG_TASK, "seq", 'U', "seq"},
     {FERRY__MSG_TASK, "count", 'U', "count"},
+    {FERRY__MSG_TASK, "shm_offset", 'U', "shm_offset"},
+    {FERRY__MSG_TASK, "shm_bytes", 'U', "shm_bytes"},
     {FERRY__MSG_BATCH, "id", 'U', "id"},
     {FERRY__MSG_BATCH, "count", 'U', "count"},
     {FERRY__MSG_BATCH, "make_ns", 'U', "make_ns"},
+    {FERRY__MSG_BATCH, "shm", 'U', "shm"},
     {FERRY__MSG_BATCH, "fields", 'A', "fields"},
     {FERRY__MSG_BATCH, "fields.1", 'M', "field 1"},
     {FERRY__MSG_BATCH, "fields.1.name", 'S', "name"},
@@ -842,7 +845,7 @@ static void test_decode_rejects_inconsistent_ready_schema(void **state)
     assert_int_equal(decode_mutated(FERRY__MSG_READY, scalar), FERRY_OK);
 }
 
-/* {type: BATCH, id: 1, make_ns: 1000, count: 4, fields: [nfields x {name,
+/* {type: BATCH, id: 1, make_ns: 1000, count: 4, shm: 0, fields: [nfields x {name,
  * u8 [4], 4 bytes}]}, packed by hand since the encoder refuses more than
  * FERRY_MAX_FIELDS. */
 static size_t pack_batch_of(unsigned nfields, char *out, size_t cap)
@@ -851,9 +854,11 @@ static size_t pack_batch_of(unsigned nfields, char *out, size_t cap)
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 5);
+    msgpack_pack_map(&pk, 6);
     msgpack_pack_str_with_body(&pk, "type", 4);
     msgpack_pack_uint32(&pk, FERRY__MSG_BATCH);
+    msgpack_pack_str_with_body(&pk, "shm", 3);
+    msgpack_pack_uint32(&pk, 0);
     msgpack_pack_str_with_body(&pk, "id", 2);
     msgpack_pack_uint32(&pk, 1);
     msgpack_pack_str_with_body(&pk, "make_ns", 7);
