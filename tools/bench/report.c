@@ -317,8 +317,8 @@ static void json_settings(const bench_report *rep, FILE *f)
             o->step_sleep ? "sleep" : "spin", rep->rounds, o->compare ? "true" : "false",
             o->compare_remote ? "true" : "false", o->prefetch_factor);
     json_str(f, o->bind);
-    fprintf(f, ", \"min_workers\": %ld, \"insecure\": %s, \"worker_path\": ", o->min_workers,
-            o->insecure ? "true" : "false");
+    fprintf(f, ", \"min_workers\": %ld, \"insecure\": %s, \"shm\": %s, \"worker_path\": ",
+            o->min_workers, o->insecure ? "true" : "false", o->no_shm ? "false" : "true");
     json_str(f, o->worker_path);
     fputs(", \"csv\": ", f);
     json_str(f, o->csv);
