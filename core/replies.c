@@ -2,8 +2,10 @@
  * replies.c - what the scheduler does with each message from a worker
  * (see sched_internal.h): HELLO is answered with CONFIG (or refused: STOP,
  * or REFUSE to a worker of another protocol version), READY starts the run
- * once enough workers are ready and fixes the dataset's length and schema,
- * BATCH and FAIL are filed in the window as the answer to their task, BYE
+ * once enough workers are ready and fixes the dataset's length and schema
+ * (and so the size of the shared batch slots), BATCH and FAIL are filed in
+ * the window as the answer to their task (a batch in a slot as a view of
+ * it; a slot the answer did not use is free again), BYE
  * ends a session. Anything else, or anything from a worker that may not
  * send it now, is counted as malformed or stale and dropped; a BATCH that
  * is not what its task asked for (count, schema) is counted as malformed
