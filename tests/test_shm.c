@@ -319,6 +319,49 @@ static void test_workers_killed_mid_write_lose_nothing(void **state)
     end_without_slots(&snap);
 }
 
+/* A dataset that crashes its worker halfway through writing a batch into
+ * its slot (item 37 of the batch of items 32..47), every time: after
+ * max_attempts deaths that batch is given up, and every other batch comes
+ * intact from a slot, those after the deaths too: the slots the dead were
+ * writing are taken back. */
+static void test_a_batch_that_crashes_mid_write_is_given_up_alone(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    char spec[512];
+    snprintf(spec, sizeof spec, "plugin:%s?n=160,dim=%d,crash_at=37", FERRY_TEST_HOSTILE, DIM);
+    ferry_config *cfg = ft_config(spec, 2, 16);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 300), FERRY_OK);
+    /* 4 slots: were a dead worker's slots not taken back, three deaths
+     * would leave too few for a window of 2, and batches would come by
+     * message. */
+    assert_int_equal(ferry_config_set_int(cfg, "prefetch", 2), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    ferry_batch *b;
+    int rc, ok = 0, failed = 0, in = 0;
+    while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
+        if (rc == FERRY_EBATCH) {
+            assert_non_null(strstr(ferry_last_error(), "indices 32, 33"));
+            failed++;
+            continue;
+        }
+        assert_int_equal(rc, FERRY_OK);
+        ft_assert_synthetic(b, DIM);
+        in += in_slots(&m, b);
+        ok++;
+        ferry_batch_release(b);
+    }
+    assert_int_equal(failed, 1);
+    assert_int_equal(ok, 9);
+    assert_int_equal(in, 9);
+    assert_true(ft_stats(ld).restarts >= 3);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * Close, options, sizes
  */
@@ -411,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_held_slots_are_never_reused_and_come_back_from_any_thread),
         cmocka_unit_test(test_a_trainer_keeping_every_slot_gets_batches_by_message),
         cmocka_unit_test(test_workers_killed_mid_write_lose_nothing),
+        cmocka_unit_test(test_a_batch_that_crashes_mid_write_is_given_up_alone),
         cmocka_unit_test(test_close_leaves_no_slot_memory_once_batches_are_released),
         cmocka_unit_test(test_without_slots_batches_go_by_message),
         cmocka_unit_test(test_a_batch_over_max_message_goes_through_its_slot),
