@@ -4,9 +4,10 @@
  *
  * Position in the data flow: last. The scheduler makes a ferry_batch from
  * the fields of a reply (name, dtype, shape, pointer) and the thing their
- * bytes live in, with the function that gives it back: today a received
- * ZeroMQ message (transport/zsock.h); a shared-memory slot can back a batch
- * the same way without any user of batches knowing. The trainer reads views
+ * bytes live in, with the function that gives it back: a received ZeroMQ
+ * message (transport/zsock.h), or the shared-memory slot a local worker
+ * wrote the batch into (transport/shm.h), without any user of batches
+ * knowing which. The trainer reads views
  * and releases the batch, which releases the backing.
  *
  * Alignment: every field's data is at least FERRY__ALIGN aligned. When a

@@ -59,6 +59,10 @@ static const opt_def options[] = {
     {"epoch_barrier", OPT_BOOL, OFF(epoch_barrier), 0, 1, NULL, "no prefetch across epochs"},
     {"max_message", OPT_INT, OFF(max_message), FERRY__MIN_MESSAGE, INT64_MAX, NULL,
      "largest message"},
+    {"shm", OPT_BOOL, OFF(shm), 0, 1, NULL,
+     "local process workers write batches into shared memory"},
+    {"shm_max_bytes", OPT_INT, OFF(shm_max_bytes), 0, INT64_MAX, NULL,
+     "most shared memory for batch slots"},
     {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names, "restart or fail"},
     {"max_attempts", OPT_INT, OFF(max_attempts), 1, 100, NULL, "tries of a batch that kills"},
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
@@ -99,6 +103,8 @@ ferry_config *ferry_config_new(void)
     c->start_timeout_ms = 30000;
     c->close_grace_ms = 2000;
     c->max_message = (int64_t)1 << 31;
+    c->shm = 1;
+    c->shm_max_bytes = (int64_t)1 << 30;
     c->on_worker_failure = FERRY__ON_FAILURE_RESTART;
     c->max_attempts = 3;
     c->min_workers = -1;

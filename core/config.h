@@ -54,6 +54,8 @@ struct ferry_config {
     int64_t close_grace_ms;
     int64_t epoch_barrier;
     int64_t max_message;       /* ZMQ_MAXMSGSIZE for the loader's socket */
+    int64_t shm;               /* local process workers' batches through shared memory */
+    int64_t shm_max_bytes;     /* the most memory for their slots */
     int64_t on_worker_failure; /* ferry__on_failure */
     int64_t max_attempts;      /* workers a batch may take down before it is given up */
     char worker_path[PATH_MAX];

@@ -186,8 +186,8 @@ int ferry__pool_start(ferry__pool *p, uint32_t i)
         return start_thread(w);
     pid_t pid;
     atomic_store(&p->words[i * WORD_STRIDE], 0);
-    rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, p->o.endpoint, (int)i, p->task_fd, &pid, &w->pidfd,
-                             &w->errfd);
+    rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, p->o.endpoint, (int)i, p->task_fd,
+                             p->o.shm_fd, &pid, &w->pidfd, &w->errfd);
     if (rc == FERRY_OK)
         atomic_store(&w->pid, pid);
     return rc;

@@ -215,25 +215,26 @@ int ferry__fd_headroom(int need, const char *what)
 }
 
 /* The child's fds: stdin and stdout as ours, stderr_fd (if any) as its
- * stderr, pass_fd (if any) as FERRY__PASSED_FD, and nothing else. Whatever
- * the trainer opened without O_CLOEXEC (its files, its listening sockets, a
- * library's pipes) stays in the trainer: a worker holding a listening
- * socket would keep the port busy, and one holding a pipe's write end would
- * keep its reader from seeing EOF, after the trainer is gone. Closing is
- * done in the child after the dup2s, so the fds passed survive. Both must
- * be above FERRY__PASSED_FD (see lift_fd), so that neither dup2 overwrites
- * the other's source. 0, or an errno. */
-static int spawn_fd_actions(posix_spawn_file_actions_t *fa, int stderr_fd, int pass_fd)
+ * stderr, pass[k] (the first npass) as FERRY__PASSED_FD + k, and nothing
+ * else. Whatever the trainer opened without O_CLOEXEC (its files, its
+ * listening sockets, a library's pipes) stays in the trainer: a worker
+ * holding a listening socket would keep the port busy, and one holding a
+ * pipe's write end would keep its reader from seeing EOF, after the trainer
+ * is gone. Closing is done in the child after the dup2s, so the fds passed
+ * survive. All must be above the highest target (see lift_fd), so that no
+ * dup2 overwrites another's source. 0, or an errno. */
+static int spawn_fd_actions(posix_spawn_file_actions_t *fa, int stderr_fd, const int *pass,
+                            int npass)
 {
     int e = posix_spawn_file_actions_init(fa);
     if (e != 0)
         return e;
     if (stderr_fd >= 0)
         e = posix_spawn_file_actions_adddup2(fa, stderr_fd, 2);
-    if (e == 0 && pass_fd >= 0)
-        e = posix_spawn_file_actions_adddup2(fa, pass_fd, FERRY__PASSED_FD);
+    for (int k = 0; e == 0 && k < npass; k++)
+        e = posix_spawn_file_actions_adddup2(fa, pass[k], FERRY__PASSED_FD + k);
     if (e == 0)
-        e = posix_spawn_file_actions_addclosefrom_np(fa, pass_fd >= 0 ? FERRY__PASSED_FD + 1 : 3);
+        e = posix_spawn_file_actions_addclosefrom_np(fa, FERRY__PASSED_FD + npass);
     if (e != 0)
         posix_spawn_file_actions_destroy(fa);
     return e;
@@ -255,32 +256,42 @@ static void spawn_signal_attrs(posix_spawnattr_t *attr)
     posix_spawnattr_setsigdefault(attr, &all);
 }
 
-/* Moves *fd above FERRY__PASSED_FD when it is not (a close-on-exec copy,
- * kept in *tmp for the caller to close; -1 when none was made): a trainer
- * that closed its stdio can have our pipe or memfd at 2 or 3, where one of
- * the child's dup2s would overwrite the other's source. 0 or an errno. */
+/* The highest fd a child is given (FERRY__PASSED_FD + FERRY__PASSED_MAX - 1). */
+#define PASSED_TOP (FERRY__PASSED_FD + FERRY__PASSED_MAX - 1)
+
+/* Moves *fd above PASSED_TOP when it is not (a close-on-exec copy, kept in
+ * *tmp for the caller to close; -1 when none was made): a trainer that
+ * closed its stdio can have our pipe or memfds at 2..PASSED_TOP, where one
+ * of the child's dup2s would overwrite another's source. 0 or an errno. */
 static int lift_fd(int *fd, int *tmp)
 {
     *tmp = -1;
-    if (*fd < 0 || *fd > FERRY__PASSED_FD)
+    if (*fd < 0 || *fd > PASSED_TOP)
         return 0;
-    *tmp = fcntl(*fd, F_DUPFD_CLOEXEC, FERRY__PASSED_FD + 1);
+    *tmp = fcntl(*fd, F_DUPFD_CLOEXEC, PASSED_TOP + 1);
     if (*tmp < 0)
         return errno;
     *fd = *tmp;
     return 0;
 }
 
-int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd,
-                 pid_t *pid_out, int *pidfd_out)
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, const int *pass_fds,
+                 int npass, pid_t *pid_out, int *pidfd_out)
 {
-    int tmp_err, tmp_pass = -1;
+    int tmp_err, tmp_pass[FERRY__PASSED_MAX], pass[FERRY__PASSED_MAX];
     posix_spawn_file_actions_t fa;
+    if (npass < 0 || npass > FERRY__PASSED_MAX)
+        return ferry__seterr(FERRY_EINVAL, "%d fds to pass to a child, at most %d", npass,
+                             FERRY__PASSED_MAX);
+    for (int k = 0; k < FERRY__PASSED_MAX; k++)
+        tmp_pass[k] = -1;
     int e = lift_fd(&stderr_fd, &tmp_err);
+    for (int k = 0; e == 0 && k < npass; k++) {
+        pass[k] = pass_fds[k];
+        e = lift_fd(&pass[k], &tmp_pass[k]);
+    }
     if (e == 0)
-        e = lift_fd(&pass_fd, &tmp_pass);
-    if (e == 0)
-        e = spawn_fd_actions(&fa, stderr_fd, pass_fd);
+        e = spawn_fd_actions(&fa, stderr_fd, pass, npass);
     pid_t pid;
     if (e == 0) {
         posix_spawnattr_t attr;
@@ -293,8 +304,10 @@ int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_f
     }
     if (tmp_err >= 0)
         close(tmp_err);
-    if (tmp_pass >= 0)
-        close(tmp_pass);
+    for (int k = 0; k < FERRY__PASSED_MAX; k++) {
+        if (tmp_pass[k] >= 0)
+            close(tmp_pass[k]);
+    }
     if (e != 0) {
         if (e == EAGAIN || e == EMFILE || e == ENFILE)
             return ferry__syserr(FERRY_ESPAWN, "starting a process", e);
@@ -315,18 +328,27 @@ int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_f
 }
 
 int ferry__spawn_worker(const char *path, const char *args, const char *endpoint, int slot,
-                        int task_fd, pid_t *pid_out, int *pidfd_out, int *errfd_out)
+                        int task_fd, int shm_fd, pid_t *pid_out, int *pidfd_out, int *errfd_out)
 {
     /* argv: the program, args (one per line, in a copy cut at the
      * newlines), then ferry's own. */
     char *lines = strdup(args ? args : "");
     if (!lines)
         return ferry__seterr(FERRY_ENOMEM, "out of memory starting a worker");
-    char slot_s[16], parent_s[24], task_s[16];
+    char slot_s[16], parent_s[24], task_s[16], shm_s[16];
     snprintf(slot_s, sizeof slot_s, "%d", slot);
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    snprintf(task_s, sizeof task_s, "%d", FERRY__PASSED_FD);
-    char *argv[FERRY__WORKER_ARGS_N + 12];
+    /* The fds passed, in order, from FERRY__PASSED_FD on. */
+    int pass[FERRY__PASSED_MAX], npass = 0;
+    if (task_fd >= 0) {
+        snprintf(task_s, sizeof task_s, "%d", FERRY__PASSED_FD + npass);
+        pass[npass++] = task_fd;
+    }
+    if (shm_fd >= 0) {
+        snprintf(shm_s, sizeof shm_s, "%d", FERRY__PASSED_FD + npass);
+        pass[npass++] = shm_fd;
+    }
+    char *argv[FERRY__WORKER_ARGS_N + 14];
     int n = 0;
     argv[n++] = (char *)path;
     for (char *p = lines; *p && n < FERRY__WORKER_ARGS_N + 1;) {
@@ -337,11 +359,17 @@ int ferry__spawn_worker(const char *path, const char *args, const char *endpoint
         *nl = '\0';
         p = nl + 1;
     }
-    char *own[] = {"--connect", (char *)endpoint, "--slot", slot_s, "--parent", parent_s,
-                   "--task-fd", task_s};
-    int nown = task_fd < 0 ? 6 : 8;
-    for (int i = 0; i < nown; i++)
+    char *own[] = {"--connect", (char *)endpoint, "--slot", slot_s, "--parent", parent_s};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         argv[n++] = own[i];
+    if (task_fd >= 0) {
+        argv[n++] = "--task-fd";
+        argv[n++] = task_s;
+    }
+    if (shm_fd >= 0) {
+        argv[n++] = "--shm-fd";
+        argv[n++] = shm_s;
+    }
     argv[n] = NULL;
 
     int errpipe[2];
@@ -351,7 +379,7 @@ int ferry__spawn_worker(const char *path, const char *args, const char *endpoint
     }
     /* The child's end must block like any stderr. */
     fcntl(errpipe[1], F_SETFL, 0);
-    int rc = ferry__spawn(path, argv, errpipe[1], task_fd, pid_out, pidfd_out);
+    int rc = ferry__spawn(path, argv, errpipe[1], pass, npass, pid_out, pidfd_out);
     close(errpipe[1]);
     free(lines);
     if (rc != FERRY_OK) {

@@ -27,33 +27,37 @@
  * else every place looked and why each failed. `out` is untouched then. */
 int ferry__find_worker(const char *configured, char *out, size_t cap);
 
-/* The fd number a spawned child finds `pass_fd` at. */
+/* The fd number a spawned child finds the first fd passed at (the next
+ * at FERRY__PASSED_FD + 1), and how many may be passed. */
 #define FERRY__PASSED_FD 3
+#define FERRY__PASSED_MAX 2
 
 /* Starts the program at `path` with `argv` (argv[0] is only its name) as a
  * fresh process image: posix_spawn, no blocked signals, default signal
  * dispositions, the caller's environment. If stderr_fd >= 0 it becomes the
- * child's stderr; if pass_fd >= 0 the child has it as FERRY__PASSED_FD.
- * The child gets no other fd of ours: 0, 1, 2 (and FERRY__PASSED_FD) are all
- * it holds at exec, whatever the caller opened without O_CLOEXEC. Returns
+ * child's stderr; the child has pass_fds[k] (npass of them, at most
+ * FERRY__PASSED_MAX) as FERRY__PASSED_FD + k. The child gets no other fd
+ * of ours: 0, 1, 2 and those passed are all it holds at exec, whatever the
+ * caller opened without O_CLOEXEC. Returns
  * the pid and a pidfd (close-on-exec) to poll for its exit; the caller must
  * reap it. On failure nothing is left running or open and the outputs are
  * unchanged: FERRY_ESPAWN (exec failed: errno detail), FERRY_ELIMIT
  * (EMFILE/ENFILE/EAGAIN: the limit is named). */
-int ferry__spawn(const char *path, char *const argv[], int stderr_fd, int pass_fd, pid_t *pid,
-                 int *pidfd);
+int ferry__spawn(const char *path, char *const argv[], int stderr_fd, const int *pass_fds,
+                 int npass, pid_t *pid, int *pidfd);
 
 /* Starts `path ARGS --connect endpoint --slot slot --parent <our pid>`
  * (ARGS: the lines of `args`, at most FERRY__WORKER_ARGS_N; NULL for none),
  * and,
- * when task_fd >= 0, `--task-fd 3` with task_fd passed as fd 3), returns
+ * when task_fd >= 0, `--task-fd 3` with task_fd passed as fd 3, then when
+ * shm_fd >= 0 `--shm-fd N` with shm_fd passed as the next fd), returns
  * its pid and a pidfd (close-on-exec). The child's stderr is the write end of
  * a pipe whose read end comes back in *errfd (non-blocking, close-on-exec),
  * so the loader can pass its output on and keep its last words. On failure
  * nothing is left running or open: FERRY_ESPAWN (exec failed: errno detail),
  * FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
 int ferry__spawn_worker(const char *path, const char *args, const char *endpoint, int slot,
-                        int task_fd, pid_t *pid, int *pidfd, int *errfd);
+                        int task_fd, int shm_fd, pid_t *pid, int *pidfd, int *errfd);
 
 /* FERRY_OK if at least `need` more file descriptors can be opened under the
  * soft RLIMIT_NOFILE, else FERRY_ELIMIT saying what needed them. Checked

@@ -2,8 +2,10 @@
  * replies.c - what the scheduler does with each message from a worker
  * (see sched_internal.h): HELLO is answered with CONFIG (or refused: STOP,
  * or REFUSE to a worker of another protocol version), READY starts the run
- * once enough workers are ready and fixes the dataset's length and schema,
- * BATCH and FAIL are filed in the window as the answer to their task, BYE
+ * once enough workers are ready and fixes the dataset's length and schema
+ * (and so the size of the shared batch slots), BATCH and FAIL are filed in
+ * the window as the answer to their task (a batch in a slot as a view of
+ * it; a slot the answer did not use is free again), BYE
  * ends a session. Anything else, or anything from a worker that may not
  * send it now, is counted as malformed or stale and dropped; a BATCH that
  * is not what its task asked for (count, schema) is counted as malformed
@@ -223,6 +225,42 @@ static void maybe_start(ferry__scheduler *s, uint32_t ready)
     ferry__window_start(s->win, s->n);
 }
 
+/* The batch slots, sized from the schema the first READY fixed: each
+ * holds a full batch laid out as the worker lays it out (every field from
+ * a 64-byte boundary), and there are twice the window's worth: the
+ * window's batches, and as many again in the trainer's hands. Fewer when
+ * shm_max_bytes says so; none when not even one fits, or the memory is not
+ * there: batches then go by message, as they would from a remote worker. */
+static void size_slots(ferry__scheduler *s)
+{
+    uint64_t bytes = 0;
+    for (uint32_t f = 0; f < s->schema.nfields; f++) {
+        const ferry__item_field *fd = &s->schema.fields[f];
+        uint64_t item = ferry_dtype_size(fd->dtype);
+        for (int d = 0; d < fd->ndim; d++)
+            item *= (uint64_t)fd->shape[d];
+        /* The schema's item is at most 1 GiB, a batch at most 2^20 items. */
+        bytes += FERRY__ROUND_UP(item * (uint64_t)s->cfg.batch_size, FERRY__FIELD_ALIGN);
+    }
+    bytes = FERRY__ROUND_UP(bytes, FERRY__SHM_SLOT_ALIGN);
+    uint64_t want = 2 * (uint64_t)ferry__config_prefetch(&s->cfg);
+    uint64_t fit = (uint64_t)s->cfg.shm_max_bytes / bytes;
+    uint32_t n = (uint32_t)(want < fit ? want : fit);
+    if (n == 0) {
+        ferry__logf(&s->log, FERRY_LOG_INFO,
+                    "a batch takes %llu bytes, more than shm_max_bytes %lld: batches go by "
+                    "message",
+                    (unsigned long long)bytes, (long long)s->cfg.shm_max_bytes);
+        return;
+    }
+    if (ferry__shm_size(s->shm, bytes, n) != FERRY_OK) {
+        ferry__logf(&s->log, FERRY_LOG_WARN, "%s; batches go by message", ferry_last_error());
+        return;
+    }
+    ferry__logf(&s->log, FERRY_LOG_DEBUG, "%u batch slots of %llu bytes in shared memory", n,
+                (unsigned long long)bytes);
+}
+
 /* Worker w is ready: the first READY fixes the dataset's length and
  * schema; the run starts once enough workers are. */
 static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
@@ -231,6 +269,8 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
     if (!s->schema.nfields) { /* set once: the trainer reads it after open */
         s->n = r->length;
         s->schema = r->schema;
+        if (s->shm)
+            size_slots(s);
     }
     w->p.state = FERRY__PEER_READY;
     uint32_t ready = ferry__window_add_workers(s->win, +1);
@@ -349,6 +389,51 @@ static void on_wrong_batch(ferry__scheduler *s, sched_worker *w, ferry__window_e
     ferry__window_complete(s->win, e, NULL, FERRY_EBATCH, msg, ferry__now_ms());
 }
 
+/* The batch slot task e was sent with (if any) is no longer the worker's:
+ * freed when the answer did not use it. Returns the slot, -1 for none. */
+static int32_t answer_slot(ferry__scheduler *s, ferry__window_entry *e, int used)
+{
+    int32_t slot = e->shm_slot;
+    e->shm_slot = -1;
+    if (slot >= 0 && !used)
+        ferry__shm_take_back(s->shm, slot);
+    return slot;
+}
+
+/* Whether BATCH h's shared-memory claim holds: a batch in shared memory
+ * must answer a task sent with a slot, and lie inside that slot. */
+static int shm_matches(const ferry__scheduler *s, const ferry__batch_hdr *h,
+                       const ferry__window_entry *e, char *why, size_t cap)
+{
+    if (!h->shm)
+        return 1;
+    if (e->shm_slot < 0) {
+        snprintf(why, cap, "it says it is in shared memory, but its task had no slot");
+        return 0;
+    }
+    if (ferry__batch_check_layout(h, ferry__shm_slot_bytes(s->shm)) != FERRY_OK) {
+        snprintf(why, cap, "%s", ferry_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+/* The batch's backing: the payload frame, or the slot it was written in.
+ * *data is where its fields' offsets start. FERRY_ENOMEM with nothing
+ * taken. */
+static int batch_backing(ferry__scheduler *s, const ferry__batch_hdr *h, int32_t slot,
+                         zmq_msg_t *payload, ferry__batch_backing *backing, const void **data)
+{
+    if (!h->shm) {
+        backing->release = ferry__zsock_payload_release;
+        return ferry__zsock_payload_keep(payload, &backing->ctx, data);
+    }
+    backing->release = ferry__shm_release;
+    backing->ctx = ferry__shm_hold(s->shm, slot);
+    *data = ferry__shm_data(s->shm, slot);
+    return FERRY_OK;
+}
+
 static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
 {
     const ferry__batch_hdr *h = &s->in.u.batch;
@@ -358,10 +443,12 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
         return;
     }
     char why[256];
-    if (!batch_matches(s, h, e, why, sizeof why)) {
+    if (!batch_matches(s, h, e, why, sizeof why) || !shm_matches(s, h, e, why, sizeof why)) {
+        answer_slot(s, e, 0);
         on_wrong_batch(s, w, e, why);
         return;
     }
+    int32_t slot = answer_slot(s, e, h->shm);
     uint64_t now = ferry__now_ns();
     ferry_batch_info info = {.epoch = e->t.epoch,
                              .batch_in_epoch = e->t.batch_in_epoch,
@@ -373,15 +460,15 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
                              .make_ns = h->make_ns,
                              .flight_ns = now - e->sent_ns};
     ferry_tensor fields[FERRY_MAX_FIELDS];
-    ferry__batch_backing backing = {.release = ferry__zsock_payload_release};
+    ferry__batch_backing backing;
     ferry_batch *b = NULL;
     const void *data;
-    int rc = ferry__zsock_payload_keep(payload, &backing.ctx, &data);
+    int rc = batch_backing(s, h, slot, payload, &backing, &data);
     if (rc == FERRY_OK) {
         field_views(h, data, fields); /* after the move: see payload_keep */
         rc = ferry__batch_new(&b, fields, (int)h->nfields, &info, e->indices, backing);
         if (rc != FERRY_OK)
-            ferry__zsock_payload_release(backing.ctx);
+            backing.release(backing.ctx);
         else
             b->arrived_ns = now;
     }
@@ -401,6 +488,7 @@ static void on_fail(ferry__scheduler *s, sched_worker *w)
         ferry__window_count(s->win, FERRY__STAT_STALE);
         return;
     }
+    answer_slot(s, e, 0);
     char who[96];
     sched_describe(s, w, who, sizeof who);
     char *msg = ferry__malloc(FERRY__ERRMSG_MAX);

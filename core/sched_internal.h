@@ -25,6 +25,7 @@
 #include "pool.h"
 #include "remote.h"
 #include "scheduler.h"
+#include "shm.h"
 #include "window.h"
 #include "zsock.h"
 
@@ -44,6 +45,7 @@ struct ferry__scheduler {
     ferry__window *win;
     ferry__pool *pool;
     ferry__remote *remote; /* NULL without bind */
+    ferry__shm *shm;       /* local process workers' batch slots; NULL: none (option shm) */
     void *zctx;
     void *router; /* local workers (ipc:// or inproc://) */
     int wake_fd;

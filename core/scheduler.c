@@ -81,21 +81,34 @@ static sched_worker *pick_worker(ferry__scheduler *s)
     return best;
 }
 
+/* Sends task e to w, with a free batch slot when w is a local process and
+ * one is free: with none (all held by the trainer, say) the batch comes
+ * back by message, so a trainer that keeps batches never stalls the
+ * stream. e->shm_slot says which slot went, -1 none. */
 static int send_task(ferry__scheduler *s, ferry__window_entry *e, sched_worker *w)
 {
     zmq_msg_t p;
     if (zmq_msg_init_size(&p, (size_t)e->t.count * 8) != 0)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for a task");
     ferry__indices_pack(e->indices, e->t.count, zmq_msg_data(&p));
+    e->shm_slot = s->shm && !w->p.remote ? ferry__shm_give(s->shm, w->p.index) : -1;
     s->out.type = FERRY__MSG_TASK;
     s->out.u.task = (ferry__task){.id = e->id,
                                   .epoch = e->t.epoch,
                                   .batch_in_epoch = e->t.batch_in_epoch,
                                   .seq = e->t.seq,
                                   .count = e->t.count};
+    if (e->shm_slot >= 0) {
+        s->out.u.task.shm_offset = ferry__shm_offset(s->shm, e->shm_slot);
+        s->out.u.task.shm_bytes = ferry__shm_slot_bytes(s->shm);
+    }
     int rc = sched_send(s, w, &p);
-    if (rc != FERRY_OK)
+    if (rc != FERRY_OK) {
         zmq_msg_close(&p);
+        if (e->shm_slot >= 0)
+            ferry__shm_take_back(s->shm, e->shm_slot);
+        e->shm_slot = -1;
+    }
     return rc;
 }
 
@@ -296,6 +309,9 @@ static void destroy(ferry__scheduler *s)
         zmq_close(s->router);
     ferry__remote_close(s->remote);
     ferry__pool_free(s->pool);
+    /* The workers are gone; batches the trainer still holds keep the
+     * mapping until they are released. */
+    ferry__shm_close(s->shm);
     if (s->zctx && !s->ctx_leaked)
         zmq_ctx_term(s->zctx);
     if (s->wake_fd >= 0)
@@ -381,6 +397,9 @@ static int setup(ferry__scheduler *s)
                                    sizeof s->endpoint);
     if (rc == FERRY_OK)
         rc = setup_sockets(s);
+    /* Sized at the first READY, once the schema says how big a batch is. */
+    if (rc == FERRY_OK && !threads && s->nlocal && s->cfg.shm && s->cfg.shm_max_bytes > 0)
+        rc = ferry__shm_new(&s->shm);
     if (rc != FERRY_OK)
         return rc;
     ferry__pool_opts po = {.n = s->nlocal,
@@ -389,6 +408,7 @@ static int setup(ferry__scheduler *s)
                            .worker_args = s->cfg.worker_args,
                            .endpoint = s->endpoint,
                            .zctx = s->zctx,
+                           .shm_fd = s->shm ? ferry__shm_fd(s->shm) : -1,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,
                            .wake_fd = s->wake_fd,
                            .log = s->log};

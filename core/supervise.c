@@ -85,6 +85,11 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
 {
     ferry__peer_state was = w->p.state;
     w->p.state = FERRY__PEER_GONE;
+    /* Its process is reaped, so nothing writes to the slots it was given
+     * any more: they are free for the tasks sent again. What it delivered
+     * is held by batches and stays. */
+    if (s->shm)
+        ferry__shm_reclaim(s->shm, w->p.index);
     if (s->closing)
         return;
     char msg[FERRY__ERRMSG_MAX];

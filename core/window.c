@@ -167,6 +167,7 @@ int ferry__window_new(ferry__window **out, const ferry__window_opts *o)
         if (!win->e[i].indices)
             goto fail;
         win->e[i].worker = NONE;
+        win->e[i].shm_slot = NONE;
         list_push(win, &win->free, (int32_t)i);
     }
     *out = win;

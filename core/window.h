@@ -80,6 +80,7 @@ typedef struct ferry__window_entry {
     uint32_t attempts; /* workers that died while working on it */
     uint32_t sends;    /* times it was sent to a worker */
     uint64_t sent_ns;  /* when it was last sent (the scheduler sets it) */
+    int32_t shm_slot;  /* the batch slot sent with it (the scheduler's), -1: none */
     /* private to window.c */
     int state;
     int32_t prev, next;

@@ -5,6 +5,13 @@
  * dataset's schema, lets the dataset write every field into it, and hands
  * the frame to ZeroMQ, so no byte of a batch is copied on this side.
  *
+ * A local process worker may instead be given room in the loader's batch
+ * slots (TASK.shm_offset/shm_bytes, in the memfd of --shm-fd): the fields
+ * go there, the BATCH says shm and carries an empty payload frame, and the
+ * trainer reads the slot itself, so a batch is never copied at all. The
+ * slots are mapped once (and again only should the memory grow), with
+ * every page faulted in, so a batch costs no mapping and no page fault.
+ *
  * Field placement: every field starts at a 64-byte boundary counted from a
  * lead offset. The lead is chosen so the field lands 64-byte aligned in this
  * process's frame buffer; ZeroMQ gives the receiver's buffer the same
@@ -21,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +71,8 @@ typedef struct worker_session {
     uint64_t max_message; /* the loader's, from CONFIG: no payload frame may be larger */
     uint64_t *indices;
     size_t indices_cap;
+    unsigned char *shm_base; /* the batch slots as mapped here (o->shm_fd), or NULL */
+    size_t shm_len;
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } worker_session;
@@ -263,29 +274,37 @@ static int on_config(worker_session *w)
     return send_msg(w, NULL, 0);
 }
 
-/* The size of the payload frame for a batch of `count` items: room for the
- * lead, then every field rounded up to FERRY__FIELD_ALIGN. item_bytes is at
- * most 1 GiB and count at most FERRY__MAX_BATCH, so nothing overflows. */
-static size_t payload_bytes(const worker_session *w, uint32_t count)
+/* The bytes of a batch of `count` items laid out from a 64-byte boundary:
+ * every field rounded up to FERRY__FIELD_ALIGN. item_bytes is at most
+ * 1 GiB and count at most FERRY__MAX_BATCH, so nothing overflows. */
+static size_t fields_bytes(const worker_session *w, uint32_t count)
 {
-    size_t total = FERRY__FIELD_ALIGN;
+    size_t total = 0;
     for (int f = 0; f < w->ds.schema.nfields; f++)
         total += FERRY__ROUND_UP(w->ds.item_bytes[f] * count, FERRY__FIELD_ALIGN);
     return total;
 }
 
-/* Makes the payload frame for task t (`total` bytes, from payload_bytes)
- * and fills the BATCH header: every field starts 64-byte aligned in this
- * process's buffer (see the top of this file). dst[f] is where the dataset
- * writes field f. FERRY_ENOMEM when the frame cannot be had. */
-static int lay_out_batch(worker_session *w, const ferry__task *t, size_t total, zmq_msg_t *payload,
-                         void **dst)
+/* The size of the payload frame for a batch of `count` items: room for the
+ * lead, then the fields. */
+static size_t payload_bytes(const worker_session *w, uint32_t count)
+{
+    return FERRY__FIELD_ALIGN + fields_bytes(w, count);
+}
+
+/* How far from base the first 64-byte boundary is. */
+static size_t lead_of(const void *base)
+{
+    return (FERRY__FIELD_ALIGN - (uintptr_t)base % FERRY__FIELD_ALIGN) % FERRY__FIELD_ALIGN;
+}
+
+/* Fills the BATCH header for task t with its fields laid out in the bytes
+ * at base: every field starts 64-byte aligned in this process's memory (see
+ * the top of this file). dst[f] is where the dataset writes field f. */
+static void lay_out_fields(worker_session *w, const ferry__task *t, unsigned char *base, void **dst)
 {
     const ferry_dataset_schema *s = &w->ds.schema;
-    if (zmq_msg_init_size(payload, total) != 0)
-        return FERRY_ENOMEM;
-    unsigned char *base = zmq_msg_data(payload);
-    size_t off = (FERRY__FIELD_ALIGN - (uintptr_t)base % FERRY__FIELD_ALIGN) % FERRY__FIELD_ALIGN;
+    size_t off = lead_of(base);
     ferry__batch_hdr *h = &w->out.u.batch;
     memset(h, 0, sizeof *h);
     h->id = t->id;
@@ -303,7 +322,54 @@ static int lay_out_batch(worker_session *w, const ferry__task *t, size_t total, 
         dst[f] = base + off;
         off += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
     }
+}
+
+/* Makes the payload frame for task t (`total` bytes, from payload_bytes)
+ * and lays the fields out in it. FERRY_ENOMEM when the frame cannot be
+ * had. */
+static int lay_out_batch(worker_session *w, const ferry__task *t, size_t total, zmq_msg_t *payload,
+                         void **dst)
+{
+    if (zmq_msg_init_size(payload, total) != 0)
+        return FERRY_ENOMEM;
+    lay_out_fields(w, t, zmq_msg_data(payload), dst);
     return FERRY_OK;
+}
+
+/* Where task t's batch goes in the shared batch slots, or NULL when it
+ * goes in a payload frame: the task names no room, this worker has no
+ * slots, or the room is too small for the batch. The slots are mapped
+ * whole, every page faulted in, the first time a task names room in them,
+ * and again only when a task names room past what is mapped (the loader
+ * grew the memory). */
+static unsigned char *shm_room(worker_session *w, const ferry__task *t)
+{
+    int fd = w->o->shm_fd;
+    if (fd <= 0 || t->shm_bytes == 0)
+        return NULL;
+    uint64_t end = t->shm_offset + t->shm_bytes; /* each below 2^63: no wrap */
+    if (end > w->shm_len) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < end)
+            return NULL;
+        if (w->shm_base)
+            munmap(w->shm_base, w->shm_len);
+        w->shm_base = NULL;
+        w->shm_len = 0;
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                       fd, 0);
+        if (m == MAP_FAILED) {
+            fprintf(stderr, "ferry-worker: mapping the batch slots: %s; batches go by message\n",
+                    strerror(errno));
+            return NULL;
+        }
+        w->shm_base = m;
+        w->shm_len = (size_t)st.st_size;
+    }
+    unsigned char *room = w->shm_base + t->shm_offset;
+    if (lead_of(room) + fields_bytes(w, t->count) > t->shm_bytes)
+        return NULL;
+    return room;
 }
 
 /* The task's indices, out of its payload into w->indices. FERRY_ENOMEM
@@ -365,8 +431,8 @@ static int fill_batch(worker_session *w, const ferry__task *t, void **dst,
     return rc;
 }
 
-/* Handles TASK: builds the batch in a new payload frame and sends it, or
- * says FAIL when it cannot. */
+/* Handles TASK: builds the batch in the shared memory the task names or
+ * else in a new payload frame, and sends it, or says FAIL when it cannot. */
 static int on_task(worker_session *w, zmq_msg_t *task_payload)
 {
     const ferry__task t = w->in.u.task;
@@ -375,14 +441,21 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
         return send_fail(w, t.id, FERRY_EDATASET, 0, "worker has no open dataset");
     if (take_indices(w, &t, task_payload) != FERRY_OK)
         return send_fail(w, t.id, FERRY_ENOMEM, 0, "worker out of memory for indices");
-    size_t bytes = payload_bytes(w, t.count);
-    if (bytes > w->max_message)
-        return fail_too_big(w, &t, bytes);
-
     zmq_msg_t payload;
     void *dst[FERRY_MAX_FIELDS];
-    if (lay_out_batch(w, &t, bytes, &payload, dst) != FERRY_OK)
-        return send_fail(w, t.id, FERRY_ENOMEM, w->indices[0], "worker out of memory for batch");
+    unsigned char *room = shm_room(w, &t);
+    if (room) {
+        lay_out_fields(w, &t, room, dst);
+        w->out.u.batch.shm = 1;
+        zmq_msg_init(&payload); /* BATCH's frame, empty */
+    } else {
+        size_t bytes = payload_bytes(w, t.count);
+        if (bytes > w->max_message)
+            return fail_too_big(w, &t, bytes);
+        if (lay_out_batch(w, &t, bytes, &payload, dst) != FERRY_OK)
+            return send_fail(w, t.id, FERRY_ENOMEM, w->indices[0],
+                             "worker out of memory for batch");
+    }
     ferry_dataset_error derr;
     int rc = fill_batch(w, &t, dst, &derr);
     if (rc != FERRY_OK) {
@@ -691,6 +764,8 @@ int ferry__worker_run(const ferry__worker_opts *o)
         zmq_ctx_term(own_ctx);
     pthread_cond_destroy(&w->hb_cv);
     pthread_mutex_destroy(&w->sock_mu);
+    if (w->shm_base)
+        munmap(w->shm_base, w->shm_len);
     free(w->indices);
     free(w);
     return rc;

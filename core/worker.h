@@ -5,7 +5,8 @@
  * connects a DEALER socket to the loader, says HELLO, gets CONFIG (which
  * names the dataset), opens the dataset and says READY (with its length and
  * schema); then for each TASK it builds the batch straight into the message
- * it will send and replies BATCH, or FAIL when the dataset fails or the
+ * it will send, or into the shared memory the TASK names (local process
+ * workers), and replies BATCH, or FAIL when the dataset fails or the
  * batch would be larger than the loader's max_message; STOP ends the
  * session with BYE, REFUSE (another protocol version) at once.
  * Threads (inproc://), local processes (ipc://) and remote hosts (tcp://)
@@ -36,6 +37,8 @@ typedef struct ferry__worker_opts {
     int handshake_ms;         /* give up when no CONFIG comes within this */
     int keep_plugins;         /* never unload a dataset plugin (every placement) */
     _Atomic uint64_t *task_word; /* if set: the id + 1 of the task being built, 0 between */
+    int shm_fd;               /* > 0: the loader's batch slots (memfd), where a TASK names
+                               * room in it; 0: every batch goes in a payload frame */
     char *note;               /* if set, what the worker is doing is written here */
     size_t note_len;          /* before each batch, for a crash handler to print */
     /* Remote workers (tcp://). */

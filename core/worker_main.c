@@ -26,6 +26,7 @@
  * children) PR_SET_PDEATHSIG sends that SIGTERM when the parent goes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -101,6 +102,7 @@ static void usage(FILE *f)
                "local workers (set by the loader that starts them):\n"
                "  --slot N            index the loader gave this worker\n"
                "  --task-fd FD        shared memory where it says which task it is building\n"
+               "  --shm-fd FD         shared memory it writes batches into, where a task says\n"
                "set by whatever starts this worker (a loader, or --processes):\n"
                "  --parent PID        exit when PID is no longer this process's parent\n"
                "  --help              this text\n"
@@ -207,7 +209,7 @@ static const char *own_program(const char *argv0, char *buf, size_t cap)
 /* Starts c; when that fails, says so and schedules another try. */
 static void child_start(supervised_child *c, const char *self, char **argv)
 {
-    if (ferry__spawn(self, argv, -1, -1, &c->pid, &c->pidfd) == FERRY_OK)
+    if (ferry__spawn(self, argv, -1, NULL, 0, &c->pid, &c->pidfd) == FERRY_OK)
         return;
     fprintf(stderr, "ferry-worker: could not start a worker process: %s; trying again in %d ms\n",
             ferry_last_error(), RESTART_DELAY_MS);
@@ -420,12 +422,26 @@ static _Atomic uint64_t *task_word(long fd, long slot)
     return (_Atomic uint64_t *)((char *)m + slot * FERRY__TASK_WORD_BYTES);
 }
 
-/* The program. drop has argc zeroed entries; the parser marks in it the
- * tokens a supervisor's children must not inherit (child_argv). */
+/* A local worker's batch slots (--shm-fd): kept open, mapped when the
+ * first task names a slot (the loader sizes the memory after this worker
+ * started). -1 without one, or for a worker the loader did not start. */
+static int shm_fd(long fd, long slot)
+{
+    if (fd < 0)
+        return -1;
+    if (slot < 0) {
+        close((int)fd);
+        return -1;
+    }
+    /* Not for whatever the dataset may start. */
+    fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+    return (int)fd;
+}
+
 /* The command line. */
 typedef struct cli {
     const char *endpoint, *key, *server_key, *plugin_dir;
-    long slot, parent, processes, task_fd;
+    long slot, parent, processes, task_fd, shm_fd;
     int insecure, once;
 } cli;
 
@@ -433,7 +449,7 @@ typedef struct cli {
  * must not inherit. -1 to go on, else the exit code (0 after --help). */
 static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
 {
-    *c = (cli){.slot = -1, .processes = 1, .task_fd = -1};
+    *c = (cli){.slot = -1, .processes = 1, .task_fd = -1, .shm_fd = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -450,6 +466,8 @@ static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
         } else if (!strcmp(a, "--parent") && v && parse_int(v, 1, 1L << 30, &c->parent) == 0) {
             drop[i] = drop[i + 1] = 1;
         } else if (!strcmp(a, "--task-fd") && v && parse_int(v, 3, 1L << 20, &c->task_fd) == 0) {
+            drop[i] = drop[i + 1] = 1;
+        } else if (!strcmp(a, "--shm-fd") && v && parse_int(v, 3, 1L << 20, &c->shm_fd) == 0) {
             drop[i] = drop[i + 1] = 1;
         } else if (!strcmp(a, "--processes") && v && parse_int(v, 1, 1024, &c->processes) == 0) {
             drop[i] = drop[i + 1] = 1;
@@ -578,6 +596,7 @@ static int run(int argc, char **argv, char *const *relaunch, unsigned char *drop
                             .handshake_ms = remote ? 30000 : 60000,
                             .keep_plugins = 1,
                             .task_word = task_word(c.task_fd, c.slot),
+                            .shm_fd = shm_fd(c.shm_fd, c.slot),
                             .note = note,
                             .note_len = sizeof note,
                             .cancel = &stop_flag,

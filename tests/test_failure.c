@@ -772,8 +772,8 @@ static void test_open_fails_at_once_for_a_worker_of_another_version(void **state
     static const struct {
         const char *script, *words;
     } cases[] = {
-        {"version=1", "protocol version 1 worker, version 4 loader"},
-        {"version=5", "protocol version 5 worker, version 4 loader"},
+        {"version=1", "protocol version 1 worker, version 5 loader"},
+        {"version=6", "protocol version 6 worker, version 5 loader"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ft_snapshot snap;

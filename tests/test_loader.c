@@ -327,6 +327,9 @@ static void test_batch_over_max_message_fails_that_batch_only(void **state)
         ferry_config *cfg = make_cfg(modes[m], 2, 4, 40, "synthetic:n=100,dim=100");
         assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
         assert_int_equal(ferry_config_set_int(cfg, "max_message", 4096), FERRY_OK);
+        /* The limit is on messages: a batch in shared memory is none
+         * (test_shm.c). */
+        assert_int_equal(ferry_config_set_int(cfg, "shm", 0), FERRY_OK);
         ferry_loader *ld = ft_open_ok(cfg);
         ferry_batch *b = NULL;
         for (int i = 0; i < 2; i++) {

@@ -165,6 +165,7 @@ static void sample_batch(ferry__batch_hdr *b, int variant)
     }
     b->id = UINT64_MAX;
     b->make_ns = UINT64_MAX;
+    b->shm = 1;
     b->count = FERRY__MAX_BATCH;
     b->nfields = FERRY_MAX_FIELDS;
     for (int i = 0; i < FERRY_MAX_FIELDS; i++) {
@@ -252,6 +253,8 @@ static void sample(ferry__msg *m, ferry__msg_type type, int variant)
         m->u.task.batch_in_epoch = ext ? UINT64_MAX : 17;
         m->u.task.seq = ext ? UINT64_MAX : UINT64_MAX - 1;
         m->u.task.count = ext ? FERRY__MAX_BATCH : 256;
+        m->u.task.shm_offset = ext ? INT64_MAX : 0;
+        m->u.task.shm_bytes = ext ? INT64_MAX : 0;
         break;
     case FERRY__MSG_BATCH:
         sample_batch(&m->u.batch, variant);
@@ -494,6 +497,16 @@ static void expect_bad_frames_at(const bad_frame *cases, size_t n, const char *f
  * Round trips
  */
 
+/* m encodes, and decodes to itself. */
+static void roundtrip_msg(const ferry__msg *m)
+{
+    ferry__msg out;
+    char buf[FERRY__HDR_MAX];
+    size_t len = encode_ok(m, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_msg_equal(m, &out);
+}
+
 static void roundtrip(ferry__msg_type type, int variant)
 {
     ferry__msg m, out, again;
@@ -644,9 +657,12 @@ static const struct key_path {
     {FERRY__MSG_TASK, "batch_in_epoch", 'U', "batch_in_epoch"},
     {FERRY__MSG_TASK, "seq", 'U', "seq"},
     {FERRY__MSG_TASK, "count", 'U', "count"},
+    {FERRY__MSG_TASK, "shm_offset", 'U', "shm_offset"},
+    {FERRY__MSG_TASK, "shm_bytes", 'U', "shm_bytes"},
     {FERRY__MSG_BATCH, "id", 'U', "id"},
     {FERRY__MSG_BATCH, "count", 'U', "count"},
     {FERRY__MSG_BATCH, "make_ns", 'U', "make_ns"},
+    {FERRY__MSG_BATCH, "shm", 'U', "shm"},
     {FERRY__MSG_BATCH, "fields", 'A', "fields"},
     {FERRY__MSG_BATCH, "fields.1", 'M', "BATCH field 1"},
     {FERRY__MSG_BATCH, "fields.1.name", 'S', "name"},
@@ -887,7 +903,7 @@ static void test_decode_rejects_inconsistent_ready_schema(void **state)
     assert_int_equal(decode_mutated(FERRY__MSG_READY, scalar), FERRY_OK);
 }
 
-/* {type: BATCH, id: 1, make_ns: 1000, count: 4, fields: [nfields x {name,
+/* {type: BATCH, id: 1, make_ns: 1000, count: 4, shm: 0, fields: [nfields x {name,
  * u8 [4], 4 bytes}]}, packed by hand since the encoder refuses more than
  * FERRY_MAX_FIELDS. */
 static size_t pack_batch_of(unsigned nfields, char *out, size_t cap)
@@ -896,9 +912,11 @@ static size_t pack_batch_of(unsigned nfields, char *out, size_t cap)
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 5);
+    msgpack_pack_map(&pk, 6);
     msgpack_pack_str_with_body(&pk, "type", 4);
     msgpack_pack_uint32(&pk, FERRY__MSG_BATCH);
+    msgpack_pack_str_with_body(&pk, "shm", 3);
+    msgpack_pack_uint32(&pk, 0);
     msgpack_pack_str_with_body(&pk, "id", 2);
     msgpack_pack_uint32(&pk, 1);
     msgpack_pack_str_with_body(&pk, "make_ns", 7);
@@ -1292,6 +1310,36 @@ static void test_check_payload_batch_fields_inside_and_disjoint(void **state)
     assert_int_equal(ferry__msg_check_payload(&m, 232), FERRY_OK);
 }
 
+/* A TASK's room in the batch slots is both numbers or neither; a BATCH in
+ * shared memory has an empty frame, and its fields are checked against
+ * the room (the loader's slot size) instead. */
+static void test_shared_memory_keys_follow_their_rules(void **state)
+{
+    ferry__msg m;
+    sample(&m, FERRY__MSG_TASK, TYPICAL);
+    m.u.task.shm_offset = 4096;
+    expect_encode_refused(&m, "TASK: key 'shm_offset' is 4096 with 'shm_bytes' 0");
+    m.u.task.shm_bytes = 8192;
+    roundtrip_msg(&m);
+    m.u.task.shm_bytes = (uint64_t)INT64_MAX + 1;
+    expect_encode_refused(&m, "'shm_bytes'");
+
+    sample(&m, FERRY__MSG_BATCH, TYPICAL); /* x: [0, 96), y: [128, 160) */
+    m.u.batch.shm = 2;
+    expect_encode_refused(&m, "'shm' is 2");
+    m.u.batch.shm = 1;
+    roundtrip_msg(&m);
+    assert_int_equal(ferry__msg_check_payload(&m, 0), FERRY_OK);
+    expect_error(ferry__msg_check_payload(&m, 160), FERRY_EPROTO,
+                 "in shared memory with a 160-byte payload", "frame with shm");
+    assert_int_equal(ferry__batch_check_layout(&m.u.batch, 160), FERRY_OK);
+    expect_error(ferry__batch_check_layout(&m.u.batch, 159), FERRY_EPROTO,
+                 "lie outside the 159 bytes of its shared memory", "outside the room");
+    m.u.batch.fields[1].offset = 95;
+    expect_error(ferry__batch_check_layout(&m.u.batch, 4096), FERRY_EPROTO, "overlap",
+                 "overlap in the room");
+}
+
 /* offset + nbytes computed naively would wrap to a small number and pass. */
 static void test_check_payload_survives_offsets_near_uint64_max(void **state)
 {
@@ -1569,6 +1617,7 @@ int main(void)
         cmocka_unit_test(test_decode_rejects_inconsistent_batch_fields),
         cmocka_unit_test(test_decode_rejects_inconsistent_ready_schema),
         cmocka_unit_test(test_decode_accepts_16_fields_and_rejects_17),
+        cmocka_unit_test(test_shared_memory_keys_follow_their_rules),
         cmocka_unit_test(test_decode_rejects_strings_too_long_or_with_nul),
         cmocka_unit_test(test_decode_rejects_what_is_not_a_header_map),
         cmocka_unit_test(test_decode_accepts_any_integer_or_string_format),

@@ -1029,7 +1029,7 @@ static void test_remote_worker_with_empty_data_is_refused(void **state)
 }
 
 /* A worker of another protocol version is told so at once: a HELLO of
- * version 5 gets REFUSE naming both versions, one of version 1 (which knows
+ * version 6 gets REFUSE naming both versions, one of version 1 (which knows
  * no REFUSE) gets STOP; both are counted as rejected, and the run goes on. */
 static void test_hello_of_another_version_is_refused_at_once(void **state)
 {
@@ -1049,7 +1049,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     printf("REFUSE after %llu ms: version %u, '%s'\n", (unsigned long long)(ft_now_ms() - t0),
            m.u.refuse.version, m.u.refuse.reason);
     assert_int_equal(m.u.refuse.version, FERRY_PROTOCOL_VERSION);
-    assert_non_null(strstr(m.u.refuse.reason, "protocol version 5 worker, version 4 loader"));
+    assert_non_null(strstr(m.u.refuse.reason, "protocol version 6 worker, version 5 loader"));
     raw_hello(s, 1);
     assert_int_equal(raw_wait(s, &m, FERRY__MSG_STOP, 5000), 0);
     zmq_close(s);
@@ -1292,14 +1292,14 @@ static void test_worker_refused_for_its_version_stops_at_once(void **state)
     m.type = FERRY__MSG_REFUSE;
     m.u.refuse.version = FERRY_PROTOCOL_VERSION + 1;
     snprintf(m.u.refuse.reason, sizeof m.u.refuse.reason,
-             "protocol version 4 worker, version 5 loader");
+             "protocol version 5 worker, version 6 loader");
     assert_int_equal(ferry__zsock_send(router, &id, &m, NULL, 0), FERRY_OK);
     pthread_join(th, NULL);
     uint64_t took = ft_now_ms() - t0;
     printf("worker stopped after %llu ms: %s\n", (unsigned long long)took, r.err);
     assert_int_equal(r.rc, FERRY_EVERSION);
     assert_non_null(
-        strstr(r.err, "refused this worker: protocol version 4 worker, version 5 loader"));
+        strstr(r.err, "refused this worker: protocol version 5 worker, version 6 loader"));
     assert_true(took < 5000);
     zmq_close(router);
     zmq_ctx_term(ctx);

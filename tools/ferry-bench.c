@@ -390,6 +390,8 @@ static void usage(FILE *f)
             "  --plot FILE.png       the wait per batch across epochs, drawn by gnuplot\n"
             "                        (Debian package gnuplot-nox) from the CSV\n"
             "  --worker-path PATH    the ferry-worker program\n"
+            "  --no-shm              local process workers send batches as messages, not\n"
+            "                        through shared memory (the loader's option shm=0)\n"
             "  --bind ENDPOINT       also take remote workers at tcp://HOST:PORT\n"
             "  --min-workers N       workers to wait for before the first batch\n"
             "  --curve-key FILE      the loader's key pair (ferry-keygen)\n"
@@ -507,6 +509,8 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             o->csv = argv[++i];
         } else if (!strcmp(a, "--plot") && v) {
             o->plot = argv[++i];
+        } else if (!strcmp(a, "--no-shm")) {
+            o->no_shm = 1;
         } else if (!strcmp(a, "--worker-path") && v) {
             o->worker_path = argv[++i];
         } else if (!strcmp(a, "--bind") && v) {

@@ -153,6 +153,8 @@ static const key_spec task_keys[] = {
     {KEY_UINT(ferry__task, batch_in_epoch, 0, UINT64_MAX)},
     {KEY_UINT(ferry__task, seq, 0, UINT64_MAX)},
     {KEY_UINT(ferry__task, count, 1, FERRY__MAX_BATCH)},
+    {KEY_UINT(ferry__task, shm_offset, 0, INT64_MAX)},
+    {KEY_UINT(ferry__task, shm_bytes, 0, INT64_MAX)},
 };
 
 static const key_spec field_keys[] = {
@@ -167,6 +169,7 @@ static const key_spec batch_keys[] = {
     {KEY_UINT(ferry__batch_hdr, id, 0, UINT64_MAX)},
     {KEY_UINT(ferry__batch_hdr, count, 1, FERRY__MAX_BATCH)},
     {KEY_UINT(ferry__batch_hdr, make_ns, 0, UINT64_MAX)},
+    {KEY_UINT(ferry__batch_hdr, shm, 0, 1)},
     {KEY_MAPS(ferry__batch_hdr, "fields", fields, nfields, 1, FERRY_MAX_FIELDS, field_keys,
               check_field)},
 };
@@ -186,6 +189,7 @@ static const key_spec refuse_keys[] = {
 
 static int check_config(const void *body);
 static int check_ready(const void *body);
+static int check_task(const void *body);
 
 typedef struct msg_spec {
     const char *name;
@@ -203,7 +207,8 @@ static const msg_spec msg_specs[] = {
                            sizeof(ferry__config_msg)},
     [FERRY__MSG_READY] = {"READY", ready_keys, COUNT_OF(ready_keys), check_ready, 0,
                           sizeof(ferry__ready)},
-    [FERRY__MSG_TASK] = {"TASK", task_keys, COUNT_OF(task_keys), NULL, 1, sizeof(ferry__task)},
+    [FERRY__MSG_TASK] = {"TASK", task_keys, COUNT_OF(task_keys), check_task, 1,
+                         sizeof(ferry__task)},
     [FERRY__MSG_BATCH] = {"BATCH", batch_keys, COUNT_OF(batch_keys), NULL, 1,
                           sizeof(ferry__batch_hdr)},
     [FERRY__MSG_FAIL] = {"FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0, sizeof(ferry__fail)},
@@ -376,6 +381,18 @@ static int check_keys(const key_spec *keys, size_t nkeys, const void *body, cons
         if (rc != FERRY_OK)
             return rc;
     }
+    return FERRY_OK;
+}
+
+/* A TASK without shared memory says so with both numbers 0: one way to
+ * say nothing. */
+static int check_task(const void *body)
+{
+    const ferry__task *t = body;
+    if (t->shm_bytes == 0 && t->shm_offset != 0)
+        return ferry__seterr(FERRY_EPROTO,
+                             "TASK: key 'shm_offset' is %" PRIu64 " with 'shm_bytes' 0",
+                             t->shm_offset);
     return FERRY_OK;
 }
 
@@ -1009,9 +1026,8 @@ int ferry__msg_has_payload(ferry__msg_type type)
 /* Every field must lie inside the frame and no two may share a byte. The
  * bound is taken as `nbytes <= len - offset` after `offset <= len`, so no sum
  * can wrap however close to UINT64_MAX the header's numbers are. */
-static int check_batch_payload(const ferry__batch_hdr *b, size_t payload_len)
+int ferry__batch_check_layout(const ferry__batch_hdr *b, uint64_t len)
 {
-    uint64_t len = payload_len;
     if (b->nfields > FERRY_MAX_FIELDS)
         return ferry__seterr(FERRY_EINVAL, "BATCH: %" PRIu32 " fields, not a decoded message",
                              b->nfields);
@@ -1020,8 +1036,9 @@ static int check_batch_payload(const ferry__batch_hdr *b, size_t payload_len)
         if (f->offset > len || f->nbytes > len - f->offset)
             return ferry__seterr(FERRY_EPROTO,
                                  "BATCH field %" PRIu32 ": bytes at offset %" PRIu64
-                                 " size %" PRIu64 " lie outside the %zu-byte payload",
-                                 i, f->offset, f->nbytes, payload_len);
+                                 " size %" PRIu64 " lie outside the %" PRIu64 " bytes %s",
+                                 i, f->offset, f->nbytes, len,
+                                 b->shm ? "of its shared memory" : "of the payload");
         /* Both ends are now <= len, so the sums below cannot wrap. */
         for (uint32_t j = 0; j < i; j++) {
             const ferry__field_desc *g = &b->fields[j];
@@ -1045,8 +1062,13 @@ int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len)
                                  payload_len, m->u.task.count, want);
         return FERRY_OK;
     }
+    if (m->type == FERRY__MSG_BATCH && m->u.batch.shm && payload_len)
+        return ferry__seterr(FERRY_EPROTO, "BATCH in shared memory with a %zu-byte payload",
+                             payload_len);
+    if (m->type == FERRY__MSG_BATCH && !m->u.batch.shm)
+        return ferry__batch_check_layout(&m->u.batch, payload_len);
     if (m->type == FERRY__MSG_BATCH)
-        return check_batch_payload(&m->u.batch, payload_len);
+        return FERRY_OK;
     return ferry__seterr(FERRY_EINVAL, "%s messages have no payload frame",
                          ferry__msg_name((int)m->type));
 }

@@ -31,8 +31,10 @@
 /* Version 2: CONFIG carries max_message, READY the dataset's schema, and
  * REFUSE exists. Version 3: BATCH carries make_ns. Version 4: CONFIG
  * carries data_port and token (plain TCP's admission, docs/remote.md).
- * HELLO and REFUSE never change (docs/protocol.md section 7). */
-#define FERRY_PROTOCOL_VERSION 4
+ * Version 5: TASK carries shm_offset and shm_bytes, BATCH shm (batches
+ * through shared memory, transport/shm.h). HELLO and REFUSE never change
+ * (docs/protocol.md section 7). */
+#define FERRY_PROTOCOL_VERSION 5
 /* The first version that knows REFUSE; an older worker is refused with STOP. */
 #define FERRY__REFUSE_SINCE 2
 /* How a version mismatch is said, on both sides: worker's, then loader's. */
@@ -117,22 +119,28 @@ typedef struct ferry__ready {
 } ferry__ready;
 
 /* loader -> worker. The payload frame holds `count` little-endian uint64
- * sample indices. */
+ * sample indices. shm_bytes > 0: the worker may write the batch into
+ * [shm_offset, shm_offset + shm_bytes) of the memory the loader shares
+ * with it (a local worker's --shm-fd) instead of a payload frame; 0 (with
+ * shm_offset 0): there is no such room. */
 typedef struct ferry__task {
     uint64_t id;
     uint64_t epoch;
     uint64_t batch_in_epoch;
     uint64_t seq;
     uint32_t count; /* 1..FERRY__MAX_BATCH */
+    uint64_t shm_offset;
+    uint64_t shm_bytes;
 } ferry__task;
 
-/* One field of a BATCH: where its bytes lie in the payload frame. */
+/* One field of a BATCH: where its bytes lie in the payload frame (or, for
+ * a BATCH with shm set, in the task's shared memory). */
 typedef struct ferry__field_desc {
     char name[FERRY_NAME_MAX];
     ferry_dtype dtype;
     int ndim; /* 1..FERRY_MAX_DIMS, shape[0] == count */
     int64_t shape[FERRY_MAX_DIMS];
-    uint64_t offset; /* from the start of the payload frame */
+    uint64_t offset; /* from the start of the payload frame, or of the task's shm room */
     uint64_t nbytes; /* == product(shape) * dtype size */
 } ferry__field_desc;
 
@@ -141,6 +149,7 @@ typedef struct ferry__batch_hdr {
     uint64_t id;
     uint64_t make_ns; /* the worker's time from the TASK to this reply */
     uint32_t count;
+    uint32_t shm;     /* 1: the bytes are in the task's shm room, the payload frame is empty */
     uint32_t nfields; /* 1..FERRY_MAX_FIELDS */
     ferry__field_desc fields[FERRY_MAX_FIELDS];
 } ferry__batch_hdr;
@@ -188,8 +197,14 @@ int ferry__msg_has_payload(ferry__msg_type type);
 
 /* Checks a decoded TASK or BATCH against its payload frame's length: TASK
  * needs exactly count * 8 bytes; BATCH needs every field inside the frame,
- * fields not overlapping. FERRY_EPROTO otherwise. */
+ * fields not overlapping, or with shm set an empty frame (its fields are
+ * checked against the task's room with ferry__batch_check_layout).
+ * FERRY_EPROTO otherwise. */
 int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len);
+
+/* Every field of BATCH b inside `len` bytes, no two sharing a byte.
+ * FERRY_EPROTO otherwise. */
+int ferry__batch_check_layout(const ferry__batch_hdr *b, uint64_t len);
 
 /* BATCH layout: every field starts on a multiple of this from the worker's
  * lead offset (see docs/protocol.md), and copies keep the same spacing. */

@@ -116,6 +116,30 @@ def test_arrays_are_views_of_the_batch_and_outlive_it():
         assert np.array_equal(y, expected)
 
 
+def _in_batch_slots(arr):
+    """Whether arr's bytes lie in a mapping of the loader's batch slots."""
+    addr = arr.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "memfd:ferry-slots" in line:
+                lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+                if lo <= addr and addr + arr.nbytes <= hi:
+                    return True
+    return False
+
+
+def test_process_workers_batches_are_views_of_shared_memory_unless_shm_is_off():
+    got = {}
+    for shm in (True, False):
+        with ferry.Loader(SYN, batch_size=50, workers=2, seed=5, shm=shm) as ld:
+            got[shm] = []
+            for b in ld:
+                assert synthetic_ok(b) and _in_batch_slots(b["x"]) == shm
+                got[shm].append(b["y"].copy())
+    assert len(got[True]) == 20
+    assert all(np.array_equal(a, b) for a, b in zip(got[True], got[False]))
+
+
 def test_torch_tensors_share_the_batch_memory():
     torch = pytest.importorskip("torch")
     with ferry.Loader(SYN, batch_size=50, workers=1) as ld:

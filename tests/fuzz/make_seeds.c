@@ -158,6 +158,10 @@ static int payload_seeds(const char *dir)
     const uint64_t idx[4] = {3, 1, 4, 1};
     ferry__indices_pack(idx, 4, payload);
     rc |= write_seed(dir, "task", &m, payload, 32);
+    /* The same task with room in the batch slots. */
+    m.u.task.shm_offset = 8192;
+    m.u.task.shm_bytes = 4096;
+    rc |= write_seed(dir, "task_shm", &m, payload, 32);
 
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_BATCH;
@@ -170,6 +174,9 @@ static int payload_seeds(const char *dir)
     for (size_t i = 0; i < 96; i++)
         payload[i] = (unsigned char)(i * 7);
     rc |= write_seed(dir, "batch", &m, payload, 96);
+    /* Its answer in the slot: an empty payload frame. */
+    m.u.batch.shm = 1;
+    rc |= write_seed(dir, "batch_shm", &m, payload, 0);
     return rc;
 }
 

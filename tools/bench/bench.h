@@ -35,6 +35,7 @@ typedef struct bench_opts {
     double step_ms;       /* the simulated training step per batch */
     int step_sleep;       /* the step sleeps instead of spinning */
     int epoch_barrier, compare, compare_remote, limits, json, progress, in_order, insecure;
+    int no_shm; /* local process workers' batches by message, not shared memory */
     const char *csv, *plot;
 } bench_opts;
 

@@ -315,8 +315,11 @@ void bench_json_settings(const bench_opts *o, size_t rounds, FILE *f)
             o->step_sleep ? "sleep" : "spin", rounds, o->compare ? "true" : "false",
             o->compare_remote ? "true" : "false", o->limits ? "true" : "false", o->prefetch_factor);
     bench_json_str(f, o->bind);
-    fprintf(f, ", \"min_workers\": %ld, \"insecure\": %s, \"io_threads\": %ld, \"worker_path\": ",
-            o->min_workers, o->insecure ? "true" : "false", o->io_threads);
+    fprintf(f,
+            ", \"min_workers\": %ld, \"insecure\": %s, \"io_threads\": %ld, \"shm\": %s, "
+            "\"worker_path\": ",
+            o->min_workers, o->insecure ? "true" : "false", o->io_threads,
+            o->no_shm ? "false" : "true");
     bench_json_str(f, o->worker_path);
     fputs(", \"csv\": ", f);
     bench_json_str(f, o->csv);

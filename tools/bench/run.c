@@ -203,6 +203,9 @@ static int configure(ferry_config *cfg, const bench_opts *o, const bench_side *s
         SETS("worker_path", o->worker_path);
     }
     SETI("workers", o->workers);
+    if (o->no_shm) {
+        SETI("shm", 0);
+    }
     if (o->bind) {
         SETS("bind", o->bind);
         SETI("insecure", o->insecure);

@@ -1,0 +1,463 @@
+/*
+ * test_shm.c - local process workers' batches through shared memory
+ * (transport/shm.h): what the trainer gets are views of the loader's batch
+ * slots; every batch still arrives exactly once and intact, through slot
+ * reuse, workers killed while writing, a trainer that keeps or releases
+ * batches in any order from any thread, and close; the option turns it off,
+ * and a batch that does not fit goes by message.
+ *
+ * Whether a batch is in a slot is read from /proc/self/maps: the loader's
+ * mapping of its memfd is named "memfd:ferry-slots". Each case runs in its
+ * own child under a hard time limit (ft_begin), and ends with the harness's
+ * leak check (no child, the same fds and threads) plus no slot mapping.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+
+#define N_ITEMS 1000
+#define DIM 40
+#define BATCH 32
+
+/* The address ranges of this process's mappings of the batch slots. */
+typedef struct slot_maps {
+    int n;
+    uintptr_t lo[8], hi[8];
+} slot_maps;
+
+static slot_maps read_slot_maps(void)
+{
+    slot_maps m = {.n = 0};
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (strstr(line, "memfd:ferry-slots") && sscanf(line, "%lx-%lx", &lo, &hi) == 2 &&
+            m.n < 8) {
+            m.lo[m.n] = lo;
+            m.hi[m.n] = hi;
+            m.n++;
+        }
+    }
+    fclose(f);
+    return m;
+}
+
+/* Whether every field of b lies in one of the slot mappings. */
+static int in_slots(const slot_maps *m, const ferry_batch *b)
+{
+    for (int f = 0; f < ferry_batch_nfields(b); f++) {
+        ferry_tensor t;
+        assert_int_equal(ferry_batch_field_at(b, f, &t), FERRY_OK);
+        uintptr_t p = (uintptr_t)t.data;
+        int inside = 0;
+        for (int k = 0; k < m->n; k++)
+            inside |= p >= m->lo[k] && p + t.nbytes <= m->hi[k];
+        if (!inside)
+            return 0;
+    }
+    return 1;
+}
+
+static ferry_config *shm_cfg(int workers, int prefetch, const char *dataset)
+{
+    ferry_config *cfg = ft_config(dataset, workers, BATCH);
+    assert_int_equal(ferry_config_set_int(cfg, "prefetch", prefetch), FERRY_OK);
+    return cfg;
+}
+
+static const char *synthetic(const char *extra)
+{
+    static char spec[128];
+    snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d%s", N_ITEMS, DIM, extra);
+    return spec;
+}
+
+/* The stream a loader with seed 7 over N_ITEMS should deliver. */
+static void expected_stream(ft_stream *c, uint64_t epochs)
+{
+    ferry__sampler_opts o = {
+        .batch_size = BATCH, .shuffle = 1, .seed = 7, .world_size = 1, .epochs = epochs};
+    assert_int_equal(ft_stream_init(c, N_ITEMS, &o, 0), 0);
+}
+
+/* ft_end, and no mapping of the slots left either. */
+static void end_without_slots(ft_snapshot *snap)
+{
+    assert_int_equal(read_slot_maps().n, 0);
+    ft_end(snap);
+}
+
+/* ------------------------------------------------------------------------
+ * The path itself
+ */
+
+/* Process workers write into the slots: every batch the trainer gets is a
+ * view of them, in its place in the stream, intact, every item once per
+ * epoch; and many more batches than slots pass through the same few
+ * slots, in one mapping that never grows. */
+static void test_batches_are_views_of_reused_slots_exactly_once(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    const uint64_t epochs = 8; /* 8 x 32 = 256 batches through 2 x 4 slots */
+    ferry_config *cfg = shm_cfg(2, 4, synthetic(""));
+    assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", (int64_t)epochs), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    assert_int_equal(m.n, 1);
+
+    ft_stream c;
+    expected_stream(&c, epochs);
+    const void *seen[64];
+    int nseen = 0;
+    ferry_batch *b;
+    int rc;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ft_assert_in_stream(&c, b);
+        ft_assert_synthetic(b, DIM);
+        assert_true(in_slots(&m, b));
+        ferry_tensor x;
+        assert_int_equal(ferry_batch_field(b, "x", &x), FERRY_OK);
+        int known = 0;
+        for (int i = 0; i < nseen; i++)
+            known |= seen[i] == x.data;
+        if (!known) {
+            assert_true(nseen < 8); /* 2 x prefetch slots, no more */
+            seen[nseen++] = x.data;
+        }
+        ferry_batch_release(b);
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    assert_int_equal(c.taken, epochs * ((N_ITEMS + BATCH - 1) / BATCH));
+    slot_maps after = read_slot_maps();
+    assert_int_equal(after.n, 1);
+    assert_true(after.lo[0] == m.lo[0] && after.hi[0] == m.hi[0]);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* A batch is a view of its slot, so the slot must not be written again
+ * while the trainer holds it: batches kept while 150 more pass are intact
+ * when read at the end, and then released in an odd order from another
+ * thread, after which the stream goes on in slots again. */
+typedef struct release_job {
+    ferry_batch **b;
+    int n;
+} release_job;
+
+/* Releases the odd-numbered batches first, then the even ones from the
+ * last: 1, 2, 0 for three. */
+static void *release_odd_order(void *arg)
+{
+    release_job *j = arg;
+    for (int i = 1; i < j->n; i += 2)
+        ferry_batch_release(j->b[i]);
+    for (int i = (j->n - 1) / 2 * 2; i >= 0; i -= 2)
+        ferry_batch_release(j->b[i]);
+    return NULL;
+}
+
+static void test_held_slots_are_never_reused_and_come_back_from_any_thread(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = shm_cfg(2, 4, synthetic(""));
+    assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    ft_stream c;
+    expected_stream(&c, 0);
+    enum { KEEP = 3 };
+    ferry_batch *kept[KEEP], *b;
+    for (int i = 0; i < KEEP; i++) {
+        assert_int_equal(ferry_loader_next(ld, &kept[i]), FERRY_OK);
+        ft_assert_in_stream(&c, kept[i]);
+        assert_true(in_slots(&m, kept[i]));
+    }
+    for (int i = 0; i < 150; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ft_assert_in_stream(&c, b);
+        ft_assert_synthetic(b, DIM);
+        assert_true(in_slots(&m, b));
+        ferry_batch_release(b);
+    }
+    for (int i = 0; i < KEEP; i++)
+        ft_assert_synthetic(kept[i], DIM);
+    release_job j = {.b = kept, .n = KEEP};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, release_odd_order, &j), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (int i = 0; i < 40; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ft_assert_in_stream(&c, b);
+        ft_assert_synthetic(b, DIM);
+        assert_true(in_slots(&m, b));
+        ferry_batch_release(b);
+    }
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* A trainer that keeps every batch it gets takes all the slots (2 x
+ * prefetch): the stream does not stall, later batches come by message,
+ * each intact, and once the trainer lets go they are in slots again. */
+static void test_a_trainer_keeping_every_slot_gets_batches_by_message(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = shm_cfg(2, 2, synthetic(""));
+    assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    ft_stream c;
+    expected_stream(&c, 0);
+    enum { KEEP = 24 };
+    ferry_batch *kept[KEEP];
+    int in_shm = 0;
+    for (int i = 0; i < KEEP; i++) {
+        uint64_t t0 = ft_now_ms();
+        assert_int_equal(ferry_loader_next(ld, &kept[i]), FERRY_OK);
+        assert_true(ft_now_ms() - t0 < 5000);
+        ft_assert_in_stream(&c, kept[i]);
+        in_shm += in_slots(&m, kept[i]);
+    }
+    /* 4 slots: the first batches took them; no slot is given twice. */
+    assert_true(in_shm >= 1 && in_shm <= 4);
+    assert_false(in_slots(&m, kept[KEEP - 1]));
+    for (int i = 0; i < KEEP; i++) {
+        ft_assert_synthetic(kept[i], DIM);
+        ferry_batch_release(kept[i]);
+    }
+    /* Slots again, once the window has turned over. */
+    ferry_batch *b;
+    int last_in_shm = 0;
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ft_assert_in_stream(&c, b);
+        ft_assert_synthetic(b, DIM);
+        last_in_shm = in_slots(&m, b);
+        ferry_batch_release(b);
+    }
+    assert_true(last_in_shm);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* ------------------------------------------------------------------------
+ * Failures
+ */
+
+/* Workers killed (SIGKILL) while they write batches into slots: their
+ * tasks are sent again, and every batch still arrives once, in its place,
+ * intact and in a slot; slots the dead held come back (the run would
+ * otherwise fall back to messages for good). */
+static void test_workers_killed_mid_write_lose_nothing(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 90);
+    const uint64_t epochs = 3;
+    /* Slow items: a kill lands while a batch is being written. */
+    ferry_config *cfg = shm_cfg(2, 4, synthetic(",cost_us=100"));
+    assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", (int64_t)epochs), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    ft_stream c;
+    expected_stream(&c, epochs);
+    ferry_batch *b;
+    int rc, kills = 0, since_kill = 0, in_shm_after = 0;
+    uint64_t n = 0;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ft_assert_in_stream(&c, b);
+        ft_assert_synthetic(b, DIM);
+        int shm = in_slots(&m, b);
+        ferry_batch_release(b);
+        n++;
+        since_kill++;
+        if (kills > 0 && since_kill > 8)
+            in_shm_after += shm;
+        /* Every 12 batches, kill the worker that is on a task now. */
+        if (n % 12 == 6 && kills < 5) {
+            int pid = 0;
+            if (ferry_loader_worker_pid(ld, (uint32_t)(kills % 2), &pid) == FERRY_OK && pid > 0) {
+                kill(pid, SIGKILL);
+                kills++;
+                since_kill = 0;
+            }
+        }
+    }
+    if (rc != FERRY_EOF)
+        fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+    assert_int_equal(c.taken, epochs * ((N_ITEMS + BATCH - 1) / BATCH));
+    assert_true(kills >= 3);
+    assert_true(ft_stats(ld).restarts >= 1);
+    assert_true(in_shm_after > 0);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* A dataset that crashes its worker halfway through writing a batch into
+ * its slot (item 37 of the batch of items 32..47), every time: after
+ * max_attempts deaths that batch is given up, and every other batch comes
+ * intact from a slot, those after the deaths too: the slots the dead were
+ * writing are taken back. */
+static void test_a_batch_that_crashes_mid_write_is_given_up_alone(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    char spec[512];
+    snprintf(spec, sizeof spec, "plugin:%s?n=160,dim=%d,crash_at=37", FERRY_TEST_HOSTILE, DIM);
+    ferry_config *cfg = ft_config(spec, 2, 16);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 300), FERRY_OK);
+    /* 4 slots: were a dead worker's slots not taken back, three deaths
+     * would leave too few for a window of 2, and batches would come by
+     * message. */
+    assert_int_equal(ferry_config_set_int(cfg, "prefetch", 2), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    ferry_batch *b;
+    int rc, ok = 0, failed = 0, in = 0;
+    while ((rc = ferry_loader_next(ld, &b)) != FERRY_EOF) {
+        if (rc == FERRY_EBATCH) {
+            assert_non_null(strstr(ferry_last_error(), "indices 32, 33"));
+            failed++;
+            continue;
+        }
+        assert_int_equal(rc, FERRY_OK);
+        ft_assert_synthetic(b, DIM);
+        in += in_slots(&m, b);
+        ok++;
+        ferry_batch_release(b);
+    }
+    assert_int_equal(failed, 1);
+    assert_int_equal(ok, 9);
+    assert_int_equal(in, 9);
+    assert_true(ft_stats(ld).restarts >= 3);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* ------------------------------------------------------------------------
+ * Close, options, sizes
+ */
+
+/* A batch kept past close stays readable (ferry_loader_close's promise);
+ * its release unmaps the slots, and nothing of them is left: no mapping,
+ * no fd (ft_end counts them). */
+static void test_close_leaves_no_slot_memory_once_batches_are_released(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_loader *ld = ft_open_ok(shm_cfg(2, 4, synthetic("")));
+    slot_maps m = read_slot_maps();
+    ferry_batch *a, *b;
+    assert_int_equal(ferry_loader_next(ld, &a), FERRY_OK);
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    assert_true(in_slots(&m, a) && in_slots(&m, b));
+    ferry_batch_release(a);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    assert_int_equal(read_slot_maps().n, 1);
+    ft_assert_synthetic(b, DIM);
+    ferry_batch_release(b);
+    end_without_slots(&snap);
+}
+
+/* Runs 3 epochs with `name` set to `value` and returns how many batches
+ * were in slots; every batch is checked. */
+static int batches_in_slots(const char *name, int64_t value, const char *dataset, int dim)
+{
+    ferry_config *cfg = shm_cfg(2, 4, dataset);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    if (name)
+        assert_int_equal(ferry_config_set_int(cfg, name, value), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    slot_maps m = read_slot_maps();
+    ferry_batch *b;
+    int rc, n = 0, in = 0;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ft_assert_synthetic(b, dim);
+        in += in_slots(&m, b);
+        n++;
+        ferry_batch_release(b);
+    }
+    if (rc != FERRY_EOF)
+        fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
+    assert_int_equal(n, 3 * ((N_ITEMS + BATCH - 1) / BATCH));
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    return in;
+}
+
+/* shm 0 is the message path of old: no slots at all. Slots that would
+ * not fit shm_max_bytes: messages too. Thread workers share the trainer's
+ * memory already: no slots. */
+static void test_without_slots_batches_go_by_message(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    assert_int_equal(batches_in_slots("shm", 0, synthetic(""), DIM), 0);
+    assert_int_equal(read_slot_maps().n, 0);
+    /* A batch is 32 x 40 + 32 x 8 bytes: one 4 KiB page, more than 4000. */
+    assert_int_equal(batches_in_slots("shm_max_bytes", 4000, synthetic(""), DIM), 0);
+    assert_true(batches_in_slots("shm_max_bytes", 4096, synthetic(""), DIM) > 0);
+    ferry_config *cfg = shm_cfg(2, 4, synthetic(""));
+    assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    assert_int_equal(read_slot_maps().n, 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* max_message bounds messages: a batch larger than it still arrives when
+ * it goes through a slot. */
+static void test_a_batch_over_max_message_goes_through_its_slot(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    /* 32 x 200 + 32 x 8 bytes a batch, over the 4096 limit. */
+    int in = batches_in_slots("max_message", 4096, "synthetic:n=1000,dim=200", 200);
+    assert_int_equal(in, 3 * ((N_ITEMS + BATCH - 1) / BATCH));
+    end_without_slots(&snap);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batches_are_views_of_reused_slots_exactly_once),
+        cmocka_unit_test(test_held_slots_are_never_reused_and_come_back_from_any_thread),
+        cmocka_unit_test(test_a_trainer_keeping_every_slot_gets_batches_by_message),
+        cmocka_unit_test(test_workers_killed_mid_write_lose_nothing),
+        cmocka_unit_test(test_a_batch_that_crashes_mid_write_is_given_up_alone),
+        cmocka_unit_test(test_close_leaves_no_slot_memory_once_batches_are_released),
+        cmocka_unit_test(test_without_slots_batches_go_by_message),
+        cmocka_unit_test(test_a_batch_over_max_message_goes_through_its_slot),
+    };
+    return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
+}

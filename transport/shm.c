@@ -1,0 +1,220 @@
+/*
+ * shm.c - the shared-memory batch slots (see shm.h).
+ *
+ * Free slots are a stack, so giving and taking back are O(1) and the slot
+ * given next is the one most recently used (its pages warm in the cache).
+ * The mapping's lifetime is counted: the loader's reference (until
+ * ferry__shm_close) plus one per held slot.
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "error.h"
+
+enum { SLOT_FREE = 0, SLOT_GIVEN, SLOT_HELD };
+
+typedef struct shm_slot {
+    ferry__shm *m;  /* the backing context handed out: &slots[i] */
+    uint32_t owner; /* SLOT_GIVEN: the worker it was given to */
+    uint8_t state;
+} shm_slot;
+
+struct ferry__shm {
+    pthread_mutex_t mu;
+    int fd;
+    unsigned char *base;
+    size_t slot_bytes;
+    uint32_t nslots;
+    shm_slot *slots;
+    int32_t *free; /* a stack of free slot numbers */
+    uint32_t nfree;
+    uint32_t held;
+    int open; /* the loader has not closed it */
+};
+
+int ferry__shm_new(ferry__shm **out)
+{
+    ferry__shm *m = ferry__calloc(1, sizeof *m);
+    if (!m)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory for the batch slots");
+    m->fd = memfd_create("ferry-slots", MFD_CLOEXEC);
+    if (m->fd < 0) {
+        int e = errno;
+        free(m);
+        return ferry__syserr(FERRY_ESYS, "memfd_create for the batch slots", e);
+    }
+    pthread_mutex_init(&m->mu, NULL);
+    m->open = 1;
+    *out = m;
+    return FERRY_OK;
+}
+
+int ferry__shm_fd(const ferry__shm *m)
+{
+    return m->fd;
+}
+
+int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots)
+{
+    if (m->base || !nslots || !slot_bytes || m->fd < 0)
+        return ferry__seterr(FERRY_EINVAL, "the batch slots are sized once, with some slots");
+    slot_bytes = FERRY__ROUND_UP(slot_bytes, FERRY__SHM_SLOT_ALIGN);
+    if (slot_bytes > SIZE_MAX / nslots)
+        return ferry__seterr(FERRY_ELIMIT, "%u batch slots of %zu bytes overflow", nslots,
+                             slot_bytes);
+    size_t total = slot_bytes * nslots;
+    shm_slot *slots = ferry__calloc(nslots, sizeof *slots);
+    int32_t *fr = ferry__calloc(nslots, sizeof *fr);
+    if (!slots || !fr) {
+        free(slots);
+        free(fr);
+        return ferry__seterr(FERRY_ENOMEM, "out of memory for %u batch slots", nslots);
+    }
+    /* fallocate, unlike ftruncate, finds out now (ENOSPC) rather than
+     * with a SIGBUS in a worker when the memory is not there. */
+    int e = posix_fallocate(m->fd, 0, (off_t)total);
+    void *base = MAP_FAILED;
+    if (e == 0) {
+        base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m->fd, 0);
+        if (base == MAP_FAILED)
+            e = errno;
+    }
+    if (e != 0) {
+        free(slots);
+        free(fr);
+        int ignored = ftruncate(m->fd, 0); /* gives back what fallocate got */
+        (void)ignored;
+        return ferry__seterr(FERRY_ESYS, "%u batch slots of %zu bytes in shared memory: %s", nslots,
+                             slot_bytes, strerror(e));
+    }
+    pthread_mutex_lock(&m->mu);
+    m->base = base;
+    m->slot_bytes = slot_bytes;
+    m->nslots = nslots;
+    m->slots = slots;
+    m->free = fr;
+    for (uint32_t i = 0; i < nslots; i++) {
+        slots[i].m = m;
+        fr[i] = (int32_t)(nslots - 1 - i); /* slot 0 on top */
+    }
+    m->nfree = nslots;
+    pthread_mutex_unlock(&m->mu);
+    return FERRY_OK;
+}
+
+size_t ferry__shm_slot_bytes(const ferry__shm *m)
+{
+    return m->slot_bytes;
+}
+
+uint32_t ferry__shm_nslots(const ferry__shm *m)
+{
+    return m->nslots;
+}
+
+int32_t ferry__shm_give(ferry__shm *m, uint32_t owner)
+{
+    int32_t slot = -1;
+    pthread_mutex_lock(&m->mu);
+    if (m->nfree) {
+        slot = m->free[--m->nfree];
+        m->slots[slot].state = SLOT_GIVEN;
+        m->slots[slot].owner = owner;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return slot;
+}
+
+/* Under mu: slot goes back on the free stack. */
+static void put_free(ferry__shm *m, int32_t slot)
+{
+    m->slots[slot].state = SLOT_FREE;
+    m->free[m->nfree++] = slot;
+}
+
+void ferry__shm_take_back(ferry__shm *m, int32_t slot)
+{
+    pthread_mutex_lock(&m->mu);
+    if (slot >= 0 && (uint32_t)slot < m->nslots && m->slots[slot].state == SLOT_GIVEN)
+        put_free(m, slot);
+    pthread_mutex_unlock(&m->mu);
+}
+
+uint32_t ferry__shm_reclaim(ferry__shm *m, uint32_t owner)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&m->mu);
+    for (uint32_t i = 0; i < m->nslots; i++) {
+        if (m->slots[i].state == SLOT_GIVEN && m->slots[i].owner == owner) {
+            put_free(m, (int32_t)i);
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+uint64_t ferry__shm_offset(const ferry__shm *m, int32_t slot)
+{
+    return (uint64_t)slot * m->slot_bytes;
+}
+
+void *ferry__shm_data(const ferry__shm *m, int32_t slot)
+{
+    return m->base + (size_t)slot * m->slot_bytes;
+}
+
+void *ferry__shm_hold(ferry__shm *m, int32_t slot)
+{
+    pthread_mutex_lock(&m->mu);
+    m->slots[slot].state = SLOT_HELD;
+    m->held++;
+    pthread_mutex_unlock(&m->mu);
+    return &m->slots[slot];
+}
+
+/* Unmaps and frees m: closed and nothing held. */
+static void destroy(ferry__shm *m)
+{
+    if (m->base)
+        munmap(m->base, m->slot_bytes * m->nslots);
+    pthread_mutex_destroy(&m->mu);
+    free(m->slots);
+    free(m->free);
+    free(m);
+}
+
+void ferry__shm_release(void *held)
+{
+    shm_slot *s = held;
+    ferry__shm *m = s->m;
+    pthread_mutex_lock(&m->mu);
+    put_free(m, (int32_t)(s - m->slots));
+    int last = --m->held == 0 && !m->open;
+    pthread_mutex_unlock(&m->mu);
+    if (last)
+        destroy(m);
+}
+
+void ferry__shm_close(ferry__shm *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    if (m->fd >= 0)
+        close(m->fd);
+    m->fd = -1;
+    m->open = 0;
+    int last = m->held == 0;
+    pthread_mutex_unlock(&m->mu);
+    if (last)
+        destroy(m);
+}

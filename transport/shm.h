@@ -1,0 +1,90 @@
+/*
+ * shm.h - the loader's pool of shared-memory batch slots.
+ *
+ * Position in the data flow: between the local process workers and the
+ * trainer. Instead of sending a batch's bytes through a socket, a local
+ * worker writes them straight into a slot of memory it shares with the
+ * loader; the BATCH message carries only the header, and the trainer's
+ * batch is a view of the slot until it is released. The memory is one
+ * memfd: no /dev/shm space is used, and nothing is left behind when the
+ * trainer dies, however it dies.
+ *
+ * One pool per loader, shared by all its local workers (each is given a
+ * slot with each TASK, by offset): the slots then follow the prefetch
+ * window, not each worker's credits, and a worker's replacement needs
+ * nothing new. The pool is created before the workers start (they get the
+ * fd at spawn) and sized once the schema is known (the first READY), so
+ * the workers started before that find it sized by their first TASK.
+ *
+ * A slot is free, given (with a task, to a worker), or held (by a batch,
+ * in the window or in the trainer's hands). Only the scheduler gives and
+ * takes back given slots; a held slot comes back when its batch is
+ * released, from any thread. The loader's mapping stays until the pool is
+ * closed and every held slot is back, so a batch outlives both the worker
+ * that wrote it and the loader (ferry_loader_close's promise).
+ *
+ * Steady state costs nothing per batch: slots are reused, their pages were
+ * faulted in once when the pool was sized (MAP_POPULATE), and holding or
+ * releasing one allocates nothing.
+ *
+ * Thread safety: one mutex; ferry__shm_release from any thread, the rest
+ * from the scheduler thread.
+ */
+#ifndef FERRY_SHM_H
+#define FERRY_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ferry__shm ferry__shm;
+
+/* Slots start on this boundary in the memfd (and so in every mapping). */
+#define FERRY__SHM_SLOT_ALIGN 4096
+
+/* An empty pool: a memfd of size 0, to pass to workers before it is
+ * sized. FERRY_ESYS or FERRY_ENOMEM; *out untouched on failure. */
+int ferry__shm_new(ferry__shm **out);
+
+/* The memfd (close-on-exec), for workers to inherit at spawn; -1 once the
+ * pool is closed. */
+int ferry__shm_fd(const ferry__shm *m);
+
+/* Sizes the pool once: nslots slots of slot_bytes (rounded up to
+ * FERRY__SHM_SLOT_ALIGN) each, every page faulted in now. FERRY_EINVAL if
+ * already sized or 0 slots, FERRY_ESYS (with errno detail) when the memfd
+ * cannot be grown or mapped; the pool stays unsized then and is still
+ * usable as one that gives no slots. */
+int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots);
+
+/* The bytes of each slot (0 while unsized) and their number. */
+size_t ferry__shm_slot_bytes(const ferry__shm *m);
+uint32_t ferry__shm_nslots(const ferry__shm *m);
+
+/* Gives a free slot to `owner` (a worker index). -1 when none is free (or
+ * the pool is unsized): the task then goes the message way. */
+int32_t ferry__shm_give(ferry__shm *m, uint32_t owner);
+
+/* Given slot `slot` comes back free (its task was answered without it, or
+ * failed). */
+void ferry__shm_take_back(ferry__shm *m, int32_t slot);
+
+/* Every slot given to `owner` comes back free: that worker is dead, and its
+ * tasks are being sent again. Returns how many. */
+uint32_t ferry__shm_reclaim(ferry__shm *m, uint32_t owner);
+
+/* Where slot `slot` lies: its offset in the memfd, and its bytes in the
+ * loader's mapping. */
+uint64_t ferry__shm_offset(const ferry__shm *m, int32_t slot);
+void *ferry__shm_data(const ferry__shm *m, int32_t slot);
+
+/* Given slot `slot` now backs a batch: returns the context to pass to
+ * ferry__shm_release (a ferry__batch_backing's release) when the batch
+ * goes. Never fails, allocates nothing. */
+void *ferry__shm_hold(ferry__shm *m, int32_t slot);
+void ferry__shm_release(void *held);
+
+/* The loader is done with the pool: the memfd is closed now, the mapping
+ * once the last held slot is released (at once if none is). NULL is fine. */
+void ferry__shm_close(ferry__shm *m);
+
+#endif
