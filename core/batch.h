@@ -37,6 +37,7 @@ struct ferry_batch {
     ferry_batch_info info;
     int nfields;
     int realigned;
+    int shared; /* its fields are in a shared-memory slot */
     ferry_tensor fields[FERRY_MAX_FIELDS];
     char names[FERRY_MAX_FIELDS][FERRY_NAME_MAX];
     ferry__batch_backing backing; /* release == NULL once given back */

@@ -467,10 +467,12 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
     if (rc == FERRY_OK) {
         field_views(h, data, fields); /* after the move: see payload_keep */
         rc = ferry__batch_new(&b, fields, (int)h->nfields, &info, e->indices, backing);
-        if (rc != FERRY_OK)
+        if (rc != FERRY_OK) {
             backing.release(backing.ctx);
-        else
+        } else {
             b->arrived_ns = now;
+            b->shared = h->shm != 0;
+        }
     }
     if (rc != FERRY_OK) {
         ferry__window_fail(s->win, FERRY_ENOMEM, "out of memory receiving a batch");

@@ -438,8 +438,10 @@ static int done_locked(ferry__window *win, ferry__window_entry *e, ferry_batch *
     e->batch = b;
     e->err = err;
     e->errmsg = errmsg;
-    if (b)
+    if (b) {
         win->st.realigned += (uint64_t)b->realigned;
+        win->st.shared += (uint64_t)b->shared;
+    }
     win->st.completed++;
     list_push(win, &win->done, slot_of(win, e));
     return win->waiters > 0 && deliverable_locked(win) != NULL;

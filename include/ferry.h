@@ -230,7 +230,9 @@ typedef struct ferry_stats {
     uint32_t in_flight;  /* dispatched, not yet delivered */
     uint32_t prefetch;   /* the window: the most batches in flight (the option, or auto) */
     uint32_t credits;    /* tasks queued at one worker at most (the option, or auto) */
-    uint64_t reserved[15]; /* room to grow (see "ABI" in README.md); zero */
+    uint64_t shared;     /* batches (of those completed) that came through shared-memory
+                            slots; the rest came by message */
+    uint64_t reserved[14]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_stats;
 
 /* A snapshot of the loader's counters; safe while another thread is in

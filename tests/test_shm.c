@@ -409,6 +409,7 @@ static int batches_in_slots(const char *name, int64_t value, const char *dataset
     if (rc != FERRY_EOF)
         fail_msg("next: %s: %s", ferry_err_name(rc), ferry_last_error());
     assert_int_equal(n, 3 * ((N_ITEMS + BATCH - 1) / BATCH));
+    assert_int_equal(ft_stats(ld).shared, (uint64_t)in); /* the count says what addresses say */
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     return in;
 }

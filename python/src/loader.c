@@ -621,14 +621,15 @@ static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
     if (rc != FERRY_OK)
         return ferry_py_raise(rc, ferry_last_error());
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsIsIsI}", "dispatched", (unsigned long long)st.dispatched,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsIsIsIsK}", "dispatched", (unsigned long long)st.dispatched,
         "completed", (unsigned long long)st.completed, "delivered",
         (unsigned long long)st.delivered, "failed", (unsigned long long)st.failed, "realigned",
         (unsigned long long)st.realigned, "malformed", (unsigned long long)st.malformed, "stale",
         (unsigned long long)st.stale, "restarts", (unsigned long long)st.restarts, "timeouts",
         (unsigned long long)st.timeouts, "joined", (unsigned long long)st.joined, "lost",
         (unsigned long long)st.lost, "rejected", (unsigned long long)st.rejected, "workers",
-        st.workers, "in_flight", st.in_flight, "prefetch", st.prefetch, "credits", st.credits);
+        st.workers, "in_flight", st.in_flight, "prefetch", st.prefetch, "credits", st.credits,
+        "shared", (unsigned long long)st.shared);
 }
 
 static PyObject *loader_worker_pid(LoaderObject *self, PyObject *args)

@@ -136,6 +136,8 @@ def test_process_workers_batches_are_views_of_shared_memory_unless_shm_is_off():
             for b in ld:
                 assert synthetic_ok(b) and _in_batch_slots(b["x"]) == shm
                 got[shm].append(b["y"].copy())
+            st = ld.stats()
+            assert st["shared"] == (st["completed"] if shm else 0)
     assert len(got[True]) == 20
     assert all(np.array_equal(a, b) for a, b in zip(got[True], got[False]))
 
