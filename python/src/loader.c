@@ -293,8 +293,17 @@ static void queue_log(void *user, int level, const char *message)
     pthread_mutex_unlock(&q->mu);
 }
 
-/* Hands the queued messages to the sink, in order; the sink's own errors
- * are reported as unraisable, never raised into the trainer's call. */
+/* One message to the sink; its own errors are reported as unraisable,
+ * never raised into the trainer's call. */
+static void call_sink(LoaderObject *self, int level, const char *message)
+{
+    PyObject *r = PyObject_CallFunction(self->log_sink, "is", level, message);
+    if (!r)
+        PyErr_WriteUnraisable(self->log_sink);
+    Py_XDECREF(r);
+}
+
+/* Hands the queued messages to the sink, in order. */
 static void drain_log(LoaderObject *self)
 {
     log_queue *q = self->log;
@@ -312,21 +321,14 @@ static void drain_log(LoaderObject *self)
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* a pending error stays pending */
     while (e) {
         log_entry *next = e->next;
-        PyObject *r = PyObject_CallFunction(self->log_sink, "is", e->level, e->message);
-        if (!r)
-            PyErr_WriteUnraisable(self->log_sink);
-        Py_XDECREF(r);
+        call_sink(self, e->level, e->message);
         free(e);
         e = next;
     }
-    if (dropped) {
-        PyObject *r = PyObject_CallFunction(self->log_sink, "is", FERRY_LOG_WARN,
-                                            "ferry: log messages were dropped (more than 1000 "
-                                            "waiting for the trainer's thread)");
-        if (!r)
-            PyErr_WriteUnraisable(self->log_sink);
-        Py_XDECREF(r);
-    }
+    if (dropped)
+        call_sink(self, FERRY_LOG_WARN,
+                  "ferry: log messages were dropped (more than 1000 waiting for the trainer's "
+                  "thread)");
     PyErr_Restore(exc_type, exc_value, exc_tb);
 }
 
