@@ -41,9 +41,13 @@ int ferry__batch_new(ferry_batch **out, const ferry_tensor *fields, int nfields,
                      const ferry_batch_info *info, const uint64_t *indices,
                      ferry__batch_backing backing)
 {
-    ferry_batch *b = ferry__calloc(1, sizeof *b + (size_t)info->size * sizeof(uint64_t));
+    size_t nidx = (size_t)info->size, nf = (size_t)nfields;
+    ferry_batch *b = ferry__calloc(1, sizeof *b + nidx * sizeof(uint64_t) +
+                                          nf * (sizeof(ferry_tensor) + FERRY_NAME_MAX));
     if (!b)
         return FERRY_ENOMEM;
+    b->fields = (ferry_tensor *)(b->indices + nidx);
+    b->names = (char (*)[FERRY_NAME_MAX])(b->fields + nf);
     b->info = *info;
     memcpy(b->indices, indices, (size_t)info->size * sizeof(uint64_t));
     b->nfields = nfields;

@@ -38,12 +38,15 @@ struct ferry_batch {
     int nfields;
     int realigned;
     int shared; /* its fields are in a shared-memory slot */
-    ferry_tensor fields[FERRY_MAX_FIELDS];
-    char names[FERRY_MAX_FIELDS][FERRY_NAME_MAX];
     ferry__batch_backing backing; /* release == NULL once given back */
     void *copy;                   /* aligned copy, when realigned */
     uint64_t arrived_ns;          /* when the loader received it */
-    uint64_t indices[];           /* info.size entries */
+    /* In the same allocation, after indices: sized to the batch, so a
+     * small batch is a small allocation (a 16-field table would make every
+     * batch 3 KB, past malloc's per-thread caches). */
+    ferry_tensor *fields;          /* nfields */
+    char (*names)[FERRY_NAME_MAX]; /* nfields */
+    uint64_t indices[];            /* info.size entries */
 };
 
 /* Builds a batch from nfields (1..FERRY_MAX_FIELDS) field views whose data

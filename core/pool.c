@@ -139,6 +139,10 @@ static void *thread_main(void *arg)
                              .zctx = p->o.zctx,
                              .cancel = &p->cancel,
                              .handshake_ms = p->o.start_timeout_ms,
+                             /* The same slots as a process worker's, mapped
+                              * again here: a batch is written into its slot
+                              * and the trainer's batch is a view of it. */
+                             .shm_fd = p->o.shm_fd > 0 ? p->o.shm_fd : 0,
                              /* A plugin may have started threads (an OpenMP pool)
                               * that outlive its loader: unloading it would leave
                               * them running unmapped code. */

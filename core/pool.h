@@ -33,7 +33,7 @@ typedef struct ferry__pool_opts {
     const char *worker_args; /* its first arguments, one per line (option worker_args) */
     const char *endpoint;    /* the loader's local endpoint */
     void *zctx;              /* the loader's context (threads share it) */
-    int shm_fd;              /* the batch slots' memfd for process workers (shm.h), -1: none */
+    int shm_fd;              /* the batch slots' memfd (shm.h), -1: none */
     int start_timeout_ms;    /* a (re)started worker must be ready by then */
     int wake_fd;             /* written when a thread worker stops */
     ferry__log log;          /* where its messages go */

@@ -355,9 +355,7 @@ static int batch_matches(const ferry__scheduler *s, const ferry__batch_hdr *h,
         snprintf(why, cap, "it holds %u items, the task %u", h->count, e->t.count);
         return 0;
     }
-    ferry__schema got;
-    ferry__batch_schema(h, &got);
-    return !ferry__schema_diff(&s->schema, &got, why, cap);
+    return !ferry__batch_schema_diff(&s->schema, h, why, cap);
 }
 
 /* A BATCH that is not what its task asked for: counted as malformed, and

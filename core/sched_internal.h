@@ -72,6 +72,7 @@ struct ferry__scheduler {
     uint64_t start_deadline_ms;
     uint64_t idle_since_ms; /* running with no ready worker since then; 0 = has some */
     uint32_t settling;      /* workers dead or disconnected whose last replies are awaited */
+    uint64_t checked_ms;    /* the last look at the deadlines */
     ferry__msg in, out;     /* message scratch, too big for the stack */
 };
 

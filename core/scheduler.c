@@ -81,8 +81,8 @@ static sched_worker *pick_worker(ferry__scheduler *s)
     return best;
 }
 
-/* Sends task e to w, with a free batch slot when w is a local process and
- * one is free: with none (all held by the trainer, say) the batch comes
+/* Sends task e to w, with a free batch slot when w is local (a process
+ * or a thread) and one is free: with none (all held by the trainer, say) the batch comes
  * back by message, so a trainer that keeps batches never stalls the
  * stream. e->shm_slot says which slot went, -1 none. */
 static int send_task(ferry__scheduler *s, ferry__window_entry *e, sched_worker *w)
@@ -214,6 +214,17 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
     ferry__sched_settle(s);
 }
 
+/* The deadlines count whole milliseconds: looked at once per millisecond
+ * at most, however fast the replies come. */
+static void check_deadlines(ferry__scheduler *s)
+{
+    uint64_t now = ferry__now_ms();
+    if (now == s->checked_ms)
+        return;
+    s->checked_ms = now;
+    ferry__sched_check_deadlines(s);
+}
+
 /* ------------------------------------------------------------------------
  * Shutdown: STOP, grace period, SIGTERM, SIGKILL; every child reaped.
  */
@@ -291,7 +302,7 @@ static void *scheduler_main(void *arg)
     while (!atomic_load(&s->stop)) {
         dispatch(s);
         poll_once(s, TICK_MS);
-        ferry__sched_check_deadlines(s);
+        check_deadlines(s);
     }
     shutdown_workers(s);
     return NULL;
@@ -398,7 +409,7 @@ static int setup(ferry__scheduler *s)
     if (rc == FERRY_OK)
         rc = setup_sockets(s);
     /* Sized at the first READY, once the schema says how big a batch is. */
-    if (rc == FERRY_OK && !threads && s->nlocal && s->cfg.shm && s->cfg.shm_max_bytes > 0)
+    if (rc == FERRY_OK && s->nlocal && s->cfg.shm && s->cfg.shm_max_bytes > 0)
         rc = ferry__shm_new(&s->shm);
     if (rc != FERRY_OK)
         return rc;

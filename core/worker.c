@@ -5,8 +5,9 @@
  * dataset's schema, lets the dataset write every field into it, and hands
  * the frame to ZeroMQ, so no byte of a batch is copied on this side.
  *
- * A local process worker may instead be given room in the loader's batch
- * slots (TASK.shm_offset/shm_bytes, in the memfd of --shm-fd): the fields
+ * A local worker may instead be given room in the loader's batch slots
+ * (TASK.shm_offset/shm_bytes, in the memfd of --shm-fd, or of a thread
+ * worker's options): the fields
  * go there, the BATCH says shm and carries an empty payload frame, and the
  * trainer reads the slot itself, so a batch is never copied at all. The
  * slots are mapped once (and again only should the memory grow), with
@@ -177,12 +178,17 @@ static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
 {
     *got = 0;
     pthread_mutex_lock(&w->sock_mu);
-    zmq_pollitem_t it = {.socket = w->sock, .events = ZMQ_POLLIN};
-    int n = zmq_poll(&it, 1, ms);
-    int e = errno;
-    int rc = n > 0 ? ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT) : FERRY_OK;
-    if (n > 0 && rc != FERRY_EPROTO)
+    /* A task already queued is taken without polling: zmq_poll costs
+     * system calls even when a message is waiting, and with several
+     * credits there usually is one. */
+    int n = 1, e = 0;
+    int rc = ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT);
+    if (rc == FERRY_EAGAIN) {
+        zmq_pollitem_t it = {.socket = w->sock, .events = ZMQ_POLLIN};
+        n = zmq_poll(&it, 1, ms);
         e = errno;
+        rc = n > 0 ? ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT) : FERRY_OK;
+    }
     pthread_mutex_unlock(&w->sock_mu);
     if (n < 0) {
         if (e == EINTR)
@@ -195,8 +201,10 @@ static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
         fprintf(stderr, "ferry-worker: dropped a malformed message: %s\n", ferry_last_error());
         return FERRY_OK;
     }
+    if (rc == FERRY_EAGAIN)
+        return FERRY_OK;
     if (rc != FERRY_OK)
-        return e == EAGAIN ? FERRY_OK : rc;
+        return rc;
     *got = 1;
     w->joining = 0;
     w->heard_ms = ferry__now_ms();

@@ -1413,7 +1413,17 @@ static void test_batch_schema_drops_the_batch_dim(void **state)
     assert_memory_equal(&got, &want, sizeof got);
     char why[64] = "";
     assert_int_equal(ferry__schema_diff(&want, &got, why, sizeof why), 0);
+    assert_int_equal(ferry__batch_schema_diff(&want, &m.u.batch, why, sizeof why), 0);
     assert_string_equal(why, "");
+    /* Read straight from the batch, a difference is named the same way. */
+    char why2[256] = "";
+    want.fields[1].dtype = FERRY_DTYPE_I32;
+    assert_int_equal(ferry__schema_diff(&want, &got, why, sizeof why), 1);
+    assert_int_equal(ferry__batch_schema_diff(&want, &m.u.batch, why2, sizeof why2), 1);
+    assert_string_equal(why, why2);
+    want.nfields = 1;
+    assert_int_equal(ferry__batch_schema_diff(&want, &m.u.batch, why2, sizeof why2), 1);
+    assert_non_null(strstr(why2, "is extra"));
 }
 
 static void test_schema_diff_names_the_first_difference(void **state)

@@ -390,12 +390,12 @@ static void test_close_leaves_no_slot_memory_once_batches_are_released(void **st
 
 /* Runs 3 epochs with `name` set to `value` and returns how many batches
  * were in slots; every batch is checked. */
-static int batches_in_slots(const char *name, int64_t value, const char *dataset, int dim)
+static int batches_in_slots(const char *name, const char *value, const char *dataset, int dim)
 {
     ferry_config *cfg = shm_cfg(2, 4, dataset);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
     if (name)
-        assert_int_equal(ferry_config_set_int(cfg, name, value), FERRY_OK);
+        assert_int_equal(ferry_config_set(cfg, name, value), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
     slot_maps m = read_slot_maps();
     ferry_batch *b;
@@ -415,22 +415,41 @@ static int batches_in_slots(const char *name, int64_t value, const char *dataset
 }
 
 /* shm 0 is the message path of old: no slots at all. Slots that would
- * not fit shm_max_bytes: messages too. Thread workers share the trainer's
- * memory already: no slots. */
+ * not fit shm_max_bytes: messages too. */
 static void test_without_slots_batches_go_by_message(void **state)
 {
     (void)state;
     ft_snapshot snap;
     ft_begin(&snap, 60);
-    assert_int_equal(batches_in_slots("shm", 0, synthetic(""), DIM), 0);
+    assert_int_equal(batches_in_slots("shm", "0", synthetic(""), DIM), 0);
     assert_int_equal(read_slot_maps().n, 0);
     /* A batch is 32 x 40 + 32 x 8 bytes: one 4 KiB page, more than 4000. */
-    assert_int_equal(batches_in_slots("shm_max_bytes", 4000, synthetic(""), DIM), 0);
-    assert_true(batches_in_slots("shm_max_bytes", 4096, synthetic(""), DIM) > 0);
+    assert_int_equal(batches_in_slots("shm_max_bytes", "4000", synthetic(""), DIM), 0);
+    assert_true(batches_in_slots("shm_max_bytes", "4096", synthetic(""), DIM) > 0);
+    end_without_slots(&snap);
+}
+
+/* Thread workers write into the same slots (no message buffer per batch,
+ * no copy): every batch is a view of them, and the workers' own mappings
+ * of the slots are gone with the loader. With shm 0 they send messages. */
+static void test_thread_workers_write_into_slots_too(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    int n = 3 * ((N_ITEMS + BATCH - 1) / BATCH);
+    assert_int_equal(batches_in_slots("worker_mode", "thread", synthetic(""), DIM), n);
+    assert_int_equal(read_slot_maps().n, 0);
     ferry_config *cfg = shm_cfg(2, 4, synthetic(""));
     assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "shm", 0), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
     assert_int_equal(read_slot_maps().n, 0);
+    ft_assert_synthetic(b, DIM);
+    ferry_batch_release(b);
+    assert_int_equal(ft_stats(ld).shared, 0);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     end_without_slots(&snap);
 }
@@ -443,7 +462,7 @@ static void test_a_batch_over_max_message_goes_through_its_slot(void **state)
     ft_snapshot snap;
     ft_begin(&snap, 60);
     /* 32 x 200 + 32 x 8 bytes a batch, over the 4096 limit. */
-    int in = batches_in_slots("max_message", 4096, "synthetic:n=1000,dim=200", 200);
+    int in = batches_in_slots("max_message", "4096", "synthetic:n=1000,dim=200", 200);
     assert_int_equal(in, 3 * ((N_ITEMS + BATCH - 1) / BATCH));
     end_without_slots(&snap);
 }
@@ -458,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_a_batch_that_crashes_mid_write_is_given_up_alone),
         cmocka_unit_test(test_close_leaves_no_slot_memory_once_batches_are_released),
         cmocka_unit_test(test_without_slots_batches_go_by_message),
+        cmocka_unit_test(test_thread_workers_write_into_slots_too),
         cmocka_unit_test(test_a_batch_over_max_message_goes_through_its_slot),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;

@@ -1077,20 +1077,29 @@ int ferry__msg_check_payload(const ferry__msg *m, size_t payload_len)
  * Schemas
  */
 
+/* Field i of BATCH b as an item field: its shape without the batch dim. */
+static void batch_item_field(const ferry__batch_hdr *b, uint32_t i, ferry__item_field *o)
+{
+    const ferry__field_desc *f = &b->fields[i];
+    memcpy(o->name, f->name, sizeof o->name);
+    o->name[sizeof o->name - 1] = '\0';
+    o->dtype = f->dtype;
+    o->ndim = f->ndim < 1 ? 0 : f->ndim > FERRY_MAX_DIMS ? FERRY_MAX_DIMS - 1 : f->ndim - 1;
+    memcpy(o->shape, f->shape + 1, sizeof o->shape[0] * (size_t)o->ndim);
+}
+
+/* Bounded again, so a struct no decoder produced cannot overrun a schema. */
+static uint32_t batch_nfields(const ferry__batch_hdr *b)
+{
+    return b->nfields < FERRY_MAX_FIELDS ? b->nfields : FERRY_MAX_FIELDS;
+}
+
 void ferry__batch_schema(const ferry__batch_hdr *b, ferry__schema *out)
 {
     memset(out, 0, sizeof *out);
-    /* Bounded again, so a struct no decoder produced cannot overrun out. */
-    out->nfields = b->nfields < FERRY_MAX_FIELDS ? b->nfields : FERRY_MAX_FIELDS;
-    for (uint32_t i = 0; i < out->nfields; i++) {
-        const ferry__field_desc *f = &b->fields[i];
-        ferry__item_field *o = &out->fields[i];
-        memcpy(o->name, f->name, sizeof o->name);
-        o->name[sizeof o->name - 1] = '\0';
-        o->dtype = f->dtype;
-        o->ndim = f->ndim < 1 ? 0 : f->ndim > FERRY_MAX_DIMS ? FERRY_MAX_DIMS - 1 : f->ndim - 1;
-        memcpy(o->shape, f->shape + 1, sizeof o->shape[0] * (size_t)o->ndim);
-    }
+    out->nfields = batch_nfields(b);
+    for (uint32_t i = 0; i < out->nfields; i++)
+        batch_item_field(b, i, &out->fields[i]);
 }
 
 /* "[28, 28]", "[]" for a scalar item. */
@@ -1134,24 +1143,44 @@ static int field_diff(const ferry__item_field *w, const ferry__item_field *g, ui
     return 0;
 }
 
-int ferry__schema_diff(const ferry__schema *want, const ferry__schema *got, char *why, size_t cap)
+/* The comparison of ferry__schema_diff, with got given either as a schema
+ * or as a BATCH's fields (read one at a time: this runs for every batch,
+ * and a whole schema is 2 KB to clear and fill). */
+static int diff_fields(const ferry__schema *want, const ferry__schema *got,
+                       const ferry__batch_hdr *b, char *why, size_t cap)
 {
     uint32_t nw = want->nfields < FERRY_MAX_FIELDS ? want->nfields : FERRY_MAX_FIELDS;
-    uint32_t ng = got->nfields < FERRY_MAX_FIELDS ? got->nfields : FERRY_MAX_FIELDS;
+    uint32_t ng = got ? (got->nfields < FERRY_MAX_FIELDS ? got->nfields : FERRY_MAX_FIELDS)
+                      : batch_nfields(b);
     for (uint32_t i = 0; i < nw || i < ng; i++) {
         if (i >= ng) {
             snprintf(why, cap, "field %" PRIu32 " '%s' is missing", i, want->fields[i].name);
             return 1;
         }
+        ferry__item_field one;
+        const ferry__item_field *g = got ? &got->fields[i] : &one;
+        if (!got)
+            batch_item_field(b, i, &one);
         if (i >= nw) {
             snprintf(why, cap, "field %" PRIu32 " '%s' is extra: %" PRIu32 " fields expected", i,
-                     got->fields[i].name, nw);
+                     g->name, nw);
             return 1;
         }
-        if (field_diff(&want->fields[i], &got->fields[i], i, why, cap))
+        if (field_diff(&want->fields[i], g, i, why, cap))
             return 1;
     }
     return 0;
+}
+
+int ferry__schema_diff(const ferry__schema *want, const ferry__schema *got, char *why, size_t cap)
+{
+    return diff_fields(want, got, NULL, why, cap);
+}
+
+int ferry__batch_schema_diff(const ferry__schema *want, const ferry__batch_hdr *b, char *why,
+                             size_t cap)
+{
+    return diff_fields(want, NULL, b, why, cap);
 }
 
 const char *ferry__msg_name(int type)

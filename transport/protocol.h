@@ -224,6 +224,11 @@ void ferry__batch_schema(const ferry__batch_hdr *b, ferry__schema *out);
  * schema's is i64"). */
 int ferry__schema_diff(const ferry__schema *want, const ferry__schema *got, char *why, size_t cap);
 
+/* ferry__schema_diff(want, the schema of BATCH b's fields), without
+ * building that schema. */
+int ferry__batch_schema_diff(const ferry__schema *want, const ferry__batch_hdr *b, char *why,
+                             size_t cap);
+
 /* Name of a message type for logs ("TASK"), "?" if unknown. */
 const char *ferry__msg_name(int type);
 

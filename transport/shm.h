@@ -1,8 +1,8 @@
 /*
  * shm.h - the loader's pool of shared-memory batch slots.
  *
- * Position in the data flow: between the local process workers and the
- * trainer. Instead of sending a batch's bytes through a socket, a local
+ * Position in the data flow: between the local workers (processes, and
+ * threads, which map the same memfd again) and the trainer. Instead of sending a batch's bytes through a socket, a local
  * worker writes them straight into a slot of memory it shares with the
  * loader; the BATCH message carries only the header, and the trainer's
  * batch is a view of the slot until it is released. The memory is one

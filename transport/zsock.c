@@ -71,9 +71,13 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
     zmq_msg_t f;
     int rc;
 
+    if (recv_frame(sock, &f, flags) != 0) {
+        /* Nothing queued is the common answer of a drain: no text for it. */
+        if (errno == EAGAIN)
+            return FERRY_EAGAIN;
+        return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
+    }
     if (ident) {
-        if (recv_frame(sock, &f, flags) != 0)
-            return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
         ident->len = zmq_msg_size(&f) < FERRY__IDENT_MAX ? zmq_msg_size(&f) : FERRY__IDENT_MAX;
         memcpy(ident->id, zmq_msg_data(&f), ident->len);
         zmq_msg_close(&f);
@@ -81,11 +85,9 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
         flags = 0;
         if (!has_more(sock))
             return ferry__seterr(FERRY_EPROTO, "message has no header frame");
-    }
+        if (recv_frame(sock, &f, flags) != 0)
+            return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
 
-    if (recv_frame(sock, &f, flags) != 0)
-        return ferry__seterr(FERRY_ESYS, "receiving: %s", zmq_strerror(errno));
-    if (ident) {
         /* Set by libzmq on every frame that came off an authenticated
          * connection (the routing id frame is the ROUTER's own). */
         const char *user = zmq_msg_gets(&f, "User-Id");

@@ -42,7 +42,8 @@ int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m
  * and is then the caller's to close. Returns FERRY_OK; FERRY_EPROTO for a
  * malformed message (wrong frame count, bad header, payload not matching the
  * header; all frames consumed, ident still filled when there was one);
- * FERRY_ESYS with errno (EAGAIN with ZMQ_DONTWAIT when nothing is waiting). */
+ * FERRY_EAGAIN, with no error text set, when ZMQ_DONTWAIT found nothing
+ * waiting; FERRY_ESYS with errno otherwise. */
 int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload,
                       int flags);
 
