@@ -227,10 +227,15 @@ static void maybe_start(ferry__scheduler *s, uint32_t ready)
 
 /* The batch slots, sized from the schema the first READY fixed: each
  * holds a full batch laid out as the worker lays it out (every field from
- * a 64-byte boundary), and there are twice the window's worth: the
- * window's batches, and as many again in the trainer's hands. Fewer when
- * shm_max_bytes says so; none when not even one fits, or the memory is not
- * there: batches then go by message, as they would from a remote worker. */
+ * a 64-byte boundary), and there are as many as fit shm_max_bytes (at most
+ * SLOTS_MAX). A slot's memory is allocated only when a batch is first
+ * written into it, and the slot given next is always the one freed last,
+ * so the memory used grows with what is in flight and in the trainer's
+ * hands (the window plus what the trainer keeps), never past
+ * shm_max_bytes. None when not even one fits, or the memory cannot be
+ * mapped: batches then go by message, as they would from a remote
+ * worker. */
+#define SLOTS_MAX 4096
 static void size_slots(ferry__scheduler *s)
 {
     uint64_t bytes = 0;
@@ -243,9 +248,8 @@ static void size_slots(ferry__scheduler *s)
         bytes += FERRY__ROUND_UP(item * (uint64_t)s->cfg.batch_size, FERRY__FIELD_ALIGN);
     }
     bytes = FERRY__ROUND_UP(bytes, FERRY__SHM_SLOT_ALIGN);
-    uint64_t want = 2 * (uint64_t)ferry__config_prefetch(&s->cfg);
     uint64_t fit = (uint64_t)s->cfg.shm_max_bytes / bytes;
-    uint32_t n = (uint32_t)(want < fit ? want : fit);
+    uint32_t n = (uint32_t)(fit < SLOTS_MAX ? fit : SLOTS_MAX);
     if (n == 0) {
         ferry__logf(&s->log, FERRY_LOG_INFO,
                     "a batch takes %llu bytes, more than shm_max_bytes %lld: batches go by "

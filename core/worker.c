@@ -74,6 +74,8 @@ typedef struct worker_session {
     size_t indices_cap;
     unsigned char *shm_base; /* the batch slots as mapped here (o->shm_fd), or NULL */
     size_t shm_len;
+    unsigned char *shm_seen; /* per slot: mapped here in one go already */
+    size_t shm_nseen;
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } worker_session;
@@ -344,12 +346,47 @@ static int lay_out_batch(worker_session *w, const ferry__task *t, size_t total, 
     return FERRY_OK;
 }
 
+/* The first time this worker is given room in slot number k (the room's
+ * offset over its size), the room's pages are allocated and mapped in one
+ * call rather than faulted in one by one as the batch is written (the
+ * loader leaves a slot's memory to the worker that first writes into it).
+ * 0, or -1 when the memory is not there: that batch goes by message, and
+ * the room is tried again next time. A kernel without MADV_POPULATE_WRITE
+ * (before 5.14) faults the pages in as they are written. */
+static int populate_room(worker_session *w, const ferry__task *t, unsigned char *room)
+{
+#ifdef MADV_POPULATE_WRITE
+    if (t->shm_offset % t->shm_bytes)
+        return 0;
+    uint64_t k = t->shm_offset / t->shm_bytes;
+    if (k >= w->shm_nseen) {
+        size_t n = (size_t)(w->shm_len / t->shm_bytes) + 1;
+        unsigned char *seen = realloc(w->shm_seen, n);
+        if (!seen || k >= n)
+            return 0;
+        memset(seen + w->shm_nseen, 0, n - w->shm_nseen);
+        w->shm_seen = seen;
+        w->shm_nseen = n;
+    }
+    if (w->shm_seen[k])
+        return 0;
+    if (madvise(room, (size_t)t->shm_bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+        return -1;
+    w->shm_seen[k] = 1;
+#else
+    (void)w;
+    (void)t;
+    (void)room;
+#endif
+    return 0;
+}
+
 /* Where task t's batch goes in the shared batch slots, or NULL when it
  * goes in a payload frame: the task names no room, this worker has no
  * slots, or the room is too small for the batch. The slots are mapped
- * whole, every page faulted in, the first time a task names room in them,
- * and again only when a task names room past what is mapped (the loader
- * grew the memory). */
+ * whole the first time a task names room in them, and again only when a
+ * task names room past what is mapped (the loader grew the memory); each
+ * room's pages are mapped the first time it is given (populate_room). */
 static unsigned char *shm_room(worker_session *w, const ferry__task *t)
 {
     int fd = w->o->shm_fd;
@@ -364,8 +401,11 @@ static unsigned char *shm_room(worker_session *w, const ferry__task *t)
             munmap(w->shm_base, w->shm_len);
         w->shm_base = NULL;
         w->shm_len = 0;
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                       fd, 0);
+        /* A new mapping: no room is mapped in it yet. */
+        free(w->shm_seen);
+        w->shm_seen = NULL;
+        w->shm_nseen = 0;
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "ferry-worker: mapping the batch slots: %s; batches go by message\n",
                     strerror(errno));
@@ -377,7 +417,7 @@ static unsigned char *shm_room(worker_session *w, const ferry__task *t)
     unsigned char *room = w->shm_base + t->shm_offset;
     if (lead_of(room) + fields_bytes(w, t->count) > t->shm_bytes)
         return NULL;
-    return room;
+    return populate_room(w, t, room) == 0 ? room : NULL;
 }
 
 /* The task's indices, out of its payload into w->indices. FERRY_ENOMEM
@@ -774,6 +814,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
     pthread_mutex_destroy(&w->sock_mu);
     if (w->shm_base)
         munmap(w->shm_base, w->shm_len);
+    free(w->shm_seen);
     free(w->indices);
     free(w);
     return rc;

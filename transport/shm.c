@@ -25,6 +25,7 @@ typedef struct shm_slot {
     ferry__shm *m;  /* the backing context handed out: &slots[i] */
     uint32_t owner; /* SLOT_GIVEN: the worker it was given to */
     uint8_t state;
+    uint8_t ready; /* its memory is mapped here (scheduler thread only) */
 } shm_slot;
 
 struct ferry__shm {
@@ -78,19 +79,21 @@ int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots)
         free(fr);
         return ferry__seterr(FERRY_ENOMEM, "out of memory for %u batch slots", nslots);
     }
-    /* fallocate, unlike ftruncate, finds out now (ENOSPC) rather than
-     * with a SIGBUS in a worker when the memory is not there. */
-    int e = posix_fallocate(m->fd, 0, (off_t)total);
+    /* Sparse: a slot's memory is allocated by the worker that first writes
+     * a batch into it (and mapped here when that batch arrives), so opening
+     * a loader with large batches waits for no slot, and the first batch
+     * only for its own. */
+    int e = ftruncate(m->fd, (off_t)total) == 0 ? 0 : errno;
     void *base = MAP_FAILED;
     if (e == 0) {
-        base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m->fd, 0);
+        base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
         if (base == MAP_FAILED)
             e = errno;
     }
     if (e != 0) {
         free(slots);
         free(fr);
-        int ignored = ftruncate(m->fd, 0); /* gives back what fallocate got */
+        int ignored = ftruncate(m->fd, 0);
         (void)ignored;
         return ferry__seterr(FERRY_ESYS, "%u batch slots of %zu bytes in shared memory: %s", nslots,
                              slot_bytes, strerror(e));
@@ -120,6 +123,13 @@ uint32_t ferry__shm_nslots(const ferry__shm *m)
     return m->nslots;
 }
 
+/* Under mu: slot goes back on the free stack. */
+static void put_free(ferry__shm *m, int32_t slot)
+{
+    m->slots[slot].state = SLOT_FREE;
+    m->free[m->nfree++] = slot;
+}
+
 int32_t ferry__shm_give(ferry__shm *m, uint32_t owner)
 {
     int32_t slot = -1;
@@ -131,13 +141,6 @@ int32_t ferry__shm_give(ferry__shm *m, uint32_t owner)
     }
     pthread_mutex_unlock(&m->mu);
     return slot;
-}
-
-/* Under mu: slot goes back on the free stack. */
-static void put_free(ferry__shm *m, int32_t slot)
-{
-    m->slots[slot].state = SLOT_FREE;
-    m->free[m->nfree++] = slot;
 }
 
 void ferry__shm_take_back(ferry__shm *m, int32_t slot)
@@ -174,6 +177,16 @@ void *ferry__shm_data(const ferry__shm *m, int32_t slot)
 
 void *ferry__shm_hold(ferry__shm *m, int32_t slot)
 {
+    /* The first batch in a slot: the worker has allocated its memory by
+     * writing it; map it here in one call, so the trainer reading this or
+     * any later batch in the slot never faults on it. Best effort (before
+     * Linux 5.14 the trainer's first reads fault the pages in). */
+    if (!m->slots[slot].ready) {
+#ifdef MADV_POPULATE_READ
+        (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_POPULATE_READ);
+#endif
+        m->slots[slot].ready = 1;
+    }
     pthread_mutex_lock(&m->mu);
     m->slots[slot].state = SLOT_HELD;
     m->held++;

@@ -23,9 +23,10 @@
  * closed and every held slot is back, so a batch outlives both the worker
  * that wrote it and the loader (ferry_loader_close's promise).
  *
- * Steady state costs nothing per batch: slots are reused, their pages were
- * faulted in once when the pool was sized (MAP_POPULATE), and holding or
- * releasing one allocates nothing.
+ * Steady state costs nothing per batch: slots are reused, each slot's
+ * memory is allocated and mapped once, when the first batch is written
+ * into it (so sizing is instant and the first batch waits for its own slot
+ * only), and holding or releasing one allocates nothing.
  *
  * Thread safety: one mutex; ferry__shm_release from any thread, the rest
  * from the scheduler thread.
@@ -50,10 +51,10 @@ int ferry__shm_new(ferry__shm **out);
 int ferry__shm_fd(const ferry__shm *m);
 
 /* Sizes the pool once: nslots slots of slot_bytes (rounded up to
- * FERRY__SHM_SLOT_ALIGN) each, every page faulted in now. FERRY_EINVAL if
- * already sized or 0 slots, FERRY_ESYS (with errno detail) when the memfd
- * cannot be grown or mapped; the pool stays unsized then and is still
- * usable as one that gives no slots. */
+ * FERRY__SHM_SLOT_ALIGN) each, memory allocated slot by slot as the
+ * workers first write into them. FERRY_EINVAL if already sized or 0 slots, FERRY_ESYS (with errno
+ * detail) when the memfd cannot be grown or mapped; the pool stays unsized
+ * then and is still usable as one that gives no slots. */
 int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots);
 
 /* The bytes of each slot (0 while unsized) and their number. */
@@ -79,7 +80,8 @@ void *ferry__shm_data(const ferry__shm *m, int32_t slot);
 
 /* Given slot `slot` now backs a batch: returns the context to pass to
  * ferry__shm_release (a ferry__batch_backing's release) when the batch
- * goes. Never fails, allocates nothing. */
+ * goes. Never fails, allocates nothing; the first time, maps the slot's
+ * pages here. Scheduler thread. */
 void *ferry__shm_hold(ferry__shm *m, int32_t slot);
 void ferry__shm_release(void *held);
 
