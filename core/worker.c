@@ -10,8 +10,9 @@
  * worker's options): the fields
  * go there, the BATCH says shm and carries an empty payload frame, and the
  * trainer reads the slot itself, so a batch is never copied at all. The
- * slots are mapped once (and again only should the memory grow), with
- * every page faulted in, so a batch costs no mapping and no page fault.
+ * slots are mapped once (and again only should the memory grow), and each
+ * slot's pages in one call the first time this worker writes into it, so
+ * a batch in steady state costs no mapping and no page fault.
  *
  * Field placement: every field starts at a 64-byte boundary counted from a
  * lead offset. The lead is chosen so the field lands 64-byte aligned in this
