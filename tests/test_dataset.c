@@ -612,6 +612,73 @@ static void test_npy_gathers_rows_from_several_files(void **state)
     ft_end(&s);
 }
 
+/* Rows of 64 KiB or more are pread from the file, not copied out of a
+ * mapping: the same bytes come back, the fd is held only while the dataset
+ * is open, and a file cut short after open fails the batch that reaches
+ * past its end with FERRY_EDATASET naming the item and the file (copying
+ * out of a mapping there would kill the worker with SIGBUS). */
+static void test_npy_large_rows_are_read_and_a_shrunk_file_is_an_error(void **state)
+{
+    enum { ROWS = 5, ROW = 70000 };
+    ft_snapshot s;
+    ferry__dataset ds;
+    ferry_dataset_error err;
+    char pimg[300], plbl[300], spec[700];
+    static uint8_t img[ROWS][ROW];
+    int32_t lbl[ROWS];
+    const uint64_t idx[] = {4, 0, 2, 2, 1};
+    bufs b;
+
+    ft_begin(&s, 30);
+    for (int i = 0; i < ROWS; i++) {
+        for (int k = 0; k < ROW; k++)
+            img[i][k] = (uint8_t)(i * 31 + k * 7 + k / 4096);
+        lbl[i] = 100 + i;
+    }
+    snprintf(pimg, sizeof pimg, "%s/img.npy", s.tmpdir);
+    snprintf(plbl, sizeof plbl, "%s/lbl.npy", s.tmpdir);
+    ft_write_npy(pimg, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (5, 70000), }", img,
+                 sizeof img);
+    ft_write_npy(plbl, 1, "{'descr': '<i4', 'fortran_order': False, 'shape': (5,), }", lbl,
+                 sizeof lbl);
+    snprintf(spec, sizeof spec, "npy:%s,%s", pimg, plbl);
+
+    int fds = ft_count_fds();
+    open_ok(&ds, spec);
+    assert_int_equal(ft_count_fds(), fds + 1); /* img's, for pread; lbl's is closed */
+    get_ok(&ds, 0, 0, idx, 5, &b);
+    for (int k = 0; k < 5; k++) {
+        assert_memory_equal((char *)b.dst[0] + (size_t)k * ROW, img[idx[k]], ROW);
+        assert_memory_equal((char *)b.dst[1] + k * 4, &lbl[idx[k]], 4);
+    }
+    bufs_free(&b);
+
+    /* Cut inside item 3: items 0..2 still read, a batch with 3 fails. */
+    struct stat st;
+    assert_int_equal(stat(pimg, &st), 0);
+    off_t data = st.st_size - (off_t)sizeof img;
+    assert_int_equal(truncate(pimg, data + 3 * ROW + ROW / 2), 0);
+    const uint64_t before[] = {2, 0};
+    get_ok(&ds, 0, 0, before, 2, &b);
+    assert_memory_equal(b.dst[0], img[2], ROW);
+    bufs_free(&b);
+    const uint64_t past[] = {1, 3};
+    int rc = get_batch(&ds, 0, 0, past, 2, &b, &err);
+    assert_int_equal(rc, FERRY_EDATASET);
+    assert_int_equal(err.index, 3);
+    assert_non_null(strstr(err.message, "item 3"));
+    assert_non_null(strstr(err.message, pimg));
+    assert_non_null(strstr(err.message, "truncated"));
+    bufs_free(&b);
+
+    ferry__dataset_close(&ds);
+    assert_int_equal(ft_count_fds(), fds);
+    assert_int_equal(count_maps(s.tmpdir), 0);
+    unlink(pimg);
+    unlink(plbl);
+    ft_end(&s);
+}
+
 static void test_npy_accepts_every_supported_dtype(void **state)
 {
     static const char *const descrs[] = {"|u1", "|i1", "|b1", "<u2", "<i2", "<u4", "<i4",
@@ -1038,6 +1105,7 @@ int main(void)
         cmocka_unit_test(test_synthetic_bad_specs_name_the_key),
         cmocka_unit_test(test_synthetic_builds_mnist_sized_epoch_fast),
         cmocka_unit_test(test_npy_gathers_rows_from_several_files),
+        cmocka_unit_test(test_npy_large_rows_are_read_and_a_shrunk_file_is_an_error),
         cmocka_unit_test(test_npy_accepts_every_supported_dtype),
         cmocka_unit_test(test_npy_corrupt_files_fail_with_code_and_path),
         cmocka_unit_test(test_npy_files_must_agree_and_exist),
