@@ -11,7 +11,7 @@
  * and an open that yields a ferry_dataset_ops table + handle, the same table
  * a plugin exports:
  *   synthetic  item i's bytes are a function of i (tests, benchmarks);
- *   npy        .npy files mapped read-only, one field per file;
+ *   npy        .npy files, read-only, one field per file;
  *   plugin     a shared object exporting ferry_dataset_plugin().
  * This file holds their registry and does not trust any of them: after open
  * it validates the schema (so a batch's sizes can be computed without

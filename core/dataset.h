@@ -4,7 +4,7 @@
  * Position in the data flow: inside the worker loop, which calls
  * ferry__dataset_get_batch for each TASK. Specs:
  *   synthetic:KEY=VAL,...   built-in, item i's bytes are a function of i
- *   npy:PATH[,PATH...]      .npy files mapped read-only, one field per file
+ *   npy:PATH[,PATH...]      .npy files (read-only), one field per file
  *   plugin:PATH[?ARGS]      a shared object exporting ferry_dataset_plugin()
  * Each kind is a ferry_dataset_ops table (the plugin ABI in
  * include/ferry_dataset.h); built-ins use the same table shape. The kinds

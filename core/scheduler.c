@@ -81,17 +81,44 @@ static sched_worker *pick_worker(ferry__scheduler *s)
     return best;
 }
 
+/* A free batch slot for a task to local worker w, or -1 when there is
+ * none. Running out is said once per run of tasks without a slot, and at
+ * most once a minute: the batches still come (by message), but the trainer
+ * should know that it holds what shm_max_bytes allows, or that the limit is
+ * below the window. */
+#define SLOTS_WARN_EVERY_MS 60000
+static int32_t give_slot(ferry__scheduler *s, const sched_worker *w)
+{
+    int32_t slot = ferry__shm_give(s->shm, w->p.index);
+    if (slot >= 0 || !ferry__shm_nslots(s->shm)) {
+        s->slots_out = 0;
+        return slot;
+    }
+    uint64_t now = ferry__now_ms();
+    if (!s->slots_out &&
+        (!s->slots_warned_ms || now - s->slots_warned_ms >= SLOTS_WARN_EVERY_MS)) {
+        s->slots_warned_ms = now;
+        ferry__logf(&s->log, FERRY_LOG_WARN,
+                    "all %u batch slots (shm_max_bytes %lld) are in flight or held by the "
+                    "trainer: batches come by message until it releases some (release batches "
+                    "sooner, or raise shm_max_bytes)",
+                    ferry__shm_nslots(s->shm), (long long)s->cfg.shm_max_bytes);
+    }
+    s->slots_out = 1;
+    return -1;
+}
+
 /* Sends task e to w, with a free batch slot when w is local (a process
- * or a thread) and one is free: with none (all held by the trainer, say) the batch comes
- * back by message, so a trainer that keeps batches never stalls the
- * stream. e->shm_slot says which slot went, -1 none. */
+ * or a thread) and one is free: with none (all held by the trainer, say)
+ * the batch comes back by message, so a trainer that keeps batches never
+ * stalls the stream. e->shm_slot says which slot went, -1 none. */
 static int send_task(ferry__scheduler *s, ferry__window_entry *e, sched_worker *w)
 {
     zmq_msg_t p;
     if (zmq_msg_init_size(&p, (size_t)e->t.count * 8) != 0)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for a task");
     ferry__indices_pack(e->indices, e->t.count, zmq_msg_data(&p));
-    e->shm_slot = s->shm && !w->p.remote ? ferry__shm_give(s->shm, w->p.index) : -1;
+    e->shm_slot = s->shm && !w->p.remote ? give_slot(s, w) : -1;
     s->out.type = FERRY__MSG_TASK;
     s->out.u.task = (ferry__task){.id = e->id,
                                   .epoch = e->t.epoch,

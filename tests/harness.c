@@ -631,3 +631,25 @@ void ft_write_npy(const char *path, int version, const char *dict, const void *d
         assert_int_equal(fwrite(data, 1, len, f), len);
     assert_int_equal(fclose(f), 0);
 }
+
+void ft_capture_log(void *user, int level, const char *message)
+{
+    ft_log_capture *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (c->n < 64) {
+        c->level[c->n] = level;
+        snprintf(c->line[c->n], sizeof c->line[0], "%s", message);
+        c->n++;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int ft_count_log(ft_log_capture *c, int level, const char *words)
+{
+    int n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        n += c->level[i] == level && strstr(c->line[i], words) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}

@@ -25,6 +25,7 @@
 #ifndef FERRY_TEST_HARNESS_H
 #define FERRY_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -171,6 +172,18 @@ ferry_config *ft_config(const char *dataset, int workers, int batch_size);
 ferry_loader *ft_open_ok(ferry_config *cfg);
 /* ferry_loader_close must return FERRY_OK within `ms`. */
 void ft_close_within(ferry_loader *ld, uint64_t ms);
+
+/* What a log callback (ferry_config_set_log) is handed: the first 64
+ * messages, in order. Pass ft_capture_log with a pointer to one. */
+typedef struct ft_log_capture {
+    pthread_mutex_t mu;
+    int n;
+    int level[64];
+    char line[64][1024];
+} ft_log_capture;
+void ft_capture_log(void *user, int level, const char *message);
+/* Messages at `level` holding `words`. */
+int ft_count_log(ft_log_capture *c, int level, const char *words);
 
 ferry_stats ft_stats(ferry_loader *ld);
 typedef int (*ft_stats_pred)(const ferry_stats *st, uint64_t arg);

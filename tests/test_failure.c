@@ -213,37 +213,6 @@ static void test_restart_replaces_killed_workers_and_loses_nothing(void **state)
     ft_end(&snap);
 }
 
-/* What a log callback is handed: every message, in order. */
-typedef struct log_capture {
-    pthread_mutex_t mu;
-    int n;
-    int level[64];
-    char line[64][1024];
-} log_capture;
-
-static void capture_log(void *user, int level, const char *message)
-{
-    log_capture *c = user;
-    pthread_mutex_lock(&c->mu);
-    if (c->n < 64) {
-        c->level[c->n] = level;
-        snprintf(c->line[c->n], sizeof c->line[0], "%s", message);
-        c->n++;
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Messages at `level` holding `words`. */
-static int count_lines(log_capture *c, int level, const char *words)
-{
-    int n = 0;
-    pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < c->n; i++)
-        n += c->level[i] == level && strstr(c->line[i], words) != NULL;
-    pthread_mutex_unlock(&c->mu);
-    return n;
-}
-
 /* With a log callback, a worker's death and its replacement are one
  * message at warning level, naming the worker, its pid and the signal;
  * debug level adds one line per worker that becomes ready; and the loader
@@ -253,7 +222,7 @@ static void test_log_callback_gets_one_message_per_death(void **state)
     (void)state;
     ft_snapshot snap;
     ft_begin(&snap, 30);
-    static log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
     cap.n = 0;
     fflush(stderr);
     int saved = dup(STDERR_FILENO);
@@ -262,11 +231,11 @@ static void test_log_callback_gets_one_message_per_death(void **state)
     assert_int_equal(dup2(fileno(err), STDERR_FILENO), STDERR_FILENO);
 
     ferry_config *cfg = make_cfg(2, 20, "synthetic:n=400,dim=24,cost_us=50");
-    assert_int_equal(ferry_config_set_log(cfg, capture_log, &cap), FERRY_OK);
+    assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
     assert_int_equal(ferry_config_set(cfg, "log_level", "debug"), FERRY_OK);
     ferry_config_set_int(cfg, "epochs", 2);
     ferry_loader *ld = ft_open_ok(cfg);
-    assert_int_equal(count_lines(&cap, FERRY_LOG_DEBUG, "is ready"), 2);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_DEBUG, "is ready"), 2);
     int pid = worker_pid(ld, 1);
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_int_equal(consume_in_order(ld, NULL), 2 * 20);
@@ -289,10 +258,10 @@ static void test_log_callback_gets_one_message_per_death(void **state)
 
     char want[96];
     snprintf(want, sizeof want, "worker 1 (pid %d) was killed by signal SIGKILL", pid);
-    assert_int_equal(count_lines(&cap, FERRY_LOG_WARN, want), 1);
-    assert_int_equal(count_lines(&cap, FERRY_LOG_WARN, "starting a replacement"), 1);
-    assert_int_equal(count_lines(&cap, FERRY_LOG_WARN, ""), 1);
-    assert_int_equal(count_lines(&cap, FERRY_LOG_DEBUG, "is ready"), 3);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, want), 1);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "starting a replacement"), 1);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, ""), 1);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_DEBUG, "is ready"), 3);
     ft_end(&snap);
 }
 
@@ -310,7 +279,7 @@ static void test_log_levels_are_named(void **state)
     assert_null(ferry_log_level_name(25));
     FT_EXPECT_ERROR(ferry_config_set(cfg, "log_level", "verbose"), FERRY_EINVAL, "log_level",
                     "warning", NULL);
-    assert_int_equal(ferry_config_set_log(NULL, capture_log, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_config_set_log(NULL, ft_capture_log, NULL), FERRY_EINVAL);
     assert_int_equal(ferry_config_set_log(cfg, NULL, NULL), FERRY_OK);
     ferry_config_free(cfg);
 }

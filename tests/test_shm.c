@@ -246,16 +246,19 @@ static void release_kept(ferry_batch **kept, int n)
 
 /* A trainer that keeps every batch it gets takes all the slots (4 here:
  * a batch takes one 4 KiB page): the stream does not stall, later batches
- * come by message, each intact, and once the trainer lets go they are in
- * slots again. */
+ * come by message, each intact, one warning says why and what to change,
+ * and once the trainer lets go they are in slots again. */
 static void test_a_trainer_keeping_every_slot_gets_batches_by_message(void **state)
 {
     (void)state;
     ft_snapshot snap;
     ft_begin(&snap, 60);
+    static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    cap.n = 0;
     ferry_config *cfg = shm_cfg(2, 2, synthetic(""));
     assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "shm_max_bytes", 4 * 4096), FERRY_OK);
+    assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
     slot_maps m = read_slot_maps();
     ft_stream c;
@@ -266,6 +269,10 @@ static void test_a_trainer_keeping_every_slot_gets_batches_by_message(void **sta
     /* 4 slots: the first batches took them; no slot is given twice. */
     assert_true(in_shm >= 1 && in_shm <= 4);
     assert_false(in_slots(&m, kept[KEEP - 1]));
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "all 4 batch slots (shm_max_bytes 16384) "
+                                                        "are in flight or held by the trainer"),
+                     1);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, ""), 1);
     release_kept(kept, KEEP);
     /* Slots again, once the window has turned over. */
     ferry_batch *b;
