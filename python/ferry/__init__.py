@@ -236,23 +236,35 @@ class _Epoch:
             self._done = bool(last)
             return
         ld._seen += 1
-        if ld._seen >= len(ld):
+        if ld._seen >= ld._len[1]:
             ld._seen = 0
             self._done = True
 
     def __next__(self):
         if self._done:
             raise StopIteration
+        ld = self._loader
         try:
-            b = self._loader._next(None)
+            b = ld._next(None)
         except BatchError as e:
-            last = e.batch_in_epoch is not None and e.batch_in_epoch + 1 >= len(self._loader)
+            last = e.batch_in_epoch is not None and e.batch_in_epoch + 1 >= len(ld)
             self._count(last)
             raise
         if b is None:
             self._done = True
             raise StopIteration
-        self._count(b.last_in_epoch)
+        # _count inlined, reading the C batch's flag: between next()
+        # returning and the batch reaching the for loop, no Python function
+        # may be called, since a signal handler runs at a call and the
+        # KeyboardInterrupt it raises would drop a batch ferry has counted.
+        if ld._in_order:
+            ld._seen = 0
+            self._done = b._b.last_in_epoch
+        else:
+            ld._seen += 1
+            if ld._seen >= ld._len[1]:
+                ld._seen = 0
+                self._done = True
         return b
 
 
@@ -345,6 +357,7 @@ class Loader:
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
         c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None, self._log)
         c.max_held = self._max_held
+        c.wrap = Batch  # made by the C side inside next() (see _next)
         return c
 
     def _adopt(self, c):
@@ -360,10 +373,11 @@ class Loader:
 
     # -- iteration
     def _next(self, timeout):
+        """The next ferry.Batch (the C side makes it), or None at the end.
+        Nothing but returns may follow the C call (see _Epoch.__next__)."""
         c = self._live()
         ms = None if timeout is None else _seconds("next(): timeout", timeout)
-        b = c.next(-1 if ms is None else ms)
-        return None if b is None else Batch(b)
+        return c.next(-1 if ms is None else ms)
 
     def __iter__(self):
         return _Epoch(self)

@@ -4,7 +4,11 @@
  * A Loader wraps one ferry_loader. next() releases the GIL while it waits,
  * in slices of at most SLICE_MS, and checks for signals between slices, so
  * Ctrl-C raises KeyboardInterrupt within about SLICE_MS however long the
- * batch takes. A Batch owns one ferry_batch; each field is handed out as a
+ * batch takes. A batch (or a per-batch failure) that arrives with a signal
+ * pending is not dropped: signals are checked once more after the wait, and
+ * when the handler raises, what arrived stays pending in the Loader, is
+ * handed over first by the next call, and is not counted by state() until
+ * then. A Batch owns one ferry_batch; each field is handed out as a
  * View, an object with the buffer protocol whose memory is the batch's (no
  * copy). numpy arrays made from a View keep it alive, and it keeps the
  * Batch alive: the batch's memory goes back when the last array made from
@@ -66,6 +70,19 @@ typedef struct {
     held_count *held; /* batches of this loader still alive */
     long max_held;    /* next() refuses while this many are alive; 0: no limit */
     pid_t owner;      /* the process that opened it */
+    PyObject *wrap;   /* makes what next() returns from a Batch (ferry.Batch); NULL, None: none */
+    int in_order;     /* the loader has a stream position (state() works) */
+    /* What next() took from ferry but could not hand over because a signal
+     * handler raised first (Ctrl-C): a batch, or a per-batch failure's code
+     * and message. The next call hands it over before waiting again. */
+    PyObject *pending;
+    int pending_rc;
+    char *pending_msg;
+    /* state() while something is pending: the position before it, taken
+     * before each wait (ferry counts a result as delivered when it returns
+     * it, but the trainer has not had this one). */
+    char before[FERRY_STATE_MAX];
+    size_t before_len;
 } LoaderObject;
 
 typedef struct {
@@ -411,6 +428,13 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
         self->owner = getpid();
         drain_log(self);
     }
+    if (rc == FERRY_OK) {
+        /* ferry_loader_state() works exactly when the loader is in order
+         * (ferry.h): the C library's reading of the option, asked once. */
+        size_t len;
+        self->in_order = ferry_loader_state(self->ld, self->before, sizeof self->before, &len) ==
+                         FERRY_OK;
+    }
     ferry_config_free(cfg);
     if (rc == -1000)
         goto fail;
@@ -456,6 +480,9 @@ static void close_loader(LoaderObject *self)
 {
     ferry_loader *ld = self->ld;
     self->ld = NULL;
+    Py_CLEAR(self->pending);
+    free(self->pending_msg);
+    self->pending_msg = NULL;
     if (!ld || getpid() != self->owner)
         return;
     self->busy = 1;
@@ -469,6 +496,7 @@ static void loader_dealloc(LoaderObject *self)
     close_loader(self);
     /* In a forked child the queue is a copy nobody writes to. */
     free_log(self);
+    Py_CLEAR(self->wrap);
     held_drop(self->held);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -480,9 +508,55 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* next(timeout_ms=-1) -> Batch, or None at the end of the stream. Raises
- * the loader's error (ferry.BatchError and the like), ferry.Timeout when
- * timeout_ms passed with no batch, or KeyboardInterrupt. */
+/* Hands over what next() took from ferry: the batch, through `wrap`, or the
+ * failure, raised. When a signal handler raises first (in `wrap`, or in the
+ * check after it) the result stays pending and NULL is returned with the
+ * handler's exception; otherwise pending is cleared. Called with busy set,
+ * so a handler that calls next() gets the RuntimeError of usable(). */
+static PyObject *hand_over(LoaderObject *self)
+{
+    if (self->pending) {
+        PyObject *out = self->pending;
+        if (self->wrap && self->wrap != Py_None)
+            out = PyObject_CallOneArg(self->wrap, self->pending);
+        else
+            Py_INCREF(out);
+        if (out && PyErr_CheckSignals() < 0)
+            Py_CLEAR(out);
+        if (out)
+            Py_CLEAR(self->pending);
+        return out;
+    }
+    PyObject *error = ferry_py_import_attr("ferry._errors", "Error");
+    if (!error)
+        return NULL;
+    ferry_py_raise(self->pending_rc, self->pending_msg);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    /* Building the exception runs Python code, where a handler may raise
+     * instead. */
+    int made = type && PyErr_GivenExceptionMatches(type, error);
+    Py_DECREF(error);
+    if (made && PyErr_CheckSignals() < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    if (made) {
+        free(self->pending_msg);
+        self->pending_msg = NULL;
+        self->pending_rc = 0;
+    }
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
+/* next(timeout_ms=-1) -> Batch (through wrap), or None at the end of the
+ * stream. Raises the loader's error (ferry.BatchError and the like),
+ * ferry.Timeout when timeout_ms passed with no batch, or what a signal
+ * handler raised (KeyboardInterrupt); in that last case a batch or failure
+ * that had arrived is handed over by the next call. */
 static PyObject *loader_next(LoaderObject *self, PyObject *args)
 {
     long long timeout_ms = -1;
@@ -491,6 +565,12 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
     ferry_loader *ld = usable(self);
     if (!ld)
         return NULL;
+    if (self->pending || self->pending_msg) {
+        self->busy = 1;
+        PyObject *out = hand_over(self);
+        self->busy = 0;
+        return out;
+    }
     if (self->max_held > 0 && self->held->live >= self->max_held) {
         char msg[400];
         snprintf(msg, sizeof msg,
@@ -500,6 +580,9 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
                  self->held->live);
         return ferry_py_raise(FERRY_ELIMIT, msg);
     }
+    if (self->in_order &&
+        ferry_loader_state(ld, self->before, sizeof self->before, &self->before_len) != FERRY_OK)
+        return ferry_py_raise(FERRY_ESTATE, ferry_last_error());
     int64_t start = now_ms();
     ferry_batch *b = NULL;
     int rc;
@@ -521,23 +604,40 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
         if (timeout_ms >= 0 && slice < SLICE_MS)
             break; /* the caller's time is up */
     }
-    self->busy = 0;
-    if (rc == FERRY_EOF)
-        Py_RETURN_NONE;
-    if (rc != FERRY_OK)
+    if (rc == FERRY_OK) {
+        BatchObject *bo = PyObject_New(BatchObject, &BatchType);
+        if (!bo) {
+            ferry_batch_release(b);
+            self->busy = 0;
+            return NULL;
+        }
+        bo->b = b;
+        ferry_batch_get_info(b, &bo->info);
+        bo->held = self->held;
+        self->held->owners++;
+        self->held->live++;
+        self->pending = (PyObject *)bo;
+    } else if (rc == FERRY_EBATCH || rc == FERRY_ERANGE) {
+        /* Per batch: ferry counts it, so it must reach the trainer. */
+        const char *msg = ferry_last_error();
+        self->pending_msg = strdup(msg ? msg : "");
+        self->pending_rc = rc;
+        if (!self->pending_msg) {
+            self->busy = 0;
+            return ferry_py_raise(rc, msg);
+        }
+    } else {
+        /* The end of the stream and the loader's own failures come again
+         * from the next call: nothing to keep. */
+        self->busy = 0;
+        if (rc == FERRY_EOF)
+            Py_RETURN_NONE;
         return ferry_py_raise(rc, rc == FERRY_EAGAIN ? "no batch was ready in time"
                                                      : ferry_last_error());
-    BatchObject *bo = PyObject_New(BatchObject, &BatchType);
-    if (!bo) {
-        ferry_batch_release(b);
-        return NULL;
     }
-    bo->b = b;
-    ferry_batch_get_info(b, &bo->info);
-    bo->held = self->held;
-    self->held->owners++;
-    self->held->live++;
-    return (PyObject *)bo;
+    PyObject *out = hand_over(self);
+    self->busy = 0;
+    return out;
 }
 
 static PyObject *loader_close(LoaderObject *self, PyObject *unused)
@@ -603,6 +703,8 @@ static PyObject *loader_state(LoaderObject *self, PyObject *unused)
     size_t len = 0;
     if (!ld)
         return NULL;
+    if (self->in_order && (self->pending || self->pending_msg))
+        return PyBytes_FromStringAndSize(self->before, (Py_ssize_t)self->before_len);
     int rc = ferry_loader_state(ld, buf, sizeof buf, &len);
     if (rc != FERRY_OK)
         return ferry_py_raise(rc, ferry_last_error());
@@ -687,6 +789,11 @@ static PyObject *loader_busy(LoaderObject *self, void *unused)
     return PyBool_FromLong(self->busy);
 }
 
+static PyObject *loader_in_order(LoaderObject *self, void *unused)
+{
+    return PyBool_FromLong(self->in_order);
+}
+
 static PyObject *loader_held(LoaderObject *self, void *unused)
 {
     return PyLong_FromLong(self->held ? self->held->live : 0);
@@ -695,6 +802,9 @@ static PyObject *loader_held(LoaderObject *self, void *unused)
 static PyMemberDef loader_members[] = {
     {"max_held", T_LONG, offsetof(LoaderObject, max_held), 0,
      "next() raises while this many batches are alive (0: no limit)"},
+    {"wrap", T_OBJECT, offsetof(LoaderObject, wrap), 0,
+     "callable(Batch) making what next() returns (None: the Batch itself); called inside "
+     "next(), so that a signal handler raising there cannot drop a batch"},
     {NULL},
 };
 
@@ -702,6 +812,7 @@ static PyGetSetDef loader_getset[] = {
     {"closed", (getter)loader_closed, NULL, "whether close() ran", NULL},
     {"held", (getter)loader_held, NULL, "batches delivered and still alive", NULL},
     {"busy", (getter)loader_busy, NULL, "a thread is waiting in next() or close()", NULL},
+    {"in_order", (getter)loader_in_order, NULL, "batches come in sampler order", NULL},
     {NULL},
 };
 

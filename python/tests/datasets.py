@@ -131,3 +131,25 @@ class PerThread:
 
 
 DEFAULT = Items(n=10)  # a module-level instance: its methods are not datasets
+
+
+GATE = __import__("threading").Event()  # set by a test; for thread workers only
+
+
+class Gated:
+    """Item `at` waits (at most 60 s) for GATE, set by the test in the same
+    process (placement="thread" only), then raises if `bad`."""
+
+    def __init__(self, n=16, at=2, bad=False):
+        self.n, self.at, self.bad = n, at, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.at:
+            if not GATE.wait(60):
+                raise TimeoutError("the test never opened the gate")
+            if self.bad:
+                raise ValueError("item %d is bad" % i)
+        return np.int64(i)
