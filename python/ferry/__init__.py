@@ -268,6 +268,30 @@ class _Epoch:
         return b
 
 
+class _Stream:
+    """The iterator :meth:`Loader.stream` returns: every batch to the end of
+    the stream. A class, not a generator, so that a BatchError raised out of
+    it leaves it usable: iteration goes on with the next batch."""
+
+    __slots__ = ("_loader", "_done")
+
+    def __init__(self, loader):
+        self._loader = loader
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        b = self._loader._next(None)
+        if b is None:
+            self._done = True
+            raise StopIteration
+        return b
+
+
 class Loader:
     """A ferry loader: persistent workers, a prefetch window that runs across
     epoch boundaries, batches as numpy arrays without a copy.
@@ -386,13 +410,11 @@ class Loader:
         return self._len[1]
 
     def stream(self):
-        """Every batch to the end of the stream (``epochs`` or
-        ``max_batches``; endless without them), across epochs."""
-        while True:
-            b = self._next(None)
-            if b is None:
-                return
-            yield b
+        """An iterator over every batch to the end of the stream (``epochs``
+        or ``max_batches``; endless without them), across epochs. A
+        ferry.BatchError raised out of it is for one batch: iterating again
+        goes on with the next."""
+        return _Stream(self)
 
     def next(self, timeout=None):
         """The next batch; waits at most ``timeout`` seconds (None: as long

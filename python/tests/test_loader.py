@@ -454,6 +454,22 @@ def test_ctrl_c_as_a_batch_arrives_keeps_it_for_the_next_call_and_out_of_the_sta
         datasets.GATE.set()
 
 
+def test_stream_goes_on_after_a_batch_error():
+    with ferry.Loader(Items, dataset_kwargs={"n": 10, "bad": 3}, batch_size=2, workers=2,
+                      shuffle=False, epochs=1) as ld:
+        stream = ld.stream()
+        got, failed = [], []
+        while True:
+            try:
+                got.append(next(stream).index_in_epoch)
+            except ferry.BatchError as e:
+                failed.append(e.batch_in_epoch)
+            except StopIteration:
+                break
+        assert got == [0, 2, 3, 4] and failed == [1]
+        assert list(stream) == []  # ended for good at the end of the stream
+
+
 def test_next_timeout_raises_timeout_and_changes_nothing():
     with ferry.Loader(Items, dataset_kwargs={"n": 4, "slow_ms": 2000, "slow_from": 1},
                       batch_size=1, workers=1, prefetch=1) as ld:
