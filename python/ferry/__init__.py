@@ -367,8 +367,6 @@ class Loader:
             path, args = worker_command()
             pairs += [("worker_path", path), ("worker_args", args)]
         self._pairs = pairs
-        in_order = opts.get("in_order", True)
-        self._in_order = in_order not in (False, 0, "false", "0", "no", "off")
         self._seen = 0  # batches of the current epoch, out of order
         self._adopt(self._open(state))
 
@@ -387,6 +385,7 @@ class Loader:
     def _adopt(self, c):
         self._c = c
         self._len = c.length()
+        self._in_order = c.in_order  # the C library's reading of the option ("OFF", "00", ...)
         _open_loaders.add(self)
 
     def _live(self):

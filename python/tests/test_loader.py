@@ -470,6 +470,30 @@ def test_stream_goes_on_after_a_batch_error():
         assert list(stream) == []  # ended for good at the end of the stream
 
 
+@pytest.mark.parametrize("off", ["OFF", "False", "No", "00"])
+def test_in_order_off_in_any_spelling_the_c_options_take_gives_len_batches_per_for(off):
+    # The last batch of epoch 0 is held back until the trainer has had
+    # len(loader) batches: out of order, the for ends there, with the first
+    # batch of epoch 1 in its place; waiting for the epoch's last batch (the
+    # in-order rule) would go on past len(loader).
+    import datasets
+    datasets.GATE.clear()
+    try:
+        with ferry.Loader(datasets.Gated, dataset_kwargs={"n": 4, "at": 3}, batch_size=1,
+                          shuffle=False, workers=2, prefetch=8, placement="thread",
+                          in_order=off) as ld:
+            got = []
+            for b in ld:
+                got.append((b.epoch, b.index_in_epoch))
+                if len(got) == len(ld):
+                    datasets.GATE.set()
+            assert len(got) == len(ld) == 4 and (0, 3) not in got, got
+            with pytest.raises(ferry.InvalidValue):
+                ld.state_dict()  # the C side has it out of order too
+    finally:
+        datasets.GATE.set()
+
+
 def test_next_timeout_raises_timeout_and_changes_nothing():
     with ferry.Loader(Items, dataset_kwargs={"n": 4, "slow_ms": 2000, "slow_from": 1},
                       batch_size=1, workers=1, prefetch=1) as ld:
