@@ -22,7 +22,7 @@ import numbers
 import operator
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -49,15 +49,25 @@ _ALIASES = {
 }
 
 
-class Batch(Mapping):
-    """One batch: a mapping of field name to numpy array. The arrays are
-    views of the received batch (no copy; writable, the memory is yours),
-    and the memory goes back when the batch and every array taken from it
-    are gone. A field can also be taken by position: ``batch[0]``.
+def _positional(names):
+    """Fields "0", "1", ...: a dataset whose items are tuples or single values."""
+    return tuple(names) == tuple(str(i) for i in range(len(names)))
 
-    A batch from a dataset whose items are tuples (fields "0", "1", ...)
-    also unpacks like one: ``x, y = batch`` (iteration gives the arrays);
-    any other batch iterates over its field names, like a dict.
+
+class Batch:
+    """One batch: numpy arrays, one per field. The arrays are views of the
+    received batch (no copy; writable, the memory is yours), and the memory
+    goes back when the batch and every array taken from it are gone.
+
+    Its shape follows the dataset's items. Items that are dicts give a
+    batch that is a ``collections.abc.Mapping`` of field name to array
+    (iteration gives the names, like a dict). Items that are tuples or
+    single values (fields "0", "1", ...) give a batch that is a
+    ``collections.abc.Sequence`` of the arrays, like the items: ``x, y =
+    batch``, ``batch[0]``. Both take a field by name (``batch["x"]``,
+    ``batch["0"]``) and by position, and have ``keys()``, ``values()`` and
+    ``items()``. ``ferry.Batch(mapping or sequence of arrays)`` builds one
+    (what generic code such as torch's ``default_convert`` does).
 
     ``epoch``, ``index_in_epoch``, ``last_in_epoch``, ``seq`` (position in
     the whole stream), ``worker`` (the index of the worker that built it),
@@ -66,10 +76,21 @@ class Batch(Mapping):
     (dispatch to arrival: make_time, the worker's queue and both transfers),
     ``ready_time`` (how long it then waited for the trainer), and
     ``attempts`` (workers it was sent to: 1 unless one died on it). None on
-    a Batch built from a plain mapping (``type(batch)({...})``, unpickling).
+    a Batch built from plain arrays (``type(batch)({...})``, unpickling).
     """
 
-    __slots__ = ("_b", "_arrays", "_names", "_positional")
+    __slots__ = ("_b", "_arrays", "_names")
+
+    def __new__(cls, b):
+        if cls is Batch:  # the kind the fields call for
+            if isinstance(b, _ferry.Batch):
+                names = [name for name, _ in b.fields()]
+            elif isinstance(b, Mapping):
+                names = list(b)
+            else:
+                names = [str(i) for i in range(len(b))]
+            cls = _TupleBatch if _positional(names) else _FieldBatch
+        return object.__new__(cls)
 
     def __init__(self, b):
         if isinstance(b, _ferry.Batch):
@@ -77,13 +98,14 @@ class Batch(Mapping):
             self._b = b
             self._names = tuple(name for name, _ in fields)
             self._arrays = {name: np.asarray(view) for name, view in fields}
-        else:  # a mapping of arrays: what generic code rebuilds a batch from
+        else:  # arrays (or tensors): what generic code rebuilds a batch from
             self._b = None
-            self._arrays = dict(b)
+            self._arrays = dict(b) if isinstance(b, Mapping) else {
+                str(i): v for i, v in enumerate(b)}
             self._names = tuple(self._arrays)
-        self._positional = self._names == tuple(str(i) for i in range(len(self._names)))
 
-    def __getitem__(self, key):
+    def _field(self, key):
+        """The array of field `key` (a name or a position)."""
         if isinstance(key, str):
             return self._arrays[key]
         try:
@@ -95,15 +117,12 @@ class Batch(Mapping):
                              % (len(self._names), ", ".join(self._names), i))
         return self._arrays[self._names[i]]
 
-    def __iter__(self):
-        if self._positional:
-            return iter(self._arrays[n] for n in self._names)
-        return iter(self._names)
-
     def __len__(self):
         return len(self._names)
 
     def __contains__(self, key):
+        """Whether `key` names a field (a tuple batch too: Sequence's search
+        by value cannot compare numpy arrays)."""
         return key in self._arrays
 
     def keys(self):
@@ -167,6 +186,33 @@ class Batch(Mapping):
         if self._b is None:
             return "<ferry.Batch %s>" % fields
         return "<ferry.Batch epoch %d #%d, %s>" % (self.epoch, self.index_in_epoch, fields)
+
+
+class _FieldBatch(Batch, Mapping):
+    """A batch of a dataset whose items are dicts: a mapping of field name
+    to array, iterating over the names."""
+
+    __slots__ = ()
+
+    __getitem__ = Batch._field
+
+    def __iter__(self):
+        return iter(self._names)
+
+
+class _TupleBatch(Batch, Sequence):
+    """A batch of a dataset whose items are tuples or single values: a
+    sequence of the arrays, unpacking like the items."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return tuple(self._arrays[n] for n in self._names[key])
+        return self._field(key)
+
+    def __iter__(self):
+        return iter([self._arrays[n] for n in self._names])
 
 
 _open_loaders = weakref.WeakSet()
@@ -379,7 +425,9 @@ class Loader:
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
         c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None, self._log)
         c.max_held = self._max_held
-        c.wrap = Batch  # made by the C side inside next() (see _next)
+        # The kind of Batch the fields call for, made by the C side inside
+        # next() (see _next).
+        c.wrap = _TupleBatch if _positional([f[0] for f in c.schema()]) else _FieldBatch
         return c
 
     def _adopt(self, c):

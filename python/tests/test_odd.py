@@ -86,6 +86,31 @@ def test_batches_work_with_generic_mapping_code():
         assert np.array_equal(b[np.int64(1)], y)
 
 
+def test_tuple_and_single_value_batches_are_sequences_of_arrays_and_dict_ones_mappings():
+    from collections.abc import Mapping, Sequence
+    torch = pytest.importorskip("torch")
+    from torch.utils.data._utils.collate import default_convert
+    from datasets import Missing
+    with ferry.Loader(Pairs, batch_size=4, workers=1) as ld:
+        b = ld.next()
+        assert isinstance(b, ferry.Batch) and isinstance(b, Sequence)
+        assert not isinstance(b, Mapping)
+        assert [a is b[i] for i, a in enumerate(b)] == [True, True]  # the arrays, not names
+        converted = default_convert(b)
+        assert [type(t) for t in converted] == [torch.Tensor, torch.Tensor]
+        assert torch.equal(converted[0], torch.as_tensor(b[0]))
+        assert b[:1] == (b[0],) and "1" in b
+    with ferry.Loader(Missing, batch_size=4, workers=1) as ld:  # items: one int32 each
+        b = ld.next()
+        (x,) = b
+        assert x.tolist() == [0, 1, 2, 3] and isinstance(b, Sequence)
+        assert default_convert(b)[0].tolist() == [0, 1, 2, 3]
+    with ferry.Loader(SYN, batch_size=4, workers=1) as ld:
+        b = ld.next()
+        assert isinstance(b, Mapping) and not isinstance(b, Sequence) and list(b) == ["x", "y"]
+        assert sorted(default_convert(b)) == ["x", "y"]
+
+
 def test_thread_workers_keep_their_thread_local_data():
     with ferry.Loader(PerThread, batch_size=4, workers=2, placement="thread", epochs=3) as ld:
         handles = {int(h) for b in ld.stream() for h in b[0]}
