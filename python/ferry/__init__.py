@@ -247,16 +247,24 @@ def _option_text(key, value):
                     % (key, type(value).__name__))
 
 
+_MAX_MS = 2**63 - 1  # what the C side takes (int64 milliseconds)
+
+
 def _seconds(what, value):
     """A finite number of seconds >= 0 as whole ms (at least 1 when
-    positive), or raise naming `what`."""
+    positive; None for infinity), or raise naming `what`: InvalidValue
+    for one out of range, not OverflowError from the C call."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError("%s must be a number of seconds, not %s" % (what, type(value).__name__))
     if math.isnan(value) or value < 0:
         raise InvalidValue("%s must be >= 0 seconds, got %r" % (what, value))
     if math.isinf(value):
         return None
-    return max(1, int(round(value * 1000))) if value > 0 else 0
+    ms = max(1, int(round(value * 1000))) if value > 0 else 0
+    if ms > _MAX_MS:
+        raise InvalidValue("%s must be at most %d seconds (or None), got %r"
+                           % (what, _MAX_MS // 1000, value))
+    return ms
 
 
 class _Epoch:

@@ -505,6 +505,16 @@ def test_next_timeout_raises_timeout_and_changes_nothing():
         assert ld.next().indices.tolist() == [1]
 
 
+def test_a_timeout_too_large_is_an_invalid_value_in_next_and_open():
+    with ferry.Loader(SYN, batch_size=10, workers=1) as ld:
+        with pytest.raises(ferry.InvalidValue, match="next\\(\\): timeout must be at most"):
+            ld.next(timeout=1e30)
+        assert ld.next().seq == 0  # nothing changed
+    for huge in (1e12, 1e30):
+        with pytest.raises(ferry.InvalidValue, match="timeout"):
+            ferry.Loader(SYN, batch_size=10, workers=1, timeout=huge)
+
+
 def test_held_batches_are_counted_and_bounded():
     with ferry.Loader(SYN, batch_size=10, workers=1, max_held=3) as ld:
         kept = [ld.next()["x"] for _ in range(3)]  # arrays keep their batches alive
