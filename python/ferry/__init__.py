@@ -26,7 +26,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import _ferry
+try:
+    from . import _ferry
+except ImportError as e:
+    # Python's own message ("partially initialized module ... circular
+    # import", "undefined symbol") names neither the cause nor the fix.
+    raise ImportError(
+        "ferry: the C extension ferry._ferry cannot be imported by this interpreter (%s): %s. "
+        "It is built for one interpreter, into build/python: run `tools/setup.sh build` and "
+        "use PYTHONPATH=build/python (not the source tree's python/), or build it for this "
+        "interpreter with `PYTHON=%s tools/setup.sh build`"
+        % (sys.executable, e, sys.executable), name="ferry._ferry") from e
 from . import _dataset
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._errors import (BatchError, Closed, DatasetError, Error, IndexOutOfRange, InvalidValue,

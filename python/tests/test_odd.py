@@ -111,6 +111,33 @@ def test_tuple_and_single_value_batches_are_sequences_of_arrays_and_dict_ones_ma
         assert sorted(default_convert(b)) == ["x", "y"]
 
 
+def test_import_without_the_built_extension_says_what_to_build(tmp_path):
+    # From the source tree (no _ferry there), and with an extension this
+    # interpreter cannot load (here: not even a shared object).
+    import shutil
+    import sysconfig
+    built = os.path.dirname(ferry.__file__)
+    broken = tmp_path / "broken" / "ferry"
+    broken.mkdir(parents=True)
+    elsewhere = tmp_path / "cwd"  # python -c puts its cwd first on sys.path
+    elsewhere.mkdir()
+    for name in os.listdir(built):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(built, name), broken / name)
+    (broken / ("_ferry" + sysconfig.get_config_var("EXT_SUFFIX"))).write_bytes(b"not ELF " * 512)
+    src_tree = os.path.join(os.path.dirname(__file__), os.pardir)
+    for path, cause in ((src_tree, "cannot import name '_ferry'"),
+                        (str(broken.parent), "invalid ELF header")):
+        p = subprocess.run([sys.executable, "-c", "import ferry"], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=path), cwd=elsewhere, timeout=60)
+        assert p.returncode != 0
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith("ImportError: ferry: the C extension ferry._ferry cannot be "
+                               "imported by this interpreter (%s)" % sys.executable), last
+        assert cause in last and "tools/setup.sh build" in last, last
+        assert "PYTHONPATH=build/python" in last and "PYTHON=%s" % sys.executable in last, last
+
+
 def test_thread_workers_keep_their_thread_local_data():
     with ferry.Loader(PerThread, batch_size=4, workers=2, placement="thread", epochs=3) as ld:
         handles = {int(h) for b in ld.stream() for h in b[0]}
