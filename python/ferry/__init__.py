@@ -3,7 +3,7 @@ worker processes, prefetch that runs across epoch boundaries, and batches
 handed to you as numpy arrays without a copy.
 
     import ferry
-    loader = ferry.Loader("npy:train_x.npy,train_y.npy", batch_size=256,
+    loader = ferry.Loader("npy:x=train_x.npy,y=train_y.npy", batch_size=256,
                           workers=4, prefetch=8, shuffle=True, seed=0)
     for epoch in range(10):
         for batch in loader:                  # one epoch
@@ -117,15 +117,22 @@ class Batch:
     def _field(self, key):
         """The array of field `key` (a name or a position)."""
         if isinstance(key, str):
-            return self._arrays[key]
+            try:
+                return self._arrays[key]
+            except KeyError:
+                raise self._no_field(key) from None
         try:
             i = operator.index(key)
         except TypeError:
-            raise KeyError(key) from None
+            raise self._no_field(key) from None
         if not -len(self._names) <= i < len(self._names):
             raise IndexError("batch has %d fields (%s); no field %d"
                              % (len(self._names), ", ".join(self._names), i))
         return self._arrays[self._names[i]]
+
+    def _no_field(self, key):
+        return KeyError("no field %r; the batch has %s" % (key, ", ".join(
+            repr(n) for n in self._names) or "no fields"))
 
     def __len__(self):
         return len(self._names)

@@ -494,6 +494,31 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_len_batches_per_f
         datasets.GATE.set()
 
 
+def test_the_example_in_help_ferry_runs(tmp_path, monkeypatch):
+    code = "\n".join(line[4:] for line in ferry.__doc__.split("\n\n")[1].splitlines())
+    assert "ferry.Loader(" in code and 'batch["x"]' in code, code
+    monkeypatch.chdir(tmp_path)
+    np.save("train_x.npy", np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8))
+    np.save("train_y.npy", np.arange(1000, dtype=np.int64))
+    scope = {}
+    try:
+        exec(code, scope)
+        assert scope["x"].shape[1:] == (8,) and len(scope["x"]) == len(scope["y"])
+    finally:
+        if "loader" in scope:
+            scope["loader"].close()
+
+
+def test_a_missing_field_is_a_key_error_naming_the_fields():
+    with ferry.Loader(SYN, batch_size=10, workers=1) as ld:
+        b = ld.next()
+        with pytest.raises(KeyError, match="no field 'image'; the batch has 'x', 'y'"):
+            b["image"]
+        with pytest.raises(KeyError, match="no field 1.5; the batch has 'x', 'y'"):
+            b[1.5]
+        assert b.get("image") is None and "image" not in b
+
+
 def test_next_timeout_raises_timeout_and_changes_nothing():
     with ferry.Loader(Items, dataset_kwargs={"n": 4, "slow_ms": 2000, "slow_from": 1},
                       batch_size=1, workers=1, prefetch=1) as ld:
