@@ -9,6 +9,10 @@
  * whose JSON, CSV and plot are checked for what they must hold (counts
  * that match the epochs, p50 <= p99 <= max, a step-bound fraction in
  * (0, 1.05], A and B alternating under --compare).
+ *
+ * And tools/setup.sh, run against stand-ins for dpkg-query, apt-get, sudo
+ * and cmake, so that no case installs or builds anything: a wrong job or
+ * --help is answered before any of them runs.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -453,6 +458,86 @@ static void test_ferry_bench_refuses_bad_values(void **state)
     }
 }
 
+/* ------------------------------------------------------------------------
+ * tools/setup.sh
+ */
+
+/* Writes an executable file. */
+static void write_program(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_true(fputs(text, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(chmod(path, 0755), 0);
+}
+
+/* A scratch tree for setup.sh in dir (made here): bin/ holds stand-ins
+ * that append their name and arguments to dir/ran.log: dpkg-query (every
+ * package installed), cmake (succeeds), apt-get and sudo (fail). */
+static void make_setup_stand_ins(char *dir, size_t cap)
+{
+    assert_int_equal(ft_make_tmpdir(dir, cap, "ferry-setup"), 0);
+    char path[512], text[1024];
+    snprintf(path, sizeof path, "%s/bin", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    static const char *const stand_ins[][2] = {
+        {"dpkg-query", "printf 'install ok installed'"},
+        {"cmake", "exit 0"},
+        {"apt-get", "exit 1"},
+        {"sudo", "exit 1"},
+    };
+    for (size_t i = 0; i < sizeof stand_ins / sizeof stand_ins[0]; i++) {
+        snprintf(path, sizeof path, "%s/bin/%s", dir, stand_ins[i][0]);
+        snprintf(text, sizeof text, "#!/bin/sh\necho \"%s $*\" >> '%s/ran.log'\n%s\n",
+                 stand_ins[i][0], dir, stand_ins[i][1]);
+        write_program(path, text);
+    }
+}
+
+/* Runs `cd dir/cwd && tools/setup.sh args` (args a shell word list) with
+ * the stand-ins first on PATH and BUILD_DIR as given (NULL: unset). */
+static void run_setup(const char *dir, const char *cwd, const char *build_dir, const char *args,
+                      ran *r)
+{
+    char cmd[2048], path_env[600], build_env[600];
+    snprintf(cmd, sizeof cmd, "cd '%s/%s' && exec '%s/tools/setup.sh' %s", dir, cwd,
+             FERRY_SOURCE_DIR, args);
+    snprintf(path_env, sizeof path_env, "PATH=%s/bin:/usr/bin:/bin", dir);
+    snprintf(build_env, sizeof build_env, "BUILD_DIR=%s", build_dir ? build_dir : "");
+    char *envp[] = {path_env, build_dir ? build_env : NULL, NULL};
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    run_argv(argv, envp, 20000, r);
+}
+
+static void test_setup_sh_answers_help_and_a_wrong_job_before_installing_or_building(void **state)
+{
+    (void)state;
+    char dir[256], log[512];
+    make_setup_stand_ins(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/ran.log", dir);
+    static ran r;
+
+    static const char *const helps[] = {"--help", "-h", "help"};
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        run_setup(dir, ".", NULL, helps[i], &r);
+        assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
+        assert_true(strncmp(r.out, "usage: tools/setup.sh ", 22) == 0);
+        assert_non_null(strstr(r.out, "bench"));
+        assert_string_equal(r.err, "");
+    }
+
+    run_setup(dir, ".", NULL, "tests", &r);
+    assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2);
+    assert_true(strncmp(r.err, "setup: unknown job 'tests'\n", 27) == 0);
+    assert_non_null(strstr(r.err, "usage: tools/setup.sh "));
+    assert_string_equal(r.out, "");
+
+    /* Not one package looked up, nothing configured. */
+    assert_int_equal(access(log, F_OK), -1);
+    assert_int_equal(ft_remove_tree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -464,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
         cmocka_unit_test(test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq),
         cmocka_unit_test(test_ferry_bench_refuses_bad_values),
+        cmocka_unit_test(test_setup_sh_answers_help_and_a_wrong_job_before_installing_or_building),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

@@ -13,10 +13,28 @@
 # /usr/bin/python3, where python3-numpy and python3-torch install).
 set -euo pipefail
 
+usage() {
+    cat <<'EOF'
+usage: tools/setup.sh [JOB] [args...]
+  build                      install missing Debian packages, build (the default)
+  bench [ferry-bench args]   build, then run ferry-bench
+  test [ctest args]          build, then run the test suite (C and Python)
+  fuzz [SECONDS]             libFuzzer on the protocol decoders (default 60 s)
+Environment: BUILD_DIR (default build), FERRY_SANITIZE,
+JOBS, PYTHON. See README.md, "Two commands".
+EOF
+}
+
+# The job is checked before anything is installed or built.
+job=${1:-build}
+case "$job" in
+    build | bench | test | fuzz) ;;
+    -h | --help | help) usage; exit 0 ;;
+    *) echo "setup: unknown job '$job'" >&2; usage >&2; exit 2 ;;
+esac
+[ $# -gt 0 ] && shift
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-job=${1:-build}
-[ $# -gt 0 ] && shift
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 
@@ -65,5 +83,4 @@ case "$job" in
     build) ;;
     bench) exec "$build/ferry-bench" "$@" ;;
     test) cd "$build" && exec ctest --output-on-failure --timeout 600 "$@" ;;
-    *) echo "usage: tools/setup.sh [build|bench|test|fuzz] [args...]" >&2; exit 2 ;;
 esac
