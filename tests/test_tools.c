@@ -538,6 +538,38 @@ static void test_setup_sh_answers_help_and_a_wrong_job_before_installing_or_buil
     assert_int_equal(ft_remove_tree(dir), 0);
 }
 
+/* bench runs ferry-bench where setup.sh was run from, so that relative
+ * paths in its arguments are the caller's; a relative BUILD_DIR is the
+ * caller's too. */
+static void test_setup_sh_bench_runs_in_the_callers_directory(void **state)
+{
+    (void)state;
+    char dir[256], path[512];
+    make_setup_stand_ins(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/work", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/mybuild", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/mybuild/ferry-bench", dir);
+    write_program(path, "#!/bin/sh\necho \"in $(pwd): $*\"\n");
+    static ran r;
+    run_setup(dir, "work", "../mybuild", "bench --csv waits.csv", &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("setup.sh bench failed: %s", r.err);
+    char want[600];
+    snprintf(want, sizeof want, "in %s/work: --csv waits.csv\n", dir);
+    assert_string_equal(r.out, want);
+
+    /* cmake was given that build folder, from the caller's directory. */
+    static char text[4096];
+    snprintf(path, sizeof path, "%s/ran.log", dir);
+    read_file(path, text, sizeof text);
+    snprintf(want, sizeof want, "-B %s/work/../mybuild ", dir);
+    if (!strstr(text, want))
+        fail_msg("no '%s' in: %s", want, text);
+    assert_int_equal(ft_remove_tree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -550,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq),
         cmocka_unit_test(test_ferry_bench_refuses_bad_values),
         cmocka_unit_test(test_setup_sh_answers_help_and_a_wrong_job_before_installing_or_building),
+        cmocka_unit_test(test_setup_sh_bench_runs_in_the_callers_directory),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

@@ -7,20 +7,25 @@
 #   tools/setup.sh build                         build only
 #   tools/setup.sh fuzz [SECONDS]                libFuzzer on the protocol decoders
 #
-# Environment: BUILD_DIR (default build), FERRY_SANITIZE (e.g.
+# Environment: BUILD_DIR (default: build/ in the repository; a relative
+# path is taken from the directory you run this from), FERRY_SANITIZE (e.g.
 # address,undefined), JOBS (default: number of cores), PYTHON (the
 # interpreter to build the Python package for; default Debian's
 # /usr/bin/python3, where python3-numpy and python3-torch install).
+#
+# bench runs ferry-bench in the directory you run this from, so relative
+# paths in its arguments (--dataset npy:x=data.npy, --csv waits.csv) are
+# yours, not the repository's.
 set -euo pipefail
 
 usage() {
     cat <<'EOF'
 usage: tools/setup.sh [JOB] [args...]
   build                      install missing Debian packages, build (the default)
-  bench [ferry-bench args]   build, then run ferry-bench
+  bench [ferry-bench args]   build, then run ferry-bench in this directory
   test [ctest args]          build, then run the test suite (C and Python)
   fuzz [SECONDS]             libFuzzer on the protocol decoders (default 60 s)
-Environment: BUILD_DIR (default build), FERRY_SANITIZE,
+Environment: BUILD_DIR (default build/ in the repository), FERRY_SANITIZE,
 JOBS, PYTHON. See README.md, "Two commands".
 EOF
 }
@@ -33,9 +38,12 @@ case "$job" in
     *) echo "setup: unknown job '$job'" >&2; usage >&2; exit 2 ;;
 esac
 [ $# -gt 0 ] && shift
+
+caller=$PWD
 here=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$here/build}
+case "$build" in /*) ;; *) build=$caller/$build ;; esac
 cd "$here"
-build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 
 # Debian packages ferry needs: compiler and build tools, the three libraries
@@ -81,6 +89,6 @@ cmake --build "$build" -j "$jobs"
 
 case "$job" in
     build) ;;
-    bench) exec "$build/ferry-bench" "$@" ;;
+    bench) cd "$caller" && exec "$build/ferry-bench" "$@" ;;
     test) cd "$build" && exec ctest --output-on-failure --timeout 600 "$@" ;;
 esac
