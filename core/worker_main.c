@@ -445,8 +445,47 @@ typedef struct cli {
     int insecure, once;
 } cli;
 
+/* Whether ep is tcp://HOST:PORT with a port in 1..65535 (HOST may be a
+ * bracketed IPv6 address: the port is after the last colon). */
+static int is_tcp_endpoint(const char *ep)
+{
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return 0;
+    const char *host = ep + 6, *colon = strrchr(host, ':');
+    long port;
+    return colon && colon > host && parse_int(colon + 1, 1, 65535, &port) == 0;
+}
+
+/* 0 if --connect's endpoint can be connected to: tcp://HOST:PORT for a
+ * remote worker; for a local one (--slot), the ipc:// (or tcp://) endpoint
+ * its loader gave it. Else says why on stderr and returns 2: a mistyped
+ * endpoint would otherwise have the daemon retry it forever. */
+static int check_endpoint(const cli *c)
+{
+    const char *ep = c->endpoint;
+    if (is_tcp_endpoint(ep) || (c->slot >= 0 && strncmp(ep, "ipc://", 6) == 0))
+        return 0;
+    if (c->slot >= 0)
+        fprintf(stderr, "%s: --connect '%s' is not an ipc:// or tcp:// endpoint\n", program_name,
+                ep);
+    else if (strncmp(ep, "tcp://", 6) == 0)
+        fprintf(stderr, "%s: --connect '%s' is not a tcp://HOST:PORT endpoint\n", program_name, ep);
+    else if (!strstr(ep, "://"))
+        fprintf(stderr,
+                "%s: --connect '%s' is not a tcp:// endpoint: a remote worker connects to "
+                "tcp://HOST:PORT (tcp://%s?)\n",
+                program_name, ep, ep);
+    else
+        fprintf(stderr,
+                "%s: --connect '%s' is not a tcp:// endpoint: a remote worker connects to "
+                "tcp://HOST:PORT\n",
+                program_name, ep);
+    return 2;
+}
+
 /* Fills *c from argv, marking in drop the tokens a supervisor's children
- * must not inherit. -1 to go on, else the exit code (0 after --help). */
+ * must not inherit. -1 to go on, else the exit code: 0 after --help or
+ * --version, 2 for a bad command line (an unusable endpoint included). */
 static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
 {
     *c = (cli){.slot = -1, .processes = 1, .task_fd = -1, .shm_fd = -1};
@@ -495,7 +534,7 @@ static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
         usage(stderr);
         return 2;
     }
-    return -1;
+    return check_endpoint(c) != 0 ? 2 : -1;
 }
 
 /* CURVE keys for a tcp:// worker into o (pub, sec, srv are o's buffers),
@@ -561,8 +600,8 @@ static int run_supervisor(const cli *c, int argc, char **argv, char *const *rela
                           unsigned char *drop)
 {
     char self_buf[PATH_MAX];
-    const char *self = relaunch && relaunch[0] ? relaunch[0]
-                                               : own_program(argv[0], self_buf, sizeof self_buf);
+    const char *self =
+        relaunch && relaunch[0] ? relaunch[0] : own_program(argv[0], self_buf, sizeof self_buf);
     char parent_s[24];
     char **args = child_argv(argc, argv, relaunch, drop, parent_s, sizeof parent_s);
     if (!self || !args) {

@@ -123,6 +123,39 @@ static void test_ferry_bench_answers_like_every_tool(void **state)
     check_tool(FERRY_TEST_BENCH, "ferry-bench");
 }
 
+/* An endpoint ferry-worker could never connect to is a bad command line
+ * (exit 2, saying what is wrong), not a daemon that retries it forever. */
+static void test_ferry_worker_refuses_an_endpoint_it_cannot_connect_to(void **state)
+{
+    (void)state;
+    static const char *const cases[][3] = {
+        {"127.0.0.1:5555", NULL,
+         "is not a tcp:// endpoint: a remote worker connects to "
+         "tcp://HOST:PORT (tcp://127.0.0.1:5555?)"},
+        {"ipc:///tmp/loader", NULL, "is not a tcp:// endpoint"},
+        {"tcp://trainer01", NULL, "is not a tcp://HOST:PORT endpoint"},
+        {"tcp://trainer01:0", NULL, "is not a tcp://HOST:PORT endpoint"},
+        {"tcp://:5555", NULL, "is not a tcp://HOST:PORT endpoint"},
+        {"loader", "0", "is not an ipc:// or tcp:// endpoint"},
+    };
+    static ran r;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[] = {FERRY_TEST_WORKER,   "--connect", (char *)cases[i][0],
+                        "--insecure",        "--once",    cases[i][1] ? "--slot" : NULL,
+                        (char *)cases[i][1], NULL};
+        run_argv(argv, environ, 10000, &r);
+        if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 2)
+            fail_msg("--connect %s: status %d, not exit 2: %s", cases[i][0], r.status, r.err);
+        char want[160];
+        snprintf(want, sizeof want, "ferry-worker: --connect '%s' ", cases[i][0]);
+        assert_true(strncmp(r.err, want, strlen(want)) == 0);
+        if (!strstr(r.err, cases[i][2]))
+            fail_msg("--connect %s: no '%s' in: %s", cases[i][0], cases[i][2], r.err);
+        assert_null(strstr(r.err, "trying again"));
+        assert_string_equal(r.out, "");
+    }
+}
+
 /* ------------------------------------------------------------------------
  * ferry-bench's figures
  */
@@ -576,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_ferry_worker_answers_like_every_tool),
         cmocka_unit_test(test_ferry_keygen_answers_like_every_tool),
         cmocka_unit_test(test_ferry_bench_answers_like_every_tool),
+        cmocka_unit_test(test_ferry_worker_refuses_an_endpoint_it_cannot_connect_to),
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
