@@ -200,11 +200,9 @@ static void test_written_pair_loads_back_and_public_key_by_path_or_z85(void **st
     snprintf(want, sizeof want, "# ferry CURVE public key (ferry-keygen)\npublic-key = %s\n", pub);
     assert_string_equal(text, want);
 
-    /* A public key from the .pub file, from the pair file, or given as is. */
+    /* A public key from the .pub file or given as is (not from the pair
+     * file: test_swapped_key_files_are_named_for_what_they_hold). */
     assert_int_equal(ferry__key_public_load(pubf, got), FERRY_OK);
-    assert_string_equal(got, pub);
-    memset(got, 0, sizeof got);
-    assert_int_equal(ferry__key_public_load(key, got), FERRY_OK);
     assert_string_equal(got, pub);
     memset(got, 0, sizeof got);
     assert_int_equal(ferry__key_public_load(pub, got), FERRY_OK);
@@ -332,15 +330,44 @@ static void test_pair_file_open_to_group_or_others_is_refused_with_chmod_hint(vo
         FT_EXPECT_ERROR(ferry__key_pair_load(key, pub2, sec), FERRY_EOPTION, key, mode, hint, NULL);
         assert_int_equal(pub2[0], 'x');
         assert_int_equal(sec[0], 'x');
-        /* Its public key is public: reading just that is fine. */
-        assert_int_equal(ferry__key_public_load(key, pub2), FERRY_OK);
-        assert_string_equal(pub2, pub);
     }
     assert_int_equal(chmod(key, 0400), 0);
     assert_int_equal(ferry__key_pair_load(key, pub2, sec), FERRY_OK);
     assert_int_equal(chmod(key, 0600), 0);
     assert_int_equal(ferry__key_pair_load(key, pub2, sec), FERRY_OK);
     assert_string_equal(pub2, pub);
+    clean(&s);
+    ft_end(&s);
+}
+
+/* The two files of a pair given the wrong way round: a .pub file where the
+ * key pair belongs is said to hold a public key only (not told to be
+ * chmod-ed, whatever its mode), and a key pair file where a public key
+ * belongs is refused, saying it holds a secret key and to pass the .pub. */
+static void test_swapped_key_files_are_named_for_what_they_hold(void **state)
+{
+    ft_snapshot s;
+    z85key pub, pub2, sec;
+
+    ft_begin(&s, 30);
+    const char *key = path_in(&s, "w.key"), *pubf = path_in(&s, "w.pub");
+    assert_int_equal(ferry__key_pair_write(path_in(&s, "w"), 0, pub), FERRY_OK);
+
+    memset(pub2, 'x', sizeof pub2);
+    memset(sec, 'x', sizeof sec);
+    FT_EXPECT_ERROR(ferry__key_pair_load(pubf, pub2, sec), FERRY_EFORMAT, at_line(pubf, 3),
+                    "no secret-key line", "public key only", NULL);
+    assert_null(strstr(ferry_last_error(), "chmod"));
+    assert_int_equal(pub2[0], 'x');
+    assert_int_equal(sec[0], 'x');
+
+    static const mode_t modes[] = {0600, 0644};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        assert_int_equal(chmod(key, modes[i]), 0);
+        FT_EXPECT_ERROR(ferry__key_public_load(key, pub2), FERRY_EFORMAT, at_line(key, 3),
+                        "holds a secret key", "pass the .pub file", NULL);
+        assert_int_equal(pub2[0], 'x');
+    }
     clean(&s);
     ft_end(&s);
 }
@@ -536,7 +563,8 @@ static void test_public_key_is_z85_text_or_a_file_holding_one(void **state)
     FT_EXPECT_ERROR(ferry__key_public_load(f, got), FERRY_EFORMAT, at_line(f, 2), "no public key",
                     NULL);
     write_fmt(f, 0600, "secret-key = %s\n", sec);
-    FT_EXPECT_ERROR(ferry__key_public_load(f, got), FERRY_EFORMAT, "no public key", NULL);
+    FT_EXPECT_ERROR(ferry__key_public_load(f, got), FERRY_EFORMAT, at_line(f, 1),
+                    "holds a secret key", NULL);
     assert_string_equal(got, pub);
 
     /* A file whose name is a valid key is read as a file. */
@@ -874,6 +902,7 @@ int main(void)
         cmocka_unit_test(test_existing_files_are_refused_without_force_and_replaced_with_force),
         cmocka_unit_test(test_failed_write_leaves_no_file),
         cmocka_unit_test(test_pair_file_open_to_group_or_others_is_refused_with_chmod_hint),
+        cmocka_unit_test(test_swapped_key_files_are_named_for_what_they_hold),
         cmocka_unit_test(test_malformed_pair_files_are_eformat_naming_path_and_line),
         cmocka_unit_test(test_pair_parser_tolerates_spaces_crlf_comments_and_no_final_newline),
         cmocka_unit_test(test_missing_or_wrong_kind_of_file_is_eoption_with_reason),

@@ -156,6 +156,53 @@ static void test_ferry_worker_refuses_an_endpoint_it_cannot_connect_to(void **st
     }
 }
 
+/* Key files swapped: the worker's .pub as --key is named a public key
+ * (not told to be chmod-ed), and the loader's key pair as --server-key is
+ * refused: its secret key belongs on the trainer host. Both exit 2 at once. */
+static void test_ferry_worker_names_swapped_key_files(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char worker[512], loader[512], key[512], pub[512], loader_key[512], loader_pub[512];
+    snprintf(worker, sizeof worker, "%s/gpu-node-07", snap.tmpdir);
+    snprintf(loader, sizeof loader, "%s/loader", snap.tmpdir);
+    snprintf(key, sizeof key, "%s.key", worker);
+    snprintf(pub, sizeof pub, "%s.pub", worker);
+    snprintf(loader_key, sizeof loader_key, "%s.key", loader);
+    snprintf(loader_pub, sizeof loader_pub, "%s.pub", loader);
+    static ran r;
+    const char *bases[] = {worker, loader};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {FERRY_TEST_KEYGEN, (char *)bases[i], NULL};
+        run_argv(argv, environ, 10000, &r);
+        assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
+    }
+
+    char *pub_as_key[] = {FERRY_TEST_WORKER, "--connect", "tcp://127.0.0.1:5555",
+                          "--key",           pub,         "--server-key",
+                          loader_pub,        NULL};
+    run_argv(pub_as_key, environ, 10000, &r);
+    assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2);
+    if (!strstr(r.err, "no secret-key line") || !strstr(r.err, "public key only") ||
+        strstr(r.err, "chmod"))
+        fail_msg("--key %s: %s", pub, r.err);
+
+    char *pair_as_server[] = {FERRY_TEST_WORKER, "--connect", "tcp://127.0.0.1:5555",
+                              "--key",           key,         "--server-key",
+                              loader_key,        NULL};
+    run_argv(pair_as_server, environ, 10000, &r);
+    assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2);
+    if (!strstr(r.err, loader_key) || !strstr(r.err, "holds a secret key") ||
+        !strstr(r.err, "trainer host") || !strstr(r.err, ".pub"))
+        fail_msg("--server-key %s: %s", loader_key, r.err);
+
+    const char *files[] = {key, pub, loader_key, loader_pub};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(unlink(files[i]), 0);
+    ft_end(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * ferry-bench's figures
  */
@@ -610,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_ferry_keygen_answers_like_every_tool),
         cmocka_unit_test(test_ferry_bench_answers_like_every_tool),
         cmocka_unit_test(test_ferry_worker_refuses_an_endpoint_it_cannot_connect_to),
+        cmocka_unit_test(test_ferry_worker_names_swapped_key_files),
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),

@@ -229,10 +229,10 @@ static int read_keys(int fd, const char *path, key_fn fn, void *ctx, unsigned *n
 }
 
 /* Opens path for reading. O_NONBLOCK so that a FIFO cannot block the open;
- * anything but a regular file (or a directory, if dir_ok) is refused. A
- * secret file must give group and others no access at all. On FERRY_OK *fd
- * is open, and *is_dir (if given) says whether it is a directory. */
-static int open_key_file(const char *path, int secret, int dir_ok, int *fd, int *is_dir)
+ * anything but a regular file (or a directory, if dir_ok) is refused. On
+ * FERRY_OK *fd is open, and *is_dir (if given) says whether it is a
+ * directory. */
+static int open_key_file(const char *path, int dir_ok, int *fd, int *is_dir)
 {
     struct stat st;
     int f = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -246,11 +246,6 @@ static int open_key_file(const char *path, int secret, int dir_ok, int *fd, int 
         rc = ferry__seterr(FERRY_EOPTION, "%s: is a directory, not a key file", path);
     else if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
         rc = ferry__seterr(FERRY_EOPTION, "%s: not a regular file", path);
-    else if (secret && (st.st_mode & 077))
-        rc = ferry__seterr(FERRY_EOPTION,
-                           "%s: mode %04o is too open: group or others may access this secret "
-                           "key; run `chmod 600 %s`",
-                           path, (unsigned)(st.st_mode & 07777), path);
     else if (S_ISREG(st.st_mode) && st.st_size > FILE_MAX_BYTES)
         rc = ferry__seterr(FERRY_EFORMAT, "%s: larger than 1 MiB, too large for a key file", path);
     if (rc != FERRY_OK) {
@@ -260,6 +255,23 @@ static int open_key_file(const char *path, int secret, int dir_ok, int *fd, int 
     *fd = f;
     if (is_dir)
         *is_dir = S_ISDIR(st.st_mode);
+    return FERRY_OK;
+}
+
+/* FERRY_OK if the open file fd (named path) gives group and others no
+ * access at all, as a file holding a secret key must; else FERRY_EOPTION
+ * with the mode and the chmod that fixes it. */
+static int check_secret_mode(int fd, const char *path)
+{
+    struct stat st;
+
+    if (fstat(fd, &st) != 0)
+        return ferry__syserr(FERRY_EOPTION, path, errno);
+    if (st.st_mode & 077)
+        return ferry__seterr(FERRY_EOPTION,
+                             "%s: mode %04o is too open: group or others may access this secret "
+                             "key; run `chmod 600 %s`",
+                             path, (unsigned)(st.st_mode & 07777), path);
     return FERRY_OK;
 }
 
@@ -302,22 +314,30 @@ int ferry__key_pair_load(const char *path, char pub[FERRY__Z85_KEY + 1],
 
     if (!path || !pub || !sec)
         return ferry__seterr(FERRY_EINVAL, "key pair: no file named");
-    rc = open_key_file(path, 1, 0, &fd, NULL);
+    rc = open_key_file(path, 0, &fd, NULL);
     if (rc != FERRY_OK)
         return rc;
     memset(&c, 0, sizeof c);
     memset(derived, 0, sizeof derived);
+    /* What the file is comes first, then its mode: a .pub file given by
+     * mistake is told to be a public key, not to be made private. */
     rc = read_keys(fd, path, pair_key, &c, &nlines);
+    if (rc == FERRY_OK && c.pub_line && !c.sec_line)
+        rc = ferry__seterr(FERRY_EFORMAT,
+                           "%s:%u: no secret-key line: this file holds a public key only (a .pub "
+                           "file?); a key pair file (BASE.key from ferry-keygen) has "
+                           "`public-key = KEY` and `secret-key = KEY` lines",
+                           path, nlines + 1);
+    else if (rc == FERRY_OK && !c.pub_line)
+        rc = ferry__seterr(FERRY_EFORMAT,
+                           "%s:%u: no public-key line (a key pair file has `public-key = KEY` and "
+                           "`secret-key = KEY` lines)",
+                           path, nlines + 1);
+    if (rc == FERRY_OK)
+        rc = check_secret_mode(fd, path);
     close(fd);
     if (rc != FERRY_OK)
         goto done;
-    if (!c.pub_line || !c.sec_line) {
-        rc = ferry__seterr(FERRY_EFORMAT,
-                           "%s:%u: no %s line (a key pair file has `public-key = KEY` and "
-                           "`secret-key = KEY` lines)",
-                           path, nlines + 1, c.pub_line ? "secret-key" : "public-key");
-        goto done;
-    }
     if (zmq_curve_public(derived, c.sec) != 0) {
         rc = ferry__seterr(FERRY_ESYS, "zmq_curve_public: %s", zmq_strerror(errno));
         goto done;
@@ -347,7 +367,11 @@ static int public_key(void *ctx, const char *path, unsigned lineno, key_kind kin
     public_ctx *c = ctx;
 
     if (kind == KEY_SECRET)
-        return FERRY_OK; /* a key pair file: only its public key is wanted */
+        return ferry__seterr(FERRY_EFORMAT,
+                             "%s:%u: this file holds a secret key (a key pair file), where only a "
+                             "public key belongs: pass the .pub file; the secret key must stay "
+                             "on the host it belongs to (the loader's on the trainer host)",
+                             path, lineno);
     if (c->line)
         return ferry__seterr(FERRY_EFORMAT,
                              "%s:%u: a second public key (the first is on line %u; a public key "
@@ -381,7 +405,7 @@ int ferry__key_public_load(const char *path_or_z85, char pub[FERRY__Z85_KEY + 1]
                                  "%s: %s, and not a public key (40 Z85 characters) either", arg,
                                  strerror(e));
     }
-    rc = open_key_file(arg, 0, 0, &fd, NULL);
+    rc = open_key_file(arg, 0, &fd, NULL);
     if (rc != FERRY_OK)
         return rc;
     rc = read_keys(fd, arg, public_key, &c, &nlines);
@@ -430,7 +454,7 @@ static int allow_key(void *ctx, const char *path, unsigned lineno, key_kind kind
 static int allow_load_file(const char *path, allow_ctx *c)
 {
     int fd = -1;
-    int rc = open_key_file(path, 0, 0, &fd, NULL);
+    int rc = open_key_file(path, 0, &fd, NULL);
 
     if (rc != FERRY_OK)
         return rc;
@@ -482,7 +506,7 @@ int ferry__allow_load(const char *path, ferry__allow *out)
 
     if (!path || !*path || !out)
         return ferry__seterr(FERRY_EINVAL, "allow-list: no file named");
-    rc = open_key_file(path, 0, 1, &fd, &is_dir);
+    rc = open_key_file(path, 1, &fd, &is_dir);
     if (rc != FERRY_OK)
         return rc;
     if (is_dir) {

@@ -35,23 +35,27 @@
 #define FERRY__Z85_KEY 40 /* a Z85-encoded 32-byte CURVE key */
 #define FERRY__KEY_BYTES 32
 
-/* Reads a key pair file (BASE.key). Refuses, with FERRY_EOPTION, a file that
- * group or others have any access to (as ssh does; the message names the
- * path and mode and says `chmod 600 PATH`), a missing or unreadable file
- * (strerror in the message) and anything but a regular file.
- * FERRY_EFORMAT, naming path:line, for a malformed line, a missing or second
- * public-key/secret-key line, a key that is not valid Z85, or a public key
- * that does not belong to the secret key. On FERRY_OK pub and sec hold
- * NUL-terminated Z85 keys; on failure they are unchanged. */
+/* Reads a key pair file (BASE.key). Refuses, with FERRY_EOPTION, a missing
+ * or unreadable file (strerror in the message) and anything but a regular
+ * file. FERRY_EFORMAT, naming path:line, for a malformed line, a missing or
+ * second public-key/secret-key line (a public key alone is said to look
+ * like a .pub file), a key that is not valid Z85, or a public key that does
+ * not belong to the secret key. Then, with FERRY_EOPTION, a file that group
+ * or others have any access to (as ssh does; the message names the path
+ * and mode and says `chmod 600 PATH`): the content is judged first, so that
+ * a .pub file given by mistake is not told to be made private. On FERRY_OK
+ * pub and sec hold NUL-terminated Z85 keys; on failure they are
+ * unchanged. */
 int ferry__key_pair_load(const char *path, char pub[FERRY__Z85_KEY + 1],
                          char sec[FERRY__Z85_KEY + 1]);
 
 /* A public key given either as its 40 Z85 characters or as the path of a
- * file holding one public key (a .pub file or a key pair file; its secret
- * key is not kept). A valid Z85 string is taken as the key unless a file of
- * that name exists. Errors as ferry__key_pair_load, without the permission
- * check (public keys are public); a file with two public keys is
- * FERRY_EFORMAT. pub is written only on FERRY_OK. */
+ * file holding one public key (a .pub file). A valid Z85 string is taken as
+ * the key unless a file of that name exists. Errors as
+ * ferry__key_pair_load, without the permission check (public keys are
+ * public); a file with two public keys, or with a secret key (a key pair
+ * file, whose secret belongs on its own host only: the message says to pass
+ * the .pub file), is FERRY_EFORMAT. pub is written only on FERRY_OK. */
 int ferry__key_public_load(const char *path_or_z85, char pub[FERRY__Z85_KEY + 1]);
 
 /* The public keys a loader accepts from workers, decoded. */
