@@ -203,6 +203,39 @@ static void test_ferry_worker_names_swapped_key_files(void **state)
     ft_end(&snap);
 }
 
+/* ferry-keygen BASE.key (or BASE.pub) writes BASE.key and BASE.pub, not
+ * BASE.key.key; a name that is only the suffix is kept whole. */
+static void test_ferry_keygen_takes_a_name_ending_in_key_or_pub_as_its_base(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    static const char *const given[] = {"loader.key", "gpu-node-07.pub", ".key"};
+    static const char *const made[][2] = {
+        {"loader.key", "loader.pub"},
+        {"gpu-node-07.key", "gpu-node-07.pub"},
+        {".key.key", ".key.pub"},
+    };
+    static ran r;
+    for (size_t i = 0; i < sizeof given / sizeof given[0]; i++) {
+        char arg[512], path[512];
+        snprintf(arg, sizeof arg, "%s/%s", snap.tmpdir, given[i]);
+        char *argv[] = {FERRY_TEST_KEYGEN, arg, NULL};
+        run_argv(argv, environ, 10000, &r);
+        if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+            fail_msg("ferry-keygen %s: %s", given[i], r.err);
+        assert_true(strncmp(r.out, "public-key = ", 13) == 0);
+        assert_int_equal(ft_count_entries(snap.tmpdir), 2);
+        for (int f = 0; f < 2; f++) {
+            snprintf(path, sizeof path, "%s/%s", snap.tmpdir, made[i][f]);
+            if (!strstr(r.err, path))
+                fail_msg("ferry-keygen %s does not name %s: %s", given[i], path, r.err);
+            assert_int_equal(unlink(path), 0);
+        }
+    }
+    ft_end(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * ferry-bench's figures
  */
@@ -658,6 +691,7 @@ int main(void)
         cmocka_unit_test(test_ferry_bench_answers_like_every_tool),
         cmocka_unit_test(test_ferry_worker_refuses_an_endpoint_it_cannot_connect_to),
         cmocka_unit_test(test_ferry_worker_names_swapped_key_files),
+        cmocka_unit_test(test_ferry_keygen_takes_a_name_ending_in_key_or_pub_as_its_base),
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
