@@ -683,6 +683,69 @@ static void test_setup_sh_bench_runs_in_the_callers_directory(void **state)
     assert_int_equal(ft_remove_tree(dir), 0);
 }
 
+/* A --plot or --csv file that cannot be written fails at once, before any
+ * run (nothing on stdout), naming the file; and a PNG that can be is not
+ * left behind by that check when the run then fails. */
+static void test_ferry_bench_refuses_an_unwritable_plot_or_csv_before_running(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--plot", "--csv"};
+    static ran r;
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        char *argv[] = {BENCH_RUN, (char *)flags[i], "/nonexistent/x.png", NULL};
+        run_argv(argv, environ, 10000, &r);
+        assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+        if (!strstr(r.err, "ferry-bench: cannot write /nonexistent/x.png: "))
+            fail_msg("%s /nonexistent/x.png: %s", flags[i], r.err);
+        assert_string_equal(r.out, "");
+    }
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char png[512];
+    snprintf(png, sizeof png, "%s/waits.png", snap.tmpdir);
+    char *argv[] = {BENCH_RUN, "--plot", png, "--csv", "/nonexistent/x.csv", NULL};
+    run_argv(argv, environ, 10000, &r);
+    assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    assert_non_null(strstr(r.err, "/nonexistent/x.csv"));
+    assert_int_equal(access(png, F_OK), -1);
+    ft_end(&snap);
+}
+
+/* The settings line counts in words that agree with the number. */
+static void test_ferry_bench_settings_line_says_1_epoch_and_1_worker(void **state)
+{
+    (void)state;
+    char *argv[] = {FERRY_TEST_BENCH,
+                    "--dataset",
+                    "synthetic:n=64,dim=8",
+                    "--batch-size",
+                    "32",
+                    "--epochs",
+                    "1",
+                    "--workers",
+                    "1",
+                    NULL};
+    static ran r;
+    run_argv(argv, environ, 20000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench failed: %s", r.err);
+    if (!strstr(r.out, "  1 process worker, batch 32, 2 batches/epoch, 1 epoch, "))
+        fail_msg("no '1 process worker ... 1 epoch' in: %.300s", r.out);
+    char *batches[] = {FERRY_TEST_BENCH,
+                       "--dataset",
+                       "synthetic:n=64,dim=8",
+                       "--batch-size",
+                       "32",
+                       "--batches",
+                       "1",
+                       NULL};
+    run_argv(batches, environ, 20000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench --batches 1 failed: %s", r.err);
+    if (!strstr(r.out, " 2 batches/epoch, 1 batch, "))
+        fail_msg("no '1 batch' in: %.300s", r.out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -697,6 +760,8 @@ int main(void)
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
         cmocka_unit_test(test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq),
         cmocka_unit_test(test_ferry_bench_refuses_bad_values),
+        cmocka_unit_test(test_ferry_bench_refuses_an_unwritable_plot_or_csv_before_running),
+        cmocka_unit_test(test_ferry_bench_settings_line_says_1_epoch_and_1_worker),
         cmocka_unit_test(test_setup_sh_answers_help_and_a_wrong_job_before_installing_or_building),
         cmocka_unit_test(test_setup_sh_bench_runs_in_the_callers_directory),
     };

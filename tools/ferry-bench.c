@@ -252,6 +252,28 @@ static int csv_open(const bench_opts *o, csv_out *c)
     return 0;
 }
 
+/* 0 if --plot's file can be written (its folder exists and lets us make
+ * it, or it exists and is writable), checked before any run as the CSV is,
+ * so that a bad path costs no run; else says why and returns 1. Leaves no
+ * file behind: the PNG is only made when gnuplot draws it. */
+static int plot_check(const bench_opts *o)
+{
+    if (!o->plot)
+        return 0;
+    int fd = open(o->plot, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        close(fd);
+        unlink(o->plot);
+        return 0;
+    }
+    if (errno == EEXIST && (fd = open(o->plot, O_WRONLY | O_CLOEXEC)) >= 0) {
+        close(fd);
+        return 0;
+    }
+    fprintf(stderr, "ferry-bench: cannot write %s: %s\n", o->plot, strerror(errno));
+    return 1;
+}
+
 /* Closes the CSV; 1 if a write failed. */
 static int csv_close(csv_out *c)
 {
@@ -279,7 +301,7 @@ static int run_rounds(const bench_opts *o, const bench_side *sides, size_t nside
         fprintf(stderr, "ferry-bench: out of memory\n");
         return 1;
     }
-    if (csv_open(o, &csv) != 0) {
+    if (plot_check(o) != 0 || csv_open(o, &csv) != 0) {
         free(figs);
         return 1;
     }

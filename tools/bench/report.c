@@ -73,18 +73,25 @@ static const char *fmt_ratio(char *buf, size_t cap, double v)
  * The summary
  */
 
+/* "s" unless n is 1: "1 epoch", "2 epochs". */
+static const char *plural(long n)
+{
+    return n == 1 ? "" : "s";
+}
+
 void bench_print_settings(const bench_opts *o, long prefetch_n, uint64_t batches_per_epoch, FILE *f)
 {
     char prefetch[32] = "auto";
     if (prefetch_n > 0)
         snprintf(prefetch, sizeof prefetch, "%ld", prefetch_n);
     fprintf(f, "ferry-bench %s: %s\n", ferry_version(), o->dataset);
-    fprintf(f, "  %ld %s workers%s, batch %ld, %llu batches/epoch, ", o->workers, o->worker_mode,
-            o->bind ? " + remote" : "", o->batch_size, (unsigned long long)batches_per_epoch);
+    fprintf(f, "  %ld %s worker%s%s, batch %ld, %llu batches/epoch, ", o->workers, o->worker_mode,
+            plural(o->workers), o->bind ? " + remote" : "", o->batch_size,
+            (unsigned long long)batches_per_epoch);
     if (o->batches > 0)
-        fprintf(f, "%ld batches", o->batches);
+        fprintf(f, "%ld batch%s", o->batches, o->batches == 1 ? "" : "es");
     else
-        fprintf(f, "%ld epochs", o->epochs);
+        fprintf(f, "%ld epoch%s", o->epochs, plural(o->epochs));
     fprintf(f, ", prefetch %s, %s", prefetch, o->in_order ? "in order" : "out of order");
     if (o->seed >= 0)
         fprintf(f, ", shuffled (seed %ld)", o->seed);
@@ -94,7 +101,8 @@ void bench_print_settings(const bench_opts *o, long prefetch_n, uint64_t batches
                 o->step_sleep ? "sleep" : "busy spin", 1e3 / o->step_ms);
     else
         fprintf(f, "  step: none (the trainer takes batches as fast as they come)");
-    fprintf(f, "; host: %ld cores\n", sysconf(_SC_NPROCESSORS_ONLN));
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    fprintf(f, "; host: %ld core%s\n", cores, plural(cores));
 }
 
 /* One run, laid out by meaning. */
