@@ -455,6 +455,34 @@ static void test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios(void 
     ft_end(&snap);
 }
 
+/* One run, no --csv: the plot reads the unlabelled rows of a temporary CSV
+ * (and its epoch starts are circled as with --compare). */
+static void test_ferry_bench_plots_a_single_run(void **state)
+{
+    (void)state;
+    if (!on_path("gnuplot")) {
+        printf("note: gnuplot is not installed (Debian: gnuplot-nox); --plot is not checked\n");
+        return;
+    }
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char png[512];
+    snprintf(png, sizeof png, "%s/waits.png", snap.tmpdir);
+    char *argv[] = {BENCH_RUN, "--plot", png, NULL};
+    static ran r;
+    run_argv(argv, environ, 20000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench --plot failed: %s", r.err);
+    unsigned char magic[8] = {0};
+    int fd = open(png, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(read(fd, magic, sizeof magic), (ssize_t)sizeof magic);
+    close(fd);
+    assert_memory_equal(magic, "\x89PNG\r\n\x1a\n", 8);
+    assert_int_equal(unlink(png), 0);
+    ft_end(&snap);
+}
+
 static void test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package(void **state)
 {
     (void)state;
@@ -757,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_ferry_keygen_takes_a_name_ending_in_key_or_pub_as_its_base),
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
+        cmocka_unit_test(test_ferry_bench_plots_a_single_run),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
         cmocka_unit_test(test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq),
         cmocka_unit_test(test_ferry_bench_refuses_bad_values),

@@ -455,9 +455,10 @@ static void write_gnuplot(FILE *f, const bench_report *rep, const char *csv, con
     gp_str(f, png);
     fputs("\nset datafile separator ','\nset title ", f);
     char title[512];
-    snprintf(title, sizeof title, "ferry-bench %s: %s, %ld %s workers, batch %ld, step %g ms %s%s",
-             ferry_version(), o->dataset, o->workers, o->worker_mode, o->batch_size, o->step_ms,
-             o->step_sleep ? "sleep" : "spin", rep->rounds > 1 ? " (last round)" : "");
+    snprintf(title, sizeof title, "ferry-bench %s: %s, %ld %s worker%s, batch %ld, step %g ms %s%s",
+             ferry_version(), o->dataset, o->workers, o->worker_mode, plural(o->workers),
+             o->batch_size, o->step_ms, o->step_sleep ? "sleep" : "spin",
+             rep->rounds > 1 ? " (last round)" : "");
     gp_str(f, title);
     fputs(" noenhanced\n"
           "set xlabel 'batch (seq, across epochs; dashed: an epoch starts; circled: its first "
@@ -474,7 +475,7 @@ static void write_gnuplot(FILE *f, const bench_report *rep, const char *csv, con
     for (size_t k = 0; k < rep->nsides; k++) {
         for (int circled = 0; circled < 2; circled++) {
             char sel[200] = "1";
-            int n = 0;
+            int n = 1; /* the circled selection goes on after "1" */
             if (shift)
                 n = snprintf(sel, sizeof sel, "column(1) == %zu && strcol(2) eq '%s'", rep->rounds,
                              rep->sides[k].name);
