@@ -44,9 +44,6 @@
 #include "datasets/kinds.h"
 #include "error.h"
 
-/* One item of one field may be at most this big: a batch buffer is
- * count * item_bytes, and a bound here keeps that product far from overflow. */
-#define FERRY__ITEM_BYTES_MAX ((size_t)1 << 30)
 
 /* The kinds a spec may name, found by the text before its ':'. */
 static const ferry__dataset_kind *const dataset_kinds[] = {

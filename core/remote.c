@@ -118,6 +118,25 @@ static int data_endpoint(const ferry__remote *rm, char *out, size_t cap)
 /* Plain TCP's data socket: max_message frames, but only for connections
  * that bring a live session token (PLAIN, checked by the ZAP handler).
  * The port it got goes into every CONFIG. */
+/* How many messages may wait in each direction on one connection of a
+ * socket that anyone on the network can reach. ferry's local sockets are
+ * unbounded (credits bound them), but here a peer that sends HELLO after
+ * HELLO and never reads would make the loader queue a reply to each, without
+ * end. A session carries at most credits (<= FERRY__MAX_CREDITS) tasks and
+ * their answers plus heartbeats, far below SESSION_HWM; a HELLO socket of
+ * its own (plain TCP) carries one HELLO and its answer per session. Past
+ * the mark, a reply is dropped (the scheduler sends without waiting) and
+ * the peer's further messages wait in its own kernel buffers. */
+#define SESSION_HWM 1024
+#define HELLO_HWM 16
+static int bound_queues(void *sock, int hwm)
+{
+    int rc = ferry__sockopt_int(sock, ZMQ_SNDHWM, hwm, "ZMQ_SNDHWM");
+    if (rc == FERRY_OK)
+        rc = ferry__sockopt_int(sock, ZMQ_RCVHWM, hwm, "ZMQ_RCVHWM");
+    return rc;
+}
+
 static int setup_data(ferry__remote *rm, void *zctx)
 {
     char ep[FERRY__ENDPOINT_MAX + 8], got[FERRY__ENDPOINT_MAX];
@@ -127,6 +146,8 @@ static int setup_data(ferry__remote *rm, void *zctx)
     int rc = data_endpoint(rm, ep, sizeof ep);
     if (rc == FERRY_OK)
         rc = ferry__socket_new(zctx, ZMQ_ROUTER, rm->o.max_message, &rm->data);
+    if (rc == FERRY_OK)
+        rc = bound_queues(rm->data, SESSION_HWM);
     if (rc == FERRY_OK)
         rc = set_heartbeats(rm, rm->data);
     if (rc == FERRY_OK)
@@ -157,6 +178,8 @@ static int setup_socket(ferry__remote *rm, void *zctx)
     const ferry__remote_opts *o = &rm->o;
     int rc = ferry__socket_new(zctx, ZMQ_ROUTER, o->insecure ? FERRY__HDR_MAX : o->max_message,
                                &rm->sock);
+    if (rc == FERRY_OK)
+        rc = bound_queues(rm->sock, o->insecure ? HELLO_HWM : SESSION_HWM);
     if (rc == FERRY_OK)
         rc = set_heartbeats(rm, rm->sock);
     if (rc == FERRY_OK && !o->insecure)
@@ -369,7 +392,9 @@ ferry__liveness ferry__remote_liveness(const ferry__remote *rm, const ferry__pee
 
 void ferry__remote_log_refusal(const ferry__remote *rm, uint64_t n, const char *why)
 {
-    if (n <= 10 || n % 100 == 0)
+    /* The first ten, then at each power of two: a peer refused again and
+     * again (a flood of HELLOs) writes a few dozen lines, not one per try. */
+    if (n <= 10 || (n & (n - 1)) == 0)
         ferry__logf(&rm->o.log, FERRY_LOG_WARN, "refused a remote worker (%llu refused so far): %s",
                     (unsigned long long)n, why);
 }

@@ -17,6 +17,7 @@
  * on the connection its session token let in, binds it (bind_data).
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -75,6 +76,8 @@ void ferry__sched_zap_refused(void *arg, const char *why)
 
 void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w)
 {
+    free(w->held_ready);
+    w->held_ready = NULL;
     w->p.state = FERRY__PEER_EMPTY;
     w->p.ident.len = 0;
     ferry__remote_token_revoke(s->remote, w->p.index - s->nlocal);
@@ -292,6 +295,43 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
  * everyone else's, or it did not. A local worker that cannot open the
  * dataset, or sees other data, fails the loader; a remote host with the
  * wrong data is turned away. */
+static void on_ready(ferry__scheduler *s, sched_worker *w);
+
+/* Whether remote worker w's READY must wait: the loader has local workers
+ * and none has fixed the dataset's length and schema yet. The loader's own
+ * workers decide what the data is; a remote host that answers first
+ * (it may have been waiting for the port to open) is checked against that,
+ * and turned away if it differs, rather than deciding for the run and
+ * getting the honest local workers blamed. Kept in w->held_ready; 1 when
+ * kept (or dropped for want of memory: the host is then never ready, as
+ * with any READY lost on the way, and is dropped when silent). */
+static int hold_remote_ready(ferry__scheduler *s, sched_worker *w)
+{
+    if (!w->p.remote || s->schema.nfields || !s->nlocal || s->in.u.ready.code != 0)
+        return 0;
+    if (!w->held_ready)
+        w->held_ready = ferry__malloc(sizeof *w->held_ready);
+    if (w->held_ready)
+        *w->held_ready = s->in.u.ready;
+    return 1;
+}
+
+/* The READYs remote hosts sent before the dataset was fixed, checked now
+ * as if they had just come. */
+static void check_held_readies(ferry__scheduler *s)
+{
+    for (uint32_t i = s->nlocal; i < s->nworkers; i++) {
+        sched_worker *w = &s->w[i];
+        if (!w->held_ready)
+            continue;
+        s->in.type = FERRY__MSG_READY;
+        s->in.u.ready = *w->held_ready;
+        free(w->held_ready);
+        w->held_ready = NULL;
+        on_ready(s, w);
+    }
+}
+
 static void on_ready(ferry__scheduler *s, sched_worker *w)
 {
     const ferry__ready *r = &s->in.u.ready;
@@ -300,6 +340,8 @@ static void on_ready(ferry__scheduler *s, sched_worker *w)
         ferry__window_count(s->win, FERRY__STAT_MALFORMED);
         return;
     }
+    if (hold_remote_ready(s, w))
+        return;
     sched_describe(s, w, who, sizeof who);
     if (r->code != 0) {
         snprintf(msg, sizeof msg, "%s could not open dataset '%s': %s", who, s->cfg.dataset,
@@ -315,7 +357,10 @@ static void on_ready(ferry__scheduler *s, sched_worker *w)
         snprintf(msg, sizeof msg, "%s sees another schema in dataset '%s' than the others: %s", who,
                  s->cfg.dataset, why);
     } else {
+        int fixes = !s->schema.nfields;
         worker_ready(s, w, who);
+        if (fixes)
+            check_held_readies(s);
         return;
     }
     if (!w->p.remote) {
@@ -586,16 +631,35 @@ static void on_message(ferry__scheduler *s, void *sock, const ferry__ident *id, 
     }
 }
 
+/* A message that did not decode (ferry_last_error says why), from `id` on
+ * sock: counted. One from an admitted remote worker is charged to it as a
+ * wrong batch is: the message may have been the answer to one of its
+ * tasks, which would otherwise wait for it forever (the worker still
+ * heartbeats), so it is given up and its tasks go to the others, its
+ * oldest charged an attempt. From anyone else it is only counted: nothing
+ * of the run waits on them. */
+static void on_malformed(ferry__scheduler *s, void *sock, const ferry__ident *id)
+{
+    ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+    sched_worker *w = id->len ? find_by_ident(s, sock, id) : NULL;
+    if (!w || !w->p.remote || w->p.state != FERRY__PEER_READY)
+        return;
+    char why[FERRY__ERRMSG_MAX];
+    snprintf(why, sizeof why, "it sent a message that does not decode: %s", ferry_last_error());
+    ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
+}
+
 /* Reads what is waiting on the socket, at most `budget` messages so the
  * loop also gets round to dispatching and to the pidfds. */
 void ferry__sched_drain(ferry__scheduler *s, void *sock, int budget)
 {
     while (budget-- > 0) {
         ferry__ident id;
+        id.len = 0;
         zmq_msg_t payload;
         int rc = ferry__zsock_recv(sock, &id, &s->in, &payload, ZMQ_DONTWAIT);
         if (rc == FERRY_EPROTO) {
-            ferry__window_count(s->win, FERRY__STAT_MALFORMED);
+            on_malformed(s, sock, &id);
             continue;
         }
         if (rc != FERRY_OK)

@@ -37,6 +37,9 @@ typedef struct sched_worker {
     uint64_t settle_by_ms;
     char gone_why[128]; /* remote: why its connection is taken for gone */
     ferry__pool_event death;
+    /* Remote: its READY, kept until a local worker's fixes the dataset's
+     * length and schema (NULL: none waiting). */
+    ferry__ready *held_ready;
 } sched_worker;
 
 struct ferry__scheduler {

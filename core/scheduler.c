@@ -355,6 +355,8 @@ static void destroy(ferry__scheduler *s)
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     ferry__endpoint_remove(s->ipc_dir);
+    for (uint32_t i = 0; s->w && i < s->nworkers; i++)
+        free(s->w[i].held_ready);
     free(s->w);
     free(s->items);
     free(s->events);

@@ -201,7 +201,10 @@ static void sample_schema(ferry__schema *sc, int variant)
         set_item_field(&sc->fields[1], "y", FERRY_DTYPE_I64, NULL, 0);
         return;
     }
-    const int64_t shape[FERRY_MAX_DIMS - 1] = {1, 1, 1, 1, 1, 1, INT64_MAX / 8};
+    /* The largest item a READY may announce is 1 GiB; dtypes here are at
+     * most 8 bytes. */
+    const int64_t shape[FERRY_MAX_DIMS - 1] = {1, 1, 1, 1, 1, 1,
+                                               (int64_t)(FERRY__ITEM_BYTES_MAX / 8)};
     sc->nfields = FERRY_MAX_FIELDS;
     for (int i = 0; i < FERRY_MAX_FIELDS; i++) {
         char name[FERRY_NAME_MAX];
@@ -877,12 +880,17 @@ static void test_decode_rejects_inconsistent_ready_schema(void **state)
     /* The typical schema: field 0 "x", f4 items of [28, 28]; field 1 "y", i64. */
     msgpack_object none[1], eight[FERRY_MAX_DIMS], maps[FERRY_MAX_FIELDS + 1],
         zero[2] = {mp_uint(28), mp_uint(0)}, neg[2] = {mp_uint(28), mp_int(-3)},
-        huge[2] = {mp_uint(UINT64_C(1) << 62), mp_uint(UINT64_C(1) << 62)};
+        huge[2] = {mp_uint(UINT64_C(1) << 62), mp_uint(UINT64_C(1) << 62)},
+        /* 4 * 2^28 = 1 GiB of f4 is the most an item may be; one more row is over. */
+        gib[2] = {mp_uint(1), mp_uint(UINT64_C(1) << 28)},
+        over[2] = {mp_uint(2), mp_uint(UINT64_C(1) << 28)};
     for (int d = 0; d < FERRY_MAX_DIMS; d++)
         eight[d] = mp_uint(1);
     for (int i = 0; i <= FERRY_MAX_FIELDS; i++)
         maps[i] = mp_of(MSGPACK_OBJECT_MAP);
     const bad_value cases[] = {
+        {FERRY__MSG_READY, "fields.0.shape", mp_array(over, 2),
+         "READY field 0: one item is 2147483648 bytes, more than 1 GiB"},
         {FERRY__MSG_READY, "fields", mp_array(none, 0), "code is 0 but key 'fields' is empty"},
         {FERRY__MSG_READY, "fields", mp_array(maps, FERRY_MAX_FIELDS + 1),
          "READY: key 'fields' has 17 entries, must be 0..16"},
@@ -901,6 +909,8 @@ static void test_decode_rejects_inconsistent_ready_schema(void **state)
     /* For contrast: a scalar item has no dims, and y already is one. */
     mutation scalar = {"fields.0.shape", M_REPLACE, mp_array(none, 0)};
     assert_int_equal(decode_mutated(FERRY__MSG_READY, scalar), FERRY_OK);
+    mutation at_limit = {"fields.0.shape", M_REPLACE, mp_array(gib, 2)};
+    assert_int_equal(decode_mutated(FERRY__MSG_READY, at_limit), FERRY_OK);
 }
 
 /* {type: BATCH, id: 1, make_ns: 1000, count: 4, shm: 0, fields: [nfields x {name,

@@ -783,8 +783,18 @@ static void raw_ready(void *s, int dim)
 }
 
 /* The ways a BATCH can disagree with its task and the schema while every
- * field still agrees with itself (the decoder lets each through). */
-enum { WRONG_DTYPE, WRONG_SHAPE, EXTRA_FIELD, MISSING_FIELD, SWAPPED_FIELDS, WRONG_COUNT, NWRONG };
+ * field still agrees with itself (the decoder lets each through), and one
+ * the decoder refuses: a payload shorter than the fields it describes. */
+enum {
+    WRONG_DTYPE,
+    WRONG_SHAPE,
+    EXTRA_FIELD,
+    MISSING_FIELD,
+    SWAPPED_FIELDS,
+    WRONG_COUNT,
+    SHORT_PAYLOAD,
+    NWRONG
+};
 
 static void raw_field(ferry__batch_hdr *b, const char *name, ferry_dtype dtype, int64_t dim,
                       uint64_t *off)
@@ -818,6 +828,8 @@ static void raw_wrong_batch(void *s, const ferry__task *t, int how)
         raw_field(b, "y", FERRY_DTYPE_I64, 0, &off);
     if (how == EXTRA_FIELD)
         raw_field(b, "z", FERRY_DTYPE_U8, 0, &off);
+    if (how == SHORT_PAYLOAD)
+        off -= 100;
     zmq_msg_t payload;
     assert_int_equal(zmq_msg_init_size(&payload, off), 0);
     memset(zmq_msg_data(&payload), 0x5a, off);
@@ -828,13 +840,16 @@ static void raw_wrong_batch(void *s, const ferry__task *t, int how)
  * --insecure daemon (*daemon), its first batch read into c. Heartbeats are
  * 10 s apart: a raw peer sends none, and must not be lost for its silence
  * however loaded the machine. */
-static ferry_loader *open_plain(remote_case *t, pid_t *daemon, ft_stream *c, int64_t max_attempts)
+static ferry_loader *open_plain(remote_case *t, pid_t *daemon, ft_stream *c, int64_t max_attempts,
+                                ft_log_capture *log)
 {
     *daemon = start_daemon(t->ep, &t->k, NULL, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&t->k, t->port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "insecure", 1), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", 10000), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "max_attempts", max_attempts), FERRY_OK);
+    if (log)
+        assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, log), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
     stream_init(c, 0);
     read_one(ld, c);
@@ -843,8 +858,9 @@ static ferry_loader *open_plain(remote_case *t, pid_t *daemon, ft_stream *c, int
 
 typedef struct raw_script {
     const char *ep;
-    atomic_int done; /* 1: every session ran; -1: one did not go as planned */
-    char what[256];  /* what went wrong */
+    atomic_int done;    /* 1: every session ran; -1: one did not go as planned */
+    atomic_int release; /* raw_script_main: the last session may end */
+    char what[256];     /* what went wrong */
 } raw_script;
 
 /* The hostile worker's sessions, on one connection: first a READY whose
@@ -889,18 +905,30 @@ static void *raw_script_main(void *arg)
         }
         raw_wrong_batch(d, &m.u.task, how);
     }
+    /* The last session (the batch that does not decode) stays open and
+     * heartbeating until the trainer has read on, so nothing but the bad
+     * message itself can get its task back (at most 60 s). */
+    atomic_store(&r->done, ok ? 1 : -1);
+    uint64_t t0 = ft_now_ms();
+    while (ok && !atomic_load(&r->release) && ft_now_ms() - t0 < 60000) {
+        memset(&m, 0, sizeof m);
+        m.type = FERRY__MSG_HEARTBEAT;
+        raw_send(d, &m, NULL);
+        raw_wait(d, &m, FERRY__MSG_STOP, 200); /* paces the heartbeats */
+    }
     if (d)
         zmq_close(d);
     zmq_close(s);
     zmq_ctx_term(ctx);
-    atomic_store(&r->done, ok ? 1 : -1);
     return NULL;
 }
 
 /* A raw peer over plain TCP completes the handshake correctly and then
  * answers tasks with batches that do not match: another dtype, another
  * item shape, an extra field, a missing one, fields swapped, one item
- * short. Before that it offers a READY with another schema. Meanwhile a
+ * short, a payload 100 bytes short of its fields (which does not even
+ * decode; its task used to wait on the worker for ever, since it still
+ * counted as alive). Before that it offers a READY with another schema. Meanwhile a
  * real worker serves the run. The trainer gets only correct batches, each
  * exactly once and in order (the wrong ones' tasks go to the real worker);
  * the counters say what happened: each wrong batch malformed and its
@@ -913,7 +941,8 @@ static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
     pid_t good;
     ft_stream c;
     /* One task may be charged by every wrong session: none is given up. */
-    ferry_loader *ld = open_plain(&t, &good, &c, 10);
+    static ft_log_capture log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ferry_loader *ld = open_plain(&t, &good, &c, 10, &log);
 
     raw_script r = {.ep = t.ep};
     pthread_t th;
@@ -922,13 +951,16 @@ static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
     uint64_t t0 = ft_now_ms();
     while (atomic_load(&r.done) == 0 && ft_now_ms() - t0 < 60000)
         read_one(ld, &c);
-    pthread_join(th, NULL);
-    if (atomic_load(&r.done) != 1)
+    if (atomic_load(&r.done) != 1) {
+        pthread_join(th, NULL);
         fail_msg("the raw peer's script did not run: %s", r.what);
+    }
     /* In order, so once these are in, every task the raw peer was given
      * (all within one window of the stream) has come back intact. */
     for (int i = 0; i < 256; i++)
         read_one(ld, &c);
+    atomic_store(&r.release, 1);
+    pthread_join(th, NULL);
 
     ferry_stats st = ft_stats(ld);
     printf("delivered %llu: malformed %llu, lost %llu, joined %llu, rejected %llu, stale %llu\n",
@@ -937,6 +969,11 @@ static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
            (unsigned long long)st.rejected, (unsigned long long)st.stale);
     assert_int_equal(st.malformed, NWRONG);
     assert_int_equal(st.lost, NWRONG);
+    /* The one that does not decode is given up for it, not for its
+     * silence or a lost connection. */
+    assert_int_equal(ft_count_log(&log, FERRY_LOG_WARN,
+                                  "left: it sent a message that does not decode: BATCH"),
+                     1);
     assert_int_equal(st.joined, 1 + NWRONG);
     assert_int_equal(st.rejected, 1);
     assert_int_equal(st.failed, 0);
@@ -1028,6 +1065,134 @@ static void test_remote_worker_with_empty_data_is_refused(void **state)
     case_end(&t);
 }
 
+/* Two raw hosts that answer while the loader's own worker is still
+ * starting (held back by a gate file): one with a READY of another length,
+ * one with a READY whose item is 2^59 bytes. */
+typedef struct early_peers {
+    const char *ep;
+    const char *gate;   /* created once both READYs are sent */
+    atomic_int done;    /* 1: as planned; -1: not */
+    char what[256];
+} early_peers;
+
+static void *early_peers_main(void *arg)
+{
+    early_peers *r = arg;
+    void *ctx = zmq_ctx_new();
+    void *s[2], *d[2] = {NULL, NULL};
+    static ferry__msg m;
+    int ok = 1;
+    for (int i = 0; i < 2 && ok; i++) {
+        s[i] = raw_dealer(ctx, r->ep);
+        raw_hello(s[i], FERRY_PROTOCOL_VERSION);
+        if (raw_wait(s[i], &m, FERRY__MSG_CONFIG, 10000) != 0) {
+            snprintf(r->what, sizeof r->what, "no CONFIG for peer %d", i);
+            ok = 0;
+            break;
+        }
+        d[i] = raw_join(ctx, r->ep, &m.u.config);
+    }
+    if (ok) {
+        raw_ready_n(d[0], DIM, N_ITEMS - 1);
+        memset(&m, 0, sizeof m);
+        m.type = FERRY__MSG_READY;
+        m.u.ready.length = N_ITEMS;
+        m.u.ready.schema.nfields = 1;
+        snprintf(m.u.ready.schema.fields[0].name, FERRY_NAME_MAX, "x");
+        m.u.ready.schema.fields[0].dtype = FERRY_DTYPE_U8;
+        m.u.ready.schema.fields[0].ndim = 1;
+        /* ferry's encoder refuses such a READY: encode 2^29, then write
+         * 2^59 in its place (msgpack uint32 ce 20000000 -> uint64 cf ...). */
+        m.u.ready.schema.fields[0].shape[0] = (int64_t)1 << 29;
+        unsigned char hdr[FERRY__HDR_MAX + 8];
+        size_t len = 0;
+        assert_int_equal(ferry__msg_encode(&m, hdr, FERRY__HDR_MAX, &len), FERRY_OK);
+        static const unsigned char small[] = {0xce, 0x20, 0, 0, 0};
+        static const unsigned char big[] = {0xcf, 0x08, 0, 0, 0, 0, 0, 0, 0};
+        unsigned char *at = memmem(hdr, len, small, sizeof small);
+        assert_non_null(at);
+        size_t tail = len - (size_t)(at - hdr) - sizeof small;
+        memmove(at + sizeof big, at + sizeof small, tail);
+        memcpy(at, big, sizeof big);
+        len += sizeof big - sizeof small;
+        assert_int_equal(zmq_send(d[1], hdr, len, 0), (int)len);
+        FILE *g = fopen(r->gate, "w");
+        assert_non_null(g);
+        fclose(g);
+    }
+    /* The local worker's READY decides; the other length is turned away. */
+    if (ok && raw_wait(d[0], &m, FERRY__MSG_STOP, 15000) != 0) {
+        snprintf(r->what, sizeof r->what, "no STOP for the READY of another length");
+        ok = 0;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (d[i])
+            zmq_close(d[i]);
+        zmq_close(s[i]);
+    }
+    zmq_ctx_term(ctx);
+    atomic_store(&r->done, ok ? 1 : -1);
+    return NULL;
+}
+
+/* While the loader's own workers start, remote hosts may already be
+ * there (started first, waiting for the port). Their READYs do not decide
+ * what the data is: one of another length is turned away once the local
+ * worker's READY has fixed it, and open succeeds with the local length,
+ * where the host used to decide it and open failed blaming the local
+ * worker; a READY whose item is over 1 GiB is malformed (it used to reach
+ * the slot sizing, where the size wrapped to 0 and the trainer died of
+ * SIGFPE). */
+static void test_remote_ready_before_the_local_workers_does_not_decide(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 60);
+    char gate[512], wrapper[512];
+    snprintf(gate, sizeof gate, "%s/gate", t.k.dir);
+    snprintf(wrapper, sizeof wrapper, "%s/gated-worker", t.k.dir);
+    FILE *f = fopen(wrapper, "w");
+    assert_non_null(f);
+    /* Waits for the gate (at most 20 s), then becomes the real worker. */
+    fprintf(f,
+            "#!/bin/sh\ni=0\nwhile [ ! -e '%s' ] && [ $i -lt 2000 ]; do sleep 0.01; "
+            "i=$((i+1)); done\nexec '%s' \"$@\"\n",
+            gate, FERRY_TEST_WORKER);
+    fclose(f);
+    assert_int_equal(chmod(wrapper, 0700), 0);
+
+    opener o = {.cfg = remote_cfg(&t.k, t.port, 1, 1)};
+    assert_int_equal(ferry_config_set_int(o.cfg, "insecure", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set(o.cfg, "worker_path", wrapper), FERRY_OK);
+    early_peers r = {.ep = t.ep, .gate = gate};
+    pthread_t raw, op;
+    assert_int_equal(pthread_create(&op, NULL, open_main, &o), 0);
+    assert_int_equal(pthread_create(&raw, NULL, early_peers_main, &r), 0);
+    pthread_join(raw, NULL);
+    pthread_join(op, NULL);
+    ferry_config_free(o.cfg);
+    if (atomic_load(&r.done) != 1)
+        fail_msg("the raw peers: %s", r.what);
+    if (o.rc != FERRY_OK)
+        fail_msg("open: %s: %s", ferry_err_name(o.rc), ferry_last_error());
+    uint64_t items = 0;
+    assert_int_equal(ferry_loader_length(o.ld, &items, NULL), FERRY_OK);
+    assert_int_equal(items, N_ITEMS);
+    ft_stream c;
+    stream_init(&c, 0);
+    for (int i = 0; i < 10; i++)
+        read_one(o.ld, &c);
+    ferry_stats st = ft_stats(o.ld);
+    assert_int_equal(st.rejected, 1);
+    assert_true(st.malformed >= 1);
+    assert_int_equal(st.joined, 0);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(o.ld), FERRY_OK);
+    unlink(gate);
+    unlink(wrapper);
+    case_end(&t);
+}
+
 /* A worker of another protocol version is told so at once: a HELLO of
  * version 6 gets REFUSE naming both versions, one of version 1 (which knows
  * no REFUSE) gets STOP; both are counted as rejected, and the run goes on. */
@@ -1038,7 +1203,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     case_begin(&t, 60);
     pid_t good;
     ft_stream c;
-    ferry_loader *ld = open_plain(&t, &good, &c, 3);
+    ferry_loader *ld = open_plain(&t, &good, &c, 3, NULL);
 
     void *ctx = zmq_ctx_new();
     void *s = raw_dealer(ctx, t.ep);
@@ -1072,6 +1237,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
  * What a peer that was never admitted can make the loader hold (plain TCP)
  */
 
+
 #define HOSTILE_FRAME ((uint64_t)512 << 20)
 
 /* This process's peak resident memory since the last reset (VmHWM), in
@@ -1096,6 +1262,53 @@ static void reset_peak(void)
     assert_true(fd >= 0);
     assert_int_equal(write(fd, "5", 1), 1);
     close(fd);
+}
+
+/* A peer that says HELLO (of another version) 100000 times and never
+ * reads its answers: the loader answers each (every one is counted as
+ * rejected) but keeps at most a few of the answers queued for it, where it
+ * used to keep all 100000 (~24 MB); the refusal is logged for the first ten
+ * and then at each power of two, not once per hundred; the run goes on. */
+static void test_hello_flood_is_answered_without_queueing_every_answer(void **state)
+{
+    (void)state;
+    enum { FLOOD = 100000 };
+    remote_case t;
+    case_begin(&t, 90);
+    pid_t good;
+    ft_stream c;
+    static ft_log_capture log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ferry_loader *ld = open_plain(&t, &good, &c, 3, &log);
+
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    assert_non_null(s);
+    int zero = 0, one = 1;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+    /* It reads nothing: its own side holds one answer, the rest stay with
+     * the loader (or in the kernel's socket buffers). */
+    zmq_setsockopt(s, ZMQ_RCVHWM, &one, sizeof one);
+    assert_int_equal(zmq_connect(s, t.ep), 0);
+    reset_peak();
+    long before = peak_rss_kib();
+    for (int i = 0; i < FLOOD; i++)
+        raw_hello(s, FERRY_PROTOCOL_VERSION + 1);
+    assert_true(ft_wait_stats(ld, rejected_at_least, FLOOD, 60000) >= 0);
+    long grew = peak_rss_kib() - before;
+    printf("%d HELLOs refused; the process's peak RSS grew by %ld KiB\n", FLOOD, grew);
+    /* The HELLOs themselves pass through queues on both sides of this one
+     * process; 100000 queued answers alone were ~24 MB. */
+    assert_true(grew < 12 * 1024);
+    assert_true(ft_count_log(&log, FERRY_LOG_WARN, "refused a remote worker") <= 10 + 17);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    for (int i = 0; i < 50; i++)
+        read_one(ld, &c);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
 }
 
 /* In a forked child, so async-signal-safe calls only: connects to
@@ -1709,8 +1922,10 @@ int main(void)
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
         cmocka_unit_test(test_remote_worker_with_empty_data_is_refused),
+        cmocka_unit_test(test_remote_ready_before_the_local_workers_does_not_decide),
         cmocka_unit_test(test_hello_of_another_version_is_refused_at_once),
         cmocka_unit_test(test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame),
+        cmocka_unit_test(test_hello_flood_is_answered_without_queueing_every_answer),
         cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),

@@ -463,13 +463,19 @@ static int shape_size(uint32_t dtype, const int64_t *shape, int ndim, const char
     return FERRY_OK;
 }
 
-/* One field of a READY's schema: a dtype and item shape that make a size. */
+/* One field of a READY's schema: a dtype and item shape that make a size
+ * of at most FERRY__ITEM_BYTES_MAX, as every dataset's items are (the
+ * loader sizes batch slots from it). */
 static int check_item_field(const void *elem, const void *parent, const char *where)
 {
     const ferry__item_field *f = elem;
     uint64_t total;
     (void)parent;
-    return shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
+    int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
+    if (rc == FERRY_OK && total > FERRY__ITEM_BYTES_MAX)
+        return ferry__seterr(FERRY_EPROTO,
+                             "%s: one item is %" PRIu64 " bytes, more than 1 GiB", where, total);
+    return rc;
 }
 
 /* One field of a BATCH of `count` items: shape[0] == count, and nbytes

@@ -48,6 +48,10 @@
 #define FERRY__PROGRAM_MAX 64
 #define FERRY__MAX_CREDITS 64
 #define FERRY__MAX_BATCH 1048576u /* items in one batch */
+/* One item of one field may be at most this big, in every dataset and in
+ * every READY: a batch is count * item bytes, and this bound keeps that
+ * product (and a slot's size) far from overflow. */
+#define FERRY__ITEM_BYTES_MAX ((uint64_t)1 << 30)
 #define FERRY__TOKEN_HEX 64        /* a session token: 32 random bytes in lowercase hex */
 /* The smallest max_message: every header a worker sends fits it (the
  * largest, a BATCH of 16 fields of 8 dims with 63-byte names, is about
