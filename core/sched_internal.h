@@ -76,6 +76,7 @@ struct ferry__scheduler {
     uint64_t idle_since_ms; /* running with no ready worker since then; 0 = has some */
     uint32_t settling;      /* workers dead or disconnected whose last replies are awaited */
     uint64_t checked_ms;    /* the last look at the deadlines */
+    uint64_t trimmed_ms;    /* the last trim of the batch slots */
     int slots_out;          /* the last task found no free batch slot */
     uint64_t slots_warned_ms; /* when that was last logged */
     ferry__msg in, out;     /* message scratch, too big for the stack */

@@ -241,6 +241,13 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
     ferry__sched_settle(s);
 }
 
+/* Every TRIM_EVERY_MS, the batch slots left free for TRIM_IDLE_MS beyond
+ * a window's worth of spares give their memory back (ferry__shm_trim): a
+ * trainer that once held many batches does not keep that much shared
+ * memory for the rest of the run. */
+#define TRIM_EVERY_MS 250
+#define TRIM_IDLE_MS 1000
+
 /* The deadlines count whole milliseconds: looked at once per millisecond
  * at most, however fast the replies come. */
 static void check_deadlines(ferry__scheduler *s)
@@ -250,6 +257,10 @@ static void check_deadlines(ferry__scheduler *s)
         return;
     s->checked_ms = now;
     ferry__sched_check_deadlines(s);
+    if (s->shm && now - s->trimmed_ms >= TRIM_EVERY_MS) {
+        s->trimmed_ms = now;
+        ferry__shm_trim(s->shm, (uint32_t)ferry__config_prefetch(&s->cfg), TRIM_IDLE_MS);
+    }
 }
 
 /* ------------------------------------------------------------------------

@@ -11,6 +11,7 @@
  * own child under a hard time limit (ft_begin), and ends with the harness's
  * leak check (no child, the same fds and threads) plus no slot mapping.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -54,6 +56,44 @@ static slot_maps read_slot_maps(void)
     }
     fclose(f);
     return m;
+}
+
+/* The bytes of memory the batch slots' memfd holds now (its blocks), -1
+ * when this process has no such fd. */
+static long long slot_memory(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    long long bytes = -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[300], link[256];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        struct stat st;
+        if (n <= 0)
+            continue;
+        link[n] = '\0';
+        if (strstr(link, "memfd:ferry-slots") && stat(path, &st) == 0)
+            bytes = (long long)st.st_blocks * 512;
+    }
+    closedir(d);
+    return bytes;
+}
+
+/* Polls slot_memory until it is at most `bytes`; how long that took in
+ * ms, or -1 if it did not within `ms`. */
+static int64_t wait_slot_memory_at_most(long long bytes, uint64_t ms)
+{
+    uint64_t t0 = ft_now_ms();
+    for (;;) {
+        long long now = slot_memory();
+        if (now >= 0 && now <= bytes)
+            return (int64_t)(ft_now_ms() - t0);
+        if (ft_now_ms() - t0 > ms)
+            return -1;
+        ft_sleep_ms(20);
+    }
 }
 
 /* Whether every field of b lies in one of the slot mappings. */
@@ -306,6 +346,7 @@ static void test_slots_follow_what_the_trainer_keeps(void **state)
     enum { KEEP = 24 };
     ferry_batch *kept[KEEP];
     assert_int_equal(keep_batches(ld, kept, KEEP, &m, NULL), KEEP);
+    assert_true(slot_memory() >= KEEP * 4096);
     for (int i = 0; i < KEEP; i++) {
         ferry_tensor t, u;
         assert_int_equal(ferry_batch_field_at(kept[i], 0, &t), FERRY_OK);
@@ -334,6 +375,12 @@ static void test_slots_follow_what_the_trainer_keeps(void **state)
     /* The window (2) plus those given to workers meanwhile, well under the
      * 24 the trainer once kept: the most recently freed slots come first. */
     assert_true(nseen <= 8);
+    /* And the memory of the other slots goes back once they have been free
+     * a while (TRIM_IDLE_MS, 1 s): at most the window's slots in use and a
+     * window's worth of spares keep theirs, where all 24 did before. */
+    int64_t took = wait_slot_memory_at_most(2 * 2 * 4096, 10000);
+    printf("slot memory down to %lld bytes after %lld ms\n", slot_memory(), (long long)took);
+    assert_true(took >= 0);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     end_without_slots(&snap);
 }

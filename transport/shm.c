@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "clock.h"
 #include "error.h"
 
 enum { SLOT_FREE = 0, SLOT_GIVEN, SLOT_HELD };
@@ -25,7 +26,9 @@ typedef struct shm_slot {
     ferry__shm *m;  /* the backing context handed out: &slots[i] */
     uint32_t owner; /* SLOT_GIVEN: the worker it was given to */
     uint8_t state;
-    uint8_t ready; /* its memory is mapped here (scheduler thread only) */
+    uint8_t ready;    /* its memory is mapped here (scheduler thread only) */
+    uint8_t touched;  /* given since it was last trimmed: it has memory */
+    uint64_t free_ms; /* SLOT_FREE: since when */
 } shm_slot;
 
 struct ferry__shm {
@@ -127,6 +130,7 @@ uint32_t ferry__shm_nslots(const ferry__shm *m)
 static void put_free(ferry__shm *m, int32_t slot)
 {
     m->slots[slot].state = SLOT_FREE;
+    m->slots[slot].free_ms = ferry__now_ms();
     m->free[m->nfree++] = slot;
 }
 
@@ -138,6 +142,7 @@ int32_t ferry__shm_give(ferry__shm *m, uint32_t owner)
         slot = m->free[--m->nfree];
         m->slots[slot].state = SLOT_GIVEN;
         m->slots[slot].owner = owner;
+        m->slots[slot].touched = 1;
     }
     pthread_mutex_unlock(&m->mu);
     return slot;
@@ -192,6 +197,31 @@ void *ferry__shm_hold(ferry__shm *m, int32_t slot)
     m->held++;
     pthread_mutex_unlock(&m->mu);
     return &m->slots[slot];
+}
+
+uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
+{
+    enum { MAX_PER_CALL = 64 }; /* bounds the time one call takes */
+    int32_t cut[MAX_PER_CALL];
+    uint32_t n = 0;
+    uint64_t now = ferry__now_ms();
+    pthread_mutex_lock(&m->mu);
+    /* The bottom of the stack was freed first and is given last. */
+    for (uint32_t i = 0; i + keep < m->nfree && n < MAX_PER_CALL; i++) {
+        shm_slot *sl = &m->slots[m->free[i]];
+        if (!sl->touched || now - sl->free_ms < idle_ms)
+            continue;
+        sl->touched = 0;
+        sl->ready = 0;
+        cut[n++] = m->free[i];
+    }
+    pthread_mutex_unlock(&m->mu);
+    /* Outside the lock: only this thread gives slots, so none of these can
+     * be given meanwhile, and a release elsewhere need not wait. */
+    for (uint32_t k = 0; k < n; k++)
+        (void)fallocate(m->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        (off_t)ferry__shm_offset(m, cut[k]), (off_t)m->slot_bytes);
+    return n;
 }
 
 /* Unmaps and frees m: closed and nothing held. */

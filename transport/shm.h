@@ -26,7 +26,9 @@
  * Steady state costs nothing per batch: slots are reused, each slot's
  * memory is allocated and mapped once, when the first batch is written
  * into it (so sizing is instant and the first batch waits for its own slot
- * only), and holding or releasing one allocates nothing.
+ * only), and holding or releasing one allocates nothing. Slots left free
+ * for a while beyond what the window reuses are trimmed (ferry__shm_trim),
+ * so the memory follows what is in flight and held, down as well as up.
  *
  * Thread safety: one mutex; ferry__shm_release from any thread, the rest
  * from the scheduler thread.
@@ -56,6 +58,15 @@ int ferry__shm_fd(const ferry__shm *m);
  * detail) when the memfd cannot be grown or mapped; the pool stays unsized
  * then and is still usable as one that gives no slots. */
 int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots);
+
+/* Gives the memory of free slots back to the system: those below the
+ * `keep` freed last on the free stack (the ones given next) that have been
+ * free for idle_ms or more, at most 64 per call. A trainer that held many
+ * batches at once and let them go leaves the pool's memory at that high
+ * mark until this runs; a trimmed slot gets new memory when next given
+ * (its worker then faults its pages in as it writes). Only from the
+ * thread that gives slots. Returns how many were trimmed. */
+uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms);
 
 /* The bytes of each slot (0 while unsized) and their number. */
 size_t ferry__shm_slot_bytes(const ferry__shm *m);
