@@ -1,4 +1,6 @@
-"""pip install --no-build-isolation ./python
+"""/usr/bin/python3 -m pip install --no-build-isolation --no-deps --target DIR ./python
+
+(or into a venv made with --system-site-packages; see docs/python.md).
 
 Builds the ferry package with Debian's setuptools: the _ferry extension
 from python/src plus the C core (the same files CMake builds, read from

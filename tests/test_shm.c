@@ -12,6 +12,7 @@
  * leak check (no child, the same fds and threads) plus no slot mapping.
  */
 #include <dirent.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -385,6 +387,80 @@ static void test_slots_follow_what_the_trainer_keeps(void **state)
     end_without_slots(&snap);
 }
 
+/* One byte through a pipe, within 10 s: 1, or 0 on timeout or EOF. */
+static int pipe_wait(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char c;
+    return poll(&p, 1, 10000) == 1 && read(fd, &c, 1) == 1;
+}
+
+/* A child forked while the trainer holds a batch in a slot has its own copy
+ * of it, as of any memory fork() copies: what the child writes stays in the
+ * child, and when the trainer releases the batch and the slot is reused for
+ * another, the child's view keeps its bytes. Shared mappings are not
+ * copied by fork(), so both used to see each other's writes and the child's
+ * batch turned into another one. */
+static void test_a_forked_child_keeps_its_own_copy_of_held_batches(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_loader *ld = ft_open_ok(shm_cfg(2, 2, synthetic("")));
+    slot_maps m = read_slot_maps();
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    assert_true(in_slots(&m, b));
+    ferry_tensor x;
+    assert_int_equal(ferry_batch_field(b, "x", &x), FERRY_OK);
+    unsigned char *orig = malloc(x.nbytes);
+    assert_non_null(orig);
+    memcpy(orig, x.data, x.nbytes);
+    int to_child[2], to_parent[2];
+    assert_int_equal(pipe(to_child), 0);
+    assert_int_equal(pipe(to_parent), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* The child: writes its batch, then after the trainer has reused
+         * the slot checks that it still reads what it wrote. */
+        memset((void *)x.data, 0x77, x.nbytes);
+        int ok = write(to_parent[1], "w", 1) == 1 && pipe_wait(to_child[0]);
+        for (size_t i = 0; ok && i < x.nbytes; i++)
+            ok = ((const unsigned char *)x.data)[i] == 0x77;
+        _exit(ok ? 0 : 1);
+    }
+    assert_true(pipe_wait(to_parent[0]));
+    /* The child's writes are not here. */
+    assert_memory_equal(x.data, orig, x.nbytes);
+    /* Released, the slot is the next one given (the freed last): a later
+     * batch lands where this one was. */
+    const void *where = x.data;
+    ferry_batch_release(b);
+    int reused = 0;
+    for (int i = 0; i < 20 && !reused; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        assert_int_equal(ferry_batch_field(b, "x", &x), FERRY_OK);
+        reused = x.data == where;
+        ft_assert_synthetic(b, DIM);
+        ferry_batch_release(b);
+    }
+    assert_true(reused);
+    assert_int_equal(write(to_child[1], "r", 1), 1);
+    int status;
+    assert_int_equal(ft_wait_child(pid, 10000, &status), 0);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    for (int k = 0; k < 2; k++) {
+        close(to_child[k]);
+        close(to_parent[k]);
+    }
+    free(orig);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * Failures
  */
@@ -595,6 +671,7 @@ int main(void)
         cmocka_unit_test(test_held_slots_are_never_reused_and_come_back_from_any_thread),
         cmocka_unit_test(test_a_trainer_keeping_every_slot_gets_batches_by_message),
         cmocka_unit_test(test_slots_follow_what_the_trainer_keeps),
+        cmocka_unit_test(test_a_forked_child_keeps_its_own_copy_of_held_batches),
         cmocka_unit_test(test_workers_killed_mid_write_lose_nothing),
         cmocka_unit_test(test_a_batch_that_crashes_mid_write_is_given_up_alone),
         cmocka_unit_test(test_close_leaves_no_slot_memory_once_batches_are_released),

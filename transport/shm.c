@@ -42,7 +42,97 @@ struct ferry__shm {
     uint32_t nfree;
     uint32_t held;
     int open; /* the loader has not closed it */
+    ferry__shm *next_live, *prev_live;
 };
+
+/* ------------------------------------------------------------------------
+ * fork(): a child gets its own copy of every batch held at the fork.
+ *
+ * A batch in a slot is a view of MAP_SHARED memory, which fork() does not
+ * copy: without this a forked child (multiprocessing, a DataLoader with
+ * fork workers, os.fork()) and the trainer would write into each other's
+ * batches, and once the trainer released one and the slot was reused, the
+ * child's array would silently turn into another batch. So in the child,
+ * each held slot's range is replaced, at the same address, by a private
+ * copy (mremap of a filled anonymous mapping on top of it): the child's
+ * views keep their bytes, as they would for memory fork() copies. The cost
+ * is a copy of what is held at the fork, in the child. The pools are found
+ * through a list of every live one; the prepare handler takes its lock and
+ * every pool's, so no pool is mid-change when the child looks.
+ */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static ferry__shm *live;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&live_mu);
+    for (ferry__shm *m = live; m; m = m->next_live)
+        pthread_mutex_lock(&m->mu);
+}
+
+static void fork_parent(void)
+{
+    for (ferry__shm *m = live; m; m = m->next_live)
+        pthread_mutex_unlock(&m->mu);
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* In the child: held slots become private copies (best effort: a slot
+ * whose copy cannot be made stays shared). */
+static void private_copies(ferry__shm *m)
+{
+    for (uint32_t i = 0; m->base && i < m->nslots; i++) {
+        if (m->slots[i].state != SLOT_HELD)
+            continue;
+        unsigned char *at = m->base + (size_t)i * m->slot_bytes;
+        void *copy = mmap(NULL, m->slot_bytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (copy == MAP_FAILED)
+            continue;
+        memcpy(copy, at, m->slot_bytes);
+        if (mremap(copy, m->slot_bytes, m->slot_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
+            MAP_FAILED)
+            munmap(copy, m->slot_bytes);
+    }
+}
+
+static void fork_child(void)
+{
+    for (ferry__shm *m = live; m; m = m->next_live) {
+        private_copies(m);
+        pthread_mutex_unlock(&m->mu);
+    }
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void install_atfork(void)
+{
+    (void)pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void add_live(ferry__shm *m)
+{
+    pthread_once(&atfork_once, install_atfork);
+    pthread_mutex_lock(&live_mu);
+    m->next_live = live;
+    if (live)
+        live->prev_live = m;
+    live = m;
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void remove_live(ferry__shm *m)
+{
+    pthread_mutex_lock(&live_mu);
+    if (m->prev_live)
+        m->prev_live->next_live = m->next_live;
+    else
+        live = m->next_live;
+    if (m->next_live)
+        m->next_live->prev_live = m->prev_live;
+    pthread_mutex_unlock(&live_mu);
+}
 
 int ferry__shm_new(ferry__shm **out)
 {
@@ -57,6 +147,7 @@ int ferry__shm_new(ferry__shm **out)
     }
     pthread_mutex_init(&m->mu, NULL);
     m->open = 1;
+    add_live(m);
     *out = m;
     return FERRY_OK;
 }
@@ -227,6 +318,7 @@ uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
 /* Unmaps and frees m: closed and nothing held. */
 static void destroy(ferry__shm *m)
 {
+    remove_live(m);
     if (m->base)
         munmap(m->base, m->slot_bytes * m->nslots);
     pthread_mutex_destroy(&m->mu);

@@ -161,9 +161,11 @@ static void view_dealloc(ViewObject *v)
     PyObject_Free(v);
 }
 
-/* The batch's memory is the trainer's own (a received message, not shared
- * with anyone), so the buffer is writable: torch.from_numpy and in-place
- * normalisation need that. */
+/* The batch's memory is the trainer's alone while it holds the batch (a
+ * received message, or a slot that no worker writes into until the batch
+ * is released; a forked child gets its own copy, see transport/shm.c), so
+ * the buffer is writable: torch.from_numpy and in-place normalisation need
+ * that. */
 static int view_getbuffer(ViewObject *v, Py_buffer *view, int flags)
 {
     view->buf = v->data;
