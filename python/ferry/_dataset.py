@@ -114,9 +114,17 @@ def spec_for(target, kwargs):
                 "ferry.Loader: %s is defined in an interactive session or a script read from "
                 "stdin; workers import the dataset by name, so define it in a .py file (a "
                 "module, or the main script)" % qual)
+    # The trainer's import path, for workers to find the module: without
+    # the interpreter's own directories and PYTHONPATH's (a worker has
+    # those already: it is this interpreter, with this environment) and
+    # without repeats, so a long PYTHONPATH does not fill the spec.
     system = _system_dirs()
-    opts["path"] = [p for p in (os.path.abspath(p or os.getcwd()) for p in sys.path)
-                    if p not in system]
+    inherited = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p}
+    opts["path"] = []
+    for p in (os.path.abspath(p or os.getcwd()) for p in sys.path):
+        if p not in system and p not in inherited and p not in opts["path"]:
+            opts["path"].append(p)
 
     def plain(o):  # numpy scalars and arrays in kwargs, as JSON numbers and lists
         if isinstance(o, np.generic):
@@ -131,8 +139,15 @@ def spec_for(target, kwargs):
         raise TypeError("ferry.Loader: dataset_kwargs must be JSON-able (%s)" % e) from None
     spec = "python:%s:%s %s" % (module, qual, text)
     if len(spec.encode()) > SPEC_MAX:
-        raise ValueError("ferry.Loader: the dataset spec is %d bytes (limit %d); pass large "
-                         "arguments as a file name" % (len(spec.encode()), SPEC_MAX))
+        from ._errors import InvalidValue
+        sizes = {k: len(json.dumps(opts.get(k), separators=(",", ":"), default=plain).encode())
+                 for k in ("kwargs", "path", "argv")}
+        raise InvalidValue(
+            "ferry.Loader: the dataset spec is %d bytes (limit %d): dataset_kwargs take %d, "
+            "the import path (sys.path entries not in PYTHONPATH) %d, the main script's "
+            "arguments %d; pass large arguments as a file name, or put the directories in "
+            "PYTHONPATH instead of sys.path" % (len(spec.encode()), SPEC_MAX, sizes["kwargs"],
+                                                sizes["path"], sizes["argv"]))
     return spec
 
 

@@ -371,6 +371,37 @@ def test_dataset_defined_in_the_main_script(tmp_path):
                                    "[24, 27, 30, 33] ab"]
 
 
+def test_a_long_pythonpath_does_not_fill_the_dataset_spec(tmp_path):
+    # 80 directories on PYTHONPATH (each a 70-character path) used to go
+    # into the spec and overflow its 4 KiB; a worker inherits them anyway.
+    dirs = []
+    for i in range(80):
+        d = tmp_path / ("lib-%02d-" % i + "x" * 60)
+        d.mkdir()
+        dirs.append(str(d))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", "")] + dirs)
+    p = run_script(tmp_path, """
+        import numpy as np, ferry
+        class Local:
+            def __len__(self): return 8
+            def __getitem__(self, i): return np.int64(i)
+        if __name__ == "__main__":
+            with ferry.Loader(Local, batch_size=4, workers=1, epochs=1, shuffle=False) as ld:
+                print(sum(len(b[0]) for b in ld))
+            try:
+                ferry.Loader(Local, dataset_kwargs={"blob": "y" * 5000}, workers=1)
+            except ferry.InvalidValue as e:
+                print("InvalidValue:", e)
+        """, env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    lines = out.split("\n")
+    assert lines[0] == "8"
+    assert lines[1].startswith("InvalidValue: ferry.Loader: the dataset spec is")
+    assert "dataset_kwargs take 50" in lines[1]  # 5000+ bytes, named as the cause
+
+
 def test_ctrl_c_in_next_raises_keyboard_interrupt_fast_and_leaves_no_worker(tmp_path):
     p = run_script(tmp_path, """
         import sys, time, ferry

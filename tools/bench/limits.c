@@ -1,7 +1,7 @@
 /*
  * limits.c - ferry-bench --limits: ferry against the two ceilings it
  * cannot beat on this machine, measured in the same invocation so that
- * every figure is a same-run ratio (issue #12).
+ * every figure is a same-run ratio.
  *
  * A round is three runs with the same batch bytes (the dataset's schema x
  * batch_size) and the same depth (the loader's prefetch window):
@@ -487,8 +487,8 @@ static void print_text(const bench_opts *o, const limit_plan *p, const limit_rou
     fprintf(f, "\nferry / one-copy     %s   (batches/s, per round)\n", c1);
     fprintf(f, "ferry / raw ZeroMQ   %s\n", c2);
     fprintf(f,
-            "ferry's added cost   %s us per batch over raw ZeroMQ (issue #12's target: <= 5 us "
-            "at batch size 1)\n",
+            "ferry's added cost   %s us per batch over raw ZeroMQ (aim: <= 5 us at batch size 1; "
+            "negative: ferry is faster)\n",
             c3);
 }
 
