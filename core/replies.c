@@ -78,6 +78,7 @@ void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w)
 {
     free(w->held_ready);
     w->held_ready = NULL;
+    w->fails_retried = 0;
     w->p.state = FERRY__PEER_EMPTY;
     w->p.ident.len = 0;
     ferry__remote_token_revoke(s->remote, w->p.index - s->nlocal);
@@ -529,6 +530,29 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
     ferry__window_complete(s->win, e, b, 0, NULL, ferry__now_ms());
 }
 
+/* A remote host's dataset failed on task e: the host has its own copy of
+ * the data (its disk, its mount, its decoder), so the batch may well build
+ * elsewhere. It goes to another worker (charged an attempt; see
+ * ferry__window_retry), and is filed as failed only when it has used its
+ * attempts, or failed on every worker it went to. Local workers share one
+ * dataset: their failures are filed at once. Said at warning level for the
+ * first three such failures of a host, then at each power of two. 1 when
+ * e was sent on. */
+static int retry_elsewhere(ferry__scheduler *s, sched_worker *w, ferry__window_entry *e,
+                           const char *who, const ferry__fail *f)
+{
+    if (!ferry__window_retry(s->win, e, ferry__now_ms()))
+        return 0;
+    uint32_t n = ++w->fails_retried;
+    if (n <= 3 || (n & (n - 1)) == 0)
+        ferry__logf(&s->log, FERRY_LOG_WARN,
+                    "%s failed on index %llu (epoch %llu, batch %llu): %s; the batch goes to "
+                    "another worker (%u such failures on this host so far)",
+                    who, (unsigned long long)f->index, (unsigned long long)e->t.epoch,
+                    (unsigned long long)e->t.batch_in_epoch, f->message, n);
+    return 1;
+}
+
 static void on_fail(ferry__scheduler *s, sched_worker *w)
 {
     const ferry__fail *f = &s->in.u.fail;
@@ -540,6 +564,8 @@ static void on_fail(ferry__scheduler *s, sched_worker *w)
     answer_slot(s, e, 0);
     char who[96];
     sched_describe(s, w, who, sizeof who);
+    if (w->p.remote && f->code != FERRY_ELIMIT && retry_elsewhere(s, w, e, who, f))
+        return;
     char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
     if (msg && f->code == FERRY_ELIMIT) /* the batch as a whole: too large to send */
         snprintf(msg, FERRY__ERRMSG_MAX,

@@ -40,6 +40,7 @@ typedef struct sched_worker {
     /* Remote: its READY, kept until a local worker's fixes the dataset's
      * length and schema (NULL: none waiting). */
     ferry__ready *held_ready;
+    uint32_t fails_retried; /* remote: its FAILs whose batch went elsewhere */
 } sched_worker;
 
 struct ferry__scheduler {

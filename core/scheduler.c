@@ -61,14 +61,14 @@ void ferry__scheduler_wake(void *arg)
  */
 
 /* The ready worker with a free credit and the fewest tasks, round-robin
- * among equals. */
-static sched_worker *pick_worker(ferry__scheduler *s)
+ * among equals, other than `skip` (NULL: any). */
+static sched_worker *pick_worker(ferry__scheduler *s, const sched_worker *skip)
 {
     sched_worker *best = NULL;
     uint32_t best_n = 0;
     for (uint32_t k = 0; k < s->nworkers; k++) {
         sched_worker *w = &s->w[(s->rr + k) % s->nworkers];
-        if (w->p.state != FERRY__PEER_READY || w->p.unreachable)
+        if (w == skip || w->p.state != FERRY__PEER_READY || w->p.unreachable)
             continue;
         uint32_t n = ferry__window_outstanding(s->win, w->p.index);
         if (n < (uint32_t)s->cfg.credits && (!best || n < best_n)) {
@@ -165,15 +165,38 @@ static int send_failed(ferry__scheduler *s, sched_worker *w)
 
 /* Fills the window: while a worker has a free credit and the window has a
  * task to send (one to send again first), send it. */
+/* Whether some ready worker other than w could take a task later (it has
+ * no free credit now). */
+static int another_ready(const ferry__scheduler *s, const sched_worker *w)
+{
+    for (uint32_t i = 0; i < s->nworkers; i++) {
+        const sched_worker *o = &s->w[i];
+        if (o != w && o->p.state == FERRY__PEER_READY && !o->p.unreachable)
+            return 1;
+    }
+    return 0;
+}
+
 static void dispatch(ferry__scheduler *s)
 {
     for (;;) {
-        sched_worker *w = pick_worker(s);
+        sched_worker *w = pick_worker(s, NULL);
         if (!w)
             return;
         ferry__window_entry *e = ferry__window_take(s->win);
         if (!e)
             return;
+        if (e->avoid == (int32_t)w->p.index) {
+            /* Its dataset failed on this one: another worker, now if one
+             * has a credit, later if one will; w only when it is alone. */
+            sched_worker *o = pick_worker(s, w);
+            if (o)
+                w = o;
+            else if (another_ready(s, w)) {
+                ferry__window_unsent(s->win, e);
+                return;
+            }
+        }
         /* Before the send: the worker may start (and its make_ns clock with
          * it) before send_task returns. */
         e->sent_ns = ferry__now_ns();

@@ -374,6 +374,7 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
     e->worker = NONE;
     e->attempts = 0;
     e->sends = 0;
+    e->avoid = NONE;
     win->in_flight++;
     win->next_seq++;
     win->st.dispatched++;
@@ -467,6 +468,20 @@ void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_ba
     int waiting = done_locked(win, e, b, err, errmsg);
     pthread_mutex_unlock(&win->mu);
     wake_unlocked(win, waiting);
+}
+
+int ferry__window_retry(ferry__window *win, ferry__window_entry *e, uint64_t now_ms)
+{
+    if (e->attempts + 1 >= win->max_attempts)
+        return 0;
+    worker_tasks *wt = &win->workers[e->worker];
+    list_remove(win, &wt->sent, slot_of(win, e));
+    if (wt->sent.n)
+        wt->busy_ms = now_ms;
+    e->attempts++;
+    e->avoid = e->worker;
+    resend(win, e);
+    return 1;
 }
 
 uint32_t ferry__window_outstanding(const ferry__window *win, uint32_t worker)

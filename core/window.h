@@ -79,6 +79,8 @@ typedef struct ferry__window_entry {
     int32_t worker;    /* the worker it was sent to; -1 while not with one */
     uint32_t attempts; /* workers that died while working on it */
     uint32_t sends;    /* times it was sent to a worker */
+    int32_t avoid;     /* a worker whose dataset failed on it: not sent there again while
+                          another can take it; -1: none */
     uint64_t sent_ns;  /* when it was last sent (the scheduler sets it) */
     int32_t shm_slot;  /* the batch slot sent with it (the scheduler's), -1: none */
     /* private to window.c */
@@ -153,6 +155,13 @@ ferry__window_entry *ferry__window_find(ferry__window *win, uint32_t worker, uin
  * for it). `now_ms` starts the clock on the worker's next task. */
 void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_batch *b, int err,
                             char *errmsg, uint64_t now_ms);
+
+/* Entry e (sent to a worker) failed there in a way another worker may not
+ * (a remote host's own copy of the data): it waits to be sent again, to
+ * another worker when one can take it (e->avoid), charged an attempt. 0,
+ * leaving e as it was, when it has no attempt left (max_attempts): the
+ * caller then files the failure. `now_ms` as for ferry__window_complete. */
+int ferry__window_retry(ferry__window *win, ferry__window_entry *e, uint64_t now_ms);
 
 /* Tasks sent to `worker` and not answered. */
 uint32_t ferry__window_outstanding(const ferry__window *win, uint32_t worker);

@@ -984,6 +984,99 @@ static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
     case_end(&t);
 }
 
+/* A host whose dataset fails on everything: HELLO, CONFIG, a correct
+ * READY, then FAIL for every TASK, heartbeating, until released. */
+typedef struct failing_host {
+    const char *ep;
+    atomic_int failed;  /* FAILs sent */
+    atomic_int release;
+    atomic_int done;    /* 1: ran as planned; -1: not */
+    char what[256];
+} failing_host;
+
+static void *failing_host_main(void *arg)
+{
+    failing_host *r = arg;
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, r->ep), *d = NULL;
+    static ferry__msg m;
+    int ok = 1;
+    raw_hello(s, FERRY_PROTOCOL_VERSION);
+    if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+        snprintf(r->what, sizeof r->what, "no CONFIG");
+        ok = 0;
+    }
+    if (ok) {
+        d = raw_join(ctx, r->ep, &m.u.config);
+        raw_ready(d, DIM);
+    }
+    uint64_t t0 = ft_now_ms();
+    while (ok && !atomic_load(&r->release) && ft_now_ms() - t0 < 60000) {
+        if (raw_wait(d, &m, FERRY__MSG_TASK, 200) == 0) {
+            uint64_t id = m.u.task.id;
+            memset(&m, 0, sizeof m);
+            m.type = FERRY__MSG_FAIL;
+            m.u.fail = (ferry__fail){.id = id, .code = FERRY_EDATASET, .index = 7};
+            snprintf(m.u.fail.message, sizeof m.u.fail.message, "OSError: this host's disk");
+            assert_int_equal(raw_send(d, &m, NULL), FERRY_OK);
+            atomic_fetch_add(&r->failed, 1);
+        }
+        memset(&m, 0, sizeof m);
+        m.type = FERRY__MSG_HEARTBEAT;
+        raw_send(d, &m, NULL);
+    }
+    if (d)
+        zmq_close(d);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    atomic_store(&r->done, ok ? 1 : -1);
+    return NULL;
+}
+
+/* A remote host's dataset is its own copy of the data: when it fails on a
+ * batch, the batch goes to another worker, which builds it. With one host
+ * failing every task it is given and a healthy one beside it, the trainer
+ * gets every batch, in order, none failed, where each of that host's tasks
+ * used to be delivered as a failed batch (and a host that fails fast
+ * looks idle, so it got many). The log says so for the first three. */
+static void test_a_remote_hosts_failures_are_built_by_another_worker(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 90);
+    pid_t good;
+    ft_stream c;
+    static ft_log_capture log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ferry_loader *ld = open_plain(&t, &good, &c, 3, &log);
+    failing_host r = {.ep = t.ep};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, failing_host_main, &r), 0);
+    assert_true(ft_wait_stats(ld, joined_at_least, 2, 20000) >= 0);
+    /* Reading keeps tasks going to both, the failing host too. */
+    uint64_t t0 = ft_now_ms();
+    while (atomic_load(&r.failed) < 20 && ft_now_ms() - t0 < 30000)
+        read_one(ld, &c);
+    for (int i = 0; i < 100; i++)
+        read_one(ld, &c);
+    atomic_store(&r.release, 1);
+    pthread_join(th, NULL);
+    if (atomic_load(&r.done) != 1)
+        fail_msg("the failing host: %s", r.what);
+    ferry_stats st = ft_stats(ld);
+    printf("%d FAILs from the host; delivered %llu, failed %llu\n", atomic_load(&r.failed),
+           (unsigned long long)st.delivered, (unsigned long long)st.failed);
+    assert_true(atomic_load(&r.failed) >= 20);
+    assert_int_equal(st.failed, 0);
+    /* The first three, then at powers of two: 4, 8, 16, ... */
+    int said = ft_count_log(&log, FERRY_LOG_WARN, "this host's disk; the batch goes to another "
+                                                  "worker");
+    assert_true(said >= 3 && said <= 3 + 12);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
+}
+
 /* The first remote worker to say READY fixes the dataset's length, so one
  * whose data is empty is refused (STOP, counted) instead: the loader keeps
  * waiting and opens with the next worker, whose data is right. */
@@ -1921,6 +2014,7 @@ int main(void)
         cmocka_unit_test(test_unknown_key_is_rejected),
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
+        cmocka_unit_test(test_a_remote_hosts_failures_are_built_by_another_worker),
         cmocka_unit_test(test_remote_worker_with_empty_data_is_refused),
         cmocka_unit_test(test_remote_ready_before_the_local_workers_does_not_decide),
         cmocka_unit_test(test_hello_of_another_version_is_refused_at_once),
