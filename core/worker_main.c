@@ -661,12 +661,16 @@ static int run(int argc, char **argv, char *const *relaunch, unsigned char *drop
     if (rc != 0 || remote)
         return rc;
     o.cancel = NULL;
-    if (ferry__worker_run(&o) != FERRY_OK) {
+    int run = ferry__worker_run(&o);
+    if (run == FERRY_OK)
+        return 0;
+    /* Turned away (the dataset did not open, the loader is closing, another
+     * protocol): the loader says why itself, once, in its own error or
+     * log; a line from every worker too would only repeat it, or guess. */
+    if (run != FERRY_ECLOSED && run != FERRY_EVERSION)
         fprintf(stderr, "ferry-worker %d (pid %d): %s\n", (int)c.slot, (int)getpid(),
                 ferry_last_error());
-        return 1;
-    }
-    return 0;
+    return 1;
 }
 
 int ferry_worker_main(int argc, char **argv, const char *name, char *const relaunch[])

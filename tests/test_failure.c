@@ -213,6 +213,42 @@ static void test_restart_replaces_killed_workers_and_loses_nothing(void **state)
     ft_end(&snap);
 }
 
+/* A dataset that does not open is said once, by open's error, naming the
+ * worker and the dataset's own words: the workers, which the loader turns
+ * away, write nothing (each used to print the refusal too, and a second
+ * one a guess that the loader was full or spoke another protocol). */
+static void test_a_dataset_that_does_not_open_is_said_once(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    FILE *err = tmpfile();
+    assert_true(saved >= 0 && err);
+    assert_int_equal(dup2(fileno(err), STDERR_FILENO), STDERR_FILENO);
+    ferry_config *cfg = make_cfg(2, 20, "synthetc:n=100");
+    ferry_loader *ld = NULL;
+    int rc = ferry_loader_open(&ld, cfg);
+    char why[512];
+    snprintf(why, sizeof why, "%s", ferry_last_error());
+    ferry_config_free(cfg);
+    fflush(stderr);
+    assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+    close(saved);
+    char out[4096] = "";
+    rewind(err);
+    size_t got = fread(out, 1, sizeof out - 1, err);
+    out[got] = '\0';
+    fclose(err);
+    print_message("open: %s\nstderr: '%s'\n", why, out);
+    assert_int_equal(rc, FERRY_EDATASET);
+    assert_null(ld);
+    assert_non_null(strstr(why, "could not open dataset 'synthetc:n=100': unknown dataset kind"));
+    assert_null(strstr(out, "ferry-worker"));
+    ft_end(&snap);
+}
+
 /* With a log callback, a worker's death and its replacement are one
  * message at warning level, naming the worker, its pid and the signal;
  * debug level adds one line per worker that becomes ready; and the loader
@@ -918,6 +954,7 @@ int main(void)
         cmocka_unit_test(test_crash_is_explained_with_signal_and_last_words),
         cmocka_unit_test(test_restart_replaces_killed_workers_and_loses_nothing),
         cmocka_unit_test(test_log_callback_gets_one_message_per_death),
+        cmocka_unit_test(test_a_dataset_that_does_not_open_is_said_once),
         cmocka_unit_test(test_log_levels_are_named),
         cmocka_unit_test(test_poison_batch_is_given_up_and_run_continues),
         cmocka_unit_test(test_only_the_poison_batch_is_ever_given_up_under_load),
