@@ -38,17 +38,17 @@ static sched_worker *find_by_ident(ferry__scheduler *s, void *sock, const ferry_
     return NULL;
 }
 
-/* The answer that makes a worker whose HELLO (of protocol `version`) is
- * refused stop at once instead of waiting for a CONFIG that will not come.
- * A worker of another version from FERRY__REFUSE_SINCE on gets REFUSE with
- * the reason: REFUSE, like HELLO, never changes, so every such version
- * decodes it. Any other gets STOP, which before CONFIG means the same: a
- * version-1 worker, which knows no REFUSE, or one of this version refused
- * for another reason. */
+/* The answer that makes a refused worker (of protocol `version`) stop at
+ * once instead of waiting for a CONFIG or a TASK that will not come. A
+ * worker from FERRY__REFUSE_SINCE on, this version included, gets REFUSE
+ * with the reason, so the host's operator reads why (the remote slots are
+ * all taken, its data differs) where the worker runs: REFUSE, like HELLO,
+ * never changes, so every such version decodes it. A version-1 worker,
+ * which knows no REFUSE, gets STOP, which before CONFIG means the same. */
 static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *id,
                            uint32_t version, const char *why)
 {
-    if (version != FERRY_PROTOCOL_VERSION && version >= FERRY__REFUSE_SINCE) {
+    if (version >= FERRY__REFUSE_SINCE) {
         s->out.type = FERRY__MSG_REFUSE;
         s->out.u.refuse.version = FERRY_PROTOCOL_VERSION;
         snprintf(s->out.u.refuse.reason, sizeof s->out.u.refuse.reason, "%s", why);

@@ -864,8 +864,9 @@ typedef struct raw_script {
 } raw_script;
 
 /* The hostile worker's sessions, on one connection: first a READY whose
- * schema differs (refused with STOP), then one session per kind of wrong
- * batch: HELLO, CONFIG, a correct READY, the first TASK answered wrongly.
+ * schema differs (refused with REFUSE, saying why), then one session per
+ * kind of wrong batch: HELLO, CONFIG, a correct READY, the first TASK
+ * answered wrongly.
  * A session the loader has given up is simply followed by a new HELLO. */
 static void *raw_script_main(void *arg)
 {
@@ -883,8 +884,9 @@ static void *raw_script_main(void *arg)
         d = raw_join(ctx, r->ep, &m.u.config);
         raw_ready(d, DIM + 1);
     }
-    if (ok && raw_wait(d, &m, FERRY__MSG_STOP, 10000) != 0) {
-        snprintf(r->what, sizeof r->what, "no STOP for a READY with another schema");
+    if (ok && (raw_wait(d, &m, FERRY__MSG_REFUSE, 10000) != 0 ||
+               !strstr(m.u.refuse.reason, "sees another schema"))) {
+        snprintf(r->what, sizeof r->what, "no REFUSE saying why for a READY with another schema");
         ok = 0;
     }
     for (int how = 0; ok && how < NWRONG; how++) {
@@ -1078,8 +1080,9 @@ static void test_a_remote_hosts_failures_are_built_by_another_worker(void **stat
 }
 
 /* The first remote worker to say READY fixes the dataset's length, so one
- * whose data is empty is refused (STOP, counted) instead: the loader keeps
- * waiting and opens with the next worker, whose data is right. */
+ * whose data is empty is refused (REFUSE saying why, counted) instead: the
+ * loader keeps waiting and opens with the next worker, whose data is
+ * right. */
 static void *raw_empty_main(void *arg)
 {
     raw_script *r = arg;
@@ -1096,8 +1099,9 @@ static void *raw_empty_main(void *arg)
         d = raw_join(ctx, r->ep, &m.u.config);
         raw_ready_n(d, DIM, 0);
     }
-    if (ok && raw_wait(d, &m, FERRY__MSG_STOP, 10000) != 0) {
-        snprintf(r->what, sizeof r->what, "no STOP for a READY with no items");
+    if (ok && (raw_wait(d, &m, FERRY__MSG_REFUSE, 10000) != 0 ||
+               !strstr(m.u.refuse.reason, "sees no items"))) {
+        snprintf(r->what, sizeof r->what, "no REFUSE saying why for a READY with no items");
         ok = 0;
     }
     if (d)
@@ -1214,8 +1218,9 @@ static void *early_peers_main(void *arg)
         fclose(g);
     }
     /* The local worker's READY decides; the other length is turned away. */
-    if (ok && raw_wait(d[0], &m, FERRY__MSG_STOP, 15000) != 0) {
-        snprintf(r->what, sizeof r->what, "no STOP for the READY of another length");
+    if (ok && (raw_wait(d[0], &m, FERRY__MSG_REFUSE, 15000) != 0 ||
+               !strstr(m.u.refuse.reason, "sees 1999 items"))) {
+        snprintf(r->what, sizeof r->what, "no REFUSE saying why for the READY of another length");
         ok = 0;
     }
     for (int i = 0; i < 2; i++) {
@@ -1610,6 +1615,43 @@ static void test_worker_refused_for_its_version_stops_at_once(void **state)
     zmq_close(router);
     zmq_ctx_term(ctx);
     ft_end(&snap);
+}
+
+/* A worker of this very version refused for another reason (here: all
+ * max_remote slots are taken) is told why, in a REFUSE, so its host's
+ * operator reads the reason where the worker runs; it used to get a bare
+ * STOP, which ferry's worker could only explain as "full, closing, or
+ * another protocol". */
+static void test_a_full_loader_says_so_to_the_worker_it_refuses(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 60);
+    pid_t good = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "max_remote", 1), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 0);
+    read_one(ld, &c);
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, t.ep);
+    ferry__msg m;
+    raw_hello(s, FERRY_PROTOCOL_VERSION);
+    assert_int_equal(raw_wait(s, &m, FERRY__MSG_REFUSE, 5000), 0);
+    printf("REFUSE: version %u, '%s'\n", m.u.refuse.version, m.u.refuse.reason);
+    assert_int_equal(m.u.refuse.version, FERRY_PROTOCOL_VERSION);
+    assert_non_null(strstr(m.u.refuse.reason, "all 1 remote slots are taken (max_remote)"));
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    for (int i = 0; i < 20; i++)
+        read_one(ld, &c);
+    assert_int_equal(ft_stats(ld).rejected, 1);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(good);
+    case_end(&t);
 }
 
 /* Too few workers by start_timeout_ms: a clear timeout, nothing left. */
@@ -2021,6 +2063,7 @@ int main(void)
         cmocka_unit_test(test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame),
         cmocka_unit_test(test_hello_flood_is_answered_without_queueing_every_answer),
         cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
+        cmocka_unit_test(test_a_full_loader_says_so_to_the_worker_it_refuses),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),
         cmocka_unit_test(test_supervisor_replaces_killed_child_and_leaves_none),
