@@ -213,6 +213,33 @@ static void test_restart_replaces_killed_workers_and_loses_nothing(void **state)
     ft_end(&snap);
 }
 
+/* stderr into a temporary file until stderr_end, which restores it and
+ * returns what was written (up to cap - 1 bytes, NUL-terminated). */
+typedef struct stderr_capture {
+    int saved;
+    FILE *file;
+} stderr_capture;
+
+static void stderr_begin(stderr_capture *c)
+{
+    fflush(stderr);
+    c->saved = dup(STDERR_FILENO);
+    c->file = tmpfile();
+    assert_true(c->saved >= 0 && c->file);
+    assert_int_equal(dup2(fileno(c->file), STDERR_FILENO), STDERR_FILENO);
+}
+
+static void stderr_end(stderr_capture *c, char *out, size_t cap)
+{
+    fflush(stderr);
+    assert_int_equal(dup2(c->saved, STDERR_FILENO), STDERR_FILENO);
+    close(c->saved);
+    rewind(c->file);
+    size_t got = fread(out, 1, cap - 1, c->file);
+    out[got] = '\0';
+    fclose(c->file);
+}
+
 /* A dataset that does not open is said once, by open's error, naming the
  * worker and the dataset's own words: the workers, which the loader turns
  * away, write nothing (each used to print the refusal too, and a second
@@ -222,25 +249,16 @@ static void test_a_dataset_that_does_not_open_is_said_once(void **state)
     (void)state;
     ft_snapshot snap;
     ft_begin(&snap, 30);
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    FILE *err = tmpfile();
-    assert_true(saved >= 0 && err);
-    assert_int_equal(dup2(fileno(err), STDERR_FILENO), STDERR_FILENO);
+    stderr_capture cap;
+    stderr_begin(&cap);
     ferry_config *cfg = make_cfg(2, 20, "synthetc:n=100");
     ferry_loader *ld = NULL;
     int rc = ferry_loader_open(&ld, cfg);
     char why[512];
     snprintf(why, sizeof why, "%s", ferry_last_error());
     ferry_config_free(cfg);
-    fflush(stderr);
-    assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
-    close(saved);
-    char out[4096] = "";
-    rewind(err);
-    size_t got = fread(out, 1, sizeof out - 1, err);
-    out[got] = '\0';
-    fclose(err);
+    char out[4096];
+    stderr_end(&cap, out, sizeof out);
     print_message("open: %s\nstderr: '%s'\n", why, out);
     assert_int_equal(rc, FERRY_EDATASET);
     assert_null(ld);
@@ -260,11 +278,8 @@ static void test_log_callback_gets_one_message_per_death(void **state)
     ft_begin(&snap, 30);
     static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
     cap.n = 0;
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    FILE *err = tmpfile();
-    assert_true(saved >= 0 && err);
-    assert_int_equal(dup2(fileno(err), STDERR_FILENO), STDERR_FILENO);
+    stderr_capture err;
+    stderr_begin(&err);
 
     ferry_config *cfg = make_cfg(2, 20, "synthetic:n=400,dim=24,cost_us=50");
     assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
@@ -280,14 +295,8 @@ static void test_log_callback_gets_one_message_per_death(void **state)
     assert_true(ft_wait_stats(ld, workers_at_least, 2, 10000) >= 0);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
 
-    fflush(stderr);
-    assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
-    close(saved);
-    char out[4096] = "";
-    rewind(err);
-    size_t got = fread(out, 1, sizeof out - 1, err);
-    out[got] = '\0';
-    fclose(err);
+    char out[4096];
+    stderr_end(&err, out, sizeof out);
     for (int i = 0; i < cap.n; i++)
         print_message("[%s] %s\n", ferry_log_level_name(cap.level[i]), cap.line[i]);
     assert_null(strstr(out, "ferry: "));

@@ -763,6 +763,40 @@ static void raw_hello(void *s, uint32_t version)
     assert_int_equal(raw_send(s, &m, NULL), FERRY_OK);
 }
 
+/* HELLO on s, then CONFIG within 10 s and the session's data connection:
+ * the socket the session goes on from there, or NULL when no CONFIG came.
+ * m is scratch. */
+static void *raw_admit(void *ctx, void *s, const char *ep, ferry__msg *m)
+{
+    raw_hello(s, FERRY_PROTOCOL_VERSION);
+    if (raw_wait(s, m, FERRY__MSG_CONFIG, 10000) != 0)
+        return NULL;
+    return raw_join(ctx, ep, &m->u.config);
+}
+
+/* Whether a REFUSE whose reason holds `words` comes on d within ms. */
+static int raw_refused(void *d, ferry__msg *m, const char *words, int ms)
+{
+    return raw_wait(d, m, FERRY__MSG_REFUSE, ms) == 0 && strstr(m->u.refuse.reason, words);
+}
+
+static void raw_heartbeat(void *d)
+{
+    ferry__msg m;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_HEARTBEAT;
+    raw_send(d, &m, NULL);
+}
+
+/* Closes a raw peer's data socket (if any), its HELLO socket and ctx. */
+static void raw_end(void *ctx, void *s, void *d)
+{
+    if (d)
+        zmq_close(d);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
 /* READY for remote_cfg's dataset: x, u8 items of [dim]; y, one i64; n
  * items. */
 static void raw_ready_n(void *s, int dim, uint64_t n)
@@ -877,33 +911,24 @@ static void *raw_script_main(void *arg)
 {
     raw_script *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep), *d = NULL;
+    void *s = raw_dealer(ctx, r->ep), *d;
     static ferry__msg m; /* one thread; too big for a comfortable stack */
-    int ok = 1;
-    raw_hello(s, FERRY_PROTOCOL_VERSION);
-    if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+    int ok = (d = raw_admit(ctx, s, r->ep, &m)) != NULL;
+    if (!ok)
         snprintf(r->what, sizeof r->what, "no CONFIG");
-        ok = 0;
-    }
-    if (ok) {
-        d = raw_join(ctx, r->ep, &m.u.config);
+    if (ok)
         raw_ready(d, DIM + 1);
-    }
-    if (ok && (raw_wait(d, &m, FERRY__MSG_REFUSE, 10000) != 0 ||
-               !strstr(m.u.refuse.reason, "sees another schema"))) {
+    if (ok && !raw_refused(d, &m, "sees another schema", 10000)) {
         snprintf(r->what, sizeof r->what, "no REFUSE saying why for a READY with another schema");
         ok = 0;
     }
     for (int how = 0; ok && how < NWRONG; how++) {
         zmq_close(d);
-        d = NULL;
-        raw_hello(s, FERRY_PROTOCOL_VERSION);
-        if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+        if ((d = raw_admit(ctx, s, r->ep, &m)) == NULL) {
             snprintf(r->what, sizeof r->what, "no CONFIG in session %d", how);
             ok = 0;
             break;
         }
-        d = raw_join(ctx, r->ep, &m.u.config);
         raw_ready(d, DIM);
         if (raw_wait(d, &m, FERRY__MSG_TASK, 10000) != 0) {
             snprintf(r->what, sizeof r->what, "no TASK in session %d", how);
@@ -918,15 +943,10 @@ static void *raw_script_main(void *arg)
     atomic_store(&r->done, ok ? 1 : -1);
     uint64_t t0 = ft_now_ms();
     while (ok && !atomic_load(&r->release) && ft_now_ms() - t0 < 60000) {
-        memset(&m, 0, sizeof m);
-        m.type = FERRY__MSG_HEARTBEAT;
-        raw_send(d, &m, NULL);
+        raw_heartbeat(d);
         raw_wait(d, &m, FERRY__MSG_STOP, 200); /* paces the heartbeats */
     }
-    if (d)
-        zmq_close(d);
-    zmq_close(s);
-    zmq_ctx_term(ctx);
+    raw_end(ctx, s, d);
     return NULL;
 }
 
@@ -935,8 +955,8 @@ static void *raw_script_main(void *arg)
  * item shape, an extra field, a missing one, fields swapped, one item
  * short, a payload 100 bytes short of its fields (which does not even
  * decode; its task used to wait on the worker for ever, since it still
- * counted as alive). Before that it offers a READY with another schema. Meanwhile a
- * real worker serves the run. The trainer gets only correct batches, each
+ * counted as alive). Before that it offers a READY with another schema.
+ * Meanwhile a real worker serves the run. The trainer gets only correct batches, each
  * exactly once and in order (the wrong ones' tasks go to the real worker);
  * the counters say what happened: each wrong batch malformed and its
  * session lost, the other schema rejected. */
@@ -1005,18 +1025,13 @@ static void *failing_host_main(void *arg)
 {
     failing_host *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep), *d = NULL;
+    void *s = raw_dealer(ctx, r->ep), *d;
     static ferry__msg m;
-    int ok = 1;
-    raw_hello(s, FERRY_PROTOCOL_VERSION);
-    if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+    int ok = (d = raw_admit(ctx, s, r->ep, &m)) != NULL;
+    if (!ok)
         snprintf(r->what, sizeof r->what, "no CONFIG");
-        ok = 0;
-    }
-    if (ok) {
-        d = raw_join(ctx, r->ep, &m.u.config);
+    if (ok)
         raw_ready(d, DIM);
-    }
     uint64_t t0 = ft_now_ms();
     while (ok && !atomic_load(&r->release) && ft_now_ms() - t0 < 60000) {
         if (raw_wait(d, &m, FERRY__MSG_TASK, 200) == 0) {
@@ -1028,14 +1043,9 @@ static void *failing_host_main(void *arg)
             assert_int_equal(raw_send(d, &m, NULL), FERRY_OK);
             atomic_fetch_add(&r->failed, 1);
         }
-        memset(&m, 0, sizeof m);
-        m.type = FERRY__MSG_HEARTBEAT;
-        raw_send(d, &m, NULL);
+        raw_heartbeat(d);
     }
-    if (d)
-        zmq_close(d);
-    zmq_close(s);
-    zmq_ctx_term(ctx);
+    raw_end(ctx, s, d);
     atomic_store(&r->done, ok ? 1 : -1);
     return NULL;
 }
@@ -1092,27 +1102,18 @@ static void *raw_empty_main(void *arg)
 {
     raw_script *r = arg;
     void *ctx = zmq_ctx_new();
-    void *s = raw_dealer(ctx, r->ep), *d = NULL;
+    void *s = raw_dealer(ctx, r->ep), *d;
     static ferry__msg m;
-    int ok = 1;
-    raw_hello(s, FERRY_PROTOCOL_VERSION);
-    if (raw_wait(s, &m, FERRY__MSG_CONFIG, 10000) != 0) {
+    int ok = (d = raw_admit(ctx, s, r->ep, &m)) != NULL;
+    if (!ok)
         snprintf(r->what, sizeof r->what, "no CONFIG");
-        ok = 0;
-    }
-    if (ok) {
-        d = raw_join(ctx, r->ep, &m.u.config);
+    if (ok)
         raw_ready_n(d, DIM, 0);
-    }
-    if (ok && (raw_wait(d, &m, FERRY__MSG_REFUSE, 10000) != 0 ||
-               !strstr(m.u.refuse.reason, "sees no items"))) {
+    if (ok && !raw_refused(d, &m, "sees no items", 10000)) {
         snprintf(r->what, sizeof r->what, "no REFUSE saying why for a READY with no items");
         ok = 0;
     }
-    if (d)
-        zmq_close(d);
-    zmq_close(s);
-    zmq_ctx_term(ctx);
+    raw_end(ctx, s, d);
     atomic_store(&r->done, ok ? 1 : -1);
     return NULL;
 }
@@ -1184,15 +1185,12 @@ static void *early_peers_main(void *arg)
     void *s[2], *d[2] = {NULL, NULL};
     static ferry__msg m;
     int ok = 1;
-    for (int i = 0; i < 2 && ok; i++) {
+    for (int i = 0; i < 2; i++) {
         s[i] = raw_dealer(ctx, r->ep);
-        raw_hello(s[i], FERRY_PROTOCOL_VERSION);
-        if (raw_wait(s[i], &m, FERRY__MSG_CONFIG, 10000) != 0) {
+        if (ok && (d[i] = raw_admit(ctx, s[i], r->ep, &m)) == NULL) {
             snprintf(r->what, sizeof r->what, "no CONFIG for peer %d", i);
             ok = 0;
-            break;
         }
-        d[i] = raw_join(ctx, r->ep, &m.u.config);
     }
     if (ok) {
         raw_ready_n(d[0], DIM, N_ITEMS - 1);
@@ -1223,17 +1221,14 @@ static void *early_peers_main(void *arg)
         fclose(g);
     }
     /* The local worker's READY decides; the other length is turned away. */
-    if (ok && (raw_wait(d[0], &m, FERRY__MSG_REFUSE, 15000) != 0 ||
-               !strstr(m.u.refuse.reason, "sees 1999 items"))) {
+    if (ok && !raw_refused(d[0], &m, "sees 1999 items", 15000)) {
         snprintf(r->what, sizeof r->what, "no REFUSE saying why for the READY of another length");
         ok = 0;
     }
-    for (int i = 0; i < 2; i++) {
-        if (d[i])
-            zmq_close(d[i]);
-        zmq_close(s[i]);
-    }
-    zmq_ctx_term(ctx);
+    zmq_close(s[1]);
+    if (d[1])
+        zmq_close(d[1]);
+    raw_end(ctx, s[0], d[0]);
     atomic_store(&r->done, ok ? 1 : -1);
     return NULL;
 }

@@ -390,6 +390,18 @@ static void test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch(void
     ft_end(&snap);
 }
 
+/* The file at png starts as a PNG does; it is removed. */
+static void assert_png_and_remove(const char *png)
+{
+    unsigned char magic[8] = {0};
+    int fd = open(png, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(read(fd, magic, sizeof magic), (ssize_t)sizeof magic);
+    close(fd);
+    assert_memory_equal(magic, "\x89PNG\r\n\x1a\n", 8);
+    assert_int_equal(unlink(png), 0);
+}
+
 static void test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios(void **state)
 {
     (void)state;
@@ -444,13 +456,7 @@ static void test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios(void 
     assert_int_equal(unlink(csv), 0);
 
     if (plot) {
-        unsigned char magic[8] = {0};
-        int fd = open(png, O_RDONLY);
-        assert_true(fd >= 0);
-        assert_int_equal(read(fd, magic, sizeof magic), (ssize_t)sizeof magic);
-        close(fd);
-        assert_memory_equal(magic, "\x89PNG\r\n\x1a\n", 8);
-        assert_int_equal(unlink(png), 0);
+        assert_png_and_remove(png);
     }
     ft_end(&snap);
 }
@@ -473,13 +479,7 @@ static void test_ferry_bench_plots_a_single_run(void **state)
     run_argv(argv, environ, 20000, &r);
     if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
         fail_msg("ferry-bench --plot failed: %s", r.err);
-    unsigned char magic[8] = {0};
-    int fd = open(png, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(read(fd, magic, sizeof magic), (ssize_t)sizeof magic);
-    close(fd);
-    assert_memory_equal(magic, "\x89PNG\r\n\x1a\n", 8);
-    assert_int_equal(unlink(png), 0);
+    assert_png_and_remove(png);
     ft_end(&snap);
 }
 
