@@ -15,6 +15,8 @@
 #ifndef FERRY_BASE_LOG_H
 #define FERRY_BASE_LOG_H
 
+#include <stdint.h>
+
 #include "ferry.h"
 
 typedef struct ferry__log {
@@ -35,6 +37,14 @@ int ferry__log_on(const ferry__log *lg, int level);
  * the default. */
 void ferry__logf(const ferry__log *lg, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Whether the n-th (from 1) of a repeating event is worth a line: the
+ * first `first`, then each power of two, so a flood writes a few dozen
+ * lines whatever its size, each saying how many so far. */
+static inline int ferry__log_nth(uint64_t n, uint64_t first)
+{
+    return n <= first || (n & (n - 1)) == 0;
+}
 
 /* The level named `name` ("debug", "info", "warning", "error"), or 0. */
 int ferry__log_level_from_name(const char *name);

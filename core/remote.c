@@ -392,9 +392,9 @@ ferry__liveness ferry__remote_liveness(const ferry__remote *rm, const ferry__pee
 
 void ferry__remote_log_refusal(const ferry__remote *rm, uint64_t n, const char *why)
 {
-    /* The first ten, then at each power of two: a peer refused again and
-     * again (a flood of HELLOs) writes a few dozen lines, not one per try. */
-    if (n <= 10 || (n & (n - 1)) == 0)
+    /* A peer refused again and again (a flood of HELLOs) writes a few
+     * dozen lines, not one per try. */
+    if (ferry__log_nth(n, 10))
         ferry__logf(&rm->o.log, FERRY_LOG_WARN, "refused a remote worker (%llu refused so far): %s",
                     (unsigned long long)n, why);
 }

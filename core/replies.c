@@ -530,26 +530,23 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
     ferry__window_complete(s->win, e, b, 0, NULL, ferry__now_ms());
 }
 
-/* A remote host's dataset failed on task e: the host has its own copy of
- * the data (its disk, its mount, its decoder), so the batch may well build
- * elsewhere. It goes to another worker (charged an attempt; see
- * ferry__window_retry), and is filed as failed only when it has used its
- * attempts, or failed on every worker it went to. Local workers share one
- * dataset: their failures are filed at once. Said at warning level for the
- * first three such failures of a host, then at each power of two. 1 when
- * e was sent on. */
+/* A remote host's dataset failed on task e (`what` says how): the host
+ * has its own copy of the data (its disk, its mount, its decoder), so the
+ * batch may well build elsewhere. It goes to another worker (charged an
+ * attempt; see ferry__window_retry), and is filed as failed only when it
+ * has used its attempts. Local workers share one dataset: their failures
+ * are filed at once. Said for a host's first three such failures, then at
+ * each power of two. 1 when e was sent on. */
 static int retry_elsewhere(ferry__scheduler *s, sched_worker *w, ferry__window_entry *e,
-                           const char *who, const ferry__fail *f)
+                           const char *what)
 {
     if (!ferry__window_retry(s->win, e, ferry__now_ms()))
         return 0;
     uint32_t n = ++w->fails_retried;
-    if (n <= 3 || (n & (n - 1)) == 0)
+    if (ferry__log_nth(n, 3))
         ferry__logf(&s->log, FERRY_LOG_WARN,
-                    "%s failed on index %llu (epoch %llu, batch %llu): %s; the batch goes to "
-                    "another worker (%u such failures on this host so far)",
-                    who, (unsigned long long)f->index, (unsigned long long)e->t.epoch,
-                    (unsigned long long)e->t.batch_in_epoch, f->message, n);
+                    "%s; the batch goes to another worker (%u such failures on this host so far)",
+                    what, n);
     return 1;
 }
 
@@ -562,20 +559,21 @@ static void on_fail(ferry__scheduler *s, sched_worker *w)
         return;
     }
     answer_slot(s, e, 0);
-    char who[96];
+    char who[96], what[FERRY__ERRMSG_MAX];
     sched_describe(s, w, who, sizeof who);
-    if (w->p.remote && f->code != FERRY_ELIMIT && retry_elsewhere(s, w, e, who, f))
+    if (f->code == FERRY_ELIMIT) /* the batch as a whole: too large to send */
+        snprintf(what, sizeof what, "%s could not send batch %llu (epoch %llu, batch %llu): %s",
+                 who, (unsigned long long)e->t.seq, (unsigned long long)e->t.epoch,
+                 (unsigned long long)e->t.batch_in_epoch, f->message);
+    else
+        snprintf(what, sizeof what, "%s failed on index %llu (epoch %llu, batch %llu): %s", who,
+                 (unsigned long long)f->index, (unsigned long long)e->t.epoch,
+                 (unsigned long long)e->t.batch_in_epoch, f->message);
+    if (w->p.remote && f->code != FERRY_ELIMIT && retry_elsewhere(s, w, e, what))
         return;
     char *msg = ferry__malloc(FERRY__ERRMSG_MAX);
-    if (msg && f->code == FERRY_ELIMIT) /* the batch as a whole: too large to send */
-        snprintf(msg, FERRY__ERRMSG_MAX,
-                 "%s could not send batch %llu (epoch %llu, batch %llu): %s", who,
-                 (unsigned long long)e->t.seq, (unsigned long long)e->t.epoch,
-                 (unsigned long long)e->t.batch_in_epoch, f->message);
-    else if (msg)
-        snprintf(msg, FERRY__ERRMSG_MAX, "%s failed on index %llu (epoch %llu, batch %llu): %s",
-                 who, (unsigned long long)f->index, (unsigned long long)e->t.epoch,
-                 (unsigned long long)e->t.batch_in_epoch, f->message);
+    if (msg)
+        memcpy(msg, what, sizeof what);
     credit_worker(w);
     ferry__window_complete(s->win, e, NULL, f->code == FERRY_ERANGE ? FERRY_ERANGE : FERRY_EBATCH,
                            msg, ferry__now_ms());

@@ -457,13 +457,20 @@ static void wake_unlocked(ferry__window *win, int waiting)
         pthread_cond_broadcast(&win->cv);
 }
 
-void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_batch *b, int err,
-                            char *errmsg, uint64_t now_ms)
+/* Takes e off its worker's list of sent tasks; the worker's next task, if
+ * any, has been its current one since now_ms. */
+static void off_worker(ferry__window *win, ferry__window_entry *e, uint64_t now_ms)
 {
     worker_tasks *wt = &win->workers[e->worker];
     list_remove(win, &wt->sent, slot_of(win, e));
     if (wt->sent.n)
         wt->busy_ms = now_ms;
+}
+
+void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_batch *b, int err,
+                            char *errmsg, uint64_t now_ms)
+{
+    off_worker(win, e, now_ms);
     pthread_mutex_lock(&win->mu);
     int waiting = done_locked(win, e, b, err, errmsg);
     pthread_mutex_unlock(&win->mu);
@@ -474,10 +481,7 @@ int ferry__window_retry(ferry__window *win, ferry__window_entry *e, uint64_t now
 {
     if (e->attempts + 1 >= win->max_attempts)
         return 0;
-    worker_tasks *wt = &win->workers[e->worker];
-    list_remove(win, &wt->sent, slot_of(win, e));
-    if (wt->sent.n)
-        wt->busy_ms = now_ms;
+    off_worker(win, e, now_ms);
     e->attempts++;
     e->avoid = e->worker;
     resend(win, e);
