@@ -68,6 +68,12 @@ static const opt_def options[] = {
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
     {"worker_args", OPT_STR, OFF(worker_args), 0, FERRY__WORKER_ARGS_MAX, NULL,
      "arguments before ferry's own, one per line"},
+    {"fork_server", OPT_BOOL, OFF(fork_server), 0, 1, NULL,
+     "local processes are forked by one clean parent that loads the dataset once"},
+    {"fork_from", OPT_INT, OFF(fork_from), -1, INT_MAX, NULL,
+     "fd of a running clean parent to fork this loader's from (-1: spawn one)"},
+    {"dataset_fd", OPT_INT, OFF(dataset_fd), -1, INT_MAX, NULL,
+     "fd of bytes every local process worker is given (-1: none)"},
     {"bind", OPT_STR, OFF(bind), 0, FERRY__ENDPOINT_MAX, NULL,
      "tcp:// endpoint for remote workers"},
     {"curve_key", OPT_STR, OFF(curve_key), 0, PATH_MAX, NULL, "the loader's key pair file"},
@@ -108,6 +114,8 @@ ferry_config *ferry_config_new(void)
     c->on_worker_failure = FERRY__ON_FAILURE_RESTART;
     c->max_attempts = 3;
     c->min_workers = -1;
+    c->fork_from = -1;
+    c->dataset_fd = -1;
     c->max_remote = 16;
     c->heartbeat_ms = 1000;
     c->heartbeat_liveness = 3;

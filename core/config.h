@@ -60,6 +60,9 @@ struct ferry_config {
     int64_t max_attempts;      /* workers a batch may take down before it is given up */
     char worker_path[PATH_MAX];
     char worker_args[FERRY__WORKER_ARGS_MAX]; /* newline-separated, before ferry's own */
+    int64_t fork_server;     /* local processes are forked by one clean parent (pool.h) */
+    int64_t fork_from;       /* a clean parent's control socket to fork ours from, -1: none */
+    int64_t dataset_fd;      /* bytes every local process worker is given (--data-fd), -1: none */
     char bind[FERRY__ENDPOINT_MAX]; /* tcp:// endpoint for remote workers, "" = none */
     char curve_key[PATH_MAX];       /* the loader's key pair file */
     char curve_allow[PATH_MAX];     /* allow-list file or directory of worker .pub files */

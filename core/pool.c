@@ -8,6 +8,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -23,6 +24,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "error.h"
+#include "forkserver.h"
 #include "process.h"
 #include "worker.h"
 
@@ -60,6 +62,15 @@ struct ferry__pool {
     int task_fd;
     _Atomic uint64_t *words;
     size_t words_len;
+    /* The clean parent (option fork_server): its record is w[n] (pid,
+     * pidfd, stderr, as a worker's), `ctl` its control socket (-1: none
+     * running). `asked` lists, oldest first, the workers asked of it and
+     * not yet forked (their stderr pipes are open already). */
+    int fork;                   /* workers are forked by the clean parent */
+    int ctl;
+    int parent_ready;           /* it said "R" */
+    uint32_t *asked;
+    uint32_t nasked;
 };
 
 #define WORD_STRIDE (FERRY__TASK_WORD_BYTES / sizeof(uint64_t))
@@ -87,13 +98,16 @@ int ferry__pool_new(ferry__pool **out, const ferry__pool_opts *o)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for the worker pool");
     p->o = *o;
     p->task_fd = -1;
-    p->w = ferry__calloc(o->n ? o->n : 1, sizeof *p->w);
-    p->owner = ferry__calloc(2 * (size_t)(o->n ? o->n : 1), sizeof *p->owner);
-    if (!p->w || !p->owner) {
+    p->ctl = -1;
+    p->fork = o->fork_server && !o->threads && o->n;
+    p->w = ferry__calloc((size_t)o->n + 1, sizeof *p->w);
+    p->owner = ferry__calloc(FERRY__POOL_POLL_ITEMS(o->n), sizeof *p->owner);
+    p->asked = ferry__calloc((size_t)o->n + 1, sizeof *p->asked);
+    if (!p->w || !p->owner || !p->asked) {
         ferry__pool_free(p);
         return ferry__seterr(FERRY_ENOMEM, "out of memory for the worker pool");
     }
-    for (uint32_t i = 0; i < o->n; i++) {
+    for (uint32_t i = 0; i <= o->n; i++) { /* w[n]: the clean parent */
         p->w[i].pool = p;
         p->w[i].index = i;
         p->w[i].pidfd = -1;
@@ -116,8 +130,11 @@ void ferry__pool_free(ferry__pool *p)
         munmap((void *)p->words, p->words_len);
     if (p->task_fd >= 0)
         close(p->task_fd);
+    if (p->ctl >= 0)
+        close(p->ctl);
     free(p->w);
     free(p->owner);
+    free(p->asked);
     free(p);
 }
 
@@ -171,6 +188,216 @@ static int start_thread(local_worker *w)
     return FERRY_OK;
 }
 
+static ferry__worker_launch launch_of(const ferry__pool *p, uint32_t i)
+{
+    return (ferry__worker_launch){.endpoint = p->o.endpoint,
+                                  .slot = (int)i,
+                                  .task_fd = p->task_fd,
+                                  .shm_fd = p->o.shm_fd,
+                                  .data_fd = p->o.data_fd};
+}
+
+/* Worker w as a fresh process image. */
+static int spawn_process(ferry__pool *p, local_worker *w)
+{
+    ferry__worker_launch l = launch_of(p, w->index);
+    pid_t pid;
+    int rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, &l, &pid, &w->pidfd,
+                                 &w->errfd);
+    if (rc == FERRY_OK)
+        atomic_store(&w->pid, pid);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * The clean parent (option fork_server; forkserver.h)
+ */
+
+/* Starts the clean parent: forked from the process-wide one when there is
+ * one and it answers, else spawned. Its arguments: --fork-server, its
+ * control socket (fd 3), the dataset to load, the seed and worker count
+ * (what a worker's dataset is opened with), the data fd (4) if any. */
+static int start_parent(ferry__pool *p)
+{
+    local_worker *w = &p->w[p->o.n];
+    int theirs, rc = ferry__fork_socketpair(&p->ctl, &theirs);
+    if (rc != FERRY_OK)
+        return rc;
+    char parent_s[24], seed_s[24], n_s[16], data_s[16];
+    snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
+    snprintf(seed_s, sizeof seed_s, "%llu", (unsigned long long)p->o.seed);
+    snprintf(n_s, sizeof n_s, "%u", p->o.n);
+    snprintf(data_s, sizeof data_s, "%d", FERRY__PASSED_FD + 1);
+    char *own[] = {"--fork-server", "--control-fd", "3", "--parent", parent_s,
+                   "--dataset", (char *)(p->o.dataset ? p->o.dataset : ""), "--seed", seed_s,
+                   "--workers", n_s, p->o.data_fd >= 0 ? "--data-fd" : NULL, data_s, NULL};
+    int pass[] = {theirs, p->o.data_fd};
+    int npass = p->o.data_fd >= 0 ? 2 : 1;
+    pid_t pid = 0;
+    rc = FERRY_ESPAWN;
+    if (p->o.fork_from >= 0) {
+        int errpipe[2];
+        if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+            fcntl(errpipe[1], F_SETFL, 0);
+            int fds[] = {errpipe[1], theirs, p->o.data_fd};
+            rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms, &pid);
+            close(errpipe[1]);
+            if (rc == FERRY_OK && (w->pidfd = pidfd_open(pid, 0)) < 0)
+                rc = ferry__syserr(FERRY_ESPAWN, "watching the clean parent: pidfd_open", errno);
+            if (rc == FERRY_OK)
+                w->errfd = errpipe[0];
+            else
+                close(errpipe[0]);
+        }
+        if (rc != FERRY_OK)
+            ferry__logf(&p->o.log, FERRY_LOG_INFO,
+                        "the process-wide clean parent could not start this loader's (%s); "
+                        "spawning it",
+                        ferry_last_error());
+    }
+    if (rc != FERRY_OK)
+        rc = ferry__spawn_piped(p->o.worker_path, p->o.worker_args, own, pass, npass, &pid,
+                                &w->pidfd, &w->errfd);
+    close(theirs);
+    if (rc != FERRY_OK) {
+        close(p->ctl);
+        p->ctl = -1;
+        return rc;
+    }
+    w->tail_len = 0;
+    w->killing = 0;
+    w->kill_reason[0] = '\0';
+    p->parent_ready = 0;
+    atomic_store(&w->pid, pid);
+    return FERRY_OK;
+}
+
+/* Asks the clean parent (started if none runs) for worker i. */
+static int ask_parent(ferry__pool *p, uint32_t i)
+{
+    local_worker *w = &p->w[i];
+    int rc = p->ctl >= 0 ? FERRY_OK : start_parent(p);
+    if (rc != FERRY_OK)
+        return rc;
+    char *own[FERRY__OWN_ARGS_MAX + 1], nums[FERRY__PASSED_MAX + 2][24];
+    int fds[FERRY__PASSED_MAX + 1], npass;
+    ferry__worker_launch l = launch_of(p, i);
+    ferry__worker_own_args(&l, own, fds + 1, &npass, nums);
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0)
+        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
+    fcntl(errpipe[1], F_SETFL, 0);
+    fds[0] = errpipe[1];
+    rc = ferry__fork_request(p->ctl, own, fds, npass + 1);
+    close(errpipe[1]);
+    if (rc != FERRY_OK) {
+        close(errpipe[0]);
+        return rc;
+    }
+    w->errfd = errpipe[0];
+    p->asked[p->nasked++] = i;
+    return FERRY_OK;
+}
+
+/* The oldest worker asked of the clean parent, taken off the list; -1. */
+static int64_t take_asked(ferry__pool *p)
+{
+    if (!p->nasked)
+        return -1;
+    uint32_t i = p->asked[0];
+    memmove(p->asked, p->asked + 1, --p->nasked * sizeof *p->asked);
+    return i;
+}
+
+/* Workers are spawned from now on; those asked and not forked are spawned
+ * now (a failure there is theirs: they stay unstarted, and their start
+ * deadline catches them). */
+static void give_up_forking(ferry__pool *p, const char *why)
+{
+    if (p->fork)
+        ferry__logf(&p->o.log, FERRY_LOG_WARN,
+                    "worker processes are spawned, not forked by a clean parent: %s", why);
+    p->fork = 0;
+    for (int64_t i; (i = take_asked(p)) >= 0;) {
+        local_worker *w = &p->w[i];
+        if (w->errfd >= 0)
+            close(w->errfd);
+        w->errfd = -1;
+        if (spawn_process(p, w) != FERRY_OK)
+            ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s",
+                        (unsigned)i, ferry_last_error());
+    }
+}
+
+/* The clean parent's answers: "R", and a pid (or an error) per request. */
+static void read_parent(ferry__pool *p)
+{
+    for (;;) {
+        ferry__fork_answer a;
+        ferry__fork_read(p->ctl, &a);
+        if (a.kind == FERRY__FORK_NONE || a.kind == FERRY__FORK_CLOSED)
+            return; /* gone: its pidfd says so, with the status */
+        if (a.kind == FERRY__FORK_READY) {
+            p->parent_ready = 1;
+            continue;
+        }
+        int64_t i = take_asked(p);
+        if (i < 0)
+            continue; /* an answer to nothing: ignored */
+        local_worker *w = &p->w[i];
+        if (a.kind == FERRY__FORK_PID) {
+            /* Our child (CLONE_PARENT), so its pid cannot be reused before
+             * we reap it: pidfd_open is race-free. ESRCH: a trainer that
+             * reaps every child has done so already; its death is then seen
+             * as an exit of unknown status when the worker fails to connect. */
+            w->pidfd = pidfd_open(a.pid, 0);
+            if (w->pidfd >= 0)
+                atomic_store(&w->pid, a.pid);
+            continue;
+        }
+        ferry__logf(&p->o.log, FERRY_LOG_WARN,
+                    "the clean parent could not fork worker %u (%s); spawning it",
+                    (unsigned)i, a.text);
+        if (w->errfd >= 0)
+            close(w->errfd);
+        w->errfd = -1;
+        if (spawn_process(p, w) != FERRY_OK)
+            ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s",
+                        (unsigned)i, ferry_last_error());
+    }
+}
+
+int ferry__pool_parent_restart(ferry__pool *p)
+{
+    if (!p->fork)
+        return FERRY_OK;
+    uint32_t n = p->nasked, again[n ? n : 1];
+    for (uint32_t k = 0; k < n; k++) {
+        again[k] = p->asked[k];
+        local_worker *w = &p->w[again[k]];
+        if (w->errfd >= 0)
+            close(w->errfd);
+        w->errfd = -1;
+    }
+    p->nasked = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        int rc = ask_parent(p, again[k]);
+        if (rc != FERRY_OK) {
+            /* Those not asked yet go back on the list, to be spawned. */
+            for (uint32_t j = k; j < n; j++)
+                p->asked[p->nasked++] = again[j];
+            give_up_forking(p, ferry_last_error());
+            return FERRY_OK;
+        }
+    }
+    return FERRY_OK;
+}
+
+pid_t ferry__pool_parent_pid(ferry__pool *p)
+{
+    return atomic_load(&p->w[p->o.n].pid);
+}
+
 int ferry__pool_start(ferry__pool *p, uint32_t i)
 {
     local_worker *w = &p->w[i];
@@ -188,13 +415,14 @@ int ferry__pool_start(ferry__pool *p, uint32_t i)
         return rc;
     if (p->o.threads)
         return start_thread(w);
-    pid_t pid;
     atomic_store(&p->words[i * WORD_STRIDE], 0);
-    rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, p->o.endpoint, (int)i, p->task_fd,
-                             p->o.shm_fd, &pid, &w->pidfd, &w->errfd);
-    if (rc == FERRY_OK)
-        atomic_store(&w->pid, pid);
-    return rc;
+    if (p->fork) {
+        rc = ask_parent(p, i);
+        if (rc == FERRY_OK)
+            return rc;
+        give_up_forking(p, ferry_last_error());
+    }
+    return spawn_process(p, w);
 }
 
 /* ------------------------------------------------------------------------
@@ -306,20 +534,24 @@ static int reap(local_worker *w, int *status)
 int ferry__pool_poll_items(ferry__pool *p, zmq_pollitem_t *items)
 {
     int n = 0;
-    for (uint32_t i = 0; i < p->o.n; i++) {
+    /* The clean parent's record is w[n]: its stderr and pidfd are polled as
+     * a worker's, and its control socket last. */
+    for (uint32_t i = 0; i <= p->o.n; i++) {
         if (p->w[i].errfd >= 0) {
             p->owner[n] = &p->w[i];
             items[n++] = (zmq_pollitem_t){.fd = p->w[i].errfd, .events = ZMQ_POLLIN};
         }
     }
     p->nerr = n;
-    for (uint32_t i = 0; i < p->o.n; i++) {
+    for (uint32_t i = 0; i <= p->o.n; i++) {
         if (p->w[i].pidfd >= 0) {
             p->owner[n] = &p->w[i];
             items[n++] = (zmq_pollitem_t){.fd = p->w[i].pidfd, .events = ZMQ_POLLIN};
         }
     }
     p->npid = n - p->nerr;
+    if (p->ctl >= 0)
+        items[n++] = (zmq_pollitem_t){.fd = p->ctl, .events = ZMQ_POLLIN};
     return n;
 }
 
@@ -330,9 +562,60 @@ static void death_event(local_worker *w, pid_t pid, int status, ferry__pool_even
     ev->index = w->index;
     ev->pid = pid;
     ev->status = status;
-    ev->task = atomic_load(&w->pool->words[w->index * WORD_STRIDE]);
+    ev->task = w->index < w->pool->o.n ? atomic_load(&w->pool->words[w->index * WORD_STRIDE]) : 0;
     snprintf(ev->kill_reason, sizeof ev->kill_reason, "%s", w->kill_reason);
     last_words(w, ev->words, sizeof ev->words);
+}
+
+/* The clean parent was reaped (ev says how): its control socket is
+ * closed. One that had been ready goes out as FERRY__POOL_PARENT_DIED
+ * (returns 1): the workers it forked are the loader's children and go on,
+ * and those it had not forked yet are asked of the next one
+ * (ferry__pool_parent_restart). One that died before it was ready (a
+ * worker program without --fork-server, a dataset module that crashes the
+ * interpreter on import) is no reason to fail: workers are spawned from
+ * then on, and their own start says what is wrong (returns 0). */
+static int parent_gone(ferry__pool *p, ferry__pool_event *ev)
+{
+    ev->kind = FERRY__POOL_PARENT_DIED;
+    if (p->ctl >= 0)
+        read_parent(p); /* answers it gave before dying */
+    if (p->ctl >= 0)
+        close(p->ctl);
+    p->ctl = -1;
+    int was_ready = p->parent_ready;
+    p->parent_ready = 0;
+    if (was_ready)
+        return 1;
+    char how[256], why[FERRY__ERRMSG_MAX];
+    if (ev->status == -1)
+        snprintf(how, sizeof how, "exited");
+    else
+        ferry__describe_status(ev->status, how, sizeof how);
+    snprintf(why, sizeof why, "the clean parent (pid %d) %s before it was ready%s%s", (int)ev->pid,
+             how, ev->words[0] ? "; its last words: " : "", ev->words);
+    give_up_forking(p, why);
+    return 0;
+}
+
+void ferry__pool_parent_stop(ferry__pool *p)
+{
+    local_worker *w = &p->w[p->o.n];
+    pid_t pid = atomic_load(&w->pid);
+    if (pid) {
+        pidfd_send_signal(w->pidfd, SIGKILL, NULL, 0);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        forget_process(w);
+    }
+    if (p->ctl >= 0)
+        close(p->ctl);
+    p->ctl = -1;
+    p->fork = 0; /* closing: nothing is forked any more */
+    for (int64_t i; (i = take_asked(p)) >= 0;) {
+        close(p->w[i].errfd);
+        p->w[i].errfd = -1;
+    }
 }
 
 int ferry__pool_after_poll(ferry__pool *p, const zmq_pollitem_t *items, ferry__pool_event *ev)
@@ -342,12 +625,18 @@ int ferry__pool_after_poll(ferry__pool *p, const zmq_pollitem_t *items, ferry__p
         if (items[i].revents)
             pump_stderr(p->owner[i]);
     }
+    int ctl_item = p->nerr + p->npid;
+    if (p->ctl >= 0 && items[ctl_item].revents)
+        read_parent(p);
     for (int i = p->nerr; i < p->nerr + p->npid; i++) {
         local_worker *w = p->owner[i];
         pid_t pid = atomic_load(&w->pid);
         int status;
-        if ((items[i].revents & ZMQ_POLLIN) && reap(w, &status))
-            death_event(w, pid, status, &ev[nev++]);
+        if (!(items[i].revents & ZMQ_POLLIN) || !reap(w, &status))
+            continue;
+        death_event(w, pid, status, &ev[nev]);
+        if (w->index < p->o.n || parent_gone(p, &ev[nev]))
+            nev++;
     }
     for (uint32_t i = 0; i < p->o.n; i++) {
         local_worker *w = &p->w[i];
@@ -423,6 +712,7 @@ void ferry__pool_signal(ferry__pool *p, int sig)
 
 void ferry__pool_kill_all(ferry__pool *p)
 {
+    ferry__pool_parent_stop(p);
     ferry__pool_signal(p, SIGKILL);
     for (uint32_t i = 0; i < p->o.n; i++) {
         local_worker *w = &p->w[i];

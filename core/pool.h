@@ -34,6 +34,15 @@ typedef struct ferry__pool_opts {
     const char *endpoint;    /* the loader's local endpoint */
     void *zctx;              /* the loader's context (threads share it) */
     int shm_fd;              /* the batch slots' memfd (shm.h), -1: none */
+    int data_fd;             /* bytes each process worker is given (option dataset_fd), -1 */
+    /* Option fork_server: process workers are forked by one clean parent
+     * (forkserver.h), started with `dataset` (which it loads once), `seed`
+     * and `n`, spawned or forked from the clean parent at fork_from (-1:
+     * none). */
+    int fork_server;
+    int fork_from;
+    const char *dataset;
+    uint64_t seed;
     int start_timeout_ms;    /* a (re)started worker must be ready by then */
     int wake_fd;             /* written when a thread worker stops */
     ferry__log log;          /* where its messages go */
@@ -42,6 +51,7 @@ typedef struct ferry__pool_opts {
 typedef enum ferry__pool_event_kind {
     FERRY__POOL_DIED = 1,      /* a process exited and was reaped */
     FERRY__POOL_THREAD_FAILED, /* a worker thread returned an error */
+    FERRY__POOL_PARENT_DIED,   /* the clean parent exited and was reaped (index: n) */
 } ferry__pool_event_kind;
 
 typedef struct ferry__pool_event {
@@ -67,17 +77,32 @@ void ferry__pool_free(ferry__pool *p);
  * running on failure. */
 int ferry__pool_start(ferry__pool *p, uint32_t i);
 
+/* After FERRY__POOL_PARENT_DIED, under the restart policy: a new clean
+ * parent, asked again for the workers the dead one had not forked yet
+ * (after two deaths before it was ready, those workers are spawned instead,
+ * and so are all later ones). FERRY_OK, or the code of a spawn that
+ * failed. */
+int ferry__pool_parent_restart(ferry__pool *p);
+
+/* The clean parent's pid, 0 when none runs. Any thread. */
+pid_t ferry__pool_parent_pid(ferry__pool *p);
+
+/* Stops the clean parent (SIGKILL: it holds no work) and reaps it. */
+void ferry__pool_parent_stop(ferry__pool *p);
+
 /* Worker i's pid; 0 for a thread or a worker not running. Any thread. */
 pid_t ferry__pool_pid(ferry__pool *p, uint32_t i);
 
-/* Appends a poll item for each live worker's stderr and pidfd to items[]
- * (room for 2 * n); returns how many. */
+/* Appends a poll item for each live worker's stderr and pidfd, and the
+ * clean parent's three, to items[] (room for FERRY__POOL_POLL_ITEMS(n));
+ * returns how many. */
+#define FERRY__POOL_POLL_ITEMS(n) (2 * (size_t)(n) + 3)
 int ferry__pool_poll_items(ferry__pool *p, zmq_pollitem_t *items);
 
 /* After zmq_poll on items from ferry__pool_poll_items: passes stderr on,
  * reaps the workers that exited (after their stderr, so their last words
- * are in), and collects stopped threads. Fills ev[] (room for n) and
- * returns how many events. */
+ * are in), collects stopped threads, and reads the clean parent's
+ * answers. Fills ev[] (room for n + 1) and returns how many events. */
 int ferry__pool_after_poll(ferry__pool *p, const zmq_pollitem_t *items, ferry__pool_event *ev);
 
 /* Kills process worker i (SIGKILL through its pidfd) and remembers why, for

@@ -327,28 +327,45 @@ int ferry__spawn(const char *path, char *const argv[], int stderr_fd, const int 
     return FERRY_OK;
 }
 
-int ferry__spawn_worker(const char *path, const char *args, const char *endpoint, int slot,
-                        int task_fd, int shm_fd, pid_t *pid_out, int *pidfd_out, int *errfd_out)
+int ferry__worker_own_args(const ferry__worker_launch *l, char **argv, int *pass, int *npass,
+                           char nums[][24])
+{
+    int n = 0, k = 0;
+    snprintf(nums[0], 24, "%d", l->slot);
+    snprintf(nums[1], 24, "%d", (int)getpid());
+    argv[n++] = "--connect";
+    argv[n++] = (char *)l->endpoint;
+    argv[n++] = "--slot";
+    argv[n++] = nums[0];
+    argv[n++] = "--parent";
+    argv[n++] = nums[1];
+    /* The fds passed, in order, from FERRY__PASSED_FD on. */
+    const struct {
+        const char *flag;
+        int fd;
+    } fds[] = {{"--task-fd", l->task_fd}, {"--shm-fd", l->shm_fd}, {"--data-fd", l->data_fd}};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+        if (fds[i].fd < 0)
+            continue;
+        snprintf(nums[2 + k], 24, "%d", FERRY__PASSED_FD + k);
+        argv[n++] = (char *)fds[i].flag;
+        argv[n++] = nums[2 + k];
+        pass[k++] = fds[i].fd;
+    }
+    argv[n] = NULL;
+    *npass = k;
+    return n;
+}
+
+int ferry__spawn_piped(const char *path, const char *args, char *const own[], const int *pass,
+                       int npass, pid_t *pid_out, int *pidfd_out, int *errfd_out)
 {
     /* argv: the program, args (one per line, in a copy cut at the
-     * newlines), then ferry's own. */
+     * newlines), then `own`. */
     char *lines = strdup(args ? args : "");
     if (!lines)
         return ferry__seterr(FERRY_ENOMEM, "out of memory starting a worker");
-    char slot_s[16], parent_s[24], task_s[16], shm_s[16];
-    snprintf(slot_s, sizeof slot_s, "%d", slot);
-    snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    /* The fds passed, in order, from FERRY__PASSED_FD on. */
-    int pass[FERRY__PASSED_MAX], npass = 0;
-    if (task_fd >= 0) {
-        snprintf(task_s, sizeof task_s, "%d", FERRY__PASSED_FD + npass);
-        pass[npass++] = task_fd;
-    }
-    if (shm_fd >= 0) {
-        snprintf(shm_s, sizeof shm_s, "%d", FERRY__PASSED_FD + npass);
-        pass[npass++] = shm_fd;
-    }
-    char *argv[FERRY__WORKER_ARGS_N + 14];
+    char *argv[FERRY__WORKER_ARGS_N + FERRY__OWN_ARGS_MAX + 2];
     int n = 0;
     argv[n++] = (char *)path;
     for (char *p = lines; *p && n < FERRY__WORKER_ARGS_N + 1;) {
@@ -359,17 +376,8 @@ int ferry__spawn_worker(const char *path, const char *args, const char *endpoint
         *nl = '\0';
         p = nl + 1;
     }
-    char *own[] = {"--connect", (char *)endpoint, "--slot", slot_s, "--parent", parent_s};
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    for (int i = 0; own[i] && i < FERRY__OWN_ARGS_MAX; i++)
         argv[n++] = own[i];
-    if (task_fd >= 0) {
-        argv[n++] = "--task-fd";
-        argv[n++] = task_s;
-    }
-    if (shm_fd >= 0) {
-        argv[n++] = "--shm-fd";
-        argv[n++] = shm_s;
-    }
     argv[n] = NULL;
 
     int errpipe[2];
@@ -388,6 +396,15 @@ int ferry__spawn_worker(const char *path, const char *args, const char *endpoint
     }
     *errfd_out = errpipe[0];
     return FERRY_OK;
+}
+
+int ferry__spawn_worker(const char *path, const char *args, const ferry__worker_launch *l,
+                        pid_t *pid_out, int *pidfd_out, int *errfd_out)
+{
+    char *own[FERRY__OWN_ARGS_MAX + 1], nums[FERRY__PASSED_MAX + 2][24];
+    int pass[FERRY__PASSED_MAX], npass;
+    ferry__worker_own_args(l, own, pass, &npass, nums);
+    return ferry__spawn_piped(path, args, own, pass, npass, pid_out, pidfd_out, errfd_out);
 }
 
 const char *ferry__signal_name(int sig, char *buf, size_t cap)

@@ -30,7 +30,7 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
 /* The fd number a spawned child finds the first fd passed at (the next
  * at FERRY__PASSED_FD + 1), and how many may be passed. */
 #define FERRY__PASSED_FD 3
-#define FERRY__PASSED_MAX 2
+#define FERRY__PASSED_MAX 4
 
 /* Starts the program at `path` with `argv` (argv[0] is only its name) as a
  * fresh process image: posix_spawn, no blocked signals, default signal
@@ -46,18 +46,41 @@ int ferry__find_worker(const char *configured, char *out, size_t cap);
 int ferry__spawn(const char *path, char *const argv[], int stderr_fd, const int *pass_fds,
                  int npass, pid_t *pid, int *pidfd);
 
-/* Starts `path ARGS --connect endpoint --slot slot --parent <our pid>`
- * (ARGS: the lines of `args`, at most FERRY__WORKER_ARGS_N; NULL for none),
- * and,
- * when task_fd >= 0, `--task-fd 3` with task_fd passed as fd 3, then when
- * shm_fd >= 0 `--shm-fd N` with shm_fd passed as the next fd), returns
- * its pid and a pidfd (close-on-exec). The child's stderr is the write end of
- * a pipe whose read end comes back in *errfd (non-blocking, close-on-exec),
- * so the loader can pass its output on and keep its last words. On failure
- * nothing is left running or open: FERRY_ESPAWN (exec failed: errno detail),
- * FERRY_ELIMIT (EMFILE/ENFILE/EAGAIN: the limit is named). */
-int ferry__spawn_worker(const char *path, const char *args, const char *endpoint, int slot,
-                        int task_fd, int shm_fd, pid_t *pid, int *pidfd, int *errfd);
+/* What a local worker is given: where to connect, its index, and the fds
+ * passed to it (-1: none): the task words (--task-fd), the batch slots
+ * (--shm-fd) and the dataset's bytes (--data-fd, option dataset_fd). */
+typedef struct ferry__worker_launch {
+    const char *endpoint;
+    int slot;
+    int task_fd, shm_fd, data_fd;
+} ferry__worker_launch;
+
+/* The most arguments ferry puts after worker_args. */
+#define FERRY__OWN_ARGS_MAX 24
+
+/* Ferry's own arguments for worker l, NULL-terminated into argv (room for
+ * FERRY__OWN_ARGS_MAX + 1): `--connect EP --slot N --parent <our pid>`,
+ * then `--task-fd 3`, `--shm-fd N`, `--data-fd N` for those it has, the
+ * numbers being where it finds them (FERRY__PASSED_FD on). pass[] (room for
+ * FERRY__PASSED_MAX) gets the fds in that order, *npass their count; nums
+ * (FERRY__PASSED_MAX + 2 of them) holds the numbers' text. Returns argc. */
+int ferry__worker_own_args(const ferry__worker_launch *l, char **argv, int *pass, int *npass,
+                           char nums[][24]);
+
+/* Starts `path ARGS OWN...` (ARGS: the lines of `args`, at most
+ * FERRY__WORKER_ARGS_N; NULL for none; OWN: NULL-terminated) with pass[]
+ * as fds 3, 4, ... (ferry__spawn), returns its pid and a pidfd
+ * (close-on-exec). The child's stderr is the write end of a pipe whose read
+ * end comes back in *errfd (non-blocking, close-on-exec), so the loader can
+ * pass its output on and keep its last words. On failure nothing is left
+ * running or open: FERRY_ESPAWN (exec failed: errno detail), FERRY_ELIMIT
+ * (EMFILE/ENFILE/EAGAIN: the limit is named). */
+int ferry__spawn_piped(const char *path, const char *args, char *const own[], const int *pass,
+                       int npass, pid_t *pid, int *pidfd, int *errfd);
+
+/* ferry__spawn_piped of worker l: `path ARGS` and its own arguments. */
+int ferry__spawn_worker(const char *path, const char *args, const ferry__worker_launch *l,
+                        pid_t *pid, int *pidfd, int *errfd);
 
 /* FERRY_OK if at least `need` more file descriptors can be opened under the
  * soft RLIMIT_NOFILE, else FERRY_ELIMIT saying what needed them. Checked

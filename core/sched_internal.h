@@ -53,6 +53,7 @@ struct ferry__scheduler {
     void *zctx;
     void *router; /* local workers (ipc:// or inproc://) */
     int wake_fd;
+    int data_fd; /* option dataset_fd, our copy; -1: none */
     char ipc_dir[FERRY__IPC_DIR_MAX];
     char endpoint[FERRY__LOCAL_ENDPOINT_MAX];
     char worker_path[PATH_MAX];
@@ -123,6 +124,11 @@ void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w);
 
 /* A local process worker died (a pool event); handled once it settles. */
 void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev);
+
+/* The workers' clean parent died (a pool event): under restart another is
+ * started (the workers it forked go on: they are the loader's children);
+ * under fail, the loader fails saying so. */
+void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *ev);
 
 /* Remote worker w's connection is gone (a send to it failed): it is given
  * up, charged, once its last replies are in. */

@@ -23,6 +23,7 @@
 #include "scheduler.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -253,6 +254,8 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
         const ferry__pool_event *ev = &s->events[i];
         if (ev->kind == FERRY__POOL_DIED) {
             ferry__sched_on_death(s, ev);
+        } else if (ev->kind == FERRY__POOL_PARENT_DIED) {
+            ferry__sched_on_parent_death(s, ev);
         } else {
             /* A thread cannot be replaced like a process: the loader fails
              * (and an open in progress returns at once). */
@@ -319,17 +322,33 @@ static void wait_workers(ferry__scheduler *s, uint64_t ms)
     }
 }
 
+#define IDLE_GRACE_MS 100
+
 static void shutdown_workers(ferry__scheduler *s)
 {
     uint64_t grace = (uint64_t)s->cfg.close_grace_ms;
     s->closing = 1;
+    /* The clean parent holds no work: it goes at once. */
+    ferry__pool_parent_stop(s->pool);
     for (uint32_t i = 0; i < s->nworkers; i++) {
         sched_worker *w = &s->w[i];
         if (w->p.ident.len && w->p.state != FERRY__PEER_GONE && w->p.state != FERRY__PEER_EMPTY)
             sched_send_simple(s, w, FERRY__MSG_STOP);
     }
     ferry__window_fail(s->win, FERRY_ECLOSED, "the loader is closing");
-    wait_workers(s, grace);
+    /* The grace period is for workers still holding work (a batch being
+     * built, a dataset's close): one that holds none and has not left
+     * within IDLE_GRACE_MS (an interpreter tearing down its modules, say)
+     * has nothing to lose and is killed, so close() and Ctrl-C return at
+     * once. */
+    uint64_t t0 = ferry__now_ms();
+    wait_workers(s, grace < IDLE_GRACE_MS ? grace : IDLE_GRACE_MS);
+    for (uint32_t i = 0; i < s->nlocal; i++) {
+        if (ferry__pool_pid(s->pool, i) && !ferry__window_outstanding(s->win, i))
+            ferry__pool_kill(s->pool, i, "it had no work and had not left when the loader closed");
+    }
+    uint64_t spent = ferry__now_ms() - t0;
+    wait_workers(s, grace > spent ? grace - spent : 0);
     /* A remote worker that has not said BYE by now cannot be made to: it
      * finds the loader gone by its heartbeats and reconnects. */
     for (uint32_t i = s->nlocal; i < s->nworkers; i++) {
@@ -388,6 +407,8 @@ static void destroy(ferry__scheduler *s)
         zmq_ctx_term(s->zctx);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
+    if (s->data_fd >= 0)
+        close(s->data_fd);
     ferry__endpoint_remove(s->ipc_dir);
     for (uint32_t i = 0; s->w && i < s->nworkers; i++)
         free(s->w[i].held_ready);
@@ -400,9 +421,9 @@ static void destroy(ferry__scheduler *s)
 static int alloc_tables(ferry__scheduler *s)
 {
     s->w = ferry__calloc(s->nworkers, sizeof *s->w);
-    s->items =
-        ferry__calloc(2 + FERRY__REMOTE_POLL_ITEMS + 2 * (size_t)s->nlocal, sizeof *s->items);
-    s->events = ferry__calloc(s->nlocal ? s->nlocal : 1, sizeof *s->events);
+    s->items = ferry__calloc(2 + FERRY__REMOTE_POLL_ITEMS + FERRY__POOL_POLL_ITEMS(s->nlocal),
+                             sizeof *s->items);
+    s->events = ferry__calloc((size_t)s->nlocal + 1, sizeof *s->events);
     if (!s->w || !s->items || !s->events)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
     for (uint32_t i = 0; i < s->nworkers; i++) {
@@ -466,6 +487,11 @@ static int setup(ferry__scheduler *s)
     int rc = alloc_tables(s);
     if (rc == FERRY_OK && !threads && s->nlocal)
         rc = ferry__find_worker(s->cfg.worker_path, s->worker_path, sizeof s->worker_path);
+    /* The caller's fd may be closed once open returns: ours is a copy. */
+    if (rc == FERRY_OK && s->cfg.dataset_fd >= 0 &&
+        (s->data_fd = fcntl((int)s->cfg.dataset_fd, F_DUPFD_CLOEXEC, 3)) < 0)
+        rc = ferry__seterr(FERRY_EINVAL, "option dataset_fd: %lld is not an open file (%s)",
+                           (long long)s->cfg.dataset_fd, strerror(errno));
     if (rc == FERRY_OK)
         rc = ferry__endpoint_local(threads, s, s->ipc_dir, sizeof s->ipc_dir, s->endpoint,
                                    sizeof s->endpoint);
@@ -483,6 +509,11 @@ static int setup(ferry__scheduler *s)
                            .endpoint = s->endpoint,
                            .zctx = s->zctx,
                            .shm_fd = s->shm ? ferry__shm_fd(s->shm) : -1,
+                           .data_fd = s->data_fd,
+                           .fork_server = (int)s->cfg.fork_server,
+                           .fork_from = (int)s->cfg.fork_from,
+                           .dataset = s->cfg.dataset,
+                           .seed = (uint64_t)s->cfg.seed,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,
                            .wake_fd = s->wake_fd,
                            .log = s->log};
@@ -498,6 +529,7 @@ int ferry__scheduler_start(ferry__scheduler **out, const ferry_config *cfg, ferr
     s->log = ferry__config_log(cfg);
     s->win = win;
     s->wake_fd = -1;
+    s->data_fd = -1;
     s->nworkers = (uint32_t)ferry__config_slots(cfg);
     s->nlocal = (uint32_t)cfg->workers;
     s->min_workers = (uint32_t)ferry__config_min_workers(cfg);

@@ -57,6 +57,29 @@ void ferry__sched_on_disconnect(ferry__scheduler *s, sched_worker *w, const char
     start_settling(s, w);
 }
 
+void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *ev)
+{
+    if (s->closing)
+        return;
+    char how[256], msg[FERRY__ERRMSG_MAX];
+    if (ev->status == -1)
+        snprintf(how, sizeof how, "exited (its exit status is unknown)");
+    else
+        ferry__describe_status(ev->status, how, sizeof how);
+    snprintf(msg, sizeof msg, "the workers' clean parent (pid %d) %s%s%s", (int)ev->pid, how,
+             ev->words[0] ? "; its last words: " : "", ev->words);
+    if (s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL ||
+        ferry__window_phase(s->win) != FERRY__PHASE_RUNNING) {
+        ferry__window_fail(s->win, FERRY_EWORKER, msg);
+        return;
+    }
+    ferry__window_count(s->win, FERRY__STAT_RESTARTS);
+    ferry__logf(&s->log, FERRY_LOG_WARN, "%s; starting another (the workers go on)", msg);
+    int rc = ferry__pool_parent_restart(s->pool);
+    if (rc != FERRY_OK)
+        ferry__window_fail(s->win, rc, NULL);
+}
+
 /* The death message: who, how, and what it said last. */
 static void death_message(const sched_worker *w, ferry__peer_state was, char *msg, size_t cap)
 {

@@ -103,6 +103,7 @@ static void usage(FILE *f)
                "  --slot N            index the loader gave this worker\n"
                "  --task-fd FD        shared memory where it says which task it is building\n"
                "  --shm-fd FD         shared memory it writes batches into, where a task says\n"
+               "  --data-fd FD        the dataset's bytes (option dataset_fd): closed here\n"
                "set by whatever starts this worker (a loader, or --processes):\n"
                "  --parent PID        exit when PID is no longer this process's parent\n"
                "  --help              this text\n"
@@ -489,6 +490,7 @@ static int check_endpoint(const cli *c)
 static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
 {
     *c = (cli){.slot = -1, .processes = 1, .task_fd = -1, .shm_fd = -1};
+    long data_fd;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -507,6 +509,11 @@ static int parse_args(int argc, char **argv, unsigned char *drop, cli *c)
         } else if (!strcmp(a, "--task-fd") && v && parse_int(v, 3, 1L << 20, &c->task_fd) == 0) {
             drop[i] = drop[i + 1] = 1;
         } else if (!strcmp(a, "--shm-fd") && v && parse_int(v, 3, 1L << 20, &c->shm_fd) == 0) {
+            drop[i] = drop[i + 1] = 1;
+        } else if (!strcmp(a, "--data-fd") && v && parse_int(v, 3, 1L << 20, &data_fd) == 0) {
+            /* The dataset's bytes (option dataset_fd) are for kinds that
+             * read them (the Python package's); a C worker has none. */
+            close((int)data_fd);
             drop[i] = drop[i + 1] = 1;
         } else if (!strcmp(a, "--processes") && v && parse_int(v, 1, 1024, &c->processes) == 0) {
             drop[i] = drop[i + 1] = 1;

@@ -20,6 +20,7 @@ import logging
 import math
 import numbers
 import operator
+import os
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
@@ -403,6 +404,7 @@ class Loader:
     def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024,
                  log=_to_logging, **options):
         self._c = None
+        self._data_fd = None
         if log is not None and not callable(log):
             raise TypeError("ferry.Loader: log must be a callable(level, message) or None, "
                             "not %s" % type(log).__name__)
@@ -420,18 +422,32 @@ class Loader:
             if name in opts:
                 raise TypeError("ferry.Loader: option %s is given twice (as %s)" % (name, key))
             opts[name] = value
+        self._data_fd = None
+        threads = str(opts.get("worker_mode", "process")).lower() == "thread"
         if isinstance(dataset, str):
             if dataset_kwargs:
                 raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class, not a "
                                 "spec string")
             spec = dataset
-        elif callable(dataset):
+        elif isinstance(dataset, type) or (callable(dataset) and
+                                           not hasattr(dataset, "__getitem__")):
             spec = spec_for(dataset, dataset_kwargs)
+        elif hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+            if dataset_kwargs:
+                raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class; this "
+                                "dataset is an object already")
+            spec = self._dataset_object(dataset, threads)
         else:
-            raise TypeError("ferry.Loader: dataset must be a spec string or a dataset class, "
-                            "not a %s instance: datasets are named, not pickled; pass the "
-                            "class and its arguments, ferry.Loader(%s, dataset_kwargs={...})"
-                            % (type(dataset).__name__, type(dataset).__name__))
+            raise TypeError("ferry.Loader: dataset must be a spec string, a dataset class or "
+                            "function, or a dataset object (with __getitem__ and __len__), "
+                            "not a %s" % type(dataset).__name__)
+        if spec.startswith("python:") and not threads:
+            # One clean parent loads the dataset and forks the workers
+            # (python -m ferry.worker --fork-server).
+            opts.setdefault("fork_server", True)
+            fd = _dataset.prestarted_fd()
+            if fd is not None:
+                opts.setdefault("fork_from", fd)
         pairs = [("dataset", spec)]
         pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
         if "worker_path" not in opts:
@@ -441,6 +457,26 @@ class Loader:
         self._seen = 0  # batches of the current epoch, out of order
         self._adopt(self._open(state))
 
+    def _dataset_object(self, dataset, threads):
+        """The spec of a dataset passed as an object: thread workers use the
+        object itself; process workers get it pickled once, here, in memory
+        they are handed (option dataset_fd), loaded once by their clean
+        parent."""
+        if threads:
+            return _dataset.own_object_spec(dataset)
+        spec, data = _dataset.pickle_dataset(dataset)
+        fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.close(fd)
+            raise
+        self._data_fd = fd
+        self._pairs_extra = [("dataset_fd", str(fd))]
+        return spec
+
     def _open(self, state):
         """A new C loader for self's options, resuming at ``state``."""
         blob = None
@@ -448,7 +484,8 @@ class Loader:
             blob = state.get("ferry") if isinstance(state, dict) else state
             if not isinstance(blob, (bytes, bytearray)):
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
-        c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None, self._log)
+        pairs = self._pairs + (self._pairs_extra if self._data_fd is not None else [])
+        c = _ferry.Loader(pairs, bytes(blob) if blob is not None else None, self._log)
         c.max_held = self._max_held
         # The kind of Batch the fields call for, made by the C side inside
         # next() (see _next).
@@ -563,6 +600,9 @@ class Loader:
             c.close()  # raises, changing nothing, while another thread is in next()
         self._c = None
         _open_loaders.discard(self)
+        if self._data_fd is not None:
+            os.close(self._data_fd)  # the loader kept its own copy while it ran
+            self._data_fd = None
 
     @property
     def closed(self):

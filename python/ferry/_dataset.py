@@ -83,8 +83,7 @@ def worker_command():
     if _child_finds_ferry():
         return sys.executable, "-m\nferry.worker"
     parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import sys; sys.path.insert(0, %r); import ferry.worker as w; sys.exit(w.main())"
-            % parent)
+    code = ("import sys; sys.path.insert(0, %r); import ferry.worker as w; w.run()" % parent)
     return sys.executable, "-c\n" + code
 
 
@@ -325,9 +324,140 @@ def _layout(sample):
     return 0
 
 
+# ------------------------------------------------------------ datasets as objects
+
+PICKLED = "@pickle"  # python:@pickle {"bytes": N, "sha256": HEX}: the object in the loader's memory
+_payload = [None]    # the bytes of a pickled dataset, in a worker (--data-fd)
+_own_objects = {}    # sha256 -> the object itself, in the trainer that pickled it
+_preloaded = {}      # spec args -> what open_dataset returned, in a clean parent
+
+
+def _pickler():
+    """cloudpickle when installed (Debian's python3-cloudpickle: it pickles
+    lambdas and classes of the main script or a notebook by value), else
+    the standard pickle."""
+    try:
+        import cloudpickle
+        return cloudpickle
+    except ImportError:
+        import pickle
+        return pickle
+
+
+def _unpicklable_part(obj, dumps, path="dataset", depth=0, seen=None):
+    """The attribute path of the first part of obj that does not pickle,
+    with its type, or None: what to name in the error."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 6:
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        parts = [("%s[%r]" % (path, k), v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        parts = [("%s[%d]" % (path, i), v) for i, v in enumerate(obj[:1000])]
+    else:
+        state = getattr(obj, "__dict__", None)
+        parts = [("%s.%s" % (path, k), v) for k, v in (state or {}).items()]
+    for where, value in parts:
+        try:
+            dumps(value)
+        except Exception:  # noqa: BLE001 - any failure: look deeper
+            return _unpicklable_part(value, dumps, where, depth + 1, seen) or \
+                "%s (a %s)" % (where, type(value).__name__)
+    return None
+
+
+def pickle_dataset(obj):
+    """(spec, bytes): a dataset object serialized once, in the trainer, for
+    local workers to load. TypeError naming the part that cannot be
+    pickled."""
+    import hashlib
+    mod = _pickler()
+    try:
+        data = mod.dumps(obj, protocol=5)
+    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+        part = _unpicklable_part(obj, mod.dumps)
+        hint = "" if mod.__name__ == "cloudpickle" else (
+            "; cloudpickle (Debian: python3-cloudpickle) pickles lambdas and classes of the "
+            "main script")
+        raise TypeError("ferry.Loader: the dataset (a %s) cannot be pickled for the workers: "
+                        "%s%s: %s%s" % (type(obj).__name__, "" if part is None else "its part ",
+                                        part or "", e, hint)) from None
+    digest = hashlib.sha256(data).hexdigest()
+    _own_objects[digest] = obj
+    return "python:%s %s" % (PICKLED, json.dumps({"bytes": len(data), "sha256": digest})), data
+
+
+def own_object_spec(obj):
+    """The spec of a dataset object used as it is by thread workers in this
+    process (nothing is pickled)."""
+    token = "object-%x" % id(obj)
+    _own_objects[token] = obj
+    return "python:%s %s" % (PICKLED, json.dumps({"bytes": 0, "sha256": token}))
+
+
+def prestarted_fd():
+    """The control socket of this process's clean parent started at import
+    (ferry._prestart), or None."""
+    return None
+
+
+def set_payload(data):
+    """The bytes of a pickled dataset, as this worker was given them."""
+    _payload[0] = data
+
+
+def _load_pickled(opts):
+    want, digest = opts.get("bytes"), opts.get("sha256")
+    obj = _own_objects.get(digest)
+    if obj is not None:  # the trainer's own (thread workers): the object itself
+        return obj
+    if _policy["remote"]:
+        raise PermissionError("a remote worker never unpickles what the network sent: pass the "
+                              "dataset by name, ferry.Loader(MyDataset, dataset_kwargs={...})")
+    data = _payload[0]
+    if data is None:
+        raise ValueError("the dataset was pickled by the trainer, but this worker was given no "
+                         "bytes (--data-fd)")
+    import hashlib
+    if len(data) != want or hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError("the pickled dataset this worker was given (%d bytes) is not the one "
+                         "its loader names (%s bytes)" % (len(data), want))
+    import pickle
+    return pickle.loads(data)
+
+
+def preload(args):
+    """In a clean parent: opens the dataset once, for the workers forked
+    from it. A failure is left for each worker to meet and report as its
+    own open error."""
+    try:
+        _preloaded[args] = open_dataset(args)
+    except BaseException:  # noqa: BLE001 - reported by the workers
+        pass
+
+
+def _describe(ds):
+    """(length, layout, fields, get_batch or None) of an opened dataset."""
+    n = len(ds)
+    if n <= 0:
+        raise ValueError("the dataset (a %s) has no items (len %d)" % (type(ds).__name__, n))
+    gb = getattr(ds, "get_batch", None)
+    gb = gb if callable(gb) else None
+    sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
+    layout = _layout(sample)
+    return n, layout, _fields(sample, layout, gb is not None), gb
+
+
 def open_dataset(args):
-    """Opens ``MODULE:QUALNAME [JSON]``: (dataset, length, layout, fields,
-    get_batch or None). Raises with a message naming what is wrong."""
+    """Opens ``MODULE:QUALNAME [JSON]`` (or a pickled object): (dataset,
+    length, layout, fields, get_batch or None). Raises with a message naming
+    what is wrong."""
+    if args in _preloaded:
+        return _preloaded[args]
+    if args.startswith(PICKLED):
+        ds = _load_pickled(json.loads(args[len(PICKLED):]))
+        return (ds,) + _describe(ds)
     m = _SPEC.match(args)
     if not m:
         raise ValueError("a python dataset spec reads 'python:MODULE:NAME [JSON]', got %r"
@@ -342,14 +472,9 @@ def open_dataset(args):
     ds = target(**kwargs) if callable(target) and (isinstance(target, type) or kwargs or
                                                    not hasattr(target, "__getitem__")) \
         else target
-    n = len(ds)
-    if n <= 0:
-        raise ValueError("dataset %s:%s has no items (len %d)" % (module, qual, n))
-    gb = getattr(ds, "get_batch", None)
-    gb = gb if callable(gb) else None
-    sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
-    layout = _layout(sample)
-    return ds, n, layout, _fields(sample, layout, gb is not None), gb
+    if len(ds) <= 0:
+        raise ValueError("dataset %s:%s has no items (len %d)" % (module, qual, len(ds)))
+    return (ds,) + _describe(ds)
 
 
 # ------------------------------------------------------------ worker_info

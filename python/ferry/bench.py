@@ -1,30 +1,58 @@
 """``python -m ferry.bench``: ferry.Loader against torch's DataLoader, on
-the same Python dataset class.
+the same Python dataset, with one of two pipelines (``--pipeline``):
+
+- ``mnist`` (the default): the class :class:`MnistLike`
+  (``ferry.bench:MnistLike``), MNIST-shaped and numpy-backed, 60,000 items
+  in batches of 256. Both loaders build it from its name.
+- ``imagefolder``: a torchvision ``ImageFolder`` of JPEG files (made once:
+  ``--classes`` folders, ``--items`` images in all, RGB of varied sizes
+  around ``--size`` px, seeded; in a temporary folder removed at exit, or
+  under ``--data DIR``, reused when there), with ``RandomResizedCrop(224),
+  RandomHorizontalFlip(), ToTensor(), Normalize(ImageNet mean and std)``;
+  2,000 items in batches of 64, a 15 ms training step. torch gets
+  ``DataLoader(dataset, batch_size, shuffle=True, num_workers,
+  persistent_workers=True, prefetch_factor=2)``; ferry gets
+  ``ferry.Loader(dataset, batch_size=..., workers=..., shuffle=True,
+  seed=...)``, the same dataset object, or, while ferry.Loader refuses
+  objects ("datasets are named, not pickled"), the class
+  :class:`ImageFolderBench` (``ferry.bench:ImageFolderBench``) that builds
+  the same ImageFolder in each worker. Batches are ``x, y``.
 
 What it measures, per loader (the median over rounds, with min..max):
 
-- batches/s, from the arrival of the first batch to that of the last;
+- batches/s (and, for imagefolder, images/s), from the arrival of the first
+  batch to that of the last;
 - the trainer's wait in ``next()`` per batch (mean, p50, p99, max) for steady
   batches (every batch but each epoch's first), and, apart, the wait for
   the first batch of each epoch after the first (the epoch boundary; for
   torch it includes ``iter(loader)``, which is where its workers restart);
 - startup: constructor to first batch, worker start and imports included
   (for torch, the dataset is built in the trainer, so that counts too);
-- cold start: a fresh interpreter to its first batch, the library's own
-  import included (``python train.py`` as a user waits for it);
+- mnist: cold start, a fresh interpreter to its first batch, the library's
+  own import included (``python train.py`` as a user waits for it);
 - peak RSS (VmHWM, reset before each run) of the trainer, and the sum
   over worker processes (with their PSS at the end, which counts pages
   shared between processes once: torch's workers are forked);
+- imagefolder: the trainer's RSS growth (VmRSS just before the loader is
+  built to the end of the last epoch, the loader still open), the summed
+  PSS of every process below the trainer at that moment (the loader's
+  workers), and memory in all, their sum;
 - with ``--step-ms``, the fraction of the step-bound rate (1000/step_ms).
+
+For imagefolder it also prints, against the targets set for ferry, the
+ratios ferry/torch of: startup (<= 1.25), memory in all (<= 1.1), trainer
+RSS growth (<= 2), images/s (>= 1.15) and the epoch-boundary wait (< 1).
 
 How: one process runs ferry, torch, ferry, torch, ... (``--rounds`` each),
 closing each loader and waiting for its workers to exit before the next.
-Both get the class :class:`MnistLike` (``ferry.bench:MnistLike``), the
-same workers and batch size, shuffle and persistent workers; ferry's
-``prefetch`` is batches in flight in all, torch's ``prefetch_factor`` is
-per worker, so torch gets ``max(1, prefetch // workers)``. torch is
-imported before any timing. The loop reads one element of each batch and
-then runs the simulated training step (a busy spin by default).
+Both get the same workers and batch size, shuffle and persistent workers.
+In mnist, ferry's ``prefetch`` is batches in flight in all, torch's
+``prefetch_factor`` is per worker, so torch gets ``max(1, prefetch //
+workers)``; in imagefolder each keeps its own default (torch 2 per worker,
+ferry auto) unless ``--prefetch`` is given. torch (and, for imagefolder,
+torchvision) is imported before any timing. The loop reads one element of
+each batch and then runs the simulated training step (a busy spin by
+default).
 """
 
 import argparse
@@ -57,6 +85,104 @@ class MnistLike:
 
     def __getitem__(self, i):
         return {"x": self.x[i], "y": np.int64(self.y[i])}
+
+
+# ---------------------------------------------------- imagefolder pipeline
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_MARK = ".ferry-bench.json"  # what a folder made by make_imagefolder was made with
+
+
+def imagefolder(root):
+    """The benchmark's dataset: torchvision's ImageFolder over ``root``
+    with the usual ImageNet training transform; items ``(float32 tensor
+    (3, 224, 224), int label)``."""
+    from torchvision import datasets, transforms
+    tf = transforms.Compose([
+        transforms.RandomResizedCrop(224),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+    return datasets.ImageFolder(root, transform=tf)
+
+
+class ImageFolderBench:
+    """:func:`imagefolder` by name, for a ferry.Loader that takes dataset
+    classes only: each worker builds ``ImageFolderBench(root=...)``."""
+
+    def __init__(self, root):
+        self.ds = imagefolder(root)
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        img, label = self.ds[i]
+        return img, label
+
+
+def make_imagefolder(root, items, classes, size, seed):
+    """Writes an ImageFolder layout under ``root`` (which must not exist):
+    ``classes`` folders ``class_NNN`` holding ``items`` JPEG files in all
+    (quality 90), RGB images from (3/4) size to (5/4) size px a side, smooth
+    colour fields with grain, fixed by ``seed``. It is written beside
+    ``root`` and renamed into place, so a folder there is always whole."""
+    import shutil
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    lo, hi = max(8, size * 3 // 4), max(8, size * 5 // 4)
+    # A few smooth fields (a small random image blown up), cut at random
+    # places and shifted in colour, plus grain: cheaper than resizing per
+    # image, and JPEG files of a realistic size. 200 + 24 + 31 <= 255.
+    bases = [np.asarray(Image.fromarray(rng.integers(0, 201, size=(6, 6, 3), dtype=np.uint8))
+                        .resize((2 * hi, 2 * hi), Image.BICUBIC)) for _ in range(8)]
+    grain = rng.integers(0, 25, size=(2 * hi, 2 * hi, 3), dtype=np.uint8)
+    tmp = "%s.partial-%d" % (root.rstrip(os.sep), os.getpid())
+    try:
+        for c in range(classes):
+            os.makedirs(os.path.join(tmp, "class_%03d" % c))
+        for i in range(items):
+            w, h = (int(v) for v in rng.integers(lo, hi + 1, size=2))
+            bx, by, gx, gy = (int(v) for v in rng.integers(0, hi, size=4))
+            img = bases[int(rng.integers(len(bases)))][by:by + h, bx:bx + w]
+            img = img + grain[gy:gy + h, gx:gx + w] + rng.integers(0, 32, size=3, dtype=np.uint8)
+            Image.fromarray(img).save(
+                os.path.join(tmp, "class_%03d" % (i % classes), "img_%06d.jpg" % i), quality=90)
+        with open(os.path.join(tmp, _MARK), "w") as f:
+            json.dump({"items": items, "classes": classes, "size": size, "seed": seed}, f)
+        if os.path.isdir(root):
+            os.rmdir(root)  # empty: an existing one with files is reused, not made
+        os.rename(tmp, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_imagefolder(a):
+    """The folder for ``a``: --data DIR (made when missing or empty, reused
+    when there) or a new temporary one. (root, temporary or None, what was
+    done)."""
+    import tempfile
+    want = {"items": a.items, "classes": a.classes, "size": a.size, "seed": a.seed}
+    if a.data is None:
+        tmp = tempfile.mkdtemp(prefix="ferry-bench-")
+        root = os.path.join(tmp, "imagefolder")
+    else:
+        tmp, root = None, os.path.abspath(a.data)
+        if os.path.isdir(root) and os.listdir(root):
+            try:
+                with open(os.path.join(root, _MARK)) as f:
+                    made = json.load(f)
+            except (OSError, ValueError):
+                return root, None, "reused (a folder not made by ferry.bench: used as it is)"
+            if made != want:
+                raise SystemExit("ferry.bench: %s was made with %s, not %s; remove it or pass "
+                                 "those options" % (root, made, want))
+            return root, None, "reused"
+    t = time.perf_counter()
+    make_imagefolder(root, a.items, a.classes, a.size, a.seed)
+    return root, tmp, "made in %.1f s" % (time.perf_counter() - t)
 
 
 # ------------------------------------------------------------ processes
@@ -127,40 +253,69 @@ def _wait_children_gone(seconds=15.0):
 # --------------------------------------------------------------- loaders
 
 def _torch_prefetch(a):
+    if a.prefetch is None:  # imagefolder, no --prefetch: torch's own default
+        return 2
     return max(1, a.prefetch // a.workers)
 
 
-def _dataset_class():
-    """MnistLike by its importable name, ferry.bench:MnistLike, also when
-    this file runs as __main__ (workers import the class by name)."""
+def _bench_module():
+    """This module by its importable name, ferry.bench, also when this file
+    runs as __main__ (workers import the dataset classes by name)."""
     from ferry import bench
-    return bench.MnistLike
+    return bench
 
 
-def _open_ferry(a, kwargs):
-    """(new epoch iterator, batches per epoch, close) for ferry."""
+def _open_ferry(a):
+    """(new epoch iterator, batches per epoch, close, how the dataset got
+    there) for ferry."""
     import ferry
-    ld = ferry.Loader(_dataset_class(), dataset_kwargs=kwargs, batch_size=a.batch_size,
-                      workers=a.workers, prefetch=a.prefetch, shuffle=True, seed=a.seed,
-                      epochs=a.epochs)
-    return ld.__iter__, len(ld), ld.close
+    opts = dict(batch_size=a.batch_size, workers=a.workers, shuffle=True, seed=a.seed,
+                epochs=a.epochs)
+    if a.prefetch is not None:
+        opts["prefetch"] = a.prefetch
+    if a.pipeline == "mnist":
+        ld = ferry.Loader(_bench_module().MnistLike, dataset_kwargs={"n": a.items, "seed": a.seed},
+                          **opts)
+        how = "the class ferry.bench:MnistLike"
+    else:
+        try:
+            ld = ferry.Loader(imagefolder(a.root), **opts)
+            how = "the ImageFolder object"
+        except TypeError as e:
+            if "datasets are named, not pickled" not in str(e):
+                raise
+            ld = ferry.Loader(_bench_module().ImageFolderBench,
+                              dataset_kwargs={"root": a.root}, **opts)
+            how = ("the class ferry.bench:ImageFolderBench (this ferry.Loader refuses dataset "
+                   "objects)")
+    return ld.__iter__, len(ld), ld.close, how
 
 
-def _open_torch(a, kwargs):
-    """(new epoch iterator, batches per epoch, close) for torch; close drops
-    the DataLoader and its iterator, whose finaliser stops the workers."""
+def _open_torch(a):
+    """(new epoch iterator, batches per epoch, close, how the dataset got
+    there) for torch; close drops the DataLoader and its iterator, whose
+    finaliser stops the workers."""
     import torch
     from torch.utils.data import DataLoader
-    held = {"dl": DataLoader(_dataset_class()(**kwargs), batch_size=a.batch_size, shuffle=True,
-                             num_workers=a.workers, persistent_workers=True,
-                             prefetch_factor=_torch_prefetch(a),
-                             generator=torch.Generator().manual_seed(a.seed))}
+    if a.pipeline == "mnist":
+        dl = DataLoader(_bench_module().MnistLike(n=a.items, seed=a.seed),
+                        batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
+                        persistent_workers=True, prefetch_factor=_torch_prefetch(a),
+                        generator=torch.Generator().manual_seed(a.seed))
+        how = "a MnistLike object"
+    else:
+        dl = DataLoader(imagefolder(a.root), batch_size=a.batch_size, shuffle=True,
+                        num_workers=a.workers, persistent_workers=True,
+                        prefetch_factor=_torch_prefetch(a))
+        how = "the ImageFolder object"
+    held = {"dl": dl}
+    del dl
 
     def close():
         held.clear()
         gc.collect()
 
-    return lambda: iter(held["dl"]), len(held["dl"]), close
+    return lambda: iter(held["dl"]), len(held["dl"]), close, how
 
 
 OPENERS = {"ferry": _open_ferry, "torch": _open_torch}
@@ -222,9 +377,9 @@ def _step(seconds, mode):
 
 def _epochs(new_iter, a, t0):
     """Runs the epochs: (waits per epoch in s, arrival times of the first
-    and the last batch, items seen, checksum)."""
+    and the last batch, items seen, items in the first batch, checksum)."""
     step = a.step_ms / 1000.0
-    waits, items, check, t_first, t_last = [], 0, 0, None, t0
+    waits, items, check, t_first, t_last, first_items = [], 0, 0, None, t0, 0
     for _ in range(a.epochs):
         ew = []
         t = time.perf_counter()
@@ -233,30 +388,39 @@ def _epochs(new_iter, a, t0):
             now = time.perf_counter()
             ew.append(now - t)
             t_last = now
-            if t_first is None:
-                t_first = now
-            x, y = b["x"], b["y"]
-            check += int(x[-1, 14, 14]) + int(y[-1])
+            if a.pipeline == "mnist":
+                x, y = b["x"], b["y"]
+                check += int(x[-1, 14, 14]) + int(y[-1])
+            else:  # ferry: a tuple batch of numpy arrays; torch: [tensor, tensor]
+                x, y = b
+                check += int(x[-1, 0, 112, 112] > 0) + int(y[-1])
             items += int(y.shape[0])
+            if t_first is None:
+                t_first, first_items = now, items
             _step(step, a.step_mode)
             del b, x, y
             t = time.perf_counter()
         del it
         waits.append(ew)
-    return waits, t_first if t_first is not None else t0, t_last, items, check
+    return waits, t_first if t_first is not None else t0, t_last, items, first_items, check
 
 
 def run_once(name, a):
     """One run of loader ``name``: its raw measurements (dict)."""
-    kwargs = {"n": a.items, "seed": a.seed}
-    cold = cold_start(name, a, kwargs)
+    cold = None
+    if a.pipeline == "mnist":
+        cold = cold_start(name, a, {"n": a.items, "seed": a.seed})
     gc.collect()
     reset = _reset_peak_rss()
+    pss0 = _proc_kb("/proc/self/smaps_rollup", "Pss")
+    rss0 = _proc_kb("/proc/self/status", "VmRSS")
     t0 = time.perf_counter()
-    new_iter, per_epoch, close = OPENERS[name](a, kwargs)
+    new_iter, per_epoch, close, how = OPENERS[name](a)
     try:
-        waits, t_first, t_last, items, check = _epochs(new_iter, a, t0)
+        waits, t_first, t_last, items, first_items, check = _epochs(new_iter, a, t0)
+        rss1 = _proc_kb("/proc/self/status", "VmRSS")  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
+        pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
         workers_hwm, workers_pss, nworkers = _workers_memory()
     finally:
         close()
@@ -265,9 +429,12 @@ def run_once(name, a):
     left = _wait_children_gone()
     if left:
         print("ferry.bench: %s left processes behind: %s" % (name, left), file=sys.stderr)
-    return {"waits": waits, "startup": t_first - t0, "cold_start": cold, "t_first": t_first, "t_last": t_last,
-            "items": items, "check": check, "per_epoch": per_epoch,
+    return {"waits": waits, "startup": t_first - t0, "cold_start": cold, "t_first": t_first,
+            "t_last": t_last, "items": items, "first_items": first_items, "check": check,
+            "per_epoch": per_epoch, "dataset": how,
             "trainer_hwm_mib": trainer / 1024 if trainer else None, "hwm_reset": reset,
+            "trainer_growth_mib": (rss1 - rss0) / 1024 if rss0 and rss1 else None,
+            "trainer_pss_growth_mib": (pss1 - pss0) / 1024 if pss0 and pss1 else None,
             "workers_hwm_mib": workers_hwm, "workers_pss_mib": workers_pss,
             "worker_processes": nworkers, "leftover_pids": left}
 
@@ -292,6 +459,46 @@ METRICS = (  # key, label, unit
 
 RATIOS = ("batches_per_s", "wait_p99_ms", "epoch_wait_ms", "startup_ms", "cold_start_ms")
 
+IMAGEFOLDER_METRICS = (  # key, label, unit
+    ("images_per_s", "images/s", ""),
+    ("batches_per_s", "batches/s", ""),
+    ("wait_mean_ms", "wait mean, steady", "ms"),
+    ("wait_p50_ms", "wait p50, steady", "ms"),
+    ("wait_p99_ms", "wait p99, steady", "ms"),
+    ("wait_max_ms", "wait max, steady", "ms"),
+    ("epoch_wait_ms", "epoch-boundary wait, mean", "ms"),
+    ("epoch_wait_max_ms", "epoch-boundary wait, max", "ms"),
+    ("startup_ms", "startup (ctor + 1st batch)", "ms"),
+    ("trainer_growth_mib", "trainer RSS growth", "MiB"),
+    ("workers_pss_mib", "loader processes' PSS, sum", "MiB"),
+    ("memory_all_mib", "memory in all (PSS + growth)", "MiB"),
+    ("memory_all_pss_mib", "memory in all, by PSS only", "MiB"),
+    ("trainer_peak_rss_mib", "trainer peak RSS", "MiB"),
+    ("workers_peak_rss_mib", "workers peak RSS, sum", "MiB"),
+    ("step_bound_fraction", "of step-bound rate", "%"),
+)
+
+IMAGEFOLDER_RATIOS = ("images_per_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_ms",
+                      "startup_ms", "trainer_growth_mib", "workers_pss_mib", "memory_all_mib",
+                      "memory_all_pss_mib")
+
+# The targets set for ferry in the imagefolder pipeline: ratio ferry/torch.
+TARGETS = {
+    "startup_ms": ("<=", 1.25),
+    "memory_all_mib": ("<=", 1.1),
+    "trainer_growth_mib": ("<=", 2.0),
+    "images_per_s": (">=", 1.15),
+    "epoch_wait_ms": ("<", 1.0),
+}
+_OPS = {"<=": lambda r, x: r <= x, "<": lambda r, x: r < x, ">=": lambda r, x: r >= x}
+
+
+def metrics_of(pipeline):
+    """(metrics, ratio keys) reported for ``pipeline``."""
+    if pipeline == "mnist":
+        return METRICS, RATIOS
+    return IMAGEFOLDER_METRICS, IMAGEFOLDER_RATIOS
+
 
 def summarize(raw, a):
     """The metrics of one run (dict, plain numbers; None where not
@@ -303,18 +510,27 @@ def summarize(raw, a):
     span = raw["t_last"] - raw["t_first"]
     rate = (n - 1) / span if n > 1 and span > 0 else 0.0
     pct = lambda q: float(np.percentile(steady, q)) if steady.size else None  # noqa: E731
+    growth, pss = raw["trainer_growth_mib"], raw["workers_pss_mib"]
+    pss_growth = raw["trainer_pss_growth_mib"]
     return {
         "batches": n, "items": raw["items"], "batches_per_s": rate,
+        "images_per_s": (raw["items"] - raw["first_items"]) / span if n > 1 and span > 0
+        else 0.0,
         "wait_mean_ms": float(steady.mean()) if steady.size else None,
         "wait_p50_ms": pct(50), "wait_p99_ms": pct(99),
         "wait_max_ms": float(steady.max()) if steady.size else None,
         "epoch_wait_ms": float(bounds.mean()) if bounds.size else None,
         "epoch_wait_max_ms": float(bounds.max()) if bounds.size else None,
+        "epoch_start_waits_ms": [ep[0] * 1000 for ep in waits if ep],
         "startup_ms": raw["startup"] * 1000,
-        "cold_start_ms": raw["cold_start"] * 1000,
+        "cold_start_ms": raw["cold_start"] * 1000 if raw["cold_start"] is not None else None,
         "trainer_peak_rss_mib": raw["trainer_hwm_mib"],
         "workers_peak_rss_mib": raw["workers_hwm_mib"],
-        "workers_pss_mib": raw["workers_pss_mib"],
+        "workers_pss_mib": pss,
+        "trainer_growth_mib": growth,
+        "memory_all_mib": pss + growth if pss is not None and growth is not None else None,
+        "memory_all_pss_mib": pss + pss_growth if pss is not None and pss_growth is not None
+        else None,
         "step_bound_fraction": rate * a.step_ms / 1000 if a.step_ms > 0 else None,
         "worker_processes": raw["worker_processes"],
         "trainer_peak_rss_reset": raw["hwm_reset"],
@@ -322,10 +538,10 @@ def summarize(raw, a):
     }
 
 
-def _aggregate(rounds):
+def _aggregate(rounds, metrics=METRICS):
     """median, min and max over rounds of each numeric metric."""
     out = {"median": {}, "min": {}, "max": {}}
-    for key, _, _ in METRICS:
+    for key, _, _ in metrics:
         vals = [r[key] for r in rounds if r.get(key) is not None]
         if vals:
             out["median"][key] = statistics.median(vals)
@@ -333,16 +549,29 @@ def _aggregate(rounds):
     return out
 
 
-def _ratios(loaders):
+def _ratios(loaders, keys=RATIOS):
+    """ferry/torch of the medians (where torch's is above 0)."""
     if not all(n in loaders for n in LOADERS):
         return {}
     f, t = loaders["ferry"]["median"], loaders["torch"]["median"]
-    return {k: f[k] / t[k] for k in RATIOS if f.get(k) is not None and t.get(k)}
+    return {k: f[k] / t[k] for k in keys
+            if f.get(k) is not None and t.get(k) is not None and t[k] > 0}
+
+
+def _targets(ratios):
+    """Each target: its ratio (None when not measured), the bound, met."""
+    out = {}
+    for key, (op, bound) in TARGETS.items():
+        r = ratios.get(key)
+        out[key] = {"ratio": r, "target": "%s %g" % (op, bound),
+                    "met": None if r is None else bool(_OPS[op](r, bound))}
+    return out
 
 
 def bench(a, on_run=None):
     """Runs the rounds: (result for --json, raw runs of the last round)."""
     names = [a.only] if a.only else list(LOADERS)
+    metrics, ratio_keys = metrics_of(a.pipeline)
     rounds = {n: [] for n in names}
     last = {}
     for r in range(a.rounds):
@@ -360,17 +589,24 @@ def bench(a, on_run=None):
     per_epoch = {n: last[n]["per_epoch"] for n in names}
     if len(set(per_epoch.values())) != 1:
         raise RuntimeError("the loaders disagree on batches per epoch: %s" % per_epoch)
-    loaders = {n: dict(rounds=rounds[n], **_aggregate(rounds[n])) for n in names}
+    loaders = {n: dict(rounds=rounds[n], **_aggregate(rounds[n], metrics)) for n in names}
+    keys = ["pipeline", "items", "batch_size", "workers", "prefetch", "epochs", "rounds",
+            "step_ms", "step_mode", "seed", "only"]
+    if a.pipeline == "imagefolder":
+        keys += ["classes", "size", "data"]
+    ratios = _ratios(loaders, ratio_keys)
     result = {
-        "config": {k: getattr(a, k) for k in ("items", "batch_size", "workers", "prefetch",
-                                              "epochs", "rounds", "step_ms", "step_mode",
-                                              "seed", "only")},
+        "config": {k: getattr(a, k) for k in keys},
         "torch_prefetch_factor": _torch_prefetch(a),
         "batches_per_epoch": per_epoch[names[0]],
         "step_bound_batches_per_s": 1000.0 / a.step_ms if a.step_ms > 0 else None,
+        "dataset_given_as": {n: last[n]["dataset"] for n in names},
         "loaders": loaders,
-        "ratios_ferry_over_torch": _ratios(loaders),
+        "ratios_ferry_over_torch": ratios,
     }
+    if a.pipeline == "imagefolder":
+        result["imagefolder"] = {"root": a.root, "folder": a.root_how}
+        result["targets"] = _targets(ratios)
     return result, last
 
 
@@ -395,16 +631,33 @@ def _header(res):
         step = "%g ms %s per batch (step-bound rate %s batches/s)" % (
             c["step_ms"], "busy spin" if c["step_mode"] == "spin" else "sleep",
             _fmt(res["step_bound_batches_per_s"]))
-    lines = [
-        "ferry.bench: MnistLike (x uint8 28x28, y int64), %d items, batch %d = %d batches/epoch,"
-        " %d epochs" % (c["items"], c["batch_size"], res["batches_per_epoch"], c["epochs"]),
-        "  %d persistent workers each, shuffled; prefetch: %d batches in flight"
-        % (c["workers"], c["prefetch"]),
-    ]
-    if c["only"] != "ferry":
-        lines[-1] += " for ferry;"
-        lines.append("  torch prefetch_factor = max(1, prefetch // workers) = %d per worker, %d "
-                     "in all" % (pf, pf * c["workers"]))
+    shape = "%d items, batch %d = %d batches/epoch, %d epochs" % (
+        c["items"], c["batch_size"], res["batches_per_epoch"], c["epochs"])
+    if c["pipeline"] == "mnist":
+        lines = [
+            "ferry.bench: MnistLike (x uint8 28x28, y int64), " + shape,
+            "  %d persistent workers each, shuffled; prefetch: %d batches in flight"
+            % (c["workers"], c["prefetch"]),
+        ]
+        if c["only"] != "ferry":
+            lines[-1] += " for ferry;"
+            lines.append("  torch prefetch_factor = max(1, prefetch // workers) = %d per worker, "
+                         "%d in all" % (pf, pf * c["workers"]))
+    else:
+        f = res["imagefolder"]
+        lines = [
+            "ferry.bench: ImageFolder, JPEG, %d classes, ~%d px (%s: %s)"
+            % (c["classes"], c["size"], f["root"], f["folder"]),
+            "  RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize; x float32 "
+            "3x224x224, y int64",
+            "  " + shape,
+            "  %d persistent workers each, shuffled; prefetch: %s" % (
+                c["workers"], "ferry's default (auto), torch prefetch_factor 2 per worker"
+                if c["prefetch"] is None else "%d batches in flight for ferry, torch "
+                "prefetch_factor %d per worker" % (c["prefetch"], pf)),
+        ]
+        if "ferry" in res["dataset_given_as"]:
+            lines.append("  ferry got %s" % res["dataset_given_as"]["ferry"])
     runs = "%d round(s) of %s" % (c["rounds"], c["only"] or "ferry, torch, alternating")
     return lines + ["  training step: %s" % step, "  %s" % runs]
 
@@ -413,11 +666,13 @@ def table(res):
     """The one-screen report."""
     names = list(res["loaders"])
     ratios = res["ratios_ferry_over_torch"]
+    targets = res.get("targets", {}) if ratios else {}
     multi = res["config"]["rounds"] > 1
     head = "%-36s" % ("median [min..max]" if multi else "one round")
     head += "".join("%22s" % n for n in names) + ("%13s" % "ferry/torch" if ratios else "")
+    head += "  target" if targets else ""
     lines = _header(res) + ["", head]
-    for key, label, unit in METRICS:
+    for key, label, unit in metrics_of(res["config"]["pipeline"])[0]:
         cells = []
         for n in names:
             agg = res["loaders"][n]
@@ -432,15 +687,28 @@ def table(res):
         row = "%-36s" % name + "".join("%22s" % c for c in cells)
         if key in ratios:
             row += "%12sx" % ("%.3g" % ratios[key])
+        if key in targets:
+            t = targets[key]
+            row += "  %s: %s" % (t["target"], "met" if t["met"] else "MISSED")
         lines.append(row)
     lines += [
         "",
         "wait = time in next(); steady = every batch but each epoch's first; epoch boundary =",
         "first batch of epochs 2..N (torch: iter() + next()); batches/s: first to last batch.",
         "startup: constructor to first batch, worker start and imports included, in a trainer",
-        "that has imported its library already; cold start: a fresh `python` process to its",
-        "first batch (interpreter, `import ferry` or `import torch`, loader, workers).",
+        "that has imported its library already.",
     ]
+    if res["config"]["pipeline"] == "mnist":
+        lines[-1] = lines[-1][:-1] + "; cold start: a fresh `python` process to its"
+        lines.append("first batch (interpreter, `import ferry` or `import torch`, loader, workers).")
+    else:
+        lines += [
+            "trainer RSS growth: VmRSS just before the loader is built to the end of the last",
+            "epoch (loader open); PSS: every process below the trainer then; memory in all:",
+            "their sum, which counts shared memory the trainer maps (ferry's batch slots) in",
+            "full in its RSS and again in the workers' PSS; by PSS only: the trainer's PSS",
+            "growth plus the workers' PSS, each page once. Ratios are of the medians.",
+        ]
     if not all(r["trainer_peak_rss_reset"] for ld in res["loaders"].values()
                for r in ld["rounds"]):
         lines.append("The kernel refused to reset VmHWM: trainer peaks include earlier runs.")
@@ -448,7 +716,8 @@ def table(res):
         lines += [
             "torch: the dataset is built in the trainer (in its startup and RSS); its workers",
             "are forked, so their RSS counts pages shared with the trainer (PSS splits them).",
-            "torch is imported in the trainer for every run, ferry's included.",
+            "torch%s is imported in the trainer for every run, ferry's included." % (
+                "" if res["config"]["pipeline"] == "mnist" else " (and torchvision)"),
         ]
     return "\n".join(lines)
 
@@ -481,8 +750,9 @@ def plot(path, res, last):
     ax.set_xlabel("batch (across epochs; dashed: epoch boundaries)")
     ax.set_ylabel("trainer wait in next() (ms)")
     c = res["config"]
-    ax.set_title("ferry.bench, last round: %d workers, batch %d, prefetch %d, step %g ms; "
-                 "batch 0 = startup" % (c["workers"], c["batch_size"], c["prefetch"],
+    ax.set_title("ferry.bench, %s, last round: %d workers, batch %d, prefetch %s, step %g ms; "
+                 "batch 0 = startup" % (c["pipeline"], c["workers"], c["batch_size"],
+                                        "auto" if c["prefetch"] is None else c["prefetch"],
                                         c["step_ms"]), fontsize=10)
     ax.legend()
     fig.tight_layout()
@@ -492,33 +762,60 @@ def plot(path, res, last):
 
 # ------------------------------------------------------------------- main
 
+DEFAULTS = {  # per pipeline: the options left out
+    "mnist": {"workers": 2, "batch_size": 256, "prefetch": 8, "epochs": 3, "items": 60000,
+              "step_ms": 0.0, "rounds": 3},
+    "imagefolder": {"workers": 2, "batch_size": 64, "prefetch": None, "epochs": 3,
+                    "items": 2000, "step_ms": 15.0, "rounds": 3, "classes": 10, "size": 400},
+}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m ferry.bench",
         description="ferry.Loader against torch.utils.data.DataLoader on one Python "
-                    "dataset class (MNIST-shaped, numpy-backed), runs alternating.")
+                    "dataset, runs alternating: an MNIST-shaped numpy-backed class "
+                    "(--pipeline mnist, the default), or a torchvision ImageFolder of JPEG "
+                    "files with the usual training transform (--pipeline imagefolder). "
+                    "Defaults are given as mnist/imagefolder.")
     from ferry import __version__  # loaded already: this module is inside the package
     p.add_argument("--version", action="version",
                    version="python -m ferry.bench %s" % __version__)
-    p.add_argument("--workers", type=int, default=2, help="worker processes (2)")
-    p.add_argument("--batch-size", type=int, default=256, help="items per batch (256)")
-    p.add_argument("--prefetch", type=int, default=8,
-                   help="batches in flight in all (8); torch gets prefetch_factor = "
-                        "max(1, prefetch // workers) per worker")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per run (3)")
-    p.add_argument("--items", type=int, default=60000, help="dataset items (60000)")
-    p.add_argument("--step-ms", type=float, default=0.0,
-                   help="simulated training step per batch, ms (0: none)")
+    p.add_argument("--pipeline", choices=tuple(DEFAULTS), default="mnist",
+                   help="the dataset and its loading (mnist)")
+    p.add_argument("--workers", type=int, help="worker processes (2)")
+    p.add_argument("--batch-size", type=int, help="items per batch (256/64)")
+    p.add_argument("--prefetch", type=int,
+                   help="batches in flight in all (8/ferry's default); torch gets "
+                        "prefetch_factor = max(1, prefetch // workers) per worker (imagefolder "
+                        "without it: 2)")
+    p.add_argument("--epochs", type=int, help="epochs per run (3)")
+    p.add_argument("--items", type=int, help="dataset items (60000/2000)")
+    p.add_argument("--step-ms", type=float,
+                   help="simulated training step per batch, ms (0/15; 0: none)")
     p.add_argument("--step-mode", choices=("spin", "sleep"), default="spin",
                    help="the step busy-spins (default) or sleeps")
-    p.add_argument("--rounds", type=int, default=3, help="runs of each loader (3)")
+    p.add_argument("--rounds", type=int, help="runs of each loader (3)")
     p.add_argument("--seed", type=int, default=0, help="dataset and shuffle seed (0)")
+    p.add_argument("--classes", type=int,
+                   help="imagefolder: class folders (10)")
+    p.add_argument("--size", type=int,
+                   help="imagefolder: images are 3/4 to 5/4 of this a side, px (400)")
+    p.add_argument("--data", metavar="DIR",
+                   help="imagefolder: the folder, made there when missing or empty, reused "
+                        "when there (default: a temporary one, removed at exit)")
     p.add_argument("--only", choices=LOADERS, help="run one loader only")
     p.add_argument("--plot", metavar="FILE.png", help="plot the waits of the last round")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
-    for name in ("workers", "batch_size", "prefetch", "epochs", "items", "rounds"):
-        if getattr(a, name) < 1:
+    if a.pipeline == "mnist" and (a.classes, a.size, a.data) != (None, None, None):
+        p.error("--classes, --size and --data go with --pipeline imagefolder")
+    for name, value in DEFAULTS[a.pipeline].items():
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+    for name in ("workers", "batch_size", "prefetch", "epochs", "items", "rounds", "classes",
+                 "size"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             p.error("--%s must be at least 1" % name.replace("_", "-"))
     if a.step_ms < 0:
         p.error("--step-ms must be >= 0")
@@ -527,12 +824,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     a = parse_args(argv)
-    if a.only != "ferry":
+    # Now, outside every timing: what the trainer (and torch's forked workers) use.
+    need = ["torch"] if a.only != "ferry" else []
+    if a.pipeline == "imagefolder":
+        need = ["torch", "torchvision", "torchvision.datasets", "torchvision.transforms", "PIL"]
+    for mod in need:
         try:
-            importlib.import_module("torch")  # now, outside every timing
+            importlib.import_module(mod)
         except ImportError as e:
-            print("ferry.bench: torch is not importable (%s); run with --only ferry" % e,
-                  file=sys.stderr)
+            print("ferry.bench: %s is not importable (%s)%s" % (
+                mod, e, "; run with --only ferry" if a.pipeline == "mnist" else ""),
+                file=sys.stderr)
             return 2
     if a.plot and importlib.util.find_spec("matplotlib") is None:
         _pyplot()  # fails now, saying what to install, not after the runs
@@ -541,7 +843,18 @@ def main(argv=None):
         print("ferry.bench: round %d/%d %-5s %8.1f batches/s, startup %.0f ms"
               % (r + 1, a.rounds, name, m["batches_per_s"], m["startup_ms"]), file=sys.stderr)
 
-    res, last = bench(a, on_run=progress)
+    tmp = None
+    try:
+        if a.pipeline == "imagefolder":
+            a.root, tmp, a.root_how = prepare_imagefolder(a)
+            a.items = len(imagefolder(a.root))  # a folder of one's own may hold any number
+            print("ferry.bench: imagefolder %s (%s), %d images"
+                  % (a.root, a.root_how, a.items), file=sys.stderr)
+        res, last = bench(a, on_run=progress)
+    finally:
+        if tmp is not None:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
     if a.plot:
         plot(a.plot, res, last)
         print("ferry.bench: wrote %s" % a.plot, file=sys.stderr)

@@ -1,26 +1,228 @@
-"""``python -m ferry.worker``: a ferry worker in this interpreter.
+"""``python -m ferry.worker``: a ferry worker in this interpreter, and the
+clean parent that forks a loader's workers.
 
-A loader started from Python starts its local workers this way (one
-process each, like ``ferry-worker``): the C worker loop runs here and
-serves every dataset kind, ``python:`` ones included. As a remote worker::
+A Python worker's life, top to bottom in this file:
+
+1. **The clean parent.** A loader with Python workers (option
+   ``fork_server``) starts one process, ``python -m ferry.worker
+   --fork-server``, spawned like every ferry process (or forked from the
+   process-wide one that ``import ferry`` starts, which has done its
+   imports already: :func:`ferry._prestart`). It limits its thread pools
+   to one thread (OMP/MKL/OpenBLAS, before numpy is imported), loads the
+   dataset once (a named class built, or a pickled object read from the
+   loader's memory), tells the loader it is ready, and then forks a worker
+   each time the loader asks, replacements included. It starts no thread,
+   so a fork of it is safe; its workers are made with clone(CLONE_PARENT)
+   (``_ferry.fork_sibling``): they are the loader's children, watched and
+   reaped by it, and they outlive a clean parent that dies.
+2. **Fork.** The child takes the fds the request carried (its stderr, the
+   task words, the batch slots, the dataset's bytes), sets torch's
+   intra-op threads, and runs the worker program.
+3. **Serve.** The C worker loop (``ferry_worker_main``): HELLO, CONFIG,
+   the dataset opened (in a forked worker: the one the parent loaded),
+   tasks until STOP.
+4. **Die.** ``os._exit``: nothing of the interpreter's teardown runs, so a
+   worker leaves the moment it is done, and with its loader (PDEATHSIG).
+
+A remote worker (no ``--slot``) is one process per host::
 
     python -m ferry.worker --connect tcp://HOST:PORT --key worker.key \\
         --server-key loader.pub --allow-module mypkg [--processes N]
 
-serves Python datasets only from modules under the ``--allow-module``
+It serves Python datasets only from modules under the ``--allow-module``
 prefixes (repeat it, or give a comma list): a loader cannot make it import
-and call anything else. The other options are ferry-worker's.
+and call anything else, and it never unpickles anything. The other options
+are ferry-worker's.
 """
 
+import os
+import socket
 import sys
 
-from . import _dataset, _ferry
-
 _NAME = "python -m ferry.worker"
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def limit_threads():
+    """One thread for the numeric libraries' pools in this process and its
+    children, as torch's own workers run (``FERRY_WORKER_THREADS`` says
+    otherwise), unless the environment sets them. Before numpy or torch is
+    imported: OpenBLAS reads its variable once, at load."""
+    n = os.environ.get("FERRY_WORKER_THREADS", "1")
+    for var in _THREAD_VARS:
+        os.environ.setdefault(var, n)
+
+
+def _take_option(argv, name):
+    """Removes ``name VALUE`` from argv; returns VALUE or None."""
+    if name in argv:
+        k = argv.index(name)
+        if k + 1 < len(argv):
+            value = argv[k + 1]
+            del argv[k:k + 2]
+            return value
+    return None
+
+
+def _read_fd(fd):
+    """The whole content of fd (from offset 0), then closes it. No Python
+    object keeps the fd: a worker forked later must not find one that
+    closes a number reused by then."""
+    try:
+        size = os.fstat(fd).st_size
+        parts, off = [], 0
+        while off < size:
+            chunk = os.pread(fd, min(size - off, 1 << 24), off)
+            if not chunk:
+                break
+            parts.append(chunk)
+            off += len(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- the clean parent
+
+def _threads_running():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def _recv_request(sock):
+    """(args, fds) of one request, ("I", modules) of an import hint, or None
+    when the loader is gone."""
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 65536, 16)
+    except (ConnectionError, OSError):
+        return None
+    if not msg:
+        for fd in fds:
+            os.close(fd)
+        return None
+    kind, body = msg[:1], msg[1:]
+    if kind == b"I":
+        return "I", body.decode().split(",")
+    args = [a.decode() for a in body.split(b"\0")[:-1]]
+    return args, fds
+
+
+def _preload(modules):
+    """Imports modules the trainer said its datasets will use; one that
+    fails is left to fail where the dataset imports it (with its own
+    traceback)."""
+    import importlib
+    for name in modules:
+        if name and name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - a hint, not a requirement
+                pass
+
+
+def _child(sock, args, fds):
+    """In a fork: the request's fds put in place and the worker program (or
+    a loader's clean parent) run; never returns."""
+    rc = 1
+    try:
+        sock.detach()  # the parent's control socket: ours to close, not the object's
+        os.dup2(fds[0], 2)
+        os.close(fds[0])
+        # The fds arrive at whatever numbers recvmsg gave; the request names
+        # them as 3, 4, ... (where ferry__spawn puts them): renamed here, so
+        # that no fd the dataset opened in the parent is overwritten.
+        real = {str(3 + k): str(fd) for k, fd in enumerate(fds[1:])}
+        for k, a in enumerate(args[:-1]):
+            if a in ("--task-fd", "--shm-fd", "--data-fd", "--control-fd"):
+                args[k + 1] = real.get(args[k + 1], args[k + 1])
+        rc = main(args)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - said on stderr, then the exit code
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc if isinstance(rc, int) else 1)
+
+
+def fork_server(argv):
+    """``--fork-server --control-fd FD [--dataset SPEC --seed N --workers N
+    --data-fd FD] --parent PID``: loads the dataset once, then forks a
+    child for each request until the loader closes the connection."""
+    from . import _dataset, _ferry
+    ctl = int(_take_option(argv, "--control-fd"))
+    spec = _take_option(argv, "--dataset")
+    data_fd = _take_option(argv, "--data-fd")
+    parent = _take_option(argv, "--parent")
+    _take_option(argv, "--seed")
+    _take_option(argv, "--workers")
+    if parent is not None:
+        _ferry.tie_to_parent(int(parent))
+    sock = socket.socket(fileno=ctl)
+    if data_fd is not None:
+        _dataset.set_payload(_read_fd(int(data_fd)))
+    if spec and spec.startswith("python:"):
+        _dataset.preload(spec[len("python:"):])
+    sock.send(b"R")
+    warned = False
+    while True:
+        req = _recv_request(sock)
+        if req is None:
+            return 0
+        args, fds = req
+        if args == "I":
+            _preload(fds)
+            continue
+        if not fds:
+            sock.send(b"Ethe request carried no stderr")
+            continue
+        if _threads_running() > 1 and not warned:
+            warned = True
+            print("ferry: warning: the clean parent (pid %d) runs %d threads; a fork copies "
+                  "only one, so a lock another holds stays locked in the workers. Something "
+                  "the dataset imports started them" % (os.getpid(), _threads_running()),
+                  file=sys.stderr)
+        try:
+            pid = _ferry.fork_sibling()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            sock.send(("E" + str(e)).encode())
+            continue
+        if pid == 0:
+            _child(sock, args, fds)
+        for fd in fds:
+            os.close(fd)
+        sock.send(b"P%d" % pid)
+
+
+# ---------------------------------------------------------------- a worker
+
+def _worker_threads():
+    """torch's intra-op pool to the same width as the others, when the
+    dataset has imported torch (torch's own workers call
+    torch.set_num_threads(1))."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(int(os.environ.get("FERRY_WORKER_THREADS", "1")))
+        except (ValueError, RuntimeError):
+            pass
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--fork-server" in argv:
+        argv.remove("--fork-server")
+        return fork_server(argv)
+    from . import _dataset, _ferry
     allow, rest = [], []
     i = 0
     while i < len(argv):
@@ -42,10 +244,16 @@ def main(argv=None):
         _ferry.worker_main([_NAME, "--help"], [], _NAME)
         print("python workers:\n"
               "  --allow-module PFX  (remote) serve python: datasets from modules under PFX\n"
-              "                      only; repeat or use commas. Without it, none at all")
+              "                      only; repeat or use commas. Without it, none at all\n"
+              "  --fork-server       (local) the clean parent a loader forks its workers from")
         return 0
     remote = "--slot" not in rest
+    data_fd = _take_option(rest, "--data-fd")
+    if data_fd is not None and not remote:
+        _dataset.set_payload(_read_fd(int(data_fd)))
     _dataset.configure(remote=remote, allow=allow)
+    if not remote:
+        _worker_threads()
     relaunch = [sys.executable, "-m", "ferry.worker"]
     for p in allow:
         relaunch += ["--allow-module", p]
@@ -53,5 +261,18 @@ def main(argv=None):
     return _ferry.worker_main([_NAME] + rest, relaunch, _NAME)
 
 
+def run():
+    """The program: ``python -m ferry.worker ARGS``. A local worker or a
+    clean parent leaves with os._exit, skipping the interpreter's teardown
+    (seconds with torch imported), which has nothing to save."""
+    limit_threads()
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "--slot" in sys.argv or "--fork-server" in sys.argv:
+        os._exit(rc if isinstance(rc, int) else 1)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -23,7 +23,12 @@
  */
 #include "module.h"
 
+#include <sched.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "ferry_dataset.h"
 
@@ -577,7 +582,50 @@ static PyObject *sample_seed(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(ferry_sample_seed(seed, epoch, index));
 }
 
+/* fork_sibling() -> pid in the parent, 0 in the child: a fork of this
+ * process whose parent is this process's parent (clone CLONE_PARENT), so
+ * that a clean parent's workers are its loader's children, reaped and
+ * watched by pidfd there like spawned ones, and outlive a clean parent that
+ * dies. Python's own before/after-fork work is done around it, as
+ * os.fork() does (its locks, threading's state, os.register_at_fork). Only
+ * safe in a process that has started no thread: the caller checks. */
+static PyObject *fork_sibling(PyObject *self, PyObject *unused)
+{
+    PyOS_BeforeFork();
+    long pid = syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), NULL, NULL, NULL, 0);
+    int e = errno;
+    if (pid == 0) {
+        PyOS_AfterFork_Child();
+        return PyLong_FromLong(0);
+    }
+    PyOS_AfterFork_Parent();
+    if (pid < 0) {
+        errno = e;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(pid);
+}
+
+/* tie_to_parent(pid): this process is killed when its parent goes
+ * (PR_SET_PDEATHSIG), and exits now if the parent is not `pid` any more
+ * (it went before the call). For a clean parent, as ferry-worker's
+ * --parent does for a worker. */
+static PyObject *tie_to_parent(PyObject *self, PyObject *arg)
+{
+    long pid = PyLong_AsLong(arg);
+    if (pid == -1 && PyErr_Occurred())
+        return NULL;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != (pid_t)pid)
+        _exit(3);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef ferry_py_worker_methods[] = {
+    {"tie_to_parent", tie_to_parent, METH_O,
+     "tie_to_parent(pid): killed when the parent goes; exits now if it is not pid"},
+    {"fork_sibling", fork_sibling, METH_NOARGS,
+     "fork_sibling() -> pid, 0 in the child: a fork whose parent is this process's parent"},
     {"worker_main", worker_main, METH_VARARGS,
      "worker_main(argv, relaunch, name) -> exit code: the ferry-worker program"},
     {"worker_state", worker_state, METH_NOARGS,

@@ -1,0 +1,175 @@
+/*
+ * forkserver.c - requests to a clean parent and its answers (see
+ * forkserver.h).
+ */
+#include "forkserver.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "error.h"
+
+/* The longest request: the arguments of one worker (an endpoint and a few
+ * numbers) or of a clean parent (the dataset spec, at most 4 KiB). */
+#define REQUEST_MAX 16384
+
+int ferry__fork_socketpair(int *ours, int *theirs)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return ferry__syserr(FERRY_ESYS, "socketpair for a clean parent", errno);
+    fcntl(sv[0], F_SETFL, O_NONBLOCK);
+    *ours = sv[0];
+    *theirs = sv[1];
+    return FERRY_OK;
+}
+
+int ferry__fork_request(int ctl, char *const args[], const int *fds, int nfds)
+{
+    if (nfds < 1 || nfds > FERRY__FORK_FDS_MAX)
+        return ferry__seterr(FERRY_EINVAL, "a fork request carries 1 to %d fds, not %d",
+                             FERRY__FORK_FDS_MAX, nfds);
+    char *buf = malloc(REQUEST_MAX);
+    if (!buf)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory for a fork request");
+    size_t len = 0;
+    buf[len++] = 'F';
+    for (int i = 0; args[i]; i++) {
+        size_t n = strlen(args[i]) + 1;
+        if (len + n > REQUEST_MAX) {
+            free(buf);
+            return ferry__seterr(FERRY_EINVAL, "a fork request is longer than %d bytes",
+                                 REQUEST_MAX);
+        }
+        memcpy(buf + len, args[i], n);
+        len += n;
+    }
+    union {
+        char raw[CMSG_SPACE(sizeof(int) * FERRY__FORK_FDS_MAX)];
+        struct cmsghdr align;
+    } ctrl;
+    memset(&ctrl, 0, sizeof ctrl);
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = ctrl.raw,
+                       .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    ssize_t r;
+    do
+        r = sendmsg(ctl, &m, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    int e = errno;
+    free(buf);
+    if (r < 0)
+        return ferry__syserr(FERRY_ESYS, "asking the clean parent for a worker", e);
+    return FERRY_OK;
+}
+
+int ferry__fork_read(int ctl, ferry__fork_answer *a)
+{
+    char buf[sizeof a->text + 1];
+    memset(a, 0, sizeof *a);
+    ssize_t n;
+    do
+        n = recv(ctl, buf, sizeof buf - 1, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return FERRY_OK;
+    if (n <= 0) {
+        a->kind = FERRY__FORK_CLOSED;
+        return n < 0 ? ferry__syserr(FERRY_ESYS, "reading the clean parent's answer", errno)
+                     : FERRY_OK;
+    }
+    buf[n] = '\0';
+    switch (buf[0]) {
+    case 'R':
+        a->kind = FERRY__FORK_READY;
+        return FERRY_OK;
+    case 'P': {
+        char *end;
+        long pid = strtol(buf + 1, &end, 10);
+        if (pid > 0 && *end == '\0') {
+            a->kind = FERRY__FORK_PID;
+            a->pid = (pid_t)pid;
+            return FERRY_OK;
+        }
+        break;
+    }
+    case 'E':
+        a->kind = FERRY__FORK_ERROR;
+        snprintf(a->text, sizeof a->text, "%s", buf + 1);
+        return FERRY_OK;
+    default:
+        break;
+    }
+    /* Our own child speaks this protocol; anything else means it is not a
+     * clean parent at all (another program given as the worker). */
+    a->kind = FERRY__FORK_ERROR;
+    snprintf(a->text, sizeof a->text, "the clean parent answered something unreadable");
+    return FERRY_OK;
+}
+
+static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER;
+static int ask_broken = -1; /* an fd whose answer was not waited for: its order is lost */
+
+int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
+                    pid_t *pid)
+{
+    pthread_mutex_lock(&ask_lock);
+    int rc;
+    if (ctl == ask_broken) {
+        rc = ferry__seterr(FERRY_ESPAWN, "the process-wide clean parent did not answer in time "
+                                         "before; it is not asked again");
+        goto out;
+    }
+    rc = ferry__fork_request(ctl, args, fds, nfds);
+    if (rc != FERRY_OK)
+        goto out;
+    uint64_t deadline = ferry__now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        ferry__fork_answer a;
+        rc = ferry__fork_read(ctl, &a);
+        if (a.kind == FERRY__FORK_PID) {
+            *pid = a.pid;
+            rc = FERRY_OK;
+            goto out;
+        }
+        if (a.kind == FERRY__FORK_ERROR) {
+            rc = ferry__seterr(FERRY_ESPAWN, "the process-wide clean parent: %s", a.text);
+            goto out;
+        }
+        if (a.kind == FERRY__FORK_CLOSED) {
+            rc = ferry__seterr(FERRY_ESPAWN, "the process-wide clean parent is gone");
+            goto out;
+        }
+        /* "R" is only said by a loader's own parent; skipped here. */
+        if (a.kind == FERRY__FORK_READY)
+            continue;
+        uint64_t now = ferry__now_ms();
+        if (now >= deadline) {
+            ask_broken = ctl;
+            rc = ferry__seterr(FERRY_ESPAWN,
+                               "the process-wide clean parent did not answer within %d ms",
+                               timeout_ms);
+            goto out;
+        }
+        struct pollfd p = {.fd = ctl, .events = POLLIN};
+        poll(&p, 1, (int)(deadline - now));
+    }
+out:
+    pthread_mutex_unlock(&ask_lock);
+    return rc;
+}
