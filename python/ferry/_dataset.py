@@ -87,6 +87,27 @@ def worker_command():
     return sys.executable, "-c\n" + code
 
 
+def _import_path():
+    """The trainer's import path, for workers to find the dataset's modules:
+    without the interpreter's own directories and PYTHONPATH's (a worker
+    has those already: it is this interpreter, with this environment) and
+    without repeats, so a long PYTHONPATH does not fill the spec."""
+    system = _system_dirs()
+    inherited = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p}
+    path = []
+    for p in (os.path.abspath(p or os.getcwd()) for p in sys.path):
+        if p not in system and p not in inherited and p not in path:
+            path.append(p)
+    return path
+
+
+def _extend_path(path):
+    for p in reversed(path or []):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
 def spec_for(target, kwargs):
     """The ``python:`` spec naming ``target`` (a class or function defined
     at the top level of a module, or of the main script) built with
@@ -113,17 +134,7 @@ def spec_for(target, kwargs):
                 "ferry.Loader: %s is defined in an interactive session or a script read from "
                 "stdin; workers import the dataset by name, so define it in a .py file (a "
                 "module, or the main script)" % qual)
-    # The trainer's import path, for workers to find the module: without
-    # the interpreter's own directories and PYTHONPATH's (a worker has
-    # those already: it is this interpreter, with this environment) and
-    # without repeats, so a long PYTHONPATH does not fill the spec.
-    system = _system_dirs()
-    inherited = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                 if p}
-    opts["path"] = []
-    for p in (os.path.abspath(p or os.getcwd()) for p in sys.path):
-        if p not in system and p not in inherited and p not in opts["path"]:
-            opts["path"].append(p)
+    opts["path"] = _import_path()
 
     def plain(o):  # numpy scalars and arrays in kwargs, as JSON numbers and lists
         if isinstance(o, np.generic):
@@ -248,9 +259,7 @@ def _resolve(module, qual, opts):
                 "this remote worker does not serve module '%s' (allowed: %s; start it with "
                 "--allow-module PREFIX)" % (module, ", ".join(_policy["allow"]) or "none"))
     else:
-        for p in reversed(opts.get("path", [])):
-            if p not in sys.path:
-                sys.path.insert(0, p)
+        _extend_path(opts.get("path"))
     if module == "__main__":
         if not opts.get("main"):
             raise ImportError("a dataset in __main__ needs the main script's path")
@@ -385,7 +394,8 @@ def pickle_dataset(obj):
                                         part or "", e, hint)) from None
     digest = hashlib.sha256(data).hexdigest()
     _own_objects[digest] = obj
-    return "python:%s %s" % (PICKLED, json.dumps({"bytes": len(data), "sha256": digest})), data
+    opts = {"bytes": len(data), "sha256": digest, "path": _import_path()}
+    return "python:%s %s" % (PICKLED, json.dumps(opts, separators=(",", ":"))), data
 
 
 def own_object_spec(obj):
@@ -424,6 +434,7 @@ def _load_pickled(opts):
         raise ValueError("the pickled dataset this worker was given (%d bytes) is not the one "
                          "its loader names (%s bytes)" % (len(data), want))
     import pickle
+    _extend_path(opts.get("path"))  # where the classes it names are imported from
     return pickle.loads(data)
 
 

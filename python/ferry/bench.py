@@ -3,7 +3,8 @@ the same Python dataset, with one of two pipelines (``--pipeline``):
 
 - ``mnist`` (the default): the class :class:`MnistLike`
   (``ferry.bench:MnistLike``), MNIST-shaped and numpy-backed, 60,000 items
-  in batches of 256. Both loaders build it from its name.
+  in batches of 256; ferry's workers build it from its name, torch builds
+  it in the trainer.
 - ``imagefolder``: a torchvision ``ImageFolder`` of JPEG files (made once:
   ``--classes`` folders, ``--items`` images in all, RGB of varied sizes
   around ``--size`` px, seeded; in a temporary folder removed at exit, or
@@ -13,8 +14,8 @@ the same Python dataset, with one of two pipelines (``--pipeline``):
   ``DataLoader(dataset, batch_size, shuffle=True, num_workers,
   persistent_workers=True, prefetch_factor=2)``; ferry gets
   ``ferry.Loader(dataset, batch_size=..., workers=..., shuffle=True,
-  seed=...)``, the same dataset object, or, while ferry.Loader refuses
-  objects ("datasets are named, not pickled"), the class
+  seed=..., epochs=...)``, the same dataset object, or, while ferry.Loader
+  refuses objects ("datasets are named, not pickled"), the class
   :class:`ImageFolderBench` (``ferry.bench:ImageFolderBench``) that builds
   the same ImageFolder in each worker. Batches are ``x, y``.
 
@@ -36,7 +37,10 @@ What it measures, per loader (the median over rounds, with min..max):
 - imagefolder: the trainer's RSS growth (VmRSS just before the loader is
   built to the end of the last epoch, the loader still open), the summed
   PSS of every process below the trainer at that moment (the loader's
-  workers), and memory in all, their sum;
+  workers), and memory in all, their sum (which counts shared memory mapped
+  by the trainer and the workers twice: in full in the trainer's RSS, and
+  in part in the workers' PSS), and apart, memory in all by PSS only (the
+  trainer's PSS growth plus the workers' PSS: each page once);
 - with ``--step-ms``, the fraction of the step-bound rate (1000/step_ms).
 
 For imagefolder it also prints, against the targets set for ferry, the
@@ -124,7 +128,7 @@ class ImageFolderBench:
 
 
 def make_imagefolder(root, items, classes, size, seed):
-    """Writes an ImageFolder layout under ``root`` (which must not exist):
+    """Writes an ImageFolder layout at ``root`` (missing, or an empty folder):
     ``classes`` folders ``class_NNN`` holding ``items`` JPEG files in all
     (quality 90), RGB images from (3/4) size to (5/4) size px a side, smooth
     colour fields with grain, fixed by ``seed``. It is written beside
@@ -181,7 +185,13 @@ def prepare_imagefolder(a):
                                  "those options" % (root, made, want))
             return root, None, "reused"
     t = time.perf_counter()
-    make_imagefolder(root, a.items, a.classes, a.size, a.seed)
+    try:
+        make_imagefolder(root, a.items, a.classes, a.size, a.seed)
+    except BaseException:
+        if tmp is not None:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return root, tmp, "made in %.1f s" % (time.perf_counter() - t)
 
 
@@ -696,13 +706,15 @@ def table(res):
         "wait = time in next(); steady = every batch but each epoch's first; epoch boundary =",
         "first batch of epochs 2..N (torch: iter() + next()); batches/s: first to last batch.",
         "startup: constructor to first batch, worker start and imports included, in a trainer",
-        "that has imported its library already.",
     ]
     if res["config"]["pipeline"] == "mnist":
-        lines[-1] = lines[-1][:-1] + "; cold start: a fresh `python` process to its"
-        lines.append("first batch (interpreter, `import ferry` or `import torch`, loader, workers).")
+        lines += [
+            "that has imported its library already; cold start: a fresh `python` process to its",
+            "first batch (interpreter, `import ferry` or `import torch`, loader, workers).",
+        ]
     else:
         lines += [
+            "that has imported its libraries already.",
             "trainer RSS growth: VmRSS just before the loader is built to the end of the last",
             "epoch (loader open); PSS: every process below the trainer then; memory in all:",
             "their sum, which counts shared memory the trainer maps (ferry's batch slots) in",
@@ -712,12 +724,19 @@ def table(res):
     if not all(r["trainer_peak_rss_reset"] for ld in res["loaders"].values()
                for r in ld["rounds"]):
         lines.append("The kernel refused to reset VmHWM: trainer peaks include earlier runs.")
-    if "torch" in names:
+    if "torch" in names and res["config"]["pipeline"] == "mnist":
         lines += [
             "torch: the dataset is built in the trainer (in its startup and RSS); its workers",
             "are forked, so their RSS counts pages shared with the trainer (PSS splits them).",
-            "torch%s is imported in the trainer for every run, ferry's included." % (
-                "" if res["config"]["pipeline"] == "mnist" else " (and torchvision)"),
+            "torch is imported in the trainer for every run, ferry's included.",
+        ]
+    elif "torch" in names:
+        both = res["dataset_given_as"].get("ferry", "").endswith("object")
+        lines += [
+            "The ImageFolder is built in the trainer (in startup) for %s. torch's workers are"
+            % ("both" if both else "torch, in each worker for ferry"),
+            "forked from the trainer, so their RSS counts pages shared with it (PSS splits",
+            "them). torch and torchvision are imported in the trainer for every run.",
         ]
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """python -m ferry.bench runs end to end (a small dataset, one round) and
-its --json output has every key; the torch half only where torch imports."""
+its --json output has every key; the torch half only where torch imports,
+the imagefolder pipeline only where torchvision does too."""
 
 import json
 import subprocess
@@ -29,8 +30,14 @@ def check_loader(res, name):
     assert run["items"] == 2 * 2000
     assert KEYS <= set(ld["median"]), KEYS - set(ld["median"])
     assert run["leftover_pids"] == []
-    assert run["worker_processes"] == 2
+    assert run["worker_processes"] in worker_processes(name, 2)
     return ld["median"]
+
+
+def worker_processes(name, workers):
+    """The processes below the trainer: the workers, and for ferry, the
+    clean parent that forks them (option fork_server) when it has one."""
+    return (workers, workers + 1) if name == "ferry" else (workers,)
 
 
 def test_bench_answers_version_help_and_bad_options_like_every_tool():
@@ -64,3 +71,45 @@ def test_bench_ferry_and_torch():
     assert set(res["ratios_ferry_over_torch"]) == {"batches_per_s", "wait_p99_ms",
                                                    "epoch_wait_ms", "startup_ms",
                                                    "cold_start_ms"}
+
+
+def test_bench_imagefolder_ferry_and_torch(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    data = tmp_path / "images"
+    args = ["--pipeline", "imagefolder", "--items", "64", "--classes", "4", "--size", "32",
+            "--batch-size", "16", "--epochs", "2", "--rounds", "1", "--workers", "1",
+            "--step-ms", "0", "--data", str(data), "--json"]
+    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args, capture_output=True,
+                       text=True, timeout=80)
+    assert p.returncode == 0, p.stderr
+    assert "left processes behind" not in p.stderr, p.stderr
+    res = json.loads(p.stdout)
+    assert len(list(data.glob("class_*/*.jpg"))) == 64 and len(list(data.glob("class_*"))) == 4
+    assert res["config"]["pipeline"] == "imagefolder" and res["batches_per_epoch"] == 4
+    assert list(res["loaders"]) == ["ferry", "torch"]
+    for name in ("ferry", "torch"):
+        run = res["loaders"][name]["rounds"][0]
+        assert run["batches"] == 2 * 4 and run["items"] == 2 * 64
+        assert run["leftover_pids"] == []
+        assert run["worker_processes"] in worker_processes(name, 1)
+        assert len(run["epoch_start_waits_ms"]) == 2
+        med = res["loaders"][name]["median"]
+        assert {"images_per_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_ms", "startup_ms",
+                "trainer_growth_mib", "workers_pss_mib", "memory_all_mib"} <= set(med)
+        assert med["images_per_s"] > 0 and med["workers_pss_mib"] > 0
+        assert med["memory_all_mib"] == pytest.approx(med["workers_pss_mib"]
+                                                      + med["trainer_growth_mib"])
+    ratios = res["ratios_ferry_over_torch"]
+    assert {"images_per_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_ms", "startup_ms",
+            "workers_pss_mib", "memory_all_mib"} <= set(ratios)
+    assert set(res["targets"]) == {"startup_ms", "memory_all_mib", "trainer_growth_mib",
+                                   "images_per_s", "epoch_wait_ms"}
+    # A second run reuses the folder; one made with other options is refused.
+    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] + ["--only", "ferry"],
+                       capture_output=True, text=True, timeout=80)
+    assert p.returncode == 0 and "(reused)" in p.stderr, p.stderr
+    assert p.stdout.startswith("ferry.bench: ImageFolder")
+    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] + ["--seed", "1"],
+                       capture_output=True, text=True, timeout=80)
+    assert p.returncode != 0 and "was made with" in p.stderr, p.stderr
