@@ -380,8 +380,17 @@ int ferry__pool_parent_restart(ferry__pool *p)
         w->errfd = -1;
     }
     p->nasked = 0;
+    /* Started now, not at the next worker's start: a death later is then
+     * answered by a fork at once. */
+    int rc = start_parent(p);
+    if (rc != FERRY_OK) {
+        for (uint32_t k = 0; k < n; k++)
+            p->asked[p->nasked++] = again[k];
+        give_up_forking(p, ferry_last_error());
+        return FERRY_OK;
+    }
     for (uint32_t k = 0; k < n; k++) {
-        int rc = ask_parent(p, again[k]);
+        rc = ask_parent(p, again[k]);
         if (rc != FERRY_OK) {
             /* Those not asked yet go back on the list, to be spawned. */
             for (uint32_t j = k; j < n; j++)
