@@ -46,6 +46,10 @@ from ._errors import (BatchError, Closed, DatasetError, Error, IndexOutOfRange, 
 
 __version__ = _ferry.version()
 
+# The clean parent of Python workers starts now, in the background, so that
+# its imports overlap the trainer's own (see ferry.worker).
+_dataset.prestart()
+
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",

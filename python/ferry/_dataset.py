@@ -406,10 +406,59 @@ def own_object_spec(obj):
     return "python:%s %s" % (PICKLED, json.dumps({"bytes": 0, "sha256": token}))
 
 
+# The process-wide clean parent, started when ferry is imported: it does
+# the imports (numpy, and torch, torchvision, ... as the trainer's own
+# imports hint), so that each loader's clean parent is a fork of it that
+# has them already. {"pid": owner, "proc": Popen, "sock": our end}.
+_template = {}
+# Modules worth importing ahead: the heavy ones a dataset's code uses.
+HINT_MODULES = ("numpy", "torch", "torchvision", "PIL.Image", "pandas", "scipy", "cv2")
+
+
+def prestart():
+    """Starts the process-wide clean parent in the background (a spawned
+    ``python -m ferry.worker --fork-server``; nothing waits for it) unless
+    FERRY_PRESTART=0, and hints the modules this trainer has imported."""
+    if os.environ.get("FERRY_PRESTART", "1") == "0" or _template.get("pid") == os.getpid():
+        return
+    import socket
+    import subprocess
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    path, args = worker_command()
+    cmd = [path] + args.split("\n") + ["--fork-server", "--control-fd", str(theirs.fileno()),
+                                       "--parent", str(os.getpid())]
+    try:
+        proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+    except OSError:
+        ours.close()
+        return
+    finally:
+        theirs.close()
+    _template.update(pid=os.getpid(), proc=proc, sock=ours)
+    hint_modules()
+
+
+def hint_modules(extra=()):
+    """Tells the process-wide clean parent to import the heavy modules this
+    trainer has imported (and `extra`), ahead of the loaders that will
+    want them."""
+    if _template.get("pid") != os.getpid():
+        return
+    names = [m for m in HINT_MODULES if m in sys.modules] + list(extra)
+    try:
+        _template["sock"].send(b"I" + ",".join(names).encode())
+    except OSError:
+        pass
+
+
 def prestarted_fd():
-    """The control socket of this process's clean parent started at import
-    (ferry._prestart), or None."""
-    return None
+    """The control socket of this process's clean parent started at import,
+    or None (not started, gone, or this is a fork of the process that
+    started it: its answers would go to either)."""
+    if _template.get("pid") != os.getpid() or _template["proc"].poll() is not None:
+        return None
+    hint_modules()
+    return _template["sock"].fileno()
 
 
 def set_payload(data):
