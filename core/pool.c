@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -400,6 +401,22 @@ int ferry__pool_parent_restart(ferry__pool *p)
         }
     }
     return FERRY_OK;
+}
+
+void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms)
+{
+    uint64_t deadline = ferry__now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        int asked = 0;
+        for (uint32_t k = 0; k < p->nasked; k++)
+            asked |= p->asked[k] == i;
+        uint64_t now = ferry__now_ms();
+        if (!asked || p->ctl < 0 || now >= deadline)
+            return;
+        struct pollfd pf = {.fd = p->ctl, .events = POLLIN};
+        if (poll(&pf, 1, (int)(deadline - now)) > 0)
+            read_parent(p);
+    }
 }
 
 pid_t ferry__pool_parent_pid(ferry__pool *p)

@@ -84,6 +84,12 @@ int ferry__pool_start(ferry__pool *p, uint32_t i);
  * failed. */
 int ferry__pool_parent_restart(ferry__pool *p);
 
+/* Worker i was asked of the clean parent and its pid is not known yet:
+ * reads the parent's answers until it is, for at most timeout_ms. A forked
+ * worker can say HELLO before the scheduler has read the "P" answer that
+ * names it (the parent sends it just after the fork). */
+void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms);
+
 /* The clean parent's pid, 0 when none runs. Any thread. */
 pid_t ferry__pool_parent_pid(ferry__pool *p);
 

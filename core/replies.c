@@ -201,6 +201,10 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
     }
     sched_worker *w = &s->w[h->slot];
     pid_t pid = ferry__pool_pid(s->pool, w->p.index);
+    if (!pid && w->p.state == FERRY__PEER_SPAWNED) {
+        ferry__pool_await_fork(s->pool, w->p.index, 500);
+        pid = ferry__pool_pid(s->pool, w->p.index);
+    }
     if (w->p.state != FERRY__PEER_SPAWNED || (pid_t)h->pid != (pid ? pid : getpid())) {
         /* The HELLO of the process this slot had before (it died or was
          * killed just after saying it) is late, not forged. */

@@ -449,6 +449,12 @@ class Loader:
             # One clean parent loads the dataset and forks the workers
             # (python -m ferry.worker --fork-server).
             opts.setdefault("fork_server", True)
+            # torch's depth: 2 batches per worker in flight (its
+            # prefetch_factor): a Python batch is built slowly and often big
+            # (images), so a deeper window costs memory and gains little.
+            workers = opts.get("workers", 2)
+            if "prefetch" not in opts and isinstance(workers, numbers.Integral) and workers > 0:
+                opts["prefetch"] = min(1024, 2 * int(workers))
             fd = _dataset.prestarted_fd()
             if fd is not None:
                 opts.setdefault("fork_from", fd)

@@ -421,6 +421,11 @@ def prestart():
     FERRY_PRESTART=0, and hints the modules this trainer has imported."""
     if os.environ.get("FERRY_PRESTART", "1") == "0" or _template.get("pid") == os.getpid():
         return
+    # Not in ferry's own processes (python -m ferry.worker, or the -c line
+    # that runs it): a worker or clean parent starting its own would start
+    # them without end.
+    if any("ferry.worker" in a for a in getattr(sys, "orig_argv", sys.argv)[:4]):
+        return
     import socket
     import subprocess
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -209,9 +209,21 @@ def _proc_kb(path, key):
     return None
 
 
-def _descendants(root=None):
-    """Pids of the live processes below ``root`` (default: this one)."""
+def _template_pid():
+    """The process-wide clean parent ``import ferry`` started (it outlives
+    each loader, so neither loader's run is waited for until it goes), or
+    None."""
+    from ferry import _dataset
+    proc = _dataset._template.get("proc")
+    return proc.pid if proc is not None and proc.poll() is None else None
+
+
+def _descendants(root=None, template=False):
+    """Pids of the live processes below ``root`` (default: this one), the
+    process-wide clean parent included only with ``template`` (ferry's runs:
+    it is the one their clean parent is forked from; torch's never use it)."""
     root = os.getpid() if root is None else root
+    skip = None if template else _template_pid()
     parent = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -224,7 +236,7 @@ def _descendants(root=None):
     out, todo = [], [root]
     while todo:
         p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
+        kids = [c for c, pp in parent.items() if pp == p and c != skip]
         out += kids
         todo += kids
     return out
@@ -241,9 +253,9 @@ def _reset_peak_rss():
         return False
 
 
-def _workers_memory():
+def _workers_memory(template=False):
     """(sum of VmHWM, sum of Pss) of the live child processes, in MiB."""
-    pids = _descendants()
+    pids = _descendants(template=template)
     hwm = [_proc_kb("/proc/%d/status" % p, "VmHWM") for p in pids]
     pss = [_proc_kb("/proc/%d/smaps_rollup" % p, "Pss") for p in pids]
     mib = lambda kbs: sum(kbs) / 1024 if kbs and None not in kbs else None  # noqa: E731
@@ -431,7 +443,7 @@ def run_once(name, a):
         rss1 = _proc_kb("/proc/self/status", "VmRSS")  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-        workers_hwm, workers_pss, nworkers = _workers_memory()
+        workers_hwm, workers_pss, nworkers = _workers_memory(template=name == "ferry")
     finally:
         close()
         del new_iter, close

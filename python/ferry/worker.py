@@ -128,7 +128,7 @@ def _child(sock, args, fds):
     a loader's clean parent) run; never returns."""
     rc = 1
     try:
-        sock.detach()  # the parent's control socket: ours to close, not the object's
+        os.close(sock.detach())  # the parent's control socket: not the child's
         os.dup2(fds[0], 2)
         os.close(fds[0])
         # The fds arrive at whatever numbers recvmsg gave; the request names

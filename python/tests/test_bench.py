@@ -36,8 +36,9 @@ def check_loader(res, name):
 
 def worker_processes(name, workers):
     """The processes below the trainer: the workers, and for ferry, the
-    clean parent that forks them (option fork_server) when it has one."""
-    return (workers, workers + 1) if name == "ferry" else (workers,)
+    loader's clean parent that forks them and the process-wide one it is
+    forked from (counted: its memory is part of ferry's)."""
+    return (workers + 2,) if name == "ferry" else (workers,)
 
 
 def test_bench_answers_version_help_and_bad_options_like_every_tool():

@@ -19,9 +19,16 @@ def ppid_of(pid):
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def template_pid():
+    proc = ferry._dataset._template.get("proc")
+    return proc.pid if proc is not None else None
+
+
 def parent_of_workers(ld, n=2):
-    """The clean parent: the trainer's child that is not a worker."""
-    workers = {ld.worker_pid(i) for i in range(n)}
+    """The loader's clean parent: the trainer's child with --fork-server
+    that is neither a worker (a fork of it: the same command line) nor the
+    process-wide one."""
+    workers = {ld.worker_pid(i) for i in range(n)} | {template_pid()}
     me = os.getpid()
     for stat in os.listdir("/proc"):
         if stat.isdigit() and int(stat) not in workers:
@@ -57,6 +64,38 @@ def test_workers_are_the_loaders_children_and_share_one_loaded_dataset(tmp_path)
             assert ppid_of(ld.worker_pid(i)) == os.getpid()  # forked with CLONE_PARENT
         parent = parent_of_workers(ld)
         assert parent is not None and parent not in (ld.worker_pid(0), ld.worker_pid(1))
+        # Clean parents: this loader's, and the process-wide one `import
+        # ferry` started (which starts no other: a worker process imports
+        # ferry too).
+        workers = {ld.worker_pid(0), ld.worker_pid(1)}
+        servers = [p for p in descendants()
+                   if b"--fork-server" in cmdline(p) and p not in workers]
+        assert parent in servers and len(servers) <= 2, servers
+        assert template_pid() is None or template_pid() in servers
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def descendants():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                kids.setdefault(ppid_of(int(d)), []).append(int(d))
+            except (OSError, IndexError):
+                continue
+    out, todo = [], [os.getpid()]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
 
 
 def test_a_killed_worker_is_replaced_by_a_fork_and_every_item_arrives_once():
