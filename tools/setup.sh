@@ -48,11 +48,13 @@ jobs=${JOBS:-$(nproc)}
 
 # Debian packages ferry needs: compiler and build tools, the three libraries
 # (ZeroMQ transport, msgpack wire encoding, cmocka tests), Python headers
-# and numpy for the Python package, pytest and torch for its tests, gnuplot
+# and numpy for the Python package, pytest, torch, torchvision, PIL and cloudpickle
+# for its tests (and the imagefolder benchmark), gnuplot
 # for ferry-bench --plot (and its test), and clang for the fuzz target.
 packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev iproute2
           python3-dev python3-numpy)
-[ "$job" = test ] && packages+=(python3-pytest python3-torch python3-pip python3-setuptools)
+[ "$job" = test ] && packages+=(python3-pytest python3-torch python3-torchvision python3-pil python3-cloudpickle
+                                   python3-pip python3-setuptools)
 case "$job" in test | bench) packages+=(gnuplot-nox) ;; esac
 [ "$job" = fuzz ] && packages+=(clang)
 missing=()
