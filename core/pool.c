@@ -310,24 +310,29 @@ static int64_t take_asked(ferry__pool *p)
     return i;
 }
 
+/* Worker w, asked of the clean parent and not forked, spawned instead:
+ * the stderr pipe made for the fork goes. A failure is logged; the worker
+ * stays unstarted and its start deadline catches it. */
+static void spawn_instead(ferry__pool *p, local_worker *w)
+{
+    if (w->errfd >= 0)
+        close(w->errfd);
+    w->errfd = -1;
+    if (spawn_process(p, w) != FERRY_OK)
+        ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s", w->index,
+                    ferry_last_error());
+}
+
 /* Workers are spawned from now on; those asked and not forked are spawned
- * now (a failure there is theirs: they stay unstarted, and their start
- * deadline catches them). */
+ * now. */
 static void give_up_forking(ferry__pool *p, const char *why)
 {
     if (p->fork)
         ferry__logf(&p->o.log, FERRY_LOG_WARN,
                     "worker processes are spawned, not forked by a clean parent: %s", why);
     p->fork = 0;
-    for (int64_t i; (i = take_asked(p)) >= 0;) {
-        local_worker *w = &p->w[i];
-        if (w->errfd >= 0)
-            close(w->errfd);
-        w->errfd = -1;
-        if (spawn_process(p, w) != FERRY_OK)
-            ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s",
-                        (unsigned)i, ferry_last_error());
-    }
+    for (int64_t i; (i = take_asked(p)) >= 0;)
+        spawn_instead(p, &p->w[i]);
 }
 
 /* The clean parent's answers: "R", and a pid (or an error) per request. */
@@ -359,12 +364,7 @@ static void read_parent(ferry__pool *p)
         ferry__logf(&p->o.log, FERRY_LOG_WARN,
                     "the clean parent could not fork worker %u (%s); spawning it",
                     (unsigned)i, a.text);
-        if (w->errfd >= 0)
-            close(w->errfd);
-        w->errfd = -1;
-        if (spawn_process(p, w) != FERRY_OK)
-            ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s",
-                        (unsigned)i, ferry_last_error());
+        spawn_instead(p, w);
     }
 }
 

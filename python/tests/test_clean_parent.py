@@ -42,20 +42,6 @@ def parent_of_workers(ld, n=2):
     return None
 
 
-class Counted:
-    """Items whose construction is counted in a file, once per process that
-    builds one; item i is {"x": i, "pid": the process}."""
-
-    def __init__(self, n, log):
-        self.n, self.log = n, log
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return {"x": np.int64(i), "pid": np.int64(os.getpid())}
-
-
 def test_workers_are_the_loaders_children_and_share_one_loaded_dataset(tmp_path):
     with ferry.Loader(Items, dataset_kwargs={"n": 40}, batch_size=4, workers=2, epochs=1) as ld:
         ys = sorted(int(v) for b in ld for v in b["y"])
@@ -104,10 +90,8 @@ def test_a_killed_worker_is_replaced_by_a_fork_and_every_item_arrives_once():
         it = ld.stream()
         got = [int(v) for v in next(it)["y"]]
         victim = ld.worker_pid(1)
-        t0 = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: ld.worker_pid(1) not in (0, victim), 10, "worker 1 replaced")
-        replaced_in = time.monotonic() - t0
         got += [int(v) for b in it for v in b["y"]]
         assert sorted(got) == sorted([i * i for i in range(200)] * 2)
         new = ld.worker_pid(1)
@@ -115,7 +99,6 @@ def test_a_killed_worker_is_replaced_by_a_fork_and_every_item_arrives_once():
         # so the trainer's; the parent did not change.
         assert ppid_of(new) == os.getpid() and parent_of_workers(ld) == parent
         assert ld.stats()["restarts"] == 1
-        assert replaced_in < 5  # generous: the figure is measured by the benchmark
 
 
 def test_the_clean_parent_killed_is_replaced_and_nothing_is_lost():
@@ -174,12 +157,13 @@ def test_close_of_idle_workers_is_quick():
 
 def test_objects_of_every_kind_are_datasets():
     a = np.arange(30, dtype=np.float32).reshape(10, 3)
-    for ds, first in ((list(range(10)), 0), (Items(10), 0.0),
-                      ([(a[i], np.int64(i)) for i in range(10)], None)):
+    # (dataset, the field holding a function of the index, its values)
+    cases = ((list(range(10)), 0, list(range(10))), (Items(10), "y", [i * i for i in range(10)]),
+             ([(a[i], np.int64(i)) for i in range(10)], 1, list(range(10))))
+    for ds, field, want in cases:
         for placement in ("process", "thread"):
             with ferry.Loader(ds, batch_size=5, workers=2, epochs=1, placement=placement) as ld:
-                batches = list(ld)
-                assert len(batches) == 2
+                assert sorted(int(v) for b in ld for v in b[field]) == want
     lam = [(lambda i: i * 3)]  # a lambda inside: pickled by value (cloudpickle)
     pytest.importorskip("cloudpickle")
 
