@@ -307,6 +307,15 @@ static int validate_schema(ferry__dataset *d, char *errbuf, size_t errlen)
             return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                       "dataset %s: field '%s' has unknown dtype %d", who, fs->name,
                                       (int)fs->dtype);
+        if (fs->ndim == FERRY_NDIM_VAR) { /* shape[0]: bytes per item to reserve */
+            if (fs->shape[0] < 0 || (uint64_t)fs->shape[0] > FERRY__ITEM_BYTES_MAX)
+                return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                          "dataset %s: field '%s' of variable shape reserves %" PRId64
+                                          " bytes per item (expected 0..1 GiB)",
+                                          who, fs->name, fs->shape[0]);
+            d->item_bytes[f] = 0;
+            continue;
+        }
         if (fs->ndim < 0 || fs->ndim > FERRY_MAX_DIMS - 1)
             return ferry__dataset_err(
                 errbuf, errlen, FERRY_EDATASET,
@@ -418,6 +427,12 @@ void ferry__dataset_wire_schema(const ferry__dataset *ds, ferry__schema *out)
         ferry__item_field *o = &out->fields[f];
         memcpy(o->name, in->name, sizeof o->name);
         o->dtype = in->dtype;
+        if (in->ndim == FERRY_NDIM_VAR) {
+            o->var = 1;
+            o->ndim = in->shape[0] > 0;
+            o->shape[0] = in->shape[0];
+            continue;
+        }
         o->ndim = in->ndim;
         memcpy(o->shape, in->shape, sizeof o->shape[0] * (size_t)in->ndim);
     }

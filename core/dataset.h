@@ -33,6 +33,10 @@ typedef struct ferry__dataset {
  * plugin ABI mismatch, FERRY_ENOMEM) with a message in errbuf, and *ds is
  * left zeroed. Validates the schema (1..FERRY_MAX_FIELDS fields, known
  * dtypes, unique non-empty names, positive dims, item sizes that fit). */
+/* Bytes of an array of `ndim` dims of `elsize`-byte elements. Returns 0, or
+ * -1 when a dim is negative or the product overflows size_t (*out untouched). */
+int ferry__shape_bytes(size_t elsize, const int64_t *shape, int ndim, size_t *out);
+
 int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
                         char *errbuf, size_t errlen);
 

@@ -147,6 +147,11 @@ int ferry_loader_schema(ferry_loader *ld, ferry_dataset_schema *out)
         ferry_field_spec *o = &out->fields[f];
         memcpy(o->name, in->name, sizeof o->name);
         o->dtype = in->dtype;
+        if (in->var) {
+            o->ndim = FERRY_NDIM_VAR;
+            o->shape[0] = in->ndim ? in->shape[0] : 0;
+            continue;
+        }
         o->ndim = in->ndim;
         for (int d = 0; d < in->ndim; d++)
             o->shape[d] = in->shape[d];

@@ -252,6 +252,8 @@ static void size_slots(ferry__scheduler *s)
         uint64_t item = ferry_dtype_size(fd->dtype);
         for (int d = 0; d < fd->ndim; d++)
             item *= (uint64_t)fd->shape[d];
+        if (fd->var) /* what the field reserves per item, in bytes */
+            item = fd->ndim ? (uint64_t)fd->shape[0] : 0;
         /* The schema's item is at most 1 GiB, a batch at most 2^20 items. */
         bytes += FERRY__ROUND_UP(item * (uint64_t)s->cfg.batch_size, FERRY__FIELD_ALIGN);
     }

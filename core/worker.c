@@ -77,6 +77,7 @@ typedef struct worker_session {
     size_t shm_len;
     unsigned char *shm_seen; /* per slot: mapped here in one go already */
     size_t shm_nseen;
+    ferry_var_field var[FERRY_MAX_FIELDS]; /* what the dataset gave fields of variable shape */
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } worker_session;
@@ -325,6 +326,12 @@ static void lay_out_fields(worker_session *w, const ferry__task *t, unsigned cha
         ferry__field_desc *d = &h->fields[f];
         memcpy(d->name, s->fields[f].name, FERRY_NAME_MAX);
         d->dtype = s->fields[f].dtype;
+        if (s->fields[f].ndim == FERRY_NDIM_VAR) { /* placed once filled: place_var */
+            d->var = 1;
+            memset(&w->var[f], 0, sizeof w->var[f]);
+            dst[f] = &w->var[f];
+            continue;
+        }
         d->ndim = s->fields[f].ndim + 1;
         d->shape[0] = t->count;
         memcpy(&d->shape[1], s->fields[f].shape, sizeof(int64_t) * (size_t)s->fields[f].ndim);
@@ -333,6 +340,120 @@ static void lay_out_fields(worker_session *w, const ferry__task *t, unsigned cha
         dst[f] = base + off;
         off += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
     }
+}
+
+/* A batch too big for the loader's max_message: ZeroMQ would drop it and
+ * this worker's connection without a word, and the trainer would wait
+ * forever. FAIL (FERRY_ELIMIT: no index is to blame) says instead what is
+ * wrong and what to change. */
+static int fail_too_big(worker_session *w, const ferry__task *t, size_t bytes)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "its %u items make %zu bytes, more than the loader's max_message %llu; raise "
+             "max_message or lower batch_size",
+             t->count, bytes, (unsigned long long)w->max_message);
+    return send_fail(w, t->id, FERRY_ELIMIT, w->indices[0], msg);
+}
+
+/* The shapes and sizes of the fields of variable shape, as the dataset
+ * filled them, into the BATCH header; *total is the bytes they take, each
+ * from a 64-byte boundary. FERRY_EBATCH with why said when the dataset
+ * gave something no batch may hold. */
+static int var_sizes(worker_session *w, size_t *total, char *why, size_t cap)
+{
+    const ferry_dataset_schema *s = &w->ds.schema;
+    ferry__batch_hdr *h = &w->out.u.batch;
+    *total = 0;
+    for (int f = 0; f < s->nfields; f++) {
+        if (!h->fields[f].var)
+            continue;
+        const ferry_var_field *v = &w->var[f];
+        ferry__field_desc *d = &h->fields[f];
+        size_t n = 0;
+        int ok = v->data != NULL && v->ndim >= 1 && v->ndim <= FERRY_MAX_DIMS;
+        for (int k = 0; ok && k < v->ndim; k++)
+            ok = v->shape[k] >= 1;
+        if (ok)
+            ok = ferry__shape_bytes(ferry_dtype_size(d->dtype), v->shape, v->ndim, &n) == 0 &&
+                 n <= SIZE_MAX / 2;
+        if (!ok) {
+            snprintf(why, cap,
+                     "field '%s' of variable shape: the dataset gave %s (%d dims; 1..%d dims, "
+                     "each >= 1, are allowed)",
+                     d->name, v->data ? "a shape no batch can hold" : "no data", v->ndim,
+                     FERRY_MAX_DIMS);
+            return FERRY_EBATCH;
+        }
+        d->ndim = v->ndim;
+        memcpy(d->shape, v->shape, sizeof d->shape[0] * (size_t)v->ndim);
+        d->nbytes = n;
+        *total += FERRY__ROUND_UP(n, FERRY__FIELD_ALIGN);
+    }
+    return FERRY_OK;
+}
+
+/* Copies the fields of variable shape in after the fixed ones: into the
+ * room the batch was built in when they fit there, else into a new payload
+ * frame that takes the fixed fields too (the batch then goes by message).
+ * `base` is where the fixed fields were laid out (room, or *payload's
+ * data), `cap` its size. 1 when the batch is ready to send; 0 when FAIL
+ * was answered instead, *rc saying how sending it went. */
+static int place_var(worker_session *w, const ferry__task *t, unsigned char *base, size_t cap,
+                     zmq_msg_t *payload, int *rc)
+{
+    char why[256];
+    size_t var_total;
+    *rc = var_sizes(w, &var_total, why, sizeof why);
+    if (*rc != FERRY_OK) {
+        *rc = send_fail(w, t->id, *rc, w->indices[0], why);
+        return 0;
+    }
+    ferry__batch_hdr *h = &w->out.u.batch;
+    size_t lead = lead_of(base), fixed = fields_bytes(w, t->count);
+    size_t end = lead + fixed;
+    if (var_total > cap - end) {
+        size_t bytes = FERRY__FIELD_ALIGN + fixed + var_total;
+        zmq_msg_t bigger;
+        if (bytes > w->max_message) {
+            *rc = fail_too_big(w, t, bytes);
+            return 0;
+        }
+        if (zmq_msg_init_size(&bigger, bytes) != 0) {
+            *rc = send_fail(w, t->id, FERRY_ENOMEM, w->indices[0],
+                            "worker out of memory for batch");
+            return 0;
+        }
+        unsigned char *nb = zmq_msg_data(&bigger);
+        size_t nlead = lead_of(nb);
+        memcpy(nb + nlead, base + lead, fixed);
+        for (uint32_t f = 0; f < h->nfields; f++)
+            if (!h->fields[f].var)
+                h->fields[f].offset = h->fields[f].offset - lead + nlead;
+        zmq_msg_move(payload, &bigger); /* releases what payload held */
+        zmq_msg_close(&bigger);
+        h->shm = 0;
+        base = nb;
+        end = nlead + fixed;
+    }
+    for (uint32_t f = 0; f < h->nfields; f++) {
+        ferry__field_desc *d = &h->fields[f];
+        if (!d->var)
+            continue;
+        d->offset = end;
+        memcpy(base + end, w->var[f].data, d->nbytes);
+        end += FERRY__ROUND_UP(d->nbytes, FERRY__FIELD_ALIGN);
+    }
+    return 1;
+}
+
+/* Whether the schema has fields of variable shape. */
+static int has_var(const worker_session *w)
+{
+    for (int f = 0; f < w->ds.schema.nfields; f++)
+        if (w->ds.schema.fields[f].ndim == FERRY_NDIM_VAR)
+            return 1;
+    return 0;
 }
 
 /* Makes the payload frame for task t (`total` bytes, from payload_bytes)
@@ -436,20 +557,6 @@ static int take_indices(worker_session *w, const ferry__task *t, zmq_msg_t *task
     return FERRY_OK;
 }
 
-/* A batch too big for the loader's max_message: ZeroMQ would drop it and
- * this worker's connection without a word, and the trainer would wait
- * forever. FAIL (FERRY_ELIMIT: no index is to blame) says instead what is
- * wrong and what to change. */
-static int fail_too_big(worker_session *w, const ferry__task *t, size_t bytes)
-{
-    char msg[256];
-    snprintf(msg, sizeof msg,
-             "its %u items make %zu bytes, more than the loader's max_message %llu; raise "
-             "max_message or lower batch_size",
-             t->count, bytes, (unsigned long long)w->max_message);
-    return send_fail(w, t->id, FERRY_ELIMIT, w->indices[0], msg);
-}
-
 /* Has the dataset fill dst[] with task t's items; the note says meanwhile
  * which batch this worker is on, for a crash handler. */
 static int fill_batch(worker_session *w, const ferry__task *t, void **dst,
@@ -510,6 +617,14 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
     if (rc != FERRY_OK) {
         zmq_msg_close(&payload);
         return send_fail(w, t.id, rc, derr.index, derr.message);
+    }
+    if (has_var(w)) {
+        unsigned char *base = room ? room : zmq_msg_data(&payload);
+        size_t cap = room ? (size_t)t.shm_bytes : zmq_msg_size(&payload);
+        if (!place_var(w, &t, base, cap, &payload, &rc)) {
+            zmq_msg_close(&payload);
+            return rc;
+        }
     }
     w->out.type = FERRY__MSG_BATCH;
     w->out.u.batch.make_ns = ferry__now_ns() - t0;

@@ -32,13 +32,31 @@ extern "C" {
 #define FERRY_DATASET_PLUGIN_SYMBOL "ferry_dataset_plugin"
 
 /* One field of an item: its name, dtype and shape (without the batch dim;
- * ndim 0 is a scalar per item). */
+ * ndim 0 is a scalar per item).
+ *
+ * A field of variable shape has ndim FERRY_NDIM_VAR: each batch gives it
+ * a shape of its own (1..FERRY_MAX_DIMS dims, each >= 1, with no rule
+ * tying them to the batch's item count: a ragged batch padded to its
+ * longest item, the bytes of a serialized object). Its shape[0] is the
+ * bytes per item that each batch slot in shared memory reserves for it
+ * (0: none); a batch whose variable fields do not fit what is left of its
+ * slot is sent as a message instead, bounded by max_message. */
 typedef struct ferry_field_spec {
     char name[FERRY_NAME_MAX];
     ferry_dtype dtype;
     int ndim;
     int64_t shape[FERRY_MAX_DIMS];
 } ferry_field_spec;
+
+#define FERRY_NDIM_VAR (-1)
+
+/* What get_batch fills for a field of variable shape (see above): a dense
+ * row-major array of the schema's dtype. */
+typedef struct ferry_var_field {
+    const void *data;
+    int ndim; /* 1..FERRY_MAX_DIMS */
+    int64_t shape[FERRY_MAX_DIMS];
+} ferry_var_field;
 
 typedef struct ferry_dataset_schema {
     int nfields;
@@ -83,8 +101,11 @@ typedef struct ferry_dataset_ops {
     uint64_t (*length)(void *handle);
 
     /* Fills dst[f] (one buffer per schema field, count * item bytes each,
-     * 64-byte aligned) with the items req->indices. On failure returns a
-     * negative code and fills *err; the buffers' content is then undefined. */
+     * 64-byte aligned) with the items req->indices. For a field of variable
+     * shape, dst[f] is a ferry_var_field to fill instead: its data stays
+     * the dataset's and must stay valid until the next get_batch or close.
+     * On failure returns a negative code and fills *err; the buffers'
+     * content is then undefined. */
     int (*get_batch)(void *handle, const ferry_batch_request *req, void *const dst[],
                      ferry_dataset_error *err);
 

@@ -85,12 +85,15 @@ struct key_spec {
     const key_spec *sub; /* K_MAPS: the keys of each element */
     size_t nsub;
     elem_rule rule; /* K_MAPS: each element's own rules */
+    int optional;   /* K_UINT only: may be absent (read as 0), and is not sent when 0 */
 };
 
 #define MEMBER_SIZE(T, m) sizeof(((T *)0)->m)
 #define KEY(T, m, kind_) .name = #m, .kind = kind_, .off = offsetof(T, m), .size = MEMBER_SIZE(T, m)
 /* Table entries: {KEY_UINT(struct, member, least, greatest)}. */
 #define KEY_UINT(T, m, lo, hi) KEY(T, m, K_UINT), .range.u = {(lo), (hi)}
+/* A key added to the protocol later: older peers neither send nor expect it. */
+#define KEY_UINT_OPT(T, m, lo, hi) KEY_UINT(T, m, lo, hi), .optional = 1
 #define KEY_INT(T, m, lo, hi) KEY(T, m, K_INT), .range.s = {(lo), (hi)}
 #define KEY_STR(T, m, minlen) KEY(T, m, K_STR), .range.u = {(minlen), MEMBER_SIZE(T, m) - 1}
 #define KEY_ARRAY(T, m, count, lo, hi)                                                             \
@@ -137,6 +140,7 @@ static const key_spec item_field_keys[] = {
     {KEY_STR(ferry__item_field, name, 1)},
     {KEY_UINT(ferry__item_field, dtype, 0, UINT32_MAX)},
     {KEY_DIMS(ferry__item_field, shape, ndim, 0, FERRY_MAX_DIMS - 1)},
+    {KEY_UINT_OPT(ferry__item_field, var, 0, 1)},
 };
 
 static const key_spec ready_keys[] = {
@@ -163,6 +167,7 @@ static const key_spec field_keys[] = {
     {KEY_DIMS(ferry__field_desc, shape, ndim, 1, FERRY_MAX_DIMS)},
     {KEY_UINT(ferry__field_desc, offset, 0, UINT64_MAX)},
     {KEY_UINT(ferry__field_desc, nbytes, 0, UINT64_MAX)},
+    {KEY_UINT_OPT(ferry__field_desc, var, 0, 1)},
 };
 
 static const key_spec batch_keys[] = {
@@ -471,6 +476,11 @@ static int check_item_field(const void *elem, const void *parent, const char *wh
     const ferry__item_field *f = elem;
     uint64_t total;
     (void)parent;
+    if (f->var && f->ndim > 1)
+        return ferry__seterr(FERRY_EPROTO,
+                             "%s: a field of variable shape has key 'shape' [] or [bytes to "
+                             "reserve per item], not %d dims",
+                             where, f->ndim);
     int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
     if (rc == FERRY_OK && total > FERRY__ITEM_BYTES_MAX)
         return ferry__seterr(FERRY_EPROTO,
@@ -478,8 +488,9 @@ static int check_item_field(const void *elem, const void *parent, const char *wh
     return rc;
 }
 
-/* One field of a BATCH of `count` items: shape[0] == count, and nbytes
- * exactly what shape and dtype give. */
+/* One field of a BATCH of `count` items: shape[0] == count (unless the
+ * field's shape is variable), and nbytes exactly what shape and dtype
+ * give. */
 static int check_field(const void *elem, const void *parent, const char *where)
 {
     const ferry__field_desc *f = elem;
@@ -488,7 +499,7 @@ static int check_field(const void *elem, const void *parent, const char *where)
     int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
     if (rc != FERRY_OK)
         return rc;
-    if ((uint64_t)f->shape[0] != count)
+    if (!f->var && (uint64_t)f->shape[0] != count)
         return ferry__seterr(FERRY_EPROTO,
                              "%s: key 'shape' starts with %" PRId64 ", must equal count %" PRIu32,
                              where, f->shape[0], count);
@@ -544,10 +555,26 @@ static void pack_cstr(msgpack_packer *pk, const char *str)
 
 /* Packs the key/value pairs of `keys` (no map header: the caller adds it,
  * since the top level also carries "type"). The body is already validated. */
+static int left_out(const key_spec *k, const void *body)
+{
+    return k->optional && load_uint(body, k) == 0;
+}
+
+/* The keys of `keys` that body sends. */
+static uint32_t sent_keys(const key_spec *keys, size_t nkeys, const void *body)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < nkeys; i++)
+        n += !left_out(&keys[i], body);
+    return n;
+}
+
 static void pack_entries(msgpack_packer *pk, const key_spec *keys, size_t nkeys, const void *body)
 {
     for (size_t i = 0; i < nkeys; i++) {
         const key_spec *k = &keys[i];
+        if (left_out(k, body))
+            continue;
         pack_cstr(pk, k->name);
         switch (k->kind) {
         case K_UINT:
@@ -570,8 +597,9 @@ static void pack_entries(msgpack_packer *pk, const key_spec *keys, size_t nkeys,
             uint32_t n = load_count(body, k);
             msgpack_pack_array(pk, n);
             for (uint32_t j = 0; j < n; j++) {
-                msgpack_pack_map(pk, k->nsub);
-                pack_entries(pk, k->sub, k->nsub, elem_at(body, k, j));
+                const void *elem = elem_at(body, k, j);
+                msgpack_pack_map(pk, sent_keys(k->sub, k->nsub, elem));
+                pack_entries(pk, k->sub, k->nsub, elem);
             }
             break;
         }
@@ -594,7 +622,7 @@ int ferry__msg_encode(const ferry__msg *m, void *buf, size_t cap, size_t *len)
     sink s = {.buf = buf, .cap = cap < FERRY__HDR_MAX ? cap : FERRY__HDR_MAX, .len = 0, .full = 0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &s, sink_write);
-    msgpack_pack_map(&pk, spec->nkeys + 1);
+    msgpack_pack_map(&pk, sent_keys(spec->keys, spec->nkeys, &m->u) + 1);
     pack_cstr(&pk, "type");
     msgpack_pack_uint32(&pk, (uint32_t)m->type);
     pack_entries(&pk, spec->keys, spec->nkeys, &m->u);
@@ -926,7 +954,7 @@ static int decode_map(const msgpack_object *obj, const key_spec *keys, size_t nk
             return rc;
     }
     for (size_t k = 0; k < nkeys; k++) {
-        if (!(seen & (UINT32_C(1) << k)))
+        if (!(seen & (UINT32_C(1) << k)) && !keys[k].optional)
             return ferry__seterr(FERRY_EPROTO, "%s: key '%s' is missing", where, keys[k].name);
     }
     return FERRY_OK;
@@ -1090,6 +1118,11 @@ static void batch_item_field(const ferry__batch_hdr *b, uint32_t i, ferry__item_
     memcpy(o->name, f->name, sizeof o->name);
     o->name[sizeof o->name - 1] = '\0';
     o->dtype = f->dtype;
+    o->var = f->var;
+    if (f->var) { /* no item shape: the batch's own */
+        o->ndim = 0;
+        return;
+    }
     o->ndim = f->ndim < 1 ? 0 : f->ndim > FERRY_MAX_DIMS ? FERRY_MAX_DIMS - 1 : f->ndim - 1;
     memcpy(o->shape, f->shape + 1, sizeof o->shape[0] * (size_t)o->ndim);
 }
@@ -1137,6 +1170,13 @@ static int field_diff(const ferry__item_field *w, const ferry__item_field *g, ui
                  dtype_text(w->dtype));
         return 1;
     }
+    if (!w->var != !g->var) {
+        snprintf(why, cap, "field %" PRIu32 " '%s' has a %s shape, not a %s one", i, g->name,
+                 g->var ? "variable" : "fixed", w->var ? "variable" : "fixed");
+        return 1;
+    }
+    if (w->var) /* each batch has its own shape; what slots reserve may differ */
+        return 0;
     if (w->ndim != g->ndim ||
         memcmp(w->shape, g->shape, sizeof w->shape[0] * (size_t)(w->ndim > 0 ? w->ndim : 0))) {
         char ws[160], gs[160];

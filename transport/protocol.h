@@ -105,6 +105,9 @@ typedef struct ferry__item_field {
     ferry_dtype dtype;
     int ndim; /* 0..FERRY_MAX_DIMS-1 */
     int64_t shape[FERRY_MAX_DIMS - 1];
+    /* 1: a field of variable shape (FERRY_NDIM_VAR); its shape is [] or
+     * [the bytes per item a batch slot reserves for it]. */
+    uint32_t var;
 } ferry__item_field;
 
 typedef struct ferry__schema {
@@ -142,10 +145,11 @@ typedef struct ferry__task {
 typedef struct ferry__field_desc {
     char name[FERRY_NAME_MAX];
     ferry_dtype dtype;
-    int ndim; /* 1..FERRY_MAX_DIMS, shape[0] == count */
+    int ndim; /* 1..FERRY_MAX_DIMS, shape[0] == count unless var */
     int64_t shape[FERRY_MAX_DIMS];
     uint64_t offset; /* from the start of the payload frame, or of the task's shm room */
     uint64_t nbytes; /* == product(shape) * dtype size */
+    uint32_t var;    /* 1: a field of variable shape; shape[0] is not the count */
 } ferry__field_desc;
 
 /* worker -> loader. */

@@ -93,8 +93,5 @@ int ferry__parse_u64(const char *s, size_t len, uint64_t lo, uint64_t hi, uint64
  * start with *cur = NULL for an empty list. */
 int ferry__next_comma_token(const char **cur, const char **tok, size_t *len);
 
-/* Bytes of an array of `ndim` dims of `elsize`-byte elements. Returns 0, or
- * -1 when a dim is negative or the product overflows size_t (*out untouched). */
-int ferry__shape_bytes(size_t elsize, const int64_t *shape, int ndim, size_t *out);
 
 #endif

@@ -296,11 +296,12 @@ class _Epoch:
     (``in_order=False``), it is len(loader) batches, which may mix the two
     epochs around a boundary."""
 
-    __slots__ = ("_loader", "_done")
+    __slots__ = ("_loader", "_done", "_timeout")
 
-    def __init__(self, loader):
+    def __init__(self, loader, timeout=None):
         self._loader = loader
         self._done = False
+        self._timeout = timeout  # seconds for each batch (ferry.NotReady past it)
 
     def __iter__(self):
         return self
@@ -321,7 +322,7 @@ class _Epoch:
             raise StopIteration
         ld = self._loader
         try:
-            b = ld._next(None)
+            b = ld._next(self._timeout)
         except BatchError as e:
             last = e.batch_in_epoch is not None and e.batch_in_epoch + 1 >= len(ld)
             self._count(last)
@@ -555,7 +556,8 @@ class Loader:
     def schema(self):
         """Each field's numpy dtype and the shape of one item (the batch
         dimension left out), known before the first batch:
-        ``{"x": (dtype('uint8'), (28, 28)), "y": (dtype('int64'), ())}``."""
+        ``{"x": (dtype('uint8'), (28, 28)), "y": (dtype('int64'), ())}``;
+        None for a field whose shape each batch gives."""
         return {name: (np.dtype(_dataset.DTYPE_NAMES[code]), shape)
                 for name, code, shape in self._live().schema()}
 

@@ -507,6 +507,9 @@ def _describe(ds):
     n = len(ds)
     if n <= 0:
         raise ValueError("the dataset (a %s) has no items (len %d)" % (type(ds).__name__, n))
+    fields = getattr(ds, "__ferry_fields__", None)
+    if callable(fields):  # ferry.torch's form: it fills the batch itself (__ferry_fill__)
+        return n, 1, list(fields()), None
     gb = getattr(ds, "get_batch", None)
     gb = gb if callable(gb) else None
     sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]

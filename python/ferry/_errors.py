@@ -149,9 +149,48 @@ _CLASSES = {
 }
 
 
+import builtins  # noqa: E402
+
+# The built-in exception types a dataset's exception may be, by name.
+_BUILTIN = {n: c for n, c in vars(builtins).items()
+            if isinstance(c, type) and issubclass(c, Exception)}
+_BOTH = {}  # (ferry class, built-in class) -> the class that is both
+
+
+def _both(cls, base):
+    """A class that is both ferry's `cls` and the built-in `base`, or None
+    when Python cannot make one."""
+    key = (cls, base)
+    if key not in _BOTH:
+        try:
+            _BOTH[key] = type(base.__name__, (cls, base), {
+                "__module__": "ferry", "__qualname__": "%s[%s]" % (cls.__name__, base.__name__),
+                "__str__": lambda self: self.detail,
+                "__doc__": "A ferry.%s raised by a dataset's %s." % (cls.__name__,
+                                                                      base.__name__)})
+        except TypeError:
+            _BOTH[key] = None
+    return _BOTH[key]
+
+
 def make(code, detail):
-    """The exception for C code ``code`` with ``detail``."""
+    """The exception for C code ``code`` with ``detail``. A batch a Python
+    dataset failed with a built-in exception (OSError, KeyError, ...) is
+    both a ferry.BatchError and that exception: ``except OSError`` catches
+    it as it would in torch's DataLoader."""
     name = _ferry.strerror(code)[0]
     if code == _ferry.FERRY_ENOMEM:
         return MemoryError(detail)
-    return _CLASSES.get(name, Error)(detail or _ferry.strerror(code)[1], code)
+    cls = _CLASSES.get(name, Error)
+    detail = detail or _ferry.strerror(code)[1]
+    e = cls(detail, code)
+    base = _BUILTIN.get(e.exc_type) if isinstance(e, BatchError) and e.exc_type else None
+    if base is None or isinstance(e, base):
+        return e
+    both = _both(cls, base)
+    if both is None:
+        return e
+    out = both.__new__(both, detail)
+    out.__dict__.update(e.__dict__)
+    out.args = (detail,)
+    return out

@@ -170,7 +170,10 @@ def fork_server(argv):
         _dataset.set_payload(_read_fd(int(data_fd)))
     if spec and spec.startswith("python:"):
         _dataset.preload(spec[len("python:"):])
-    sock.send(b"R")
+    try:
+        sock.send(b"R")
+    except OSError:  # the loader (or trainer) is gone already: nothing to serve
+        return 0
     warned = False
     while True:
         req = _recv_request(sock)

@@ -665,7 +665,7 @@ static PyObject *loader_length(LoaderObject *self, PyObject *unused)
     return Py_BuildValue("(KK)", (unsigned long long)items, (unsigned long long)batches);
 }
 
-/* schema() -> [(name, dtype code, item shape), ...] */
+/* schema() -> [(name, dtype code, item shape or None: variable), ...] */
 static PyObject *loader_schema(LoaderObject *self, PyObject *unused)
 {
     ferry_loader *ld = usable(self);
@@ -677,6 +677,16 @@ static PyObject *loader_schema(LoaderObject *self, PyObject *unused)
         return ferry_py_raise(rc, ferry_last_error());
     PyObject *out = PyList_New(sc.nfields);
     for (int f = 0; out && f < sc.nfields; f++) {
+        if (sc.fields[f].ndim == FERRY_NDIM_VAR) { /* the shape is each batch's own */
+            PyObject *item = Py_BuildValue("(siO)", sc.fields[f].name, (int)sc.fields[f].dtype,
+                                           Py_None);
+            if (!item) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, f, item);
+            continue;
+        }
         PyObject *shape = PyTuple_New(sc.fields[f].ndim);
         for (int d = 0; shape && d < sc.fields[f].ndim; d++) {
             PyObject *n = PyLong_FromLongLong(sc.fields[f].shape[d]);

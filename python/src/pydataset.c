@@ -41,6 +41,13 @@ enum layout { LAYOUT_SINGLE = 0, LAYOUT_TUPLE = 1, LAYOUT_DICT = 2 };
 typedef struct pyds {
     PyObject *obj;       /* the dataset */
     PyObject *get_batch; /* its bound get_batch, or NULL: __getitem__ per item */
+    /* Its bound __ferry_fill__(indices, epoch, views), or NULL: the form
+     * ferry.torch's datasets take (see fill_batch). */
+    PyObject *fill;
+    /* What fill gave the fields of variable shape, held until the next
+     * batch: the worker copies it after get_batch returns. */
+    Py_buffer held[FERRY_MAX_FIELDS];
+    PyObject *held_obj[FERRY_MAX_FIELDS];
     uint64_t length;
     int layout;
     int nfields;
@@ -112,12 +119,24 @@ static int read_schema(pyds *d, PyObject *fields, ferry_dataset_schema *schema, 
         const char *name;
         int dtype;
         PyObject *shape;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(fields, i), "siO!", &name, &dtype, &PyTuple_Type,
-                              &shape))
+        Py_ssize_t reserve = 0;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(fields, i), "siO|n", &name, &dtype, &shape,
+                              &reserve))
             return -1;
         ferry_field_spec *f = &schema->fields[i];
         snprintf(f->name, sizeof f->name, "%s", name);
         f->dtype = (ferry_dtype)dtype;
+        if (shape == Py_None) { /* of variable shape, reserving `reserve` bytes per item */
+            f->ndim = FERRY_NDIM_VAR;
+            f->shape[0] = reserve;
+            d->item_bytes[i] = 0;
+            d->fields[i] = *f;
+            continue;
+        }
+        if (!PyTuple_Check(shape)) {
+            PyErr_Format(PyExc_TypeError, "field '%s': shape must be a tuple or None", name);
+            return -1;
+        }
         f->ndim = (int)PyTuple_GET_SIZE(shape);
         if (f->ndim >= FERRY_MAX_DIMS) {
             snprintf(errbuf, errlen, "python dataset: field '%s' has %d dims (at most %d)", name,
@@ -160,10 +179,23 @@ static void set_current(const pyds *d, uint64_t seed, uint64_t epoch)
     current.epoch = epoch;
 }
 
+/* Lets go of what fill gave for the last batch. */
+static void release_held(pyds *d)
+{
+    for (int f = 0; f < FERRY_MAX_FIELDS; f++) {
+        if (d->held_obj[f]) {
+            PyBuffer_Release(&d->held[f]);
+            Py_CLEAR(d->held_obj[f]);
+        }
+    }
+}
+
 static void pyds_free(pyds *d)
 {
+    release_held(d);
     Py_XDECREF(d->obj);
     Py_XDECREF(d->get_batch);
+    Py_XDECREF(d->fill);
     Py_XDECREF(d->keys_tuple);
     for (int i = 0; i < FERRY_MAX_FIELDS; i++)
         Py_XDECREF(d->keys[i]);
@@ -202,6 +234,9 @@ static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
         Py_INCREF(gb);
         d->get_batch = gb;
     }
+    d->fill = PyObject_GetAttrString(d->obj, "__ferry_fill__");
+    if (!d->fill)
+        PyErr_Clear();
     rc = read_schema(d, fields, schema, errbuf, errlen);
     if (rc < 0 && PyErr_Occurred()) {
         take_exception(errbuf, errlen);
@@ -470,6 +505,101 @@ static int item_by_item(pyds *d, const ferry_batch_request *req, void *const dst
     return FERRY_OK;
 }
 
+/* One field of variable shape from what fill returned: its buffer, held
+ * in d until the next batch, described in *out. */
+static int take_var(pyds *d, int f, PyObject *x, ferry_var_field *out, ferry_dataset_error *err)
+{
+    const ferry_field_spec *spec = &d->fields[f];
+    Py_buffer *v = &d->held[f];
+    if (PyObject_GetBuffer(x, v, PyBUF_RECORDS_RO) != 0)
+        return PYERR;
+    int dtype = format_dtype(v->format, v->itemsize);
+    if (!PyBuffer_IsContiguous(v, 'C') || dtype != (int)spec->dtype || v->ndim < 1 ||
+        v->ndim > FERRY_MAX_DIMS) {
+        char got[160];
+        describe(got, sizeof got, dtype, v->ndim, v->shape);
+        snprintf(err->message, sizeof err->message,
+                 "field '%s' (of variable shape) is %s%s; the schema says %s, 1..%d dims, "
+                 "C-contiguous",
+                 spec->name, got, PyBuffer_IsContiguous(v, 'C') ? "" : ", not C-contiguous",
+                 ferry_dtype_name(spec->dtype), FERRY_MAX_DIMS);
+        PyBuffer_Release(v);
+        return FERRY_EBATCH;
+    }
+    Py_INCREF(x);
+    d->held_obj[f] = x;
+    out->data = v->buf;
+    out->ndim = v->ndim;
+    for (int k = 0; k < v->ndim; k++)
+        out->shape[k] = (int64_t)v->shape[k];
+    return FERRY_OK;
+}
+
+/* __ferry_fill__(indices, epoch, views): views[f] is a writable
+ * memoryview of the batch's room for fixed field f (count items, in the
+ * batch slot itself: what fill writes there needs no copy), None for a
+ * field of variable shape; fill returns a sequence giving an array for each
+ * field of variable shape (anything for the others). */
+static int fill_batch(pyds *d, const ferry_batch_request *req, void *const dst[],
+                      ferry_dataset_error *err)
+{
+    err->index = req->count ? req->indices[0] : 0;
+    PyObject *views = PyList_New(d->nfields), *res = NULL, *idx = NULL, *seq = NULL;
+    int rc = PYERR;
+    for (int f = 0; views && f < d->nfields; f++) {
+        PyObject *mv = d->fields[f].ndim == FERRY_NDIM_VAR
+                           ? (Py_INCREF(Py_None), Py_None)
+                           : PyMemoryView_FromMemory(dst[f],
+                                                     (Py_ssize_t)(d->item_bytes[f] * req->count),
+                                                     PyBUF_WRITE);
+        if (!mv)
+            goto out;
+        PyList_SET_ITEM(views, f, mv);
+    }
+    PyObject *raw = views ? PyBytes_FromStringAndSize((const char *)req->indices,
+                                                      (Py_ssize_t)(req->count * sizeof(uint64_t)))
+                          : NULL;
+    static PyObject *indices_array;
+    PyObject *fn = raw ? cached_attr(&indices_array, "ferry._dataset", "indices_array") : NULL;
+    idx = fn ? PyObject_CallOneArg(fn, raw) : NULL;
+    Py_XDECREF(raw);
+    res = idx ? PyObject_CallFunction(d->fill, "OKO", idx, (unsigned long long)req->epoch, views)
+              : NULL;
+    seq = res ? PySequence_Fast(res, "__ferry_fill__ must return a sequence") : NULL;
+    if (!seq)
+        goto out;
+    if (PySequence_Fast_GET_SIZE(seq) != d->nfields) {
+        PyErr_Format(PyExc_ValueError, "__ferry_fill__ returned %zd fields, the schema has %d",
+                     PySequence_Fast_GET_SIZE(seq), d->nfields);
+        goto out;
+    }
+    rc = FERRY_OK;
+    for (int f = 0; rc == FERRY_OK && f < d->nfields; f++)
+        if (d->fields[f].ndim == FERRY_NDIM_VAR)
+            rc = take_var(d, f, PySequence_Fast_GET_ITEM(seq, f), dst[f], err);
+out:
+    /* The views of the batch slot end with the call: a dataset keeping one
+     * keeps a released view, not the memory of a batch in the trainer's
+     * hands. The exception being raised, if any, is kept across. */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    for (Py_ssize_t f = 0; views && f < PyList_GET_SIZE(views); f++) {
+        PyObject *mv = PyList_GET_ITEM(views, f);
+        if (mv && mv != Py_None) {
+            PyObject *r = PyObject_CallMethod(mv, "release", NULL);
+            if (!r)
+                PyErr_Clear(); /* still exported (an array kept by the dataset) */
+            Py_XDECREF(r);
+        }
+    }
+    PyErr_Restore(et, ev, etb);
+    Py_XDECREF(views);
+    Py_XDECREF(seq);
+    Py_XDECREF(res);
+    Py_XDECREF(idx);
+    return rc;
+}
+
 static int py_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
                         ferry_dataset_error *err)
 {
@@ -477,7 +607,10 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
     PyEval_RestoreThread(d->tstate);
     set_current(d, req->seed, req->epoch);
     err->message[0] = '\0';
-    int rc = d->get_batch ? whole_batch(d, req, dst, err) : item_by_item(d, req, dst, err);
+    release_held(d);
+    int rc = d->fill        ? fill_batch(d, req, dst, err)
+             : d->get_batch ? whole_batch(d, req, dst, err)
+                            : item_by_item(d, req, dst, err);
     if (rc == PYERR) {
         rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
         take_exception(err->message, sizeof err->message);

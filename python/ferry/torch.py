@@ -1,0 +1,624 @@
+"""ferry.torch: PyTorch's DataLoader, on ferry's workers.
+
+    from ferry.torch import DataLoader        # was: from torch.utils.data import DataLoader
+    loader = DataLoader(ImageFolder(root, transform=tf), batch_size=64, shuffle=True,
+                        num_workers=4)
+    for epoch in range(10):
+        for x, y in loader:                    # one epoch, as with torch
+            ...
+
+It takes torch's arguments, with torch's defaults, and yields what torch's
+DataLoader yields (``default_collate``'s tensors, dicts, lists, namedtuples,
+lists of strings, or what your ``collate_fn`` returns). Underneath it is a
+``ferry.Loader``: workers that persist, a prefetch window that runs across
+epoch boundaries, exact resume (:meth:`DataLoader.state_dict`), every batch
+once when a worker dies. docs/python.md ("Coming from torch") lists, argument
+by argument, what is the same and what differs.
+
+How a batch travels. The dataset object (with ``collate_fn`` and
+``worker_init_fn``) is pickled once, in the trainer, into memory the
+workers' clean parent loads it from (see ferry.Loader). In a worker,
+``default_collate`` runs as torch's does, except that each numeric field it
+stacks is written straight into the batch's slot of shared memory (a fixed
+field of the ferry batch), and the batch's structure, with any strings or
+other objects in it, is pickled into a small field of its own. The trainer
+unpickles that structure, putting in its place tensors that share the
+fields' memory: no copy. A ``collate_fn`` of your own returns any
+structure; its tensors and arrays travel as fields of variable shape (one
+copy into shared memory, as torch makes).
+"""
+
+import io
+import numbers
+import os
+import pickle
+import random
+import sys
+import threading
+import warnings
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+from torch.utils.data._utils import collate as _tcollate
+
+from . import Loader, _dataset, _Epoch, _ferry
+from ._errors import NotReady
+
+__all__ = ["DataLoader", "get_worker_info"]
+
+_SKELETON = "structure"  # the field holding a batch's pickled structure
+_MAX_DATA_FIELDS = 15    # ferry's 16 fields, less the structure's
+
+_warned = set()
+
+
+def _warn_once(key, text):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn("ferry.torch.DataLoader: " + text, stacklevel=3)
+
+
+def _np_dtype(tdtype):
+    """The numpy dtype of a torch dtype that ferry fields can hold, or None."""
+    try:
+        d = torch.empty(0, dtype=tdtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        return None
+    return d if d.str in _dataset._DTYPES else None
+
+
+def get_worker_info():
+    """torch's ``get_worker_info()``: in a ferry worker, an object with
+    ``id``, ``num_workers``, ``seed`` and ``dataset`` (torch's own function
+    answers the same); None in the trainer."""
+    return tud.get_worker_info()
+
+
+class _Ref:
+    """Where a tensor or array of a batch's structure is: in a field."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field):
+        self.field = field
+
+
+class _Pickler(_dataset._pickler().Pickler):
+    """Pickles a batch's structure, putting tensors and numeric arrays in
+    fields of variable shape (``var``: field index -> dtype) as long as one
+    of their dtype is free, and _Refs (fixed fields already written) as
+    references. cloudpickle's when there is one: a namedtuple or class of
+    the trainer's main script, which came to the worker by value with the
+    dataset, goes back as the trainer's own class."""
+
+    def __init__(self, buf, var, out):
+        super().__init__(buf, protocol=5)
+        self._free = {}
+        for f, dt in var.items():
+            self._free.setdefault(dt, []).append(f)
+        self._out = out
+
+    def persistent_id(self, obj):
+        if isinstance(obj, _Ref):
+            return ("f", obj.field, None)
+        if isinstance(obj, torch.Tensor):
+            if obj.layout != torch.strided or obj.device.type != "cpu" or obj.requires_grad:
+                return None
+            kind = "t"
+            arr = obj
+        elif isinstance(obj, np.ndarray):
+            kind = "n"
+            arr = obj
+        else:
+            return None
+        if arr.dtype not in self._dtypes() or arr.size == 0:
+            return None
+        free = self._free.get(arr.dtype if kind == "n" else _np_dtype(arr.dtype))
+        if not free:
+            return None
+        f = free.pop(0)
+        flat = arr.numpy() if kind == "t" else arr
+        shape = tuple(flat.shape)
+        self._out[f] = np.ascontiguousarray(flat).reshape(-1) if flat.ndim == 0 else \
+            np.ascontiguousarray(flat)
+        return ("v", f, (kind, shape))
+
+    _known = None
+
+    @classmethod
+    def _dtypes(cls):
+        if cls._known is None:
+            ts = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                  torch.float32, torch.float64, torch.bool]
+            cls._known = set(ts) | {np.dtype(k) for k in _dataset._DTYPES}
+        return cls._known
+
+
+def _load_structure(raw, fields):
+    """A batch's structure, its tensors sharing the fields' memory."""
+
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid):
+            tag, f, how = pid
+            arr = fields[f]
+            if tag == "f":
+                return torch.from_numpy(arr)
+            kind, shape = how
+            arr = arr.reshape(shape)
+            return torch.from_numpy(arr) if kind == "t" else arr
+
+    return _Unpickler(io.BytesIO(memoryview(raw))).load()
+
+
+class _Batches:
+    """What the workers are given: the user's dataset with how to make its
+    batches (collate_fn, seeding, worker_init_fn). ferry's Python worker
+    asks it for its fields (``__ferry_fields__``) and has it fill each
+    batch (``__ferry_fill__``)."""
+
+    def __init__(self, dataset, indices, collate_fn, auto_batch, base_seed, reseed,
+                 worker_init_fn, num_workers, trainer_pid):
+        self.dataset = dataset
+        self.indices = indices
+        self.collate_fn = collate_fn
+        self.auto_batch = auto_batch
+        self.base_seed = base_seed
+        self.reseed = reseed
+        self.worker_init_fn = worker_init_fn
+        self.num_workers = num_workers
+        self.trainer_pid = trainer_pid
+        self._fields = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fields"] = None
+        for k in ("_started", "_fixed", "_var", "_views_np", "_cursor"):
+            state.pop(k, None)
+        return state
+
+    def __len__(self):
+        return len(self.indices) if self.indices is not None else len(self.dataset)
+
+    def __getitem__(self, i):
+        return self._item(i)
+
+    # -- worker side
+    def _item(self, i):
+        return self.dataset[int(self.indices[i]) if self.indices is not None else int(i)]
+
+    def _seed(self, s):
+        torch.manual_seed(s)
+        random.seed(s)
+        np.random.seed(s % 2**32)
+
+    def _start(self):
+        """Once per worker process (and thread): torch's seeding, torch's
+        worker info, then worker_init_fn."""
+        if getattr(self, "_started", None) == (os.getpid(), threading.get_ident()):
+            return
+        self._started = (os.getpid(), threading.get_ident())
+        if os.getpid() == self.trainer_pid:
+            # num_workers=0: the trainer's own process, whose generators
+            # are the training's; torch neither seeds them nor calls
+            # worker_init_fn here.
+            self.reseed = None
+            return
+        info = _dataset.worker_info()
+        wid = info.id if info is not None else 0
+        seed = (self.base_seed + wid) % 2**64
+        self._seed(seed)
+        if os.getpid() != self.trainer_pid:  # a worker process, as torch's are
+            from torch.utils.data._utils import worker as tworker
+            tworker._worker_info = tworker.WorkerInfo(
+                id=wid, num_workers=self.num_workers, seed=seed, dataset=self.dataset)
+            torch.set_num_threads(int(os.environ.get("FERRY_WORKER_THREADS", "1") or 1))
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(wid)
+
+    def __ferry_fields__(self):
+        """The batch's fields, from a batch of item 0: default collation
+        gives one fixed field per numeric leaf (its item shape);
+        a collate_fn of the user's, one field of variable shape per tensor
+        or array it returned; then the structure."""
+        self._start()
+        self._fixed = {}   # leaf number -> (field, numpy dtype, item shape)
+        self._var = {}     # field -> numpy dtype
+        fields = []
+        if self.collate_fn is None and self.auto_batch:
+            leaves = []
+            self._collate([self._item(0)], probe=leaves)
+            for n, (dt, shape) in enumerate(leaves):
+                if dt is not None and len(fields) < _MAX_DATA_FIELDS:
+                    self._fixed[n] = (len(fields), dt, shape)
+                    fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], shape))
+            out = {}
+        else:
+            out = {}
+            probe = self._make([0], out=None)
+            sizes = []
+            _walk_arrays(probe, sizes)
+            for dt, nbytes in sizes[:_MAX_DATA_FIELDS]:
+                self._var[len(fields)] = dt
+                fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], None,
+                               max(64, nbytes + nbytes // 4)))
+        fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
+        self._fields = fields
+        del out
+        return fields
+
+    def _make(self, positions, out):
+        """The user's batch of the items at `positions` (collate_fn, or
+        default_convert of one item without auto-batching)."""
+        items = [self._item(p) for p in positions]
+        if self.auto_batch:
+            fn = self.collate_fn or _tcollate.default_collate
+            return fn(items)
+        fn = self.collate_fn or _tcollate.default_convert
+        return fn(items[0])
+
+    def _collate(self, items, probe=None, views=None):
+        """default_collate of items, with torch's own functions, except that
+        each numeric leaf that matches its fixed field is stacked straight
+        into the field (views: numpy arrays over the batch slot) and
+        stands as a _Ref. probe: list to record each leaf's (numpy dtype,
+        item shape) in."""
+        cursor = [0]
+
+        def leaf(default):
+            def fn(batch, *, collate_fn_map=None):
+                n = cursor[0]
+                cursor[0] += 1
+                if probe is not None:
+                    t = default(batch, collate_fn_map=collate_fn_map)
+                    dt = _np_dtype(t.dtype) if isinstance(t, torch.Tensor) else None
+                    probe.append((dt, tuple(t.shape[1:]) if dt is not None else None))
+                    return t
+                fixed = self._fixed.get(n)
+                if fixed is not None and views is not None:
+                    f, dt, shape = fixed
+                    if _stack_into(batch, views[f], dt, shape):
+                        return _Ref(f)
+                return default(batch, collate_fn_map=collate_fn_map)
+            return fn
+
+        fmap = dict(_tcollate.default_collate_fn_map)
+        for key, default in list(fmap.items()):
+            if key != (str, bytes):
+                fmap[key] = leaf(default)
+        from torch.utils.data._utils import worker as tworker
+        saved = tworker._worker_info
+        tworker._worker_info = None  # torch's collate would put its tensors in its own shm
+        try:
+            return _tcollate.collate(items, collate_fn_map=fmap)
+        finally:
+            tworker._worker_info = saved
+
+    def __ferry_fill__(self, indices, epoch, views):
+        self._start()
+        if self._fields is None:
+            self.__ferry_fields__()
+        count = len(indices)
+        nf = len(self._fields)
+        out = [None] * nf
+        if self.reseed == "batch":
+            self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(indices[0])))
+        if self.reseed == "sample":
+            items = []
+            for i in indices:
+                self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(i)))
+                items.append(self._item(i))
+        else:
+            items = [self._item(i) for i in indices]
+        if self._fixed:
+            arrays = {}
+            for f, dt, shape in self._fixed.values():
+                arrays[f] = np.frombuffer(views[f], dtype=dt).reshape((count,) + shape)
+            result = self._collate(items, views=arrays)
+        elif self.auto_batch:
+            result = (self.collate_fn or _tcollate.default_collate)(items)
+        else:
+            result = (self.collate_fn or _tcollate.default_convert)(items[0])
+        buf = io.BytesIO()
+        _Pickler(buf, self._var, out).dump(result)
+        out[nf - 1] = np.frombuffer(buf.getbuffer(), dtype=np.uint8)
+        for f in self._var:  # unused this batch: one byte, to keep the shape rules
+            if out[f] is None:
+                out[f] = np.zeros(1, dtype=self._var[f])
+        return out
+
+
+def _walk_arrays(obj, sizes, depth=0):
+    """(numpy dtype, bytes) of each tensor and numeric array in obj, as a
+    pickler would meet them (containers in order)."""
+    if depth > 20:
+        return
+    if isinstance(obj, torch.Tensor):
+        dt = _np_dtype(obj.dtype)
+        if dt is not None and obj.numel() > 0 and obj.device.type == "cpu":
+            sizes.append((dt, obj.numel() * obj.element_size()))
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype.str in _dataset._DTYPES and obj.size > 0:
+            sizes.append((obj.dtype, obj.nbytes))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _walk_arrays(v, sizes, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _walk_arrays(v, sizes, depth + 1)
+
+
+def _stack_into(batch, dst, dt, shape):
+    """Writes the leaves of one field (tensors, arrays or numbers, one per
+    item) into dst (count x shape) when each is what the field holds; False
+    (nothing promised about dst) when not: torch's own function then
+    stacks them (and raises as torch does when they differ)."""
+    first = batch[0]
+    if isinstance(first, torch.Tensor):
+        want = tuple(shape)
+        for t in batch:
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or \
+                    _np_dtype(t.dtype) != dt:
+                return False
+        torch.stack(batch, 0, out=torch.from_numpy(dst))
+        return True
+    if isinstance(first, np.ndarray):
+        for a in batch:
+            if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dt:
+                return False
+        np.stack(batch, out=dst)
+        return True
+    # numbers: int -> int64, float -> float64, bool -> bool, numpy scalars
+    # -> their dtype, as default_collate makes them
+    kind = type(first)
+    if shape != () or any(type(v) is not kind for v in batch):
+        return False
+    if isinstance(first, np.generic):
+        if first.dtype != dt:
+            return False
+    elif not ((kind is float and dt == np.float64) or (kind is bool and dt == np.bool_) or
+              (kind is int and dt == np.int64)):
+        return False
+    dst[...] = batch
+    return True
+
+
+_SAMPLERS_OK = (
+    "None, SequentialSampler, RandomSampler (without replacement, over the whole dataset), "
+    "SubsetRandomSampler, DistributedSampler, BatchSampler over one of those, or a sequence "
+    "of indices")
+
+
+class DataLoader:
+    """torch.utils.data.DataLoader's arguments and defaults, on ferry's
+    workers. ferry's own options (``seed``, ``state``, ``placement``,
+    ``max_held``, ``on_worker_death``, ...) go by keyword; ``reseed``
+    chooses how the workers' random generators are seeded: "batch" (the
+    default: before each batch, from the base seed, the epoch and the
+    batch, so runs repeat whichever worker builds which batch), "sample"
+    (before each item: the same augmentation for item i of epoch e whatever
+    the batch size and worker count) or "worker" (once per worker, torch's
+    way: base seed + worker id).
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="",
+                 in_order=True, reseed="batch", **ferry_options):
+        if isinstance(dataset, tud.IterableDataset):
+            raise NotImplementedError(
+                "ferry.torch.DataLoader: IterableDataset is not supported yet; ferry serves "
+                "map-style datasets (__getitem__ and __len__)")
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError("ferry.torch.DataLoader: the dataset must be map-style (have "
+                            "__getitem__ and __len__), not a %s" % type(dataset).__name__)
+        if not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                             "disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in "
+                             "multiprocessing.let num_workers > 0 to enable multiprocessing, "
+                             "otherwise set prefetch_factor to None.")
+        if prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if reseed not in ("batch", "sample", "worker"):
+            raise ValueError("ferry.torch.DataLoader: reseed must be 'batch', 'sample' or "
+                             "'worker', not %r" % (reseed,))
+        if "bind" in ferry_options or "remote" in ferry_options:
+            raise TypeError("ferry.torch.DataLoader: remote workers serve a dataset by name "
+                            "(ferry.Loader(MyDataset, dataset_kwargs=...)); a pickled dataset "
+                            "object stays on this host")
+        if multiprocessing_context is not None:
+            _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "
+                             "from a clean parent process, never from the trainer")
+        if pin_memory_device:
+            _warn_once("pmd", "pin_memory_device is ignored: batches are pinned for CUDA")
+
+        self.dataset = dataset
+        self.num_workers = int(num_workers)
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory)
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        self.collate_fn = collate_fn
+
+        opts = dict(ferry_options)
+        indices = None
+        # torch's argument rules, with torch's messages.
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            if not isinstance(batch_sampler, tud.BatchSampler):
+                raise NotImplementedError(
+                    "ferry.torch.DataLoader: a batch_sampler of type %s is not supported yet; "
+                    "supported: a torch.utils.data.BatchSampler over %s"
+                    % (type(batch_sampler).__name__, _SAMPLERS_OK))
+            batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
+            sampler = batch_sampler.sampler
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        auto_batch = batch_size is not None
+        if shuffle is None:
+            shuffle = False
+        seeded = "seed" in opts
+        if sampler is None or isinstance(sampler, tud.SequentialSampler):
+            pass
+        elif isinstance(sampler, tud.RandomSampler) and not sampler.replacement and \
+                sampler._num_samples is None:
+            shuffle = True
+            generator = sampler.generator if sampler.generator is not None else generator
+        elif isinstance(sampler, tud.SubsetRandomSampler):
+            indices = np.asarray(list(sampler.indices), dtype=np.int64)
+            shuffle = True
+            generator = sampler.generator if sampler.generator is not None else generator
+        elif isinstance(sampler, tud.distributed.DistributedSampler):
+            opts.setdefault("rank", sampler.rank)
+            opts.setdefault("world", sampler.num_replicas)
+            shuffle = sampler.shuffle
+            if not seeded:
+                opts["seed"] = sampler.seed
+                seeded = True
+            drop_last = drop_last or sampler.drop_last
+        elif isinstance(sampler, (list, tuple, range, np.ndarray)):
+            indices = np.asarray(sampler, dtype=np.int64).reshape(-1)
+        else:
+            raise NotImplementedError(
+                "ferry.torch.DataLoader: a sampler of type %s is not supported yet; "
+                "supported: %s" % (type(sampler).__name__, _SAMPLERS_OK))
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        if indices is not None:
+            n = len(dataset)
+            bad = indices[(indices < 0) | (indices >= n)]
+            if len(bad):
+                raise IndexError("ferry.torch.DataLoader: the sampler gives index %d, but the "
+                                 "dataset has %d items" % (int(bad[0]), n))
+            if len(indices) == 0:
+                raise ValueError("ferry.torch.DataLoader: the sampler gives no indices")
+
+        # The base seed, drawn as torch draws it: from `generator`, else
+        # from torch's global generator (so torch.manual_seed(s) before the
+        # loader makes runs repeat).
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        if not seeded:
+            opts["seed"] = base_seed
+        self._base_seed = base_seed
+
+        if pin_memory and not torch.cuda.is_available():
+            _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
+            self.pin_memory = False
+
+        self._batches = _Batches(dataset, indices, collate_fn, auto_batch, base_seed, reseed,
+                                 worker_init_fn, self.num_workers, os.getpid())
+        opts.setdefault("shuffle", bool(shuffle))
+        opts.setdefault("drop_last", bool(drop_last) if auto_batch else False)
+        opts.setdefault("batch_size", batch_size if auto_batch else 1)
+        if self.num_workers == 0:
+            # In the trainer's process, as torch's num_workers=0: one ferry
+            # thread worker, the dataset object itself.
+            opts.setdefault("placement", "thread")
+            opts.setdefault("workers", 1)
+        else:
+            opts.setdefault("workers", self.num_workers)
+            if prefetch_factor is not None:
+                opts.setdefault("prefetch", max(1, int(prefetch_factor) * self.num_workers))
+        opts.setdefault("in_order", bool(in_order))
+        self._opts = opts
+        self._loader = None
+
+    # -- the ferry loader, made at the first iteration (torch starts its
+    # workers there too)
+    def _ferry(self):
+        if self._loader is None:
+            self._loader = Loader(self._batches, **self._opts)
+        return self._loader
+
+    def __len__(self):
+        if self._loader is not None:
+            return len(self._loader)
+        n = len(self._batches)
+        world = self._opts.get("world", self._opts.get("world_size", 1))
+        if world and world > 1:
+            n //= int(world)
+        if self.batch_size is None:
+            return n
+        bs = self._opts["batch_size"]
+        return n // bs if self._opts["drop_last"] else -(-n // bs)
+
+    def __iter__(self):
+        """One epoch of batches."""
+        it = _Epoch(self._ferry(), self.timeout if self.timeout and self.timeout > 0 else None)
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            except NotReady:
+                raise RuntimeError("DataLoader timed out after %s seconds" % self.timeout) \
+                    from None
+            yield self._structure(b)
+
+    def _structure(self, b):
+        arrays = b._arrays
+        names = b._names
+        fields = [arrays[n] for n in names]
+        out = _load_structure(fields[-1], fields)
+        if self.pin_memory:
+            out = _tcollate_pin(out)
+        return out
+
+    # -- ferry's extras
+    def state_dict(self):
+        """The position after the last batch delivered: pass it as
+        ``state=`` to a new DataLoader (or to :meth:`load_state_dict`) to go
+        on from there, exactly."""
+        return self._ferry().state_dict()
+
+    def load_state_dict(self, state):
+        if self._loader is None:
+            self._opts["state"] = state
+        else:
+            self._loader.load_state_dict(state)
+
+    def stats(self):
+        return self._ferry().stats()
+
+    def close(self):
+        """Stops the workers (also done at exit and when collected)."""
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _tcollate_pin(obj):
+    from torch.utils.data._utils.pin_memory import pin_memory
+    return pin_memory(obj)
+
+
