@@ -1471,6 +1471,59 @@ static void test_schema_diff_names_the_first_difference(void **state)
     expect_diff(&want, &got, "field 1 'y' is missing");
 }
 
+/* A field of variable shape: key "var" goes only with such a field (an
+ * older peer's messages, without it, mean what they meant), its batch
+ * shape need not start with the count, and a schema tells it from a fixed
+ * field. */
+static void test_fields_of_variable_shape(void **state)
+{
+    (void)state;
+    ferry__msg m, out;
+    char buf[FERRY__HDR_MAX];
+    sample(&m, FERRY__MSG_READY, TYPICAL);
+    size_t len = encode_ok(&m, buf, sizeof buf);
+    assert_null(memmem(buf, len, "var", 3)); /* fixed fields: as before */
+
+    typical_batch_schema(&m.u.ready.schema);
+    m.u.ready.schema.fields[1].var = 1;
+    m.u.ready.schema.fields[1].ndim = 1;
+    m.u.ready.schema.fields[1].shape[0] = 4096; /* bytes reserved per item */
+    roundtrip_msg(&m);
+    len = encode_ok(&m, buf, sizeof buf);
+    assert_non_null(memmem(buf, len, "var", 3));
+    m.u.ready.schema.fields[1].ndim = 2; /* [] or [bytes per item] only */
+    m.u.ready.schema.fields[1].shape[1] = 2;
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
+
+    sample(&m, FERRY__MSG_BATCH, TYPICAL);
+    ferry__field_desc *y = &m.u.batch.fields[1];
+    y->ndim = 2; /* not [count]: refused for a fixed field */
+    y->shape[0] = 7;
+    y->shape[1] = 3;
+    y->nbytes = 7 * 3 * 8;
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
+    y->var = 1;
+    roundtrip_msg(&m);
+    len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_int_equal(out.u.batch.fields[1].var, 1);
+    assert_int_equal(out.u.batch.fields[1].shape[0], 7);
+
+    ferry__schema want;
+    typical_batch_schema(&want);
+    char why[256] = "";
+    assert_int_equal(ferry__batch_schema_diff(&want, &m.u.batch, why, sizeof why), 1);
+    assert_non_null(strstr(why, "field 1 'y' has a variable shape, not a fixed one"));
+    want.fields[1].var = 1; /* whatever the shape and the bytes reserved */
+    assert_int_equal(ferry__batch_schema_diff(&want, &m.u.batch, why, sizeof why), 0);
+    y->var = 0;
+    y->ndim = 1;
+    y->shape[0] = m.u.batch.count;
+    y->nbytes = (uint64_t)m.u.batch.count * 8;
+    assert_int_equal(ferry__batch_schema_diff(&want, &m.u.batch, why, sizeof why), 1);
+    assert_non_null(strstr(why, "has a fixed shape, not a variable one"));
+}
+
 /* ---------------------------------------------------------------------------
  * The fuzz target's seeds
  */
@@ -1624,6 +1677,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_names_are_numpys),
+        cmocka_unit_test(test_fields_of_variable_shape),
         cmocka_unit_test(test_every_message_type_round_trips_typical_values),
         cmocka_unit_test(test_every_message_type_round_trips_extreme_values_within_hdr_max),
         cmocka_unit_test(test_ready_with_error_and_slot_minus_one_round_trip),

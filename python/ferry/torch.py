@@ -185,7 +185,14 @@ class _Batches:
 
     # -- worker side
     def _item(self, i):
-        return self.dataset[int(self.indices[i]) if self.indices is not None else int(i)]
+        try:
+            return self.dataset[int(self.indices[i]) if self.indices is not None else int(i)]
+        except BaseException as e:
+            try:  # the index the batch failed on, for the error (pydataset.c)
+                e._ferry_index = int(i)
+            except (AttributeError, TypeError):
+                pass
+            raise
 
     def _seed(self, s):
         torch.manual_seed(s)
@@ -220,34 +227,36 @@ class _Batches:
         """The batch's fields, from a batch of item 0: default collation
         gives one fixed field per numeric leaf (its item shape);
         a collate_fn of the user's, one field of variable shape per tensor
-        or array it returned; then the structure."""
-        self._start()
+        or array it returned; then the structure. Asked once, in the clean
+        parent (whose workers are forks of it) or a thread worker; a probe
+        that fails (item 0 raises, collate_fn raises) leaves every batch to
+        travel in the structure, failing or not on its own."""
         self._fixed = {}   # leaf number -> (field, numpy dtype, item shape)
         self._var = {}     # field -> numpy dtype
         fields = []
-        if self.collate_fn is None and self.auto_batch:
-            leaves = []
-            self._collate([self._item(0)], probe=leaves)
-            for n, (dt, shape) in enumerate(leaves):
-                if dt is not None and len(fields) < _MAX_DATA_FIELDS:
-                    self._fixed[n] = (len(fields), dt, shape)
-                    fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], shape))
-            out = {}
-        else:
-            out = {}
-            probe = self._make([0], out=None)
-            sizes = []
-            _walk_arrays(probe, sizes)
-            for dt, nbytes in sizes[:_MAX_DATA_FIELDS]:
-                self._var[len(fields)] = dt
-                fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], None,
-                               max(64, nbytes + nbytes // 4)))
+        with _probing(self):
+            try:
+                if self.collate_fn is None and self.auto_batch:
+                    leaves = []
+                    self._collate([self._item(0)], probe=leaves)
+                    for n, (dt, shape) in enumerate(leaves):
+                        if dt is not None and len(fields) < _MAX_DATA_FIELDS:
+                            self._fixed[n] = (len(fields), dt, shape)
+                            fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], shape))
+                else:
+                    sizes = []
+                    _walk_arrays(self._make([0]), sizes)
+                    for dt, nbytes in sizes[:_MAX_DATA_FIELDS]:
+                        self._var[len(fields)] = dt
+                        fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], None,
+                                       max(64, nbytes + nbytes // 4)))
+            except Exception:  # noqa: BLE001 - each batch meets it and says so
+                self._fixed, self._var, fields = {}, {}, []
         fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
         self._fields = fields
-        del out
         return fields
 
-    def _make(self, positions, out):
+    def _make(self, positions):
         """The user's batch of the items at `positions` (collate_fn, or
         default_convert of one item without auto-batching)."""
         items = [self._item(p) for p in positions]
@@ -326,6 +335,28 @@ class _Batches:
             if out[f] is None:
                 out[f] = np.zeros(1, dtype=self._var[f])
         return out
+
+
+class _probing:
+    """While the fields are probed with item 0 outside a worker (the clean
+    parent, or the trainer for num_workers=0): torch's get_worker_info()
+    answers as in worker 0 when there are workers, and no generator is
+    seeded, no worker_init_fn called (each worker does that itself)."""
+
+    def __init__(self, batches):
+        self._b = batches
+
+    def __enter__(self):
+        from torch.utils.data._utils import worker as tworker
+        self._saved = tworker._worker_info
+        b = self._b
+        if os.getpid() != b.trainer_pid and self._saved is None:
+            tworker._worker_info = tworker.WorkerInfo(
+                id=0, num_workers=b.num_workers, seed=b.base_seed, dataset=b.dataset)
+
+    def __exit__(self, *exc):
+        from torch.utils.data._utils import worker as tworker
+        tworker._worker_info = self._saved
 
 
 def _walk_arrays(obj, sizes, depth=0):

@@ -600,6 +600,24 @@ out:
     return rc;
 }
 
+/* The index a fill failed on, when its exception says (_ferry_index, set
+ * by ferry.torch as an item fails), into err; the exception stays. */
+static void failed_index(ferry_dataset_error *err)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *i = value ? PyObject_GetAttrString(value, "_ferry_index") : NULL;
+    if (i && PyLong_Check(i)) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(i);
+        if (!(v == (unsigned long long)-1 && PyErr_Occurred()))
+            err->index = v;
+    }
+    Py_XDECREF(i);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+}
+
 static int py_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
                         ferry_dataset_error *err)
 {
@@ -613,6 +631,8 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
                             : item_by_item(d, req, dst, err);
     if (rc == PYERR) {
         rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
+        if (d->fill)
+            failed_index(err);
         take_exception(err->message, sizeof err->message);
     }
     d->tstate = PyEval_SaveThread();

@@ -1,0 +1,448 @@
+"""PyTorch's DataLoader behaviours, against ferry.torch.DataLoader.
+
+The cases of torch's own test/test_dataloader.py that apply (TestDataLoader,
+TestDataLoaderPersistentWorkers, TestDictDataLoader, TestNamedTupleDataLoader,
+TestStringDataLoader, worker seeds and worker_init_fn, error propagation),
+written anew, each comparing with torch's DataLoader on the same data where
+the semantics must match. What is skipped, and why, is at the end."""
+
+import collections
+import os
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import (BatchSampler, DataLoader as TorchLoader, Dataset,  # noqa: E402
+                              IterableDataset, RandomSampler, SequentialSampler, Subset,
+                              SubsetRandomSampler, TensorDataset, ConcatDataset)
+
+import ferry  # noqa: E402
+from ferry.torch import DataLoader  # noqa: E402
+
+Point = collections.namedtuple("Point", "x label")
+
+
+def same(a, b):
+    """a and b are the same batch: same types, structure and values."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
+        assert torch.equal(a, b), (a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            same(u, v)
+    else:
+        assert a == b, (a, b)
+
+
+def same_batches(ours, theirs):
+    ours, theirs = list(ours), list(theirs)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        same(a, b)
+
+
+def tensors(n=23):
+    x = torch.arange(n * 6, dtype=torch.float32).reshape(n, 2, 3)
+    return TensorDataset(x, torch.arange(n) * 10)
+
+
+class Dicts(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return {"image": torch.full((2, 2), float(i)), "label": i, "weight": i / 2,
+                "name": "item-%d" % i, "extra": {"flag": i % 2 == 0, "pos": np.int32(i)}}
+
+
+class Points(Dataset):
+    def __len__(self):
+        return 9
+
+    def __getitem__(self, i):
+        return Point(np.arange(3, dtype=np.float64) + i, i)
+
+
+class Strings(Dataset):
+    def __len__(self):
+        return 7
+
+    def __getitem__(self, i):
+        return "s%d" % i, i
+
+
+class Random(Dataset):
+    """Items drawn from the three global generators a transform would use."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.rand(2), float(np.random.rand()), random.random()
+
+
+class Failing(Dataset):
+    def __init__(self, bad, exc):
+        self.bad, self.exc = bad, exc
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise self.exc("item %d is broken" % i)
+        return i
+
+
+class Info(Dataset):
+    """What a worker sees: torch's worker info and torch's thread count."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        return (i, info.id, info.num_workers, info.seed % 2**62, torch.get_num_threads(),
+                os.getpid())
+
+
+def record_init(worker_id):
+    np.random.seed(1000 + worker_id)
+    Info.init_ids = getattr(Info, "init_ids", []) + [worker_id]
+
+
+# --------------------------------------------------------------- what it yields
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size,drop_last", [(1, False), (5, False), (5, True), (23, False)])
+def test_sequential_batches_are_torchs(workers, batch_size, drop_last):
+    ds = tensors()
+    with DataLoader(ds, batch_size=batch_size, drop_last=drop_last, num_workers=workers) as dl:
+        ref = TorchLoader(ds, batch_size=batch_size, drop_last=drop_last)
+        assert len(dl) == len(ref)
+        same_batches(dl, ref)
+        same_batches(dl, ref)  # the next epoch, again the same
+
+
+@pytest.mark.parametrize("ds", [Dicts(), Points(), Strings()], ids=["dict", "namedtuple", "str"])
+def test_structures_are_default_collates(ds):
+    with DataLoader(ds, batch_size=4, num_workers=2) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=4))
+
+
+def test_fixed_fields_are_tensors_on_the_batch_memory():
+    with DataLoader(Dicts(), batch_size=4, num_workers=2) as dl:
+        b = next(iter(dl))
+        # The image field is a view of the received batch, not a copy.
+        assert not b["image"].storage().size() > b["image"].numel()
+        assert b["image"].data_ptr() % 64 == 0
+
+
+def pad(items):
+    """A collate_fn of the kind sequence models use: ragged, padded."""
+    seqs = [torch.arange(len(it[1]) if isinstance(it[1], str) else it[1] + 1) for it in items]
+    return torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), [str(it[0]) for it in items]
+
+
+def test_collate_fn_runs_in_the_worker_and_may_return_anything():
+    ds = Strings()
+    with DataLoader(ds, batch_size=3, num_workers=2, collate_fn=pad) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=3, collate_fn=pad))
+
+
+def test_batch_size_none_gives_items_converted():
+    ds = Dicts()
+    with DataLoader(ds, batch_size=None, num_workers=2) as dl:
+        assert len(dl) == len(ds)
+        same_batches(dl, TorchLoader(ds, batch_size=None))
+
+
+def test_composed_datasets():
+    ds = ConcatDataset([Subset(tensors(), [3, 1, 4]), tensors(5)])
+    with DataLoader(ds, batch_size=2, num_workers=2) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=2))
+
+
+# --------------------------------------------------------------- samplers
+
+def flat_labels(dl):
+    return [int(v) for _, y in dl for v in y]
+
+
+def test_shuffle_gives_every_item_once_per_epoch_and_repeats_under_manual_seed():
+    ds = tensors(50)
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=7, shuffle=True, num_workers=2) as dl:
+        a, b = flat_labels(dl), flat_labels(dl)
+    assert sorted(a) == sorted(b) == list(range(0, 500, 10))
+    assert a != b and a != sorted(a)  # each epoch its own permutation
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=7, shuffle=True, num_workers=3) as dl:
+        assert flat_labels(dl) == a
+    torch.manual_seed(1)
+    with DataLoader(ds, batch_size=7, shuffle=True, num_workers=2) as dl:
+        assert flat_labels(dl) != a
+    g = torch.Generator().manual_seed(5)
+    with DataLoader(ds, batch_size=7, shuffle=True, generator=g) as dl:
+        first = flat_labels(dl)
+    with DataLoader(ds, batch_size=7, shuffle=True,
+                    generator=torch.Generator().manual_seed(5)) as dl:
+        assert flat_labels(dl) == first
+
+
+def test_samplers_drive_the_indices():
+    ds = tensors(30)
+    with DataLoader(ds, batch_size=4, sampler=SequentialSampler(ds), num_workers=2) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=4))
+    with DataLoader(ds, batch_size=4, sampler=RandomSampler(ds), num_workers=2) as dl:
+        assert sorted(flat_labels(dl)) == list(range(0, 300, 10))
+    subset = [2, 3, 5, 7, 11, 13]
+    with DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(subset), num_workers=2) as dl:
+        assert sorted(flat_labels(dl)) == [10 * i for i in subset]
+    order = [9, 0, 4, 4, 1]
+    with DataLoader(ds, batch_size=2, sampler=order, num_workers=2) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=2, sampler=order))
+    bs = BatchSampler(SequentialSampler(ds), batch_size=8, drop_last=True)
+    with DataLoader(ds, batch_sampler=bs, num_workers=2) as dl:
+        same_batches(dl, TorchLoader(ds, batch_sampler=bs))
+
+
+def test_distributed_sampler_shards_as_ranks():
+    from torch.utils.data.distributed import DistributedSampler
+    ds = tensors(40)
+    seen = []
+    for rank in range(2):
+        s = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=False)
+        with DataLoader(ds, batch_size=5, sampler=s, num_workers=2) as dl:
+            assert len(dl) == len(TorchLoader(ds, batch_size=5, sampler=s))
+            seen += flat_labels(dl)
+    assert sorted(seen) == list(range(0, 400, 10))
+
+
+def test_a_sampler_index_out_of_range_is_named():
+    with pytest.raises(IndexError, match="index 99"):
+        DataLoader(tensors(10), sampler=[1, 99])
+
+
+def test_unsupported_samplers_and_iterable_datasets_say_so():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+    with pytest.raises(NotImplementedError, match="IterableDataset"):
+        DataLoader(Stream())
+    weighted = torch.utils.data.WeightedRandomSampler([1.0] * 10, 10)
+    with pytest.raises(NotImplementedError, match="WeightedRandomSampler"):
+        DataLoader(tensors(10), sampler=weighted)
+
+
+# --------------------------------------------------------------- arguments
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(sampler=[0, 1], shuffle=True), "mutually exclusive with shuffle"),
+    (dict(batch_sampler=BatchSampler(SequentialSampler(range(5)), 2, False), batch_size=3),
+     "mutually exclusive"),
+    (dict(batch_size=None, drop_last=True), "mutually exclusive with drop_last"),
+    (dict(num_workers=-1), "non-negative"),
+    (dict(timeout=-1), "non-negative"),
+    (dict(prefetch_factor=3), "prefetch_factor"),
+    (dict(persistent_workers=True), "num_workers > 0"),
+])
+def test_bad_arguments_raise_torchs_errors(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        TorchLoader(tensors(5), **kwargs)
+    with pytest.raises(ValueError, match=words):
+        DataLoader(tensors(5), **kwargs)
+
+
+def test_an_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="no_such_option"):
+        DataLoader(tensors(5), no_such_option=1).__iter__().__next__()
+
+
+def test_pin_memory_without_cuda_warns_once():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: pin_memory pins")
+    import ferry.torch as ft
+    ft._warned.discard("pin")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with DataLoader(tensors(6), batch_size=3, pin_memory=True) as dl:
+            same_batches(dl, TorchLoader(tensors(6), batch_size=3))
+        DataLoader(tensors(6), pin_memory=True).close()
+    assert sum("pin_memory" in str(x.message) for x in w) == 1
+
+
+def test_timeout_raises_torchs_runtime_error():
+    class Slow(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            if i == 2:
+                import time
+                time.sleep(30)  # the workload being timed out, not a synchronisation
+            return i
+    with DataLoader(Slow(), batch_size=2, num_workers=1, timeout=0.3) as dl:
+        it = iter(dl)
+        assert next(it).tolist() == [0, 1]
+        with pytest.raises(RuntimeError, match="timed out after 0.3 seconds"):
+            next(it)
+
+
+# --------------------------------------------------------------- workers
+
+def test_worker_info_threads_and_init_fn():
+    with DataLoader(Info(), batch_size=2, num_workers=2, worker_init_fn=record_init) as dl:
+        rows = [tuple(int(v) for v in row) for b in dl for row in zip(*b)]
+    assert sorted(r[0] for r in rows) == list(range(8))
+    by_pid = {}
+    for _, wid, nw, seed, threads, pid in rows:
+        assert nw == 2 and threads == 1
+        by_pid.setdefault(pid, set()).add((wid, seed))
+    # one worker id (and one torch seed: base seed + id) per process
+    assert all(len(v) == 1 for v in by_pid.values())
+    ids = {next(iter(v))[0] for v in by_pid.values()}
+    assert ids <= {0, 1}
+    seeds = {next(iter(v))[0]: next(iter(v))[1] for v in by_pid.values()}
+    if len(seeds) == 2:
+        assert seeds[1] - seeds[0] == 1
+
+
+def test_worker_init_fn_runs_once_in_each_worker():
+    class Inits(Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return len(getattr(Inits, "calls", [])), os.getpid()
+
+    def init(worker_id):
+        Inits.calls = getattr(Inits, "calls", []) + [worker_id]
+
+    with DataLoader(Inits(), batch_size=1, num_workers=2, worker_init_fn=init) as dl:
+        for _ in range(2):
+            for calls, _ in dl:
+                assert int(calls) == 1  # called once in this worker, before its items
+
+
+@pytest.mark.parametrize("reseed", ["batch", "sample"])
+def test_augmentations_repeat_under_manual_seed_whatever_the_workers(reseed):
+    def run(workers):
+        torch.manual_seed(0)
+        with DataLoader(Random(), batch_size=4, shuffle=True, num_workers=workers,
+                        reseed=reseed) as dl:
+            return [b for _ in range(2) for b in dl]
+    a, b = run(2), run(3)
+    for x, y in zip(a, b):
+        same(x, y)
+    assert not torch.equal(a[0][0], a[1][0])  # items differ from one another
+    torch.manual_seed(1)
+    with DataLoader(Random(), batch_size=4, shuffle=True, num_workers=2, reseed=reseed) as dl:
+        assert not torch.equal(next(iter(dl))[0], a[0][0])
+
+
+def test_num_workers_0_draws_from_the_trainers_generator_as_torch_does():
+    # torch draws the base seed from the global generator, and seeds
+    # nothing in the trainer: the training's own draws go on the same.
+    torch.manual_seed(3)
+    list(TorchLoader(tensors(6), batch_size=2))
+    expect = torch.rand(1)
+    torch.manual_seed(3)
+    with DataLoader(tensors(6), batch_size=2) as dl:
+        list(dl)
+    assert torch.equal(torch.rand(1), expect)
+
+
+# --------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
+def test_a_datasets_exception_is_caught_as_its_own_type(exc):
+    with DataLoader(Failing(3, exc), batch_size=2, num_workers=2) as dl:
+        it = iter(dl)
+        assert next(it).tolist() == [0, 1]
+        with pytest.raises(exc) as raised:
+            next(it)
+        e = raised.value
+        assert isinstance(e, ferry.BatchError)
+        assert e.exc_type == exc.__name__ and e.index == 3
+        assert "item 3 is broken" in str(e)
+        assert "test_torch.py" in e.traceback and "__getitem__" in e.traceback
+
+
+def test_a_collate_fn_that_raises_names_its_traceback():
+    def bad(items):
+        raise RuntimeError("collate says no")
+    with DataLoader(tensors(4), batch_size=2, num_workers=1, collate_fn=bad) as dl:
+        with pytest.raises(RuntimeError, match="collate says no") as raised:
+            next(iter(dl))
+        assert "in bad" in raised.value.traceback
+
+
+def test_a_dataset_that_cannot_be_pickled_names_the_attribute():
+    ds = Failing(0, ValueError)
+    ds.handle = (x for x in range(3))
+    with pytest.raises(TypeError, match=r"handle.*generator"):
+        list(DataLoader(ds, num_workers=2))
+
+
+def test_ragged_items_fail_their_batch_as_torch_does():
+    class Ragged(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.zeros(i + 1)
+    with pytest.raises(RuntimeError, match="equal size"):
+        list(TorchLoader(Ragged(), batch_size=2))
+    with DataLoader(Ragged(), batch_size=2, num_workers=1) as dl:
+        with pytest.raises(RuntimeError, match="equal size"):
+            next(iter(dl))
+
+
+# --------------------------------------------------------------- ferry's own
+
+def test_resume_gives_the_uninterrupted_runs_batches():
+    ds = tensors(40)
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=3, shuffle=True, num_workers=2) as dl:
+        it = iter(dl)
+        head = [next(it) for _ in range(4)]
+        state = dl.state_dict()
+        rest = list(it) + list(dl)
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=3, shuffle=True, num_workers=2, state=state) as dl:
+        resumed = list(dl) + list(dl)
+    assert len(head) + len(resumed) > len(head) + len(rest) - len(dl)
+    for a, b in zip(rest, resumed):
+        same(a, b)
+
+
+def test_remote_options_are_refused_for_objects():
+    with pytest.raises(TypeError, match="by name"):
+        DataLoader(tensors(4), bind="tcp://127.0.0.1:0")
+
+
+# --------------------------------------------------------------- skipped
+#
+# From torch's test_dataloader.py, not run here, and why:
+# - IterableDataset cases (sharding with get_worker_info, StopIteration per
+#   worker): not supported yet; the loader says so (see above).
+# - WeightedRandomSampler, RandomSampler with replacement or num_samples,
+#   user-defined samplers: not supported yet; refused with the list of those
+#   that are.
+# - multiprocessing_context / fork / spawn / forkserver: ferry's workers are
+#   forked from a clean parent, never from the trainer; the argument warns.
+# - CUDA pin_memory tests and pin_memory_device: need a GPU; CI has none.
+# - Worker segfault and SIGKILL cases: covered by test_clean_parent.py and
+#   the C suite (a worker killed is replaced; every batch arrives once).
+# - persistent_workers=False re-creating workers each epoch: ferry's workers
+#   always persist (docs/python.md, "Coming from torch").
