@@ -26,7 +26,7 @@ typedef struct shm_slot {
     ferry__shm *m;  /* the backing context handed out: &slots[i] */
     uint32_t owner; /* SLOT_GIVEN: the worker it was given to */
     uint8_t state;
-    uint8_t ready;    /* its memory is mapped here (scheduler thread only) */
+    uint8_t ready;    /* its memory is mapped here (set by the scheduler thread at a hold, cleared at the release) */
     uint8_t touched;  /* given since it was last trimmed: it has memory */
     uint64_t free_ms; /* SLOT_FREE: since when */
 } shm_slot;
@@ -331,8 +331,17 @@ void ferry__shm_release(void *held)
 {
     shm_slot *s = held;
     ferry__shm *m = s->m;
+    /* The trainer lets go of its view of the slot's pages (they stay in
+     * the memfd, for the worker that writes the next batch there), so
+     * its RSS holds the batches it holds, not every slot it ever read: a
+     * few page-table entries to map again at the next hold. Still held
+     * here: no one else can be given the slot meanwhile. */
+    int32_t slot = (int32_t)(s - m->slots);
+    if (m->base)
+        (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_DONTNEED);
     pthread_mutex_lock(&m->mu);
-    put_free(m, (int32_t)(s - m->slots));
+    s->ready = 0;
+    put_free(m, slot);
     int last = --m->held == 0 && !m->open;
     pthread_mutex_unlock(&m->mu);
     if (last)

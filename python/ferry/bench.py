@@ -299,17 +299,12 @@ def _open_ferry(a):
         ld = ferry.Loader(_bench_module().MnistLike, dataset_kwargs={"n": a.items, "seed": a.seed},
                           **opts)
         how = "the class ferry.bench:MnistLike"
-    else:
-        try:
-            ld = ferry.Loader(imagefolder(a.root), **opts)
-            how = "the ImageFolder object"
-        except TypeError as e:
-            if "datasets are named, not pickled" not in str(e):
-                raise
-            ld = ferry.Loader(_bench_module().ImageFolderBench,
-                              dataset_kwargs={"root": a.root}, **opts)
-            how = ("the class ferry.bench:ImageFolderBench (this ferry.Loader refuses dataset "
-                   "objects)")
+    else:  # what a torch user switching one import runs
+        from ferry.torch import DataLoader
+        ld = DataLoader(imagefolder(a.root), batch_size=a.batch_size, shuffle=True,
+                        num_workers=a.workers, persistent_workers=True,
+                        prefetch_factor=_torch_prefetch(a), epochs=a.epochs)
+        how = "ferry.torch.DataLoader, the ImageFolder object"
     return ld.__iter__, len(ld), ld.close, how
 
 

@@ -135,20 +135,33 @@ class _Pickler(_dataset._pickler().Pickler):
         return cls._known
 
 
+class _Unpickler(pickle.Unpickler):
+    """Unpickles a batch's structure, its tensors sharing the fields'
+    memory. One class for all batches: a class made per batch would sit in
+    a reference cycle holding the batch's memory until the garbage
+    collector ran."""
+
+    def __init__(self, raw, fields):
+        super().__init__(io.BytesIO(memoryview(raw)))
+        self._fields = fields
+
+    def persistent_load(self, pid):
+        tag, f, how = pid
+        arr = self._fields[f]
+        if tag == "f":
+            return torch.from_numpy(arr)
+        kind, shape = how
+        arr = arr.reshape(shape)
+        return torch.from_numpy(arr) if kind == "t" else arr
+
+
 def _load_structure(raw, fields):
     """A batch's structure, its tensors sharing the fields' memory."""
-
-    class _Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid):
-            tag, f, how = pid
-            arr = fields[f]
-            if tag == "f":
-                return torch.from_numpy(arr)
-            kind, shape = how
-            arr = arr.reshape(shape)
-            return torch.from_numpy(arr) if kind == "t" else arr
-
-    return _Unpickler(io.BytesIO(memoryview(raw))).load()
+    u = _Unpickler(raw, fields)
+    try:
+        return u.load()
+    finally:
+        u._fields = None
 
 
 class _Batches:
