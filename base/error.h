@@ -10,7 +10,7 @@
 
 #include "ferry.h"
 
-#define FERRY__ERRMSG_MAX 1024
+#define FERRY__ERRMSG_MAX 4096
 
 /* Records the detail for `code` and returns `code`, so a failure reads
  * `return ferry__seterr(FERRY_EINVAL, "batch_size must be > 0");`. */

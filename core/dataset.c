@@ -64,11 +64,11 @@ static size_t nregistered;
 
 int ferry_dataset_register(const ferry_dataset_ops *ops)
 {
-    if (!ops || ops->abi_version != FERRY_DATASET_ABI || !ops->open || !ops->length ||
+    if (!ops || !ferry__dataset_abi_ok(ops->abi_version) || !ops->open || !ops->length ||
         !ops->get_batch || !ops->close)
         return ferry__seterr(FERRY_EINVAL, "ferry_dataset_register: the table needs abi_version "
-                                           "%d and all four functions",
-                             FERRY_DATASET_ABI);
+                                           "%d..%d and all four functions",
+                             FERRY_DATASET_ABI_OLDEST, FERRY_DATASET_ABI);
     const char *name = ops->name ? ops->name : "";
     size_t len = strlen(name);
     int ok = len > 0 && len < FERRY__KIND_NAME_MAX;

@@ -37,6 +37,12 @@ typedef struct ferry__dataset {
  * -1 when a dim is negative or the product overflows size_t (*out untouched). */
 int ferry__shape_bytes(size_t elsize, const int64_t *shape, int ndim, size_t *out);
 
+/* Whether a table of ABI `v` can be used. */
+static inline int ferry__dataset_abi_ok(uint32_t v)
+{
+    return v >= FERRY_DATASET_ABI_OLDEST && v <= FERRY_DATASET_ABI;
+}
+
 int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
                         char *errbuf, size_t errlen);
 

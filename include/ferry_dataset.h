@@ -28,7 +28,12 @@
 extern "C" {
 #endif
 
-#define FERRY_DATASET_ABI 1
+/* The table's version. 2: fields of variable shape (FERRY_NDIM_VAR) and
+ * an error message of FERRY_DATASET_MESSAGE_MAX bytes (a plugin of ABI 1
+ * writes at most 512 of them, at the same place: it still loads). */
+#define FERRY_DATASET_ABI 2
+#define FERRY_DATASET_ABI_OLDEST 1
+#define FERRY_DATASET_MESSAGE_MAX 4096
 #define FERRY_DATASET_PLUGIN_SYMBOL "ferry_dataset_plugin"
 
 /* One field of an item: its name, dtype and shape (without the batch dim;
@@ -84,7 +89,7 @@ typedef struct ferry_batch_request {
 /* What a dataset says when it fails on a batch. */
 typedef struct ferry_dataset_error {
     uint64_t index; /* the first index it failed on */
-    char message[512];
+    char message[FERRY_DATASET_MESSAGE_MAX];
 } ferry_dataset_error;
 
 typedef struct ferry_dataset_ops {

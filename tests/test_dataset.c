@@ -1014,7 +1014,7 @@ static void test_plugin_with_a_bad_table_is_refused_and_unloaded(void **state)
         int code;
         const char *says;
     } cases[] = {
-        {FERRY_TEST_BROKEN_ABI, FERRY_EVERSION, "has ABI version 2, this ferry supports 1"},
+        {FERRY_TEST_BROKEN_ABI, FERRY_EVERSION, "has ABI version 3, this ferry supports 1..2"},
         {FERRY_TEST_BROKEN_NO_TABLE, FERRY_EDATASET,
          "ferry_dataset_plugin() returned no ops table"},
         {FERRY_TEST_BROKEN_NO_GET_BATCH, FERRY_EDATASET, "ops table lacks get_batch()"},

@@ -983,15 +983,15 @@ static void test_decode_rejects_strings_too_long_or_with_nul(void **state)
         {FERRY__MSG_HELLO, "program", mp_strn(big, FERRY__PROGRAM_MAX), "'program' is 64 bytes"},
         {FERRY__MSG_CONFIG, "dataset", mp_strn(big, FERRY__SPEC_MAX), "'dataset' is 4096 bytes"},
         {FERRY__MSG_CONFIG, "dataset", mp_str(""), "'dataset' is 0 bytes long, must be at least 1"},
-        {FERRY__MSG_READY, "error", mp_strn(big, FERRY__TEXT_MAX), "'error' is 1024 bytes"},
-        {FERRY__MSG_FAIL, "message", mp_strn(big, FERRY__TEXT_MAX), "'message' is 1024 bytes"},
+        {FERRY__MSG_READY, "error", mp_strn(big, FERRY__TEXT_MAX), "'error' is 4096 bytes"},
+        {FERRY__MSG_FAIL, "message", mp_strn(big, FERRY__TEXT_MAX), "'message' is 4096 bytes"},
         {FERRY__MSG_BATCH, "fields.0.name", mp_strn(big, FERRY_NAME_MAX), "'name' is 64 bytes"},
         {FERRY__MSG_HELLO, "host", mp_strn("node\0evil", 9), "'host' contains a NUL byte"},
         {FERRY__MSG_FAIL, "message", mp_strn("\0", 1), "'message' contains a NUL byte"},
         {FERRY__MSG_BATCH, "fields.0.name", mp_strn("x\0", 2), "'name' contains a NUL byte"},
         {FERRY__MSG_READY, "fields.1.name", mp_strn(big, FERRY_NAME_MAX),
          "READY field 1: key 'name' is 64 bytes"},
-        {FERRY__MSG_REFUSE, "reason", mp_strn(big, FERRY__TEXT_MAX), "'reason' is 1024 bytes"},
+        {FERRY__MSG_REFUSE, "reason", mp_strn(big, FERRY__TEXT_MAX), "'reason' is 4096 bytes"},
         {FERRY__MSG_REFUSE, "reason", mp_strn("a\0b", 3), "'reason' contains a NUL byte"},
     };
     expect_bad_values(cases);

@@ -43,7 +43,7 @@
 /* Largest header frame accepted or produced. */
 #define FERRY__HDR_MAX 8192
 #define FERRY__SPEC_MAX 4096 /* dataset spec, including the NUL */
-#define FERRY__TEXT_MAX 1024 /* error messages, including the NUL */
+#define FERRY__TEXT_MAX 4096 /* error messages (a Python traceback), including the NUL */
 #define FERRY__HOST_MAX 256
 #define FERRY__PROGRAM_MAX 64
 #define FERRY__MAX_CREDITS 64

@@ -7,8 +7,8 @@
  * to the plugin's open unchanged ("" when there is none).
  *
  * Nothing in the table is called before it has been checked: the exported
- * ferry_dataset_plugin() must return a table with abi_version ==
- * FERRY_DATASET_ABI and all four functions. A failure of the plugin's own
+ * ferry_dataset_plugin() must return a table with abi_version in
+ * FERRY_DATASET_ABI_OLDEST..FERRY_DATASET_ABI and all four functions. A failure of the plugin's own
  * open is reported as "plugin PATH: <its message>", with its code kept only
  * if it is one of ferry's. While the dataset is open d->dl holds the dlopen
  * handle; ferry__dataset_close unloads it, unless the dataset was opened with
@@ -63,10 +63,11 @@ static int plugin_load(const char *path, const ferry_dataset_ops **ops_out, void
                                 FERRY_DATASET_PLUGIN_SYMBOL);
         goto fail;
     }
-    if (ops->abi_version != FERRY_DATASET_ABI) {
+    if (!ferry__dataset_abi_ok(ops->abi_version)) {
         rc = ferry__dataset_err(errbuf, errlen, FERRY_EVERSION,
-                                "plugin %s has ABI version %" PRIu32 ", this ferry supports %d",
-                                path, ops->abi_version, FERRY_DATASET_ABI);
+                                "plugin %s has ABI version %" PRIu32 ", this ferry supports %d..%d",
+                                path, ops->abi_version, FERRY_DATASET_ABI_OLDEST,
+                                FERRY_DATASET_ABI);
         goto fail;
     }
     if (!ops->open || !ops->length || !ops->get_batch || !ops->close) {

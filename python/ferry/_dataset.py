@@ -163,7 +163,7 @@ def spec_for(target, kwargs):
 
 # ----------------------------------------------------------------- worker
 
-def describe_exception(exc, limit=511):
+def describe_exception(exc, limit=3839):
     """'Type: message' on the first line, then the traceback's innermost
     frames that fit in ``limit`` characters."""
     t = type(exc)

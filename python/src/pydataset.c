@@ -633,7 +633,8 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
         rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
         if (d->fill)
             failed_index(err);
-        take_exception(err->message, sizeof err->message);
+        /* Room left for what the loader puts before it (the worker, the index). */
+        take_exception(err->message, sizeof err->message - 256);
     }
     d->tstate = PyEval_SaveThread();
     return rc;
