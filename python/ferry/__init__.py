@@ -466,7 +466,13 @@ class Loader:
             pairs += [("worker_path", path), ("worker_args", args)]
         self._pairs = pairs
         self._seen = 0  # batches of the current epoch, out of order
-        self._adopt(self._open(state))
+        try:
+            self._adopt(self._open(state))
+        except BaseException:
+            # Not left to __del__: the exception's traceback keeps this
+            # object, and the pickled dataset's memfd with it, alive.
+            self.close()
+            raise
 
     def _dataset_object(self, dataset, threads):
         """The spec of a dataset passed as an object: thread workers use the

@@ -164,6 +164,115 @@ def _load_structure(raw, fields):
         u._fields = None
 
 
+class _SamplerTable:
+    """The batches a sampler or batch_sampler of the user's gives, epoch by
+    epoch, for the workers: ferry's loader then runs over batch positions
+    (one position per batch, no shuffle of its own), and a worker reads
+    which indices position p of epoch e stands for here.
+
+    The trainer iterates the sampler ahead of the workers, `ahead` epochs
+    past the one it is in (enough to cover the prefetch window), into a
+    ring of memfds, one epoch each, that local workers read through
+    /proc/TRAINER/fd/N. An epoch's file: [epoch or -1 while written]
+    [batches n][indices m][offsets, n + 1][indices]. A sampler's
+    set_epoch(e) is called before its epoch e is drawn, and its
+    state_dict() (when it has one) kept, for an exact resume."""
+
+    HEAD = 24
+
+    def __init__(self, batch_sampler, sampler, nbatches, ahead, dataset_len):
+        self.batch_sampler = batch_sampler
+        self.sampler = sampler
+        self.n = nbatches
+        self.ahead = ahead
+        self.ring = ahead + 2
+        self.dataset_len = dataset_len
+        self.fds = [os.memfd_create("ferry-sampler", os.MFD_CLOEXEC) for _ in range(self.ring)]
+        self.written = -1   # the last epoch written
+        self.states = {}    # epoch -> the sampler's state_dict() before drawing it
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def batches_of(self, epoch):
+        """Epoch `epoch`'s batches, drawn now (numpy int64 arrays)."""
+        s = self.sampler
+        if hasattr(s, "set_epoch"):
+            s.set_epoch(epoch)
+        if hasattr(s, "state_dict"):
+            self.states[epoch] = s.state_dict()
+        out = [np.asarray(b, dtype=np.int64).reshape(-1) for b in self.batch_sampler]
+        if len(out) != self.n:
+            raise RuntimeError("ferry.torch.DataLoader: the batch sampler gave %d batches in "
+                               "epoch %d, but its len() is %d: ferry needs as many batches in "
+                               "every epoch" % (len(out), epoch, self.n))
+        for b in out:
+            bad = b[(b < 0) | (b >= self.dataset_len)]
+            if len(bad):
+                raise IndexError("ferry.torch.DataLoader: the sampler gives index %d, but the "
+                                 "dataset has %d items" % (int(bad[0]), self.dataset_len))
+        return out
+
+    def fill_to(self, epoch):
+        """Draws and writes every epoch up to `epoch`."""
+        while self.written < epoch:
+            e = self.written + 1
+            batches = self.batches_of(e)
+            offsets = np.zeros(self.n + 1, dtype=np.int64)
+            offsets[1:] = np.cumsum([len(b) for b in batches])
+            flat = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+            fd = self.fds[e % self.ring]
+            os.pwrite(fd, np.int64(-1).tobytes(), 0)  # a reader sees no epoch meanwhile
+            os.pwrite(fd, np.array([self.n, len(flat)], np.int64).tobytes() + offsets.tobytes() +
+                      flat.tobytes(), 8)
+            os.pwrite(fd, np.int64(e).tobytes(), 0)
+            self.written = e
+            self.states.pop(e - self.ring, None)
+
+    def skip_to(self, epoch, state):
+        """Goes on at `epoch` (a resume): from the sampler's saved state
+        when there is one, else by drawing the epochs before it again (the
+        same draws for a sampler seeded at construction)."""
+        if state is not None and hasattr(self.sampler, "load_state_dict"):
+            self.sampler.load_state_dict(state)
+            self.written = epoch - 1
+        else:
+            for e in range(epoch):
+                self.batches_of(e)
+            self.written = epoch - 1
+
+    def ref(self):
+        """What a worker needs to read the table: (trainer pid, fds)."""
+        return (os.getpid(), list(self.fds))
+
+
+def _read_table(ref, opened, epoch, pos, deadline_s=60.0):
+    """In a worker: the indices of batch position `pos` of `epoch`, read
+    from the trainer's table (see _SamplerTable); waits (polling, at most
+    deadline_s) while the trainer has not written that epoch yet."""
+    pid, fds = ref
+    slot = epoch % len(fds)
+    fd = opened.get(slot)
+    if fd is None:
+        fd = opened[slot] = os.open("/proc/%d/fd/%d" % (pid, fds[slot]), os.O_RDONLY | os.O_CLOEXEC)
+    import time
+    give_up = time.monotonic() + deadline_s
+    head = _SamplerTable.HEAD
+    while True:
+        if np.frombuffer(os.pread(fd, 8, 0), np.int64)[0] == epoch:
+            n, _ = np.frombuffer(os.pread(fd, 16, 8), np.int64)
+            lo, hi = np.frombuffer(os.pread(fd, 16, head + 8 * pos), np.int64)
+            raw = os.pread(fd, int(8 * (hi - lo)), int(head + 8 * (n + 1) + 8 * lo))
+            if np.frombuffer(os.pread(fd, 8, 0), np.int64)[0] == epoch:  # not rewritten meanwhile
+                return np.frombuffer(raw, np.int64)
+        if time.monotonic() > give_up:
+            raise RuntimeError("ferry.torch.DataLoader: the trainer did not give the sampler's "
+                               "epoch %d within %.0f s" % (epoch, deadline_s))
+        time.sleep(0.001)  # the trainer draws it at its next epoch's start
+
+
 class _Batches:
     """What the workers are given: the user's dataset with how to make its
     batches (collate_fn, seeding, worker_init_fn). ferry's Python worker
@@ -171,9 +280,14 @@ class _Batches:
     batch (``__ferry_fill__``)."""
 
     def __init__(self, dataset, indices, collate_fn, auto_batch, base_seed, reseed,
-                 worker_init_fn, num_workers, trainer_pid):
+                 worker_init_fn, num_workers, trainer_pid, table=None):
         self.dataset = dataset
         self.indices = indices
+        # A sampler of the user's: the positions' indices are in its table
+        # (the table itself in this process, its ref in workers).
+        self.table = table
+        self.table_ref = table.ref() if table is not None else None
+        self.nbatches = table.n if table is not None else None
         self.collate_fn = collate_fn
         self.auto_batch = auto_batch
         self.base_seed = base_seed
@@ -186,12 +300,30 @@ class _Batches:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_fields"] = None
-        for k in ("_started", "_fixed", "_var", "_views_np", "_cursor"):
+        state["table"] = None
+        for k in ("_started", "_fixed", "_var", "_opened"):
             state.pop(k, None)
         return state
 
     def __len__(self):
+        if self.nbatches is not None:
+            return self.nbatches
         return len(self.indices) if self.indices is not None else len(self.dataset)
+
+    def close(self):
+        """Called by ferry when the dataset closes: the table's files this
+        worker opened."""
+        for fd in self.__dict__.pop("_opened", {}).values():
+            os.close(fd)
+
+    def _sampled(self, positions, epoch):
+        """The dataset indices of batch positions (a user's sampler), or
+        the positions themselves."""
+        if self.table_ref is None:
+            return positions
+        opened = self.__dict__.setdefault("_opened", {})
+        return np.concatenate([_read_table(self.table_ref, opened, int(epoch), int(p))
+                               for p in positions])
 
     def __getitem__(self, i):
         return self._item(i)
@@ -249,7 +381,7 @@ class _Batches:
         fields = []
         with _probing(self):
             try:
-                if self.collate_fn is None and self.auto_batch:
+                if self.collate_fn is None and self.auto_batch and self.table_ref is None:
                     leaves = []
                     self._collate([self._item(0)], probe=leaves)
                     for n, (dt, shape) in enumerate(leaves):
@@ -320,11 +452,12 @@ class _Batches:
         self._start()
         if self._fields is None:
             self.__ferry_fields__()
+        if self.reseed == "batch":  # the batch's first index (or position) names it
+            self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(indices[0])))
+        indices = self._sampled(indices, epoch)
         count = len(indices)
         nf = len(self._fields)
         out = [None] * nf
-        if self.reseed == "batch":
-            self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(indices[0])))
         if self.reseed == "sample":
             items = []
             for i in indices:
@@ -427,12 +560,6 @@ def _stack_into(batch, dst, dt, shape):
     return True
 
 
-_SAMPLERS_OK = (
-    "None, SequentialSampler, RandomSampler (without replacement, over the whole dataset), "
-    "SubsetRandomSampler, DistributedSampler, BatchSampler over one of those, or a sequence "
-    "of indices")
-
-
 class DataLoader:
     """torch.utils.data.DataLoader's arguments and defaults, on ferry's
     workers. ferry's own options (``seed``, ``state``, ``placement``,
@@ -497,18 +624,18 @@ class DataLoader:
 
         opts = dict(ferry_options)
         indices = None
+        table_over = None  # a user's (batch) sampler: (batches, sampler) for a _SamplerTable
         # torch's argument rules, with torch's messages.
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                                  "shuffle, sampler, and drop_last")
-            if not isinstance(batch_sampler, tud.BatchSampler):
-                raise NotImplementedError(
-                    "ferry.torch.DataLoader: a batch_sampler of type %s is not supported yet; "
-                    "supported: a torch.utils.data.BatchSampler over %s"
-                    % (type(batch_sampler).__name__, _SAMPLERS_OK))
-            batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
-            sampler = batch_sampler.sampler
+            if isinstance(batch_sampler, tud.BatchSampler) and _native(batch_sampler.sampler):
+                batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
+                sampler = batch_sampler.sampler
+            else:
+                table_over = (batch_sampler, getattr(batch_sampler, "sampler", batch_sampler))
+                batch_size = getattr(batch_sampler, "batch_size", None) or 1
         elif batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
@@ -520,7 +647,9 @@ class DataLoader:
         if shuffle is None:
             shuffle = False
         seeded = "seed" in opts
-        if sampler is None or isinstance(sampler, tud.SequentialSampler):
+        if table_over is not None:
+            pass
+        elif sampler is None or isinstance(sampler, tud.SequentialSampler):
             pass
         elif isinstance(sampler, tud.RandomSampler) and not sampler.replacement and \
                 sampler._num_samples is None:
@@ -540,10 +669,13 @@ class DataLoader:
             drop_last = drop_last or sampler.drop_last
         elif isinstance(sampler, (list, tuple, range, np.ndarray)):
             indices = np.asarray(sampler, dtype=np.int64).reshape(-1)
-        else:
-            raise NotImplementedError(
-                "ferry.torch.DataLoader: a sampler of type %s is not supported yet; "
-                "supported: %s" % (type(sampler).__name__, _SAMPLERS_OK))
+        elif table_over is None:
+            if not hasattr(sampler, "__iter__") or not hasattr(sampler, "__len__"):
+                raise TypeError("ferry.torch.DataLoader: a sampler must be iterable and have "
+                                "len(), not a %s" % type(sampler).__name__)
+            batches = (tud.BatchSampler(sampler, batch_size, drop_last) if auto_batch
+                       else _Singles(sampler))
+            table_over = (batches, sampler)
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         if indices is not None:
@@ -567,8 +699,22 @@ class DataLoader:
             _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
             self.pin_memory = False
 
+        self._table = None
+        if table_over is not None:
+            # ferry runs over the sampler's batches, one position each.
+            nb = len(table_over[0])
+            if nb == 0:
+                raise ValueError("ferry.torch.DataLoader: the sampler gives no batches")
+            # The window, set here: the table is drawn far enough ahead for it.
+            window = int(opts.get("prefetch") or
+                         max(2, 2 * max(1, self.num_workers) * (prefetch_factor or 1)))
+            opts["prefetch"] = window
+            self._table = _SamplerTable(table_over[0], table_over[1], nb,
+                                        -(-window // nb) + 1, len(dataset))
+            opts["shuffle"], opts["drop_last"], opts["batch_size"] = False, False, 1
+        self._next_epoch = 0
         self._batches = _Batches(dataset, indices, collate_fn, auto_batch, base_seed, reseed,
-                                 worker_init_fn, self.num_workers, os.getpid())
+                                 worker_init_fn, self.num_workers, os.getpid(), self._table)
         opts.setdefault("shuffle", bool(shuffle))
         opts.setdefault("drop_last", bool(drop_last) if auto_batch else False)
         opts.setdefault("batch_size", batch_size if auto_batch else 1)
@@ -589,6 +735,13 @@ class DataLoader:
     # workers there too)
     def _ferry(self):
         if self._loader is None:
+            state = self._opts.get("state")
+            if isinstance(state, dict):
+                self._next_epoch = int(state.get("epoch", 0))
+            if self._table is not None:
+                if self._next_epoch:
+                    self._table.skip_to(self._next_epoch, (state or {}).get("sampler"))
+                self._table.fill_to(self._next_epoch + self._table.ahead)
             self._loader = Loader(self._batches, **self._opts)
         return self._loader
 
@@ -607,6 +760,8 @@ class DataLoader:
     def __iter__(self):
         """One epoch of batches."""
         it = _Epoch(self._ferry(), self.timeout if self.timeout and self.timeout > 0 else None)
+        if self._table is not None:  # the sampler's epochs the window may reach
+            self._table.fill_to(self._next_epoch + self._table.ahead)
         while True:
             try:
                 b = next(it)
@@ -615,6 +770,7 @@ class DataLoader:
             except NotReady:
                 raise RuntimeError("DataLoader timed out after %s seconds" % self.timeout) \
                     from None
+            self._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
             yield self._structure(b)
 
     def _structure(self, b):
@@ -631,22 +787,30 @@ class DataLoader:
         """The position after the last batch delivered: pass it as
         ``state=`` to a new DataLoader (or to :meth:`load_state_dict`) to go
         on from there, exactly."""
-        return self._ferry().state_dict()
+        out = self._ferry().state_dict()
+        out["epoch"] = self._next_epoch
+        if self._table is not None:
+            out["sampler"] = self._table.states.get(self._next_epoch)
+        return out
 
     def load_state_dict(self, state):
-        if self._loader is None:
-            self._opts["state"] = state
-        else:
-            self._loader.load_state_dict(state)
+        self.close_workers()
+        self._opts["state"] = state
 
     def stats(self):
         return self._ferry().stats()
 
-    def close(self):
-        """Stops the workers (also done at exit and when collected)."""
+    def close_workers(self):
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+
+    def close(self):
+        """Stops the workers (also done at exit and when collected)."""
+        self.close_workers()
+        if getattr(self, "_table", None) is not None:
+            self._table.close()
+            self._table = None
 
     def __enter__(self):
         return self
@@ -659,6 +823,28 @@ class DataLoader:
             self.close()
         except Exception:
             pass
+
+
+class _Singles:
+    """A sampler's indices as batches of one (batch_size=None)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        return ([i] for i in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+
+def _native(sampler):
+    """Whether ferry's own index stream does what `sampler` does."""
+    return sampler is None or isinstance(sampler, (
+        tud.SequentialSampler, tud.SubsetRandomSampler, tud.distributed.DistributedSampler,
+        list, tuple, range, np.ndarray)) or (
+        isinstance(sampler, tud.RandomSampler) and not sampler.replacement and
+        sampler._num_samples is None)
 
 
 def _tcollate_pin(obj):

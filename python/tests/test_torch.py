@@ -233,15 +233,77 @@ def test_a_sampler_index_out_of_range_is_named():
         DataLoader(tensors(10), sampler=[1, 99])
 
 
-def test_unsupported_samplers_and_iterable_datasets_say_so():
+def test_iterable_datasets_say_they_are_not_supported_yet():
     class Stream(IterableDataset):
         def __iter__(self):
             return iter(range(3))
     with pytest.raises(NotImplementedError, match="IterableDataset"):
         DataLoader(Stream())
-    weighted = torch.utils.data.WeightedRandomSampler([1.0] * 10, 10)
-    with pytest.raises(NotImplementedError, match="WeightedRandomSampler"):
-        DataLoader(tensors(10), sampler=weighted)
+
+
+def weighted(n=30, seed=0):
+    w = torch.arange(1, n + 1, dtype=torch.float64)
+    return torch.utils.data.WeightedRandomSampler(w, 25, generator=torch.Generator().manual_seed(seed))
+
+
+class Buckets:
+    """A batch sampler of the user's: batches of varying size, a new
+    order each epoch (set_epoch), with state_dict."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, e):
+        self.epoch = e
+
+    def __iter__(self):
+        order = np.random.default_rng(self.epoch).permutation(self.n)
+        cuts = [0, 3, 4, 9, 15, self.n]
+        return iter([order[a:b].tolist() for a, b in zip(cuts, cuts[1:])])
+
+    def __len__(self):
+        return 5
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samplers_of_any_kind_give_torchs_batches(workers):
+    ds = tensors(30)
+    ours = DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=workers)
+    theirs = TorchLoader(ds, batch_size=4, sampler=weighted())
+    with ours:
+        for _ in range(3):  # epochs: each a new draw, as torch's
+            same_batches(ours, theirs)
+    ours = DataLoader(ds, batch_sampler=Buckets(30), num_workers=workers)
+    theirs_bs = Buckets(30)
+    with ours:
+        for e in range(3):
+            theirs_bs.set_epoch(e)
+            ours._batches.dataset  # noqa: B018 - the same object, untouched
+            got = list(ours)
+            want = list(TorchLoader(ds, batch_sampler=theirs_bs))
+            assert [len(b[1]) for b in got] == [3, 1, 5, 6, 15]
+            same_batches(got, want)
+
+
+def test_a_user_sampler_resumes_exactly():
+    ds = tensors(30)
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2) as dl:
+        whole = list(dl) + list(dl) + list(dl)
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2) as dl:
+        it = iter(dl)
+        head = list(dl) + [next(it) for _ in range(3)]
+        state = dl.state_dict()
+    torch.manual_seed(0)
+    with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2, state=state) as dl:
+        rest = list(dl) + list(dl)
+    same_batches(head + rest, whole)
+
+
+def test_a_sampler_without_len_is_refused():
+    with pytest.raises(TypeError, match="len"):
+        DataLoader(tensors(5), sampler=iter(range(5)))
 
 
 # --------------------------------------------------------------- arguments
