@@ -270,7 +270,9 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
 /* Every TRIM_EVERY_MS, the batch slots left free for TRIM_IDLE_MS beyond
  * a window's worth of spares give their memory back (ferry__shm_trim): a
  * trainer that once held many batches does not keep that much shared
- * memory for the rest of the run. */
+ * memory for the rest of the run. Once the stream has ended (every batch
+ * delivered), every free slot gives its memory back: none will be
+ * written again. */
 #define TRIM_EVERY_MS 250
 #define TRIM_IDLE_MS 1000
 
@@ -285,7 +287,10 @@ static void check_deadlines(ferry__scheduler *s)
     ferry__sched_check_deadlines(s);
     if (s->shm && now - s->trimmed_ms >= TRIM_EVERY_MS) {
         s->trimmed_ms = now;
-        ferry__shm_trim(s->shm, (uint32_t)ferry__config_prefetch(&s->cfg), TRIM_IDLE_MS);
+        if (ferry__window_ended(s->win))
+            ferry__shm_trim(s->shm, 0, 0);
+        else
+            ferry__shm_trim(s->shm, (uint32_t)ferry__config_prefetch(&s->cfg), TRIM_IDLE_MS);
     }
 }
 

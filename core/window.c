@@ -602,6 +602,15 @@ static int deliver_unlock(ferry__window *win, ferry__window_entry *e, ferry_batc
     return FERRY_OK;
 }
 
+int ferry__window_ended(ferry__window *win)
+{
+    pthread_mutex_lock(&win->mu);
+    int ended = win->phase == FERRY__PHASE_RUNNING &&
+                win->start_seq + win->st.delivered >= win->sampler.end_seq;
+    pthread_mutex_unlock(&win->mu);
+    return ended;
+}
+
 int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms)
 {
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : ferry__now_ms() + (uint64_t)timeout_ms;

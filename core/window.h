@@ -130,6 +130,10 @@ uint32_t ferry__window_add_workers(ferry__window *win, int delta);
 
 void ferry__window_stats(ferry__window *win, ferry_stats *st);
 
+/* Whether every batch of the stream has been delivered (a stream with an
+ * end: `epochs` or `max_batches`). */
+int ferry__window_ended(ferry__window *win);
+
 /* ---- the scheduler's side (its thread only) ---- */
 
 /* The next entry to send: one waiting to be sent again (lowest seq) first,

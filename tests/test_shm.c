@@ -387,6 +387,85 @@ static void test_slots_follow_what_the_trainer_keeps(void **state)
     end_without_slots(&snap);
 }
 
+/* A stream with an end (epochs) gives back the memory of every slot once
+ * its last batch has been delivered and released: the loader, still open,
+ * will write none again. */
+static void test_an_ended_stream_gives_its_slot_memory_back(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = shm_cfg(2, 4, synthetic(""));
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ferry_batch *b;
+    int n = 0, rc;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ferry_batch_release(b);
+        n++;
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    assert_true(n > 8);
+    int64_t took = wait_slot_memory_at_most(0, 10000);
+    printf("%d batches; slot memory down to %lld bytes %lld ms after the end\n", n, slot_memory(),
+           (long long)took);
+    assert_true(took >= 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
+/* This process's RssShmem in KiB: the shared memory it has mapped in. */
+static long rss_shmem_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssShmem: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* The trainer's resident memory holds the batches it holds, not every
+ * slot it has read: a released batch's slot leaves its pages (they stay
+ * in the memfd, for the workers). */
+static void test_the_trainer_maps_only_the_slots_it_holds(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    /* 32 items of 64 KiB (uint8): 2 MiB a batch, a window of 2. */
+    ferry_config *cfg = shm_cfg(2, 2, "synthetic:n=1000,dim=65536");
+    long before = rss_shmem_kb(); /* before any batch can have arrived */
+    ferry_loader *ld = ft_open_ok(cfg);
+    enum { KEEP = 10 };
+    ferry_batch *kept[KEEP];
+    for (int i = 0; i < KEEP; i++) { /* ten slots read at once */
+        ferry_tensor t;
+        assert_int_equal(ferry_loader_next(ld, &kept[i]), FERRY_OK);
+        assert_int_equal(ferry_batch_field_at(kept[i], 0, &t), FERRY_OK);
+        assert_int_equal(t.nbytes, 2 << 20);
+        volatile const unsigned char *x = t.data;
+        unsigned sum = 0;
+        for (size_t k = 0; k < t.nbytes; k += 4096)
+            sum += x[k];
+        (void)sum;
+    }
+    long held = rss_shmem_kb();
+    for (int i = 0; i < KEEP; i++)
+        ferry_batch_release(kept[i]);
+    long after = rss_shmem_kb();
+    printf("RssShmem %ld KiB, %ld holding 10 batches of 2 MiB, %ld once released\n", before,
+           held, after);
+    assert_true(held - before >= KEEP * 2048);
+    /* What is left: at most the window's batches, arrived and waiting. */
+    assert_true(after - before <= 3 * 2048);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    end_without_slots(&snap);
+}
+
 /* One byte through a pipe, within 10 s: 1, or 0 on timeout or EOF. */
 static int pipe_wait(int fd)
 {
@@ -676,6 +755,8 @@ int main(void)
         cmocka_unit_test(test_held_slots_are_never_reused_and_come_back_from_any_thread),
         cmocka_unit_test(test_a_trainer_keeping_every_slot_gets_batches_by_message),
         cmocka_unit_test(test_slots_follow_what_the_trainer_keeps),
+        cmocka_unit_test(test_an_ended_stream_gives_its_slot_memory_back),
+        cmocka_unit_test(test_the_trainer_maps_only_the_slots_it_holds),
         cmocka_unit_test(test_a_forked_child_keeps_its_own_copy_of_held_batches),
         cmocka_unit_test(test_workers_killed_mid_write_lose_nothing),
         cmocka_unit_test(test_a_batch_that_crashes_mid_write_is_given_up_alone),
