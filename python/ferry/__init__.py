@@ -192,7 +192,9 @@ class Batch:
         return np.asarray(self._b.indices()) if self._b is not None else None
 
     def torch(self):
-        """The fields as torch tensors sharing this batch's memory (dict)."""
+        """The fields as torch tensors sharing this batch's memory: a dict
+        of field name to tensor, or, for a batch of tuples or single values
+        (a sequence batch), a tuple of tensors (``x, y = batch.torch()``)."""
         import torch
         out = {}
         for k, v in self._arrays.items():
@@ -200,7 +202,7 @@ class Batch:
                 out[k] = torch.from_numpy(v)
             except TypeError as e:
                 raise TypeError("field '%s' (%s): %s" % (k, v.dtype, e)) from None
-        return out
+        return tuple(out.values()) if isinstance(self, Sequence) else out
 
     def __repr__(self):
         fields = ", ".join("%s: %s%s" % (k, v.dtype, tuple(v.shape))

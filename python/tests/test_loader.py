@@ -609,3 +609,14 @@ def test_a_forked_child_cannot_use_or_close_its_parents_loader():
         # The parent's workers and stream are untouched.
         assert all(ld.worker_pid(i) > 0 for i in range(2))
         assert ld.next().seq == 1
+
+
+def test_torch_of_a_tuple_batch_unpacks_into_tensors():
+    torch = pytest.importorskip("torch")
+    from collections.abc import Sequence
+    with ferry.Loader(Pairs, batch_size=10, workers=1) as ld:
+        b = ld.next()
+        assert isinstance(b, Sequence)
+        x, y = b.torch()
+        assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+        assert x.data_ptr() == b[0].__array_interface__["data"][0]
