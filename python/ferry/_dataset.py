@@ -440,7 +440,22 @@ def prestart():
     finally:
         theirs.close()
     _template.update(pid=os.getpid(), proc=proc, sock=ours)
+    import atexit
+    atexit.register(_stop_template)
     hint_modules()
+
+
+def _stop_template():
+    """At the trainer's exit (after its loaders closed): the process-wide
+    clean parent is of no more use. Stopped and reaped now, so nothing is
+    left running, even for an instant, and no ResourceWarning is said."""
+    if _template.get("pid") != os.getpid():
+        return
+    _template["sock"].close()
+    proc = _template["proc"]
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def hint_modules(extra=()):

@@ -68,6 +68,20 @@ def _np_dtype(tdtype):
     return d if d.str in _dataset._DTYPES else None
 
 
+class _Unset:
+    """torch's default for an argument whose default ferry cannot honour:
+    false, as torch's, and told apart from a value the user passed."""
+
+    def __bool__(self):
+        return False
+
+    def __repr__(self):
+        return "False"
+
+
+_UNSET = _Unset()
+
+
 def get_worker_info():
     """torch's ``get_worker_info()``: in a ferry worker, an object with
     ``id``, ``num_workers``, ``seed`` and ``dataset`` (torch's own function
@@ -575,7 +589,7 @@ class DataLoader:
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
-                 prefetch_factor=None, persistent_workers=False, pin_memory_device="",
+                 prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed="batch", **ferry_options):
         if isinstance(dataset, tud.IterableDataset):
             raise NotImplementedError(
@@ -604,6 +618,9 @@ class DataLoader:
             raise TypeError("ferry.torch.DataLoader: remote workers serve a dataset by name "
                             "(ferry.Loader(MyDataset, dataset_kwargs=...)); a pickled dataset "
                             "object stays on this host")
+        if persistent_workers is False and num_workers > 0:
+            _warn_once("persist", "persistent_workers=False: ferry's workers always persist "
+                                  "(they are not restarted each epoch)")
         if multiprocessing_context is not None:
             _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "
                              "from a clean parent process, never from the trainer")
@@ -618,7 +635,7 @@ class DataLoader:
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
         self.generator = generator
-        self.persistent_workers = persistent_workers
+        self.persistent_workers = bool(persistent_workers)
         self.in_order = in_order
         self.collate_fn = collate_fn
 

@@ -535,3 +535,19 @@ def test_the_whole_traceback_arrives():
     assert len(tb) > 1500  # the old limit was 511 bytes
     assert tb.count("in descend") == 16 and "in __getitem__" in tb
     assert "no such file: /data/item-0.jpg" in str(raised.value)
+
+
+def test_arguments_that_mean_nothing_here_warn_once():
+    import ferry.torch as ft
+    for key in ("persist", "mp"):
+        ft._warned.discard(key)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            DataLoader(tensors(4), num_workers=1, persistent_workers=False).close()
+            DataLoader(tensors(4), num_workers=1, multiprocessing_context="spawn").close()
+        DataLoader(tensors(4), num_workers=1).close()  # torch's defaults: nothing to say
+    said = [str(x.message) for x in w]
+    assert sum("persistent_workers" in m for m in said) == 1
+    assert sum("multiprocessing_context" in m for m in said) == 1
+    assert len(said) == 2
