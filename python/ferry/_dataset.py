@@ -337,7 +337,7 @@ def _layout(sample):
 
 PICKLED = "@pickle"  # python:@pickle {"bytes": N, "sha256": HEX}: the object in the loader's memory
 _payload = [None]    # the bytes of a pickled dataset, in a worker (--data-fd)
-_own_objects = {}    # sha256 -> the object itself, in the trainer that pickled it
+_own_objects = {}    # token -> a dataset object thread workers use as it is (own_object_spec)
 _preloaded = {}      # spec args -> what open_dataset returned, in a clean parent
 
 
@@ -393,7 +393,6 @@ def pickle_dataset(obj):
                         "%s%s: %s%s" % (type(obj).__name__, "" if part is None else "its part ",
                                         part or "", e, hint)) from None
     digest = hashlib.sha256(data).hexdigest()
-    _own_objects[digest] = obj
     opts = {"bytes": len(data), "sha256": digest, "path": _import_path()}
     return "python:%s %s" % (PICKLED, json.dumps(opts, separators=(",", ":"))), data
 
