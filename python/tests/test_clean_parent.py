@@ -212,3 +212,27 @@ def test_a_dataset_object_is_loaded_once_not_per_worker(tmp_path):
     with ferry.Loader(Logged(), batch_size=4, workers=3, epochs=1) as ld:
         assert sorted(int(v) for b in ld for v in b[0]) == list(range(8))
     assert len(log.read_text().split()) == 1
+
+
+def dataset_memfds():
+    """This process's fds on a pickled dataset's memfd."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "ferry-dataset" in os.readlink("/proc/self/fd/" + fd):
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+def test_an_object_loader_that_cannot_open_closes_the_datasets_memfd():
+    # Closed when the opening fails, though the exception (and its
+    # traceback) keeps the half-made loader alive, as a notebook keeps the
+    # last exception.
+    kept = []
+    try:
+        ferry.Loader(list(range(10)), workers=2, state={"ferry": b"not a state"})
+    except ferry.StateError as e:
+        kept.append(e)
+    assert len(kept) == 1 and dataset_memfds() == []
