@@ -389,6 +389,10 @@ static int var_sizes(worker_session *w, size_t *total, char *why, size_t cap)
         memcpy(d->shape, v->shape, sizeof d->shape[0] * (size_t)v->ndim);
         d->nbytes = n;
         *total += FERRY__ROUND_UP(n, FERRY__FIELD_ALIGN);
+        if (*total > SIZE_MAX / 2) {
+            snprintf(why, cap, "the fields of variable shape add up to more than memory holds");
+            return FERRY_EBATCH;
+        }
     }
     return FERRY_OK;
 }

@@ -482,9 +482,11 @@ static int check_item_field(const void *elem, const void *parent, const char *wh
                              "reserve per item], not %d dims",
                              where, f->ndim);
     int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
+    if (rc == FERRY_OK && f->var) /* shape: [bytes per item], not dims of the dtype */
+        total = f->ndim ? (uint64_t)f->shape[0] : 0;
     if (rc == FERRY_OK && total > FERRY__ITEM_BYTES_MAX)
-        return ferry__seterr(FERRY_EPROTO,
-                             "%s: one item is %" PRIu64 " bytes, more than 1 GiB", where, total);
+        return ferry__seterr(FERRY_EPROTO, "%s: one item %s %" PRIu64 " bytes, more than 1 GiB",
+                             where, f->var ? "reserves" : "is", total);
     return rc;
 }
 

@@ -43,12 +43,13 @@ import torch.utils.data as tud
 from torch.utils.data._utils import collate as _tcollate
 
 from . import Loader, _dataset, _Epoch, _ferry
-from ._errors import NotReady
+from ._errors import BatchError, NotReady
 
 __all__ = ["DataLoader", "get_worker_info"]
 
 _SKELETON = "structure"  # the field holding a batch's pickled structure
 _MAX_DATA_FIELDS = 15    # ferry's 16 fields, less the structure's
+_RESERVE_MAX = 1 << 30   # bytes per item a field of variable shape may reserve
 
 _warned = set()
 
@@ -126,7 +127,8 @@ class _Pickler(_dataset._pickler().Pickler):
             arr = obj
         else:
             return None
-        if arr.dtype not in self._dtypes() or arr.size == 0:
+        empty = arr.numel() == 0 if kind == "t" else arr.size == 0
+        if arr.dtype not in self._dtypes() or empty:
             return None
         free = self._free.get(arr.dtype if kind == "n" else _np_dtype(arr.dtype))
         if not free:
@@ -204,6 +206,18 @@ class _SamplerTable:
         self.fds = [os.memfd_create("ferry-sampler", os.MFD_CLOEXEC) for _ in range(self.ring)]
         self.written = -1   # the last epoch written
         self.states = {}    # epoch -> the sampler's state_dict() before drawing it
+        self.max_len = 1    # the longest batch drawn
+        # How the samplers were built, to draw the epochs again from (the
+        # resume of a sampler without state_dict): a copy of them, or else
+        # the state of the torch generators they draw from.
+        self._fresh = self._gens = None
+        try:
+            import copy
+            self._fresh = copy.deepcopy((batch_sampler, sampler))
+        except Exception:  # noqa: BLE001 - torch's Generator cannot be copied
+            self._gens = [(o, o.generator.get_state()) for o in {id(x): x for x in (
+                batch_sampler, sampler, getattr(batch_sampler, "sampler", None))}.values()
+                if isinstance(getattr(o, "generator", None), torch.Generator)]
 
     def close(self):
         for fd in self.fds:
@@ -237,6 +251,7 @@ class _SamplerTable:
             offsets = np.zeros(self.n + 1, dtype=np.int64)
             offsets[1:] = np.cumsum([len(b) for b in batches])
             flat = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+            self.max_len = max([self.max_len] + [len(b) for b in batches])
             fd = self.fds[e % self.ring]
             os.pwrite(fd, np.int64(-1).tobytes(), 0)  # a reader sees no epoch meanwhile
             os.pwrite(fd, np.array([self.n, len(flat)], np.int64).tobytes() + offsets.tobytes() +
@@ -249,13 +264,23 @@ class _SamplerTable:
         """Goes on at `epoch` (a resume): from the sampler's saved state
         when there is one, else by drawing the epochs before it again (the
         same draws for a sampler seeded at construction)."""
+        self.states.clear()
         if state is not None and hasattr(self.sampler, "load_state_dict"):
             self.sampler.load_state_dict(state)
-            self.written = epoch - 1
         else:
+            if self._fresh is not None:  # from the samplers as built
+                import copy
+                self.batch_sampler, self.sampler = copy.deepcopy(self._fresh)
+            elif self._gens:
+                for o, st in self._gens:
+                    o.generator.set_state(st)
+            else:
+                _warn_once("replay", "resuming a sampler (%s) that has no state_dict() and "
+                                     "cannot be drawn again from its start: the batches after "
+                                     "the resume may differ" % type(self.sampler).__name__)
             for e in range(epoch):
                 self.batches_of(e)
-            self.written = epoch - 1
+        self.written = epoch - 1
 
     def ref(self):
         """What a worker needs to read the table: (trainer pid, fds)."""
@@ -405,10 +430,14 @@ class _Batches:
                 else:
                     sizes = []
                     _walk_arrays(self._make([0]), sizes)
+                    # Bytes per ferry item: a batch sampler's position is a
+                    # whole batch (item_scale items).
+                    scale = getattr(self, "item_scale", 1)
                     for dt, nbytes in sizes[:_MAX_DATA_FIELDS]:
                         self._var[len(fields)] = dt
+                        reserve = min(_RESERVE_MAX, max(64, (nbytes + nbytes // 4) * scale))
                         fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], None,
-                                       max(64, nbytes + nbytes // 4)))
+                                       reserve))
             except Exception:  # noqa: BLE001 - each batch meets it and says so
                 self._fixed, self._var, fields = {}, {}, []
         fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
@@ -452,15 +481,12 @@ class _Batches:
 
         fmap = dict(_tcollate.default_collate_fn_map)
         for key, default in list(fmap.items()):
-            if key != (str, bytes):
+            # str/bytes are no leaves of a field; torch's numpy-array
+            # function collates the arrays as tensors again (through this
+            # map: the Tensor leaf counts them, once).
+            if key != (str, bytes) and key is not np.ndarray:
                 fmap[key] = leaf(default)
-        from torch.utils.data._utils import worker as tworker
-        saved = tworker._worker_info
-        tworker._worker_info = None  # torch's collate would put its tensors in its own shm
-        try:
-            return _tcollate.collate(items, collate_fn_map=fmap)
-        finally:
-            tworker._worker_info = saved
+        return _no_torch_shm(lambda its: _tcollate.collate(its, collate_fn_map=fmap), items)
 
     def __ferry_fill__(self, indices, epoch, views):
         self._start()
@@ -485,9 +511,11 @@ class _Batches:
                 arrays[f] = np.frombuffer(views[f], dtype=dt).reshape((count,) + shape)
             result = self._collate(items, views=arrays)
         elif self.auto_batch:
-            result = (self.collate_fn or _tcollate.default_collate)(items)
+            result = self.collate_fn(items) if self.collate_fn else \
+                _no_torch_shm(_tcollate.default_collate, items)
         else:
-            result = (self.collate_fn or _tcollate.default_convert)(items[0])
+            result = self.collate_fn(items[0]) if self.collate_fn else \
+                _no_torch_shm(_tcollate.default_convert, items[0])
         buf = io.BytesIO()
         _Pickler(buf, self._var, out).dump(result)
         out[nf - 1] = np.frombuffer(buf.getbuffer(), dtype=np.uint8)
@@ -495,6 +523,19 @@ class _Batches:
             if out[f] is None:
                 out[f] = np.zeros(1, dtype=self._var[f])
         return out
+
+
+def _no_torch_shm(fn, arg):
+    """torch's default_collate/convert, without torch's worker info: with
+    it, torch puts each tensor in shared memory of its own, which ferry
+    would then copy into its slot anyway."""
+    from torch.utils.data._utils import worker as tworker
+    saved = tworker._worker_info
+    tworker._worker_info = None
+    try:
+        return fn(arg)
+    finally:
+        tworker._worker_info = saved
 
 
 class _probing:
@@ -707,7 +748,14 @@ class DataLoader:
         # The base seed, drawn as torch draws it: from `generator`, else
         # from torch's global generator (so torch.manual_seed(s) before the
         # loader makes runs repeat).
+        # With seed= given, that is the base seed too. A resume state
+        # carries the base seed it was saved with.
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        saved = opts.get("state")
+        if isinstance(saved, dict) and "base_seed" in saved:
+            base_seed = int(saved["base_seed"])
+        elif seeded:
+            base_seed = int(opts["seed"]) % 2**63
         if not seeded:
             opts["seed"] = base_seed
         self._base_seed = base_seed
@@ -730,6 +778,7 @@ class DataLoader:
                                         -(-window // nb) + 1, len(dataset))
             opts["shuffle"], opts["drop_last"], opts["batch_size"] = False, False, 1
         self._next_epoch = 0
+        self._mid_epoch = False  # a `for` stopped inside an epoch
         self._batches = _Batches(dataset, indices, collate_fn, auto_batch, base_seed, reseed,
                                  worker_init_fn, self.num_workers, os.getpid(), self._table)
         opts.setdefault("shuffle", bool(shuffle))
@@ -756,9 +805,12 @@ class DataLoader:
             if isinstance(state, dict):
                 self._next_epoch = int(state.get("epoch", 0))
             if self._table is not None:
-                if self._next_epoch:
+                if state is not None or self._table.written >= 0:
                     self._table.skip_to(self._next_epoch, (state or {}).get("sampler"))
                 self._table.fill_to(self._next_epoch + self._table.ahead)
+                # A position is a whole batch: what fields reserve scales.
+                self._batches.item_scale = self._table.max_len
+            self._mid_epoch = False
             self._loader = Loader(self._batches, **self._opts)
         return self._loader
 
@@ -775,10 +827,30 @@ class DataLoader:
         return n // bs if self._opts["drop_last"] else -(-n // bs)
 
     def __iter__(self):
-        """One epoch of batches."""
-        it = _Epoch(self._ferry(), self.timeout if self.timeout and self.timeout > 0 else None)
+        """One epoch of batches. A `for` left early (a break, a peek with
+        next(iter(loader))) leaves the rest of its epoch behind, as torch's
+        does: the next `for` starts a new epoch."""
+        ld = self._ferry()
+        timeout = self.timeout if self.timeout and self.timeout > 0 else None
         if self._table is not None:  # the sampler's epochs the window may reach
             self._table.fill_to(self._next_epoch + self._table.ahead)
+        if self._mid_epoch:
+            drain = _Epoch(ld, timeout)
+            while True:
+                try:
+                    b = next(drain)
+                except StopIteration:
+                    break
+                except BatchError:  # a failed batch of the epoch left behind
+                    continue
+                except NotReady:
+                    raise RuntimeError("DataLoader timed out after %s seconds"
+                                       % self.timeout) from None
+                self._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
+            self._mid_epoch = False
+            if self._table is not None:
+                self._table.fill_to(self._next_epoch + self._table.ahead)
+        it = _Epoch(ld, timeout)
         while True:
             try:
                 b = next(it)
@@ -788,6 +860,7 @@ class DataLoader:
                 raise RuntimeError("DataLoader timed out after %s seconds" % self.timeout) \
                     from None
             self._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
+            self._mid_epoch = not b.last_in_epoch
             yield self._structure(b)
 
     def _structure(self, b):
@@ -806,6 +879,7 @@ class DataLoader:
         on from there, exactly."""
         out = self._ferry().state_dict()
         out["epoch"] = self._next_epoch
+        out["base_seed"] = self._base_seed
         if self._table is not None:
             out["sampler"] = self._table.states.get(self._next_epoch)
         return out

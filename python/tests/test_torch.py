@@ -551,3 +551,72 @@ def test_arguments_that_mean_nothing_here_warn_once():
     assert sum("persistent_workers" in m for m in said) == 1
     assert sum("multiprocessing_context" in m for m in said) == 1
     assert len(said) == 2
+
+
+def boxes(items):
+    """A detection-style collate_fn: per image its boxes, some with none."""
+    return [torch.zeros((int(y) % 3, 4)) for _, y in items], torch.stack([x for x, _ in items])
+
+
+def test_empty_tensors_from_a_collate_fn():
+    ds = tensors(9)
+    with DataLoader(ds, batch_size=3, num_workers=1, collate_fn=boxes) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=3, collate_fn=boxes))
+
+
+class ArrayAndLabel(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.full((3, 4), i, dtype=np.uint8), i
+
+
+def test_numpy_items_take_one_field_each():
+    with DataLoader(ArrayAndLabel(), batch_size=4, num_workers=1) as dl:
+        same_batches(dl, TorchLoader(ArrayAndLabel(), batch_size=4))
+        names = list(dl._ferry().schema)
+        assert len(names) == 3  # the array, the label, the structure
+        assert dl._ferry().schema["0"][1] == (3, 4) and dl._ferry().schema["1"][1] == ()
+
+
+def test_a_new_for_starts_a_new_epoch_as_torchs_does():
+    ds = tensors(20)
+    with DataLoader(ds, batch_size=5, num_workers=2) as dl:
+        next(iter(dl))  # a peek
+        for _ in dl:  # left early
+            break
+        same_batches(dl, TorchLoader(ds, batch_size=5))
+        same_batches(dl, TorchLoader(ds, batch_size=5))
+
+
+def test_a_used_loader_resumes_a_user_sampler_exactly():
+    ds = tensors(30)
+    with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2) as dl:
+        first = list(dl)
+        it = iter(dl)
+        head = [next(it) for _ in range(2)]
+        state = dl.state_dict()
+        rest = list(it)
+        later = list(dl) + list(dl)  # the table runs on past the state
+        dl.load_state_dict(state)
+        again = list(dl)
+    assert len(first) == 7 and len(head) + len(rest) == 7 and len(later) == 14
+    same_batches(again, rest)
+
+
+def test_seed_fixes_the_augmentations_whatever_the_global_generator():
+    def run(global_seed):
+        torch.manual_seed(global_seed)
+        with DataLoader(Random(), batch_size=4, num_workers=2, seed=5) as dl:
+            return list(dl)
+    same_batches(run(0), run(1))
+
+
+def test_a_batch_samplers_batches_travel_in_shared_memory():
+    ds = tensors(30)
+    with DataLoader(ds, batch_sampler=Buckets(30), num_workers=1) as dl:
+        list(dl)
+        list(dl)
+        st = dl.stats()
+        assert st["shared"] >= st["delivered"] - 2, st
