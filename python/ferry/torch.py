@@ -349,6 +349,17 @@ class _Batches:
             return self.nbatches
         return len(self.indices) if self.indices is not None else len(self.dataset)
 
+    def build(self, positions, epoch):
+        """num_workers=0: the batch at `positions`, made in the caller's
+        thread as torch's DataLoader makes it there (nothing seeded, the
+        dataset's exceptions raised as they are)."""
+        items = [self._item(i) for i in self._sampled(positions, epoch)]
+        if self.auto_batch:
+            return self.collate_fn(items) if self.collate_fn else \
+                _tcollate.default_collate(items)
+        return self.collate_fn(items[0]) if self.collate_fn else \
+            _tcollate.default_convert(items[0])
+
     def close(self):
         """Called by ferry when the dataset closes: the table's files this
         worker opened."""
@@ -784,9 +795,14 @@ class DataLoader:
         opts.setdefault("shuffle", bool(shuffle))
         opts.setdefault("drop_last", bool(drop_last) if auto_batch else False)
         opts.setdefault("batch_size", batch_size if auto_batch else 1)
+        # num_workers=0: the batches are made in the caller's thread when
+        # asked for, as torch's are; a ferry loader over a stand-in dataset
+        # of the same length gives the indices (the same order, epochs and
+        # resume state as with workers). placement="thread" asks for ferry's
+        # thread worker instead (it prefetches).
+        self._sync = self.num_workers == 0 and "placement" not in opts and \
+            "worker_mode" not in opts
         if self.num_workers == 0:
-            # In the trainer's process, as torch's num_workers=0: one ferry
-            # thread worker, the dataset object itself.
             opts.setdefault("placement", "thread")
             opts.setdefault("workers", 1)
         else:
@@ -811,7 +827,12 @@ class DataLoader:
                 # A position is a whole batch: what fields reserve scales.
                 self._batches.item_scale = self._table.max_len
             self._mid_epoch = False
-            self._loader = Loader(self._batches, **self._opts)
+            if self._sync:
+                opts = dict(self._opts)
+                opts["prefetch"] = 1
+                self._loader = Loader("synthetic:n=%d,dim=1" % len(self._batches), **opts)
+            else:
+                self._loader = Loader(self._batches, **self._opts)
         return self._loader
 
     def __len__(self):
@@ -864,10 +885,11 @@ class DataLoader:
             yield self._structure(b)
 
     def _structure(self, b):
-        arrays = b._arrays
-        names = b._names
-        fields = [arrays[n] for n in names]
-        out = _load_structure(fields[-1], fields)
+        if self._sync:  # b holds indices only: the batch is made here, now
+            out = self._batches.build(b.indices.astype(np.int64), b.epoch)
+        else:
+            fields = [b._arrays[n] for n in b._names]
+            out = _load_structure(fields[-1], fields)
         if self.pin_memory:
             out = _tcollate_pin(out)
         return out
@@ -899,6 +921,8 @@ class DataLoader:
     def close(self):
         """Stops the workers (also done at exit and when collected)."""
         self.close_workers()
+        if getattr(self, "_batches", None) is not None:
+            self._batches.close()  # the table files num_workers=0 opened here
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None

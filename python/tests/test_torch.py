@@ -620,3 +620,30 @@ def test_a_batch_samplers_batches_travel_in_shared_memory():
         list(dl)
         st = dl.stats()
         assert st["shared"] >= st["delivered"] - 2, st
+
+
+def test_num_workers_0_makes_batches_in_the_callers_thread_as_torch():
+    def run():
+        torch.manual_seed(0)  # and numpy's and random's: torch seeds neither here
+        np.random.seed(0)
+        random.seed(0)
+        with DataLoader(Random(), batch_size=4, shuffle=True) as dl:
+            # a training step draws too (dropout, say), between batches
+            return [(b, torch.rand(1), np.random.rand()) for _ in range(2) for b in dl]
+    a, b = run(), run()  # the dataset draws from the global generators, in turn with us
+    for x, y in zip(a, b):
+        same(x, y)
+    # The same order as with workers: the index stream is ferry's either way.
+    torch.manual_seed(0)
+    with DataLoader(tensors(30), batch_size=4, shuffle=True) as dl:
+        sync = flat_labels(dl)
+    torch.manual_seed(0)
+    with DataLoader(tensors(30), batch_size=4, shuffle=True, num_workers=2) as dl:
+        assert flat_labels(dl) == sync
+    # A dataset's exception is its own, raised here, as torch's.
+    with DataLoader(Failing(1, KeyError), batch_size=2) as dl:
+        with pytest.raises(KeyError, match="item 1 is broken") as raised:
+            next(iter(dl))
+        assert not isinstance(raised.value, ferry.BatchError)
+    with DataLoader(tensors(30), batch_size=4, sampler=weighted()) as dl:
+        same_batches(dl, TorchLoader(tensors(30), batch_size=4, sampler=weighted()))
