@@ -45,6 +45,8 @@ static const opt_def options[] = {
     {"seed", OPT_INT, OFF(seed), 0, INT64_MAX, NULL, "shuffle and augmentation seed"},
     {"rank", OPT_INT, OFF(rank), 0, UINT32_MAX - 1, NULL, "this trainer's shard"},
     {"world_size", OPT_INT, OFF(world_size), 1, UINT32_MAX, NULL, "number of shards"},
+    {"pad_shards", OPT_BOOL, OFF(pad_shards), 0, 1, NULL,
+     "each rank ceil(n / world_size) items, the order's start repeated (unless drop_last)"},
     {"workers", OPT_INT, OFF(workers), 0, 256, NULL, "local worker processes or threads"},
     {"worker_mode", OPT_ENUM, OFF(worker_mode), 0, 0, placement_names, "process or thread"},
     {"prefetch", OPT_INT, OFF(prefetch), 0, 1024, NULL, "batches in flight (0: auto)"},
@@ -102,6 +104,7 @@ ferry_config *ferry_config_new(void)
     c->batch_size = 256;
     c->shuffle = -1;
     c->world_size = 1;
+    c->pad_shards = 1;
     c->workers = 2;
     c->worker_mode = FERRY__PLACE_PROCESS;
     c->credits = 0; /* auto: ferry__config_credits */

@@ -42,6 +42,7 @@ struct ferry_config {
     int64_t seed_set;
     int64_t rank;
     int64_t world_size;
+    int64_t pad_shards;
     int64_t workers;
     int64_t worker_mode; /* ferry__placement */
     int64_t prefetch;    /* 0: 2 * workers * credits */

@@ -68,6 +68,7 @@ static int open_window(ferry__window **win, const ferry_config *cfg)
                     .seed = (uint64_t)cfg->seed,
                     .rank = (uint32_t)cfg->rank,
                     .world_size = (uint32_t)cfg->world_size,
+                    .pad_shards = (int)cfg->pad_shards,
                     .epochs = (uint64_t)cfg->epochs,
                     .max_batches = (uint64_t)cfg->max_batches},
         .state = cfg->state_len ? cfg->state : NULL,

@@ -65,6 +65,8 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
                              (unsigned long long)n, (unsigned long)o->world_size);
 
     per_rank = n / o->world_size;
+    if (o->pad_shards && !o->drop_last) /* ceil, without the overflow of n + w - 1 */
+        per_rank += n % o->world_size != 0;
     if (o->drop_last) {
         if (per_rank < o->batch_size)
             return ferry__seterr(FERRY_EINVAL,
@@ -95,6 +97,7 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
     memset(&t, 0, sizeof t);
     t.n = n;
     t.o = *o;
+    t.o.pad_shards = o->pad_shards && !o->drop_last && n % o->world_size != 0;
     t.per_rank = per_rank;
     t.batches_per_epoch = bpe;
     t.end_seq = end;
@@ -180,14 +183,13 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
     uint32_t j;
 
     assert(t->count >= 1 && t->count <= s->o.batch_size);
-    if (!s->o.shuffle) {
-        for (j = 0; j < t->count; j++, pos += w)
-            out[j] = pos;
-        return;
+    if (s->o.shuffle)
+        round_keys(s, t->epoch, k);
+    for (j = 0; j < t->count; j++, pos += w) {
+        /* A padded shard's last positions (< n + w <= 2n) repeat the order's start. */
+        uint64_t p = pos < s->n ? pos : pos - s->n;
+        out[j] = s->o.shuffle ? feistel_walk(k, s->half_bits, s->n, p) : p;
     }
-    round_keys(s, t->epoch, k);
-    for (j = 0; j < t->count; j++, pos += w)
-        out[j] = feistel_walk(k, s->half_bits, s->n, pos);
 }
 
 /* ------------------------------------------------------------------------
@@ -208,6 +210,7 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
 #define STATE_SUMMED 56
 #define FLAG_DROP_LAST 1u
 #define FLAG_SHUFFLE 2u
+#define FLAG_PADDED 4u /* pad_shards in effect (world_size > 1, n % world_size != 0) */
 
 static void put_u32(unsigned char *p, uint32_t v)
 {
@@ -260,7 +263,8 @@ static uint64_t state_checksum(const unsigned char *p)
 
 static uint32_t sampler_flags(const ferry__sampler *s)
 {
-    return (s->o.drop_last ? FLAG_DROP_LAST : 0) | (s->o.shuffle ? FLAG_SHUFFLE : 0);
+    return (s->o.drop_last ? FLAG_DROP_LAST : 0) | (s->o.shuffle ? FLAG_SHUFFLE : 0) |
+           (s->o.pad_shards ? FLAG_PADDED : 0);
 }
 
 /* Writes the blob for `next_seq` (the first task not yet delivered) into buf.
@@ -325,7 +329,7 @@ int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len,
         return ferry__seterr(FERRY_ESTATE,
                              "the sampler state's checksum does not match: the blob is corrupted");
     flags = get_u32(b + 48);
-    if ((flags & ~(FLAG_DROP_LAST | FLAG_SHUFFLE)) != 0 || get_u32(b + 52) != 0)
+    if ((flags & ~(FLAG_DROP_LAST | FLAG_SHUFFLE | FLAG_PADDED)) != 0 || get_u32(b + 52) != 0)
         return ferry__seterr(FERRY_ESTATE,
                              "the sampler state has unknown flags 0x%lx or reserved bits set",
                              (unsigned long)flags);
@@ -344,6 +348,12 @@ int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len,
     if ((flags ^ mine) & FLAG_SHUFFLE)
         return ferry__seterr(FERRY_ESTATE, "state was saved with shuffle %s, loader has it %s",
                              on_off(flags, FLAG_SHUFFLE), on_off(mine, FLAG_SHUFFLE));
+    if ((flags ^ mine) & FLAG_PADDED)
+        return ferry__seterr(FERRY_ESTATE,
+                             "state was saved with the shards %s, this loader has them %s "
+                             "(option pad_shards)",
+                             flags & FLAG_PADDED ? "padded" : "not padded",
+                             mine & FLAG_PADDED ? "padded" : "not padded");
     if ((v = get_u64(b + 32)) != s->o.seed)
         return ferry__seterr(FERRY_ESTATE, "state was saved with seed %llu, loader has %llu",
                              (unsigned long long)v, (unsigned long long)s->o.seed);

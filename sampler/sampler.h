@@ -9,8 +9,11 @@
  * Order within an epoch: a keyed bijection on [0, n) (a Feistel network with
  * cycle-walking), keyed by (seed, epoch); identity when shuffle is off.
  * Sharding: rank r of world_size w takes positions r, r+w, r+2w, ... of the
- * epoch's order, per_rank = n / w of them (the n % w left over are dropped, so
- * every rank has the same number of batches and no index is shared).
+ * epoch's order. With pad_shards (the default unless drop_last), as torch's
+ * DistributedSampler: per_rank = ceil(n / w), and a position p >= n stands
+ * for position p - n (the order repeated from its start), so every item is
+ * served each epoch and every rank has the same number of batches. Without:
+ * per_rank = n / w (the n % w left over are dropped, no index is shared).
  * Batching: per_rank items cut into batches of batch_size; the last one is
  * short unless drop_last.
  *
@@ -32,6 +35,7 @@ typedef struct ferry__sampler_opts {
     uint64_t seed;
     uint32_t rank;        /* < world_size */
     uint32_t world_size;  /* >= 1 */
+    int pad_shards;       /* ceil(n / w) per rank, as above; ignored with drop_last */
     uint64_t epochs;      /* 0 = no limit */
     uint64_t max_batches; /* 0 = no limit */
 } ferry__sampler_opts;

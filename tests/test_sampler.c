@@ -252,6 +252,9 @@ static void test_first_position_is_spread_over_epochs(void **state)
  * Sharding and batching
  */
 
+static void expect_rejected(uint64_t n, const ferry__sampler_opts *o, const void *blob, size_t len,
+                            const char *word);
+
 /* Collects one epoch of rank r into m, asserting no index repeats across
  * every rank marked so far; returns the number of indices. */
 static uint64_t mark_rank_epoch(uint64_t n, ferry__sampler_opts o, uint64_t epoch, uint8_t *m)
@@ -319,6 +322,77 @@ static void test_shards_are_disjoint_and_cover_epoch(void **state)
             }
         }
     }
+}
+
+/* pad_shards (the loader's default unless drop_last): each rank serves
+ * ceil(n / w) items, and the positions past n repeat the epoch's order from
+ * its start, as torch's DistributedSampler pads: every item is served each
+ * epoch, the repeats are the order's first (w - n % w) items, exactly once
+ * more. A state remembers whether the shards were padded. */
+static void test_padded_shards_cover_every_item(void **state)
+{
+    static const struct {
+        uint64_t n;
+        uint32_t w;
+        uint64_t bs;
+    } cases[] = {{100, 3, 8}, {1003, 4, 32}, {1001, 7, 10}, {10, 3, 4}, {1000, 4, 32}};
+    (void)state;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int shuffle = 0; shuffle <= 1; shuffle++) {
+            uint64_t n = cases[c].n, w = cases[c].w, per = n / w + (n % w != 0);
+            uint32_t *seen = calloc((size_t)n, sizeof *seen);
+            assert_non_null(seen);
+            for (uint32_t r = 0; r < w; r++) {
+                ferry__sampler_opts o = opts(cases[c].bs, shuffle, 77);
+                o.world_size = (uint32_t)w;
+                o.rank = r;
+                o.pad_shards = 1;
+                ferry__sampler s = make(n, &o);
+                uint64_t *idx = malloc(cases[c].bs * sizeof *idx), total = 0;
+                assert_non_null(idx);
+                for (uint64_t b = 0; b < s.batches_per_epoch; b++) {
+                    ferry__sampler_task t;
+                    assert_int_equal(ferry__sampler_at(&s, s.batches_per_epoch + b, &t), FERRY_OK);
+                    ferry__sampler_indices(&s, &t, idx);
+                    for (uint32_t j = 0; j < t.count; j++) {
+                        assert_true(idx[j] < n);
+                        seen[idx[j]]++;
+                    }
+                    total += t.count;
+                }
+                assert_int_equal(total, per); /* every rank the same, rounded up */
+                free(idx);
+            }
+            ferry__sampler_opts o = opts(cases[c].bs, shuffle, 77);
+            o.world_size = (uint32_t)w;
+            ferry__sampler s0 = make(n, &o);
+            uint64_t pad = per * w - n;
+            for (uint64_t p = 0; p < n; p++) { /* position p of epoch 1's order */
+                uint64_t i = ferry__sampler_permute(&s0, 1, p);
+                assert_int_equal(seen[i], 1 + (p < pad));
+            }
+            free(seen);
+        }
+    }
+    /* Saved padded, restored unpadded (or the other way): refused, naming it. */
+    ferry__sampler_opts o = opts(8, 1, 3);
+    o.world_size = 3;
+    o.pad_shards = 1;
+    ferry__sampler s = make(100, &o);
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len;
+    assert_int_equal(ferry__sampler_save(&s, 5, blob, sizeof blob, &len), FERRY_OK);
+    o.pad_shards = 0;
+    expect_rejected(100, &o, blob, len, "pad_shards");
+    /* Nothing to pad when w divides n: the same state either way. */
+    o.pad_shards = 1;
+    s = make(99, &o);
+    assert_int_equal(ferry__sampler_save(&s, 5, blob, sizeof blob, &len), FERRY_OK);
+    o.pad_shards = 0;
+    ferry__sampler u = make(99, &o);
+    uint64_t next;
+    assert_int_equal(ferry__sampler_restore(&u, blob, len, &next), FERRY_OK);
+    assert_int_equal(next, 5);
 }
 
 static void test_rank_takes_strided_positions(void **state)
@@ -705,6 +779,7 @@ int main(void)
         cmocka_unit_test(test_shuffle_is_not_close_to_identity),
         cmocka_unit_test(test_first_position_is_spread_over_epochs),
         cmocka_unit_test(test_shards_are_disjoint_and_cover_epoch),
+        cmocka_unit_test(test_padded_shards_cover_every_item),
         cmocka_unit_test(test_rank_takes_strided_positions),
         cmocka_unit_test(test_batches_per_epoch_and_drop_last),
         cmocka_unit_test(test_last_batch_short_without_drop_last),

@@ -735,7 +735,9 @@ class DataLoader:
             if not seeded:
                 opts["seed"] = sampler.seed
                 seeded = True
-            drop_last = drop_last or sampler.drop_last
+            # Its drop_last trims the shards to n // world (ferry's shards
+            # without padding); padded, as by default, like ferry's.
+            opts.setdefault("pad_shards", not sampler.drop_last)
         elif isinstance(sampler, (list, tuple, range, np.ndarray)):
             indices = np.asarray(sampler, dtype=np.int64).reshape(-1)
         elif table_over is None:
@@ -839,9 +841,10 @@ class DataLoader:
         if self._loader is not None:
             return len(self._loader)
         n = len(self._batches)
-        world = self._opts.get("world", self._opts.get("world_size", 1))
-        if world and world > 1:
-            n //= int(world)
+        world = int(self._opts.get("world", self._opts.get("world_size", 1)) or 1)
+        if world > 1:  # each rank's share: padded up (pad_shards) or cut down
+            pad = self._opts.get("pad_shards", True) and not self._opts.get("drop_last")
+            n = -(-n // world) if pad else n // world
         if self.batch_size is None:
             return n
         bs = self._opts["batch_size"]

@@ -216,16 +216,20 @@ def test_samplers_drive_the_indices():
         same_batches(dl, TorchLoader(ds, batch_sampler=bs))
 
 
-def test_distributed_sampler_shards_as_ranks():
+@pytest.mark.parametrize("n,world,drop", [(40, 2, False), (41, 3, False), (41, 3, True)])
+def test_distributed_sampler_shards_as_torchs(n, world, drop):
     from torch.utils.data.distributed import DistributedSampler
-    ds = tensors(40)
+    ds = tensors(n)
     seen = []
-    for rank in range(2):
-        s = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=False)
+    for rank in range(world):
+        s = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, drop_last=drop)
         with DataLoader(ds, batch_size=5, sampler=s, num_workers=2) as dl:
-            assert len(dl) == len(TorchLoader(ds, batch_size=5, sampler=s))
+            # torch's shard: padded to ceil(n / world) from the order's start,
+            # or cut to n // world with the sampler's drop_last
+            same_batches(dl, TorchLoader(ds, batch_size=5, sampler=s))
             seen += flat_labels(dl)
-    assert sorted(seen) == list(range(0, 400, 10))
+    if not drop:
+        assert set(seen) == set(range(0, 10 * n, 10))  # every item, each epoch
 
 
 def test_a_sampler_index_out_of_range_is_named():
