@@ -6,6 +6,8 @@
 #   tools/setup.sh test                          build, then run the test suite
 #   tools/setup.sh build                         build only
 #   tools/setup.sh fuzz [SECONDS]                libFuzzer on the protocol decoders
+#   tools/setup.sh release                       Release builds with gcc and clang, warnings
+#                                                as errors (what CI checks builds everywhere)
 #
 # Environment: BUILD_DIR (default: build/ in the repository; a relative
 # path is taken from the directory you run this from), FERRY_SANITIZE (e.g.
@@ -25,6 +27,7 @@ usage: tools/setup.sh [JOB] [args...]
   bench [ferry-bench args]   build, then run ferry-bench in this directory
   test [ctest args]          build, then run the test suite (C and Python)
   fuzz [SECONDS]             libFuzzer on the protocol decoders (default 60 s)
+  release                    Release builds with gcc and clang (build-release-CC)
 Environment: BUILD_DIR (default build/ in the repository), FERRY_SANITIZE,
 JOBS, PYTHON. See README.md, "Two commands".
 EOF
@@ -33,7 +36,7 @@ EOF
 # The job is checked before anything is installed or built.
 job=${1:-build}
 case "$job" in
-    build | bench | test | fuzz) ;;
+    build | bench | test | fuzz | release) ;;
     -h | --help | help) usage; exit 0 ;;
     *) echo "setup: unknown job '$job'" >&2; usage >&2; exit 2 ;;
 esac
@@ -56,7 +59,7 @@ packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-
 [ "$job" = test ] && packages+=(python3-pytest python3-torch python3-torchvision python3-pil python3-cloudpickle
                                    python3-pip python3-setuptools)
 case "$job" in test | bench) packages+=(gnuplot-nox) ;; esac
-[ "$job" = fuzz ] && packages+=(clang)
+case "$job" in fuzz | release) packages+=(clang) ;; esac
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -73,7 +76,7 @@ if [ "$job" = fuzz ]; then
     # Its own build folder, with clang; runs on a scratch copy of the seed
     # corpus so the repository's corpus is never rewritten. The seeds are
     # written by build/ferry_fuzz_seeds (tests/fuzz/make_seeds.c).
-    cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON \
+    cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON -DFERRY_WERROR=ON \
         -DFERRY_BUILD_TESTS=OFF >/dev/null
     cmake --build build-fuzz -j "$jobs" --target fuzz_protocol
     scratch=$(mktemp -d)
@@ -85,7 +88,19 @@ fi
 
 python_arg=()
 [ -n "${PYTHON:-}" ] && python_arg=(-DPython3_EXECUTABLE="$(command -v "$PYTHON")")
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+
+if [ "$job" = release ]; then
+    # -O3's flow analysis warns where -O2 does not (maybe-uninitialized):
+    # a user's Release build must build.
+    for cc in gcc clang; do
+        echo "setup: Release build with $cc"
+        cmake -S . -B "build-release-$cc" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER="$cc" \
+            -DFERRY_WERROR=ON "${python_arg[@]}" >/dev/null
+        cmake --build "build-release-$cc" -j "$jobs" >/dev/null
+    done
+    exit 0
+fi
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
     -DFERRY_SANITIZE="${FERRY_SANITIZE:-}" "${python_arg[@]}" >/dev/null
 cmake --build "$build" -j "$jobs"
 

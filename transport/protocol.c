@@ -474,7 +474,7 @@ static int shape_size(uint32_t dtype, const int64_t *shape, int ndim, const char
 static int check_item_field(const void *elem, const void *parent, const char *where)
 {
     const ferry__item_field *f = elem;
-    uint64_t total;
+    uint64_t total = 0; /* set by shape_size; 0 keeps -O3's flow analysis quiet */
     (void)parent;
     if (f->var && f->ndim > 1)
         return ferry__seterr(FERRY_EPROTO,
@@ -497,7 +497,7 @@ static int check_field(const void *elem, const void *parent, const char *where)
 {
     const ferry__field_desc *f = elem;
     uint32_t count = ((const ferry__batch_hdr *)parent)->count;
-    uint64_t total;
+    uint64_t total = 0; /* set by shape_size; 0 keeps -O3's flow analysis quiet */
     int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
     if (rc != FERRY_OK)
         return rc;

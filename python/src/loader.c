@@ -240,7 +240,7 @@ static PyObject *batch_indices(BatchObject *b, PyObject *unused)
 static PyMethodDef batch_methods[] = {
     {"fields", (PyCFunction)batch_fields, METH_NOARGS, "((name, View), ...)"},
     {"indices", (PyCFunction)batch_indices, METH_NOARGS, "View of the sample indices"},
-    {NULL},
+    {0},
 };
 
 #define INFO_GETTER(field, conv)                                                                   \
@@ -276,7 +276,7 @@ static PyGetSetDef batch_getset[] = {
     {"make_time", (getter)batch_get_make_ns, NULL, "seconds its worker took to make it", NULL},
     {"flight_time", (getter)batch_get_flight_ns, NULL, "seconds from dispatch to arrival", NULL},
     {"ready_time", (getter)batch_get_ready_ns, NULL, "seconds it waited for the trainer", NULL},
-    {NULL},
+    {0},
 };
 
 static PyTypeObject BatchType = {
@@ -793,7 +793,7 @@ static PyMethodDef loader_methods[] = {
     {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
     {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},
     {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},
-    {NULL},
+    {0},
 };
 
 static PyObject *loader_busy(LoaderObject *self, void *unused)
@@ -817,7 +817,7 @@ static PyMemberDef loader_members[] = {
     {"wrap", T_OBJECT, offsetof(LoaderObject, wrap), 0,
      "callable(Batch) making what next() returns (None: the Batch itself); called inside "
      "next(), so that a signal handler raising there cannot drop a batch"},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef loader_getset[] = {
@@ -825,7 +825,7 @@ static PyGetSetDef loader_getset[] = {
     {"held", (getter)loader_held, NULL, "batches delivered and still alive", NULL},
     {"busy", (getter)loader_busy, NULL, "a thread is waiting in next() or close()", NULL},
     {"in_order", (getter)loader_in_order, NULL, "batches come in sampler order", NULL},
-    {NULL},
+    {0},
 };
 
 static PyTypeObject LoaderType = {

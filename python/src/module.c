@@ -51,7 +51,7 @@ static PyObject *version_py(PyObject *self, PyObject *unused)
 static PyMethodDef module_methods[] = {
     {"strerror", strerror_py, METH_VARARGS, "strerror(code) -> (name, description)"},
     {"version", version_py, METH_NOARGS, "the C library's version"},
-    {NULL},
+    {0},
 };
 
 static struct PyModuleDef module_def = {

@@ -545,6 +545,7 @@ static int fill_batch(pyds *d, const ferry_batch_request *req, void *const dst[]
 {
     err->index = req->count ? req->indices[0] : 0;
     PyObject *views = PyList_New(d->nfields), *res = NULL, *idx = NULL, *seq = NULL;
+    PyObject *et, *ev, *etb; /* the exception being raised, kept across the views' release */
     int rc = PYERR;
     for (int f = 0; views && f < d->nfields; f++) {
         PyObject *mv = d->fields[f].ndim == FERRY_NDIM_VAR
@@ -581,7 +582,6 @@ out:
     /* The views of the batch slot end with the call: a dataset keeping one
      * keeps a released view, not the memory of a batch in the trainer's
      * hands. The exception being raised, if any, is kept across. */
-    PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     for (Py_ssize_t f = 0; views && f < PyList_GET_SIZE(views); f++) {
         PyObject *mv = PyList_GET_ITEM(views, f);
@@ -786,7 +786,7 @@ PyMethodDef ferry_py_worker_methods[] = {
      "(worker, num_workers, seed, epoch) inside a worker, else None"},
     {"sample_seed", sample_seed, METH_VARARGS,
      "sample_seed(seed, epoch, index): the per-sample seed (ferry_sample_seed)"},
-    {NULL},
+    {0},
 };
 
 int ferry_py_worker_init(PyObject *m)
