@@ -295,8 +295,9 @@ class _Epoch:
     """The iterator one ``for batch in loader`` gets: batches until the
     end of the current epoch. In order, that is the batch marked
     last_in_epoch (or a failure in its place); out of order
-    (``in_order=False``), it is len(loader) batches, which may mix the two
-    epochs around a boundary."""
+    (``in_order=False``), it is the epoch's len(loader) batches in the order
+    they come: one of the next epoch that comes meanwhile (prefetch runs
+    on) is kept for the next ``for``."""
 
     __slots__ = ("_loader", "_done", "_timeout")
 
@@ -318,11 +319,42 @@ class _Epoch:
         if ld._seen >= ld._len[1]:
             ld._seen = 0
             self._done = True
+            ld._epoch_now += 1
+
+    def _next_out_of_order(self):
+        """The next batch (or failure) of this epoch, out of order: one
+        kept from before, else the next to come, keeping those of later
+        epochs for their own ``for``."""
+        ld = self._loader
+        while True:
+            kept = ld._kept.get(ld._epoch_now)
+            if kept:
+                item = kept.pop(0)
+            else:
+                try:
+                    item = ld._next(self._timeout)
+                except BatchError as e:
+                    item = e
+                if item is None:  # the end of the stream
+                    self._done = True
+                    raise StopIteration
+                epoch = item.epoch
+                if ld._epoch_now is None:
+                    ld._epoch_now = epoch if epoch is not None else 0
+                if epoch is not None and epoch > ld._epoch_now:
+                    ld._kept.setdefault(epoch, []).append(item)
+                    continue
+            self._count(False)
+            if isinstance(item, BaseException):
+                raise item
+            return item
 
     def __next__(self):
         if self._done:
             raise StopIteration
         ld = self._loader
+        if not ld._in_order:
+            return self._next_out_of_order()
         try:
             b = ld._next(self._timeout)
         except BatchError as e:
@@ -336,14 +368,8 @@ class _Epoch:
         # returning and the batch reaching the for loop, no Python function
         # may be called, since a signal handler runs at a call and the
         # KeyboardInterrupt it raises would drop a batch ferry has counted.
-        if ld._in_order:
-            ld._seen = 0
-            self._done = b._b.last_in_epoch
-        else:
-            ld._seen += 1
-            if ld._seen >= ld._len[1]:
-                ld._seen = 0
-                self._done = True
+        ld._seen = 0
+        self._done = b._b.last_in_epoch
         return b
 
 
@@ -513,6 +539,9 @@ class Loader:
 
     def _adopt(self, c):
         self._c = c
+        self._seen = 0
+        self._epoch_now = None  # out of order: the epoch the current `for` hands out
+        self._kept = {}  # out of order: epoch -> batches (or failures) kept for its `for`
         self._len = c.length()
         self._in_order = c.in_order  # the C library's reading of the option ("OFF", "00", ...)
         _open_loaders.add(self)

@@ -502,11 +502,12 @@ def test_stream_goes_on_after_a_batch_error():
 
 
 @pytest.mark.parametrize("off", ["OFF", "False", "No", "00"])
-def test_in_order_off_in_any_spelling_the_c_options_take_gives_len_batches_per_for(off):
-    # The last batch of epoch 0 is held back until the trainer has had
-    # len(loader) batches: out of order, the for ends there, with the first
-    # batch of epoch 1 in its place; waiting for the epoch's last batch (the
-    # in-order rule) would go on past len(loader).
+def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for(off):
+    # The last batch of epoch 0 is held back while epoch 1's come (prefetch
+    # runs on): out of order, the for hands out epoch 0's batches as they
+    # come and waits for its last; those of epoch 1 are kept for the next
+    # for, as torch's in_order=False does.
+    import threading
     import datasets
     datasets.GATE.clear()
     try:
@@ -514,11 +515,16 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_len_batches_per_f
                           shuffle=False, workers=2, prefetch=8, placement="thread",
                           in_order=off) as ld:
             got = []
+            opener = threading.Thread(target=lambda: (
+                wait_for(lambda: ld._kept, 20, "epoch 1's batches kept"), datasets.GATE.set()))
             for b in ld:
                 got.append((b.epoch, b.index_in_epoch))
-                if len(got) == len(ld):
-                    datasets.GATE.set()
-            assert len(got) == len(ld) == 4 and (0, 3) not in got, got
+                if len(got) == 3:  # all but the gated one: open it once epoch 1's are kept
+                    opener.start()
+            opener.join()
+            assert sorted(got) == [(0, i) for i in range(4)], got
+            second = [(b.epoch, b.index_in_epoch) for b in ld]
+            assert sorted(second) == [(1, i) for i in range(4)], second
             with pytest.raises(ferry.InvalidValue):
                 ld.state_dict()  # the C side has it out of order too
     finally:

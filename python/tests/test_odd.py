@@ -54,6 +54,16 @@ def test_a_given_up_last_batch_still_ends_its_epoch():
             assert seen == [0] and errors == [(epoch, 1)]
 
 
+def test_out_of_order_each_for_is_one_whole_epoch():
+    # 12 items, 3 workers, nothing slow: the window runs epochs ahead, but
+    # each for hands out its own epoch's batches only, every item once.
+    with ferry.Loader(Items, dataset_kwargs={"n": 12}, batch_size=1, workers=3,
+                      in_order=False, prefetch=16) as ld:
+        for epoch in range(5):
+            got = [(b.epoch, int(b.indices[0])) for b in ld]
+            assert sorted(got) == [(epoch, i) for i in range(12)], (epoch, got)
+
+
 def test_out_of_order_for_yields_one_epochs_worth():
     with ferry.Loader(SYN, batch_size=10, workers=2, in_order=False, epochs=2) as ld:
         assert sum(1 for _ in ld) == 10
