@@ -25,6 +25,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "error.h"
+#include "forkfds.h"
 #include "forkserver.h"
 #include "process.h"
 #include "worker.h"
@@ -83,6 +84,7 @@ static int map_task_words(ferry__pool *p)
     p->task_fd = memfd_create("ferry-task-words", MFD_CLOEXEC);
     if (p->task_fd < 0)
         return ferry__syserr(FERRY_ESYS, "memfd_create for the task words", errno);
+    (void)ferry__forkfds_add(p->task_fd);
     if (ftruncate(p->task_fd, (off_t)p->words_len) != 0)
         return ferry__syserr(FERRY_ESYS, "sizing the task words", errno);
     void *m = mmap(NULL, p->words_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->task_fd, 0);
@@ -129,8 +131,10 @@ void ferry__pool_free(ferry__pool *p)
         return;
     if (p->words)
         munmap((void *)p->words, p->words_len);
-    if (p->task_fd >= 0)
+    if (p->task_fd >= 0) {
+        ferry__forkfds_remove(p->task_fd);
         close(p->task_fd);
+    }
     if (p->ctl >= 0)
         close(p->ctl);
     free(p->w);

@@ -39,6 +39,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "error.h"
+#include "forkfds.h"
 #include "process.h"
 #include "sched_internal.h"
 
@@ -412,8 +413,10 @@ static void destroy(ferry__scheduler *s)
         zmq_ctx_term(s->zctx);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
-    if (s->data_fd >= 0)
+    if (s->data_fd >= 0) {
+        ferry__forkfds_remove(s->data_fd);
         close(s->data_fd);
+    }
     ferry__endpoint_remove(s->ipc_dir);
     for (uint32_t i = 0; s->w && i < s->nworkers; i++)
         free(s->w[i].held_ready);
@@ -497,6 +500,8 @@ static int setup(ferry__scheduler *s)
         (s->data_fd = fcntl((int)s->cfg.dataset_fd, F_DUPFD_CLOEXEC, 3)) < 0)
         rc = ferry__seterr(FERRY_EINVAL, "option dataset_fd: %lld is not an open file (%s)",
                            (long long)s->cfg.dataset_fd, strerror(errno));
+    if (rc == FERRY_OK)
+        (void)ferry__forkfds_add(s->data_fd);
     if (rc == FERRY_OK)
         rc = ferry__endpoint_local(threads, s, s->ipc_dir, sizeof s->ipc_dir, s->endpoint,
                                    sizeof s->endpoint);

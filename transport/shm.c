@@ -79,13 +79,17 @@ static void fork_parent(void)
 }
 
 /* In the child: held slots become private copies (best effort: a slot
- * whose copy cannot be made stays shared). */
+ * whose copy cannot be made stays shared), the other slots are unmapped
+ * and the memfd closed, so the child keeps none of the loader's memory
+ * alive once the trainer closes it: only what it holds, as its own. */
 static void private_copies(ferry__shm *m)
 {
     for (uint32_t i = 0; m->base && i < m->nslots; i++) {
-        if (m->slots[i].state != SLOT_HELD)
-            continue;
         unsigned char *at = m->base + (size_t)i * m->slot_bytes;
+        if (m->slots[i].state != SLOT_HELD) {
+            (void)munmap(at, m->slot_bytes); /* nothing here refers to it */
+            continue;
+        }
         void *copy = mmap(NULL, m->slot_bytes, PROT_READ | PROT_WRITE,
                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (copy == MAP_FAILED)
@@ -101,6 +105,9 @@ static void fork_child(void)
 {
     for (ferry__shm *m = live; m; m = m->next_live) {
         private_copies(m);
+        if (m->fd >= 0)
+            close(m->fd);
+        m->fd = -1;
         pthread_mutex_unlock(&m->mu);
     }
     pthread_mutex_unlock(&live_mu);

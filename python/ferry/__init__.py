@@ -249,6 +249,23 @@ def _to_logging(level, message):
     _logger.log(level, "%s", message)
 
 
+def _forget_in_child():
+    """In a child forked while loaders are open (multiprocessing, a fork
+    DataLoader): the pickled datasets' memfds are the trainer's, not its;
+    closed here so that the child does not keep their memory (the C side
+    does the same for the batch slots)."""
+    for ld in list(_open_loaders):
+        if ld._data_fd is not None:
+            try:
+                os.close(ld._data_fd)
+            except OSError:
+                pass
+            ld._data_fd = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 @atexit.register
 def _close_all():
     # A loader still open at exit (an exception ended the script, Ctrl-C)

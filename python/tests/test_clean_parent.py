@@ -236,3 +236,19 @@ def test_an_object_loader_that_cannot_open_closes_the_datasets_memfd():
     except ferry.StateError as e:
         kept.append(e)
     assert len(kept) == 1 and dataset_memfds() == []
+
+
+def test_a_forked_child_keeps_no_dataset_memfd():
+    with ferry.Loader(list(range(10)), workers=1) as ld:
+        assert len(next(iter(ld))) >= 1
+        assert dataset_memfds()  # the trainer's, while the loader is open
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # what multiprocessing's fork start does
+            os.write(w, b"0" if dataset_memfds() else b"1")
+            os._exit(0)
+        os.close(w)
+        said = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert said == b"1"

@@ -1,0 +1,73 @@
+/*
+ * forkfds.c - file descriptors a forked child closes at once (forkfds.h).
+ */
+#include "forkfds.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int *fds;
+static size_t nfds, cap;
+
+static void prepare(void)
+{
+    pthread_mutex_lock(&mu);
+}
+
+static void parent(void)
+{
+    pthread_mutex_unlock(&mu);
+}
+
+static void child(void)
+{
+    for (size_t i = 0; i < nfds; i++)
+        close(fds[i]);
+    nfds = 0;
+    pthread_mutex_unlock(&mu);
+}
+
+static void install(void)
+{
+    (void)pthread_atfork(prepare, parent, child);
+}
+
+int ferry__forkfds_add(int fd)
+{
+    if (fd < 0)
+        return 0;
+    pthread_once(&once, install);
+    pthread_mutex_lock(&mu);
+    int rc = 0;
+    if (nfds == cap) {
+        size_t n = cap ? 2 * cap : 16;
+        int *p = realloc(fds, n * sizeof *p);
+        if (p) {
+            fds = p;
+            cap = n;
+        }
+    }
+    if (nfds < cap)
+        fds[nfds++] = fd;
+    else
+        rc = -1;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+void ferry__forkfds_remove(int fd)
+{
+    if (fd < 0)
+        return;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < nfds; i++) {
+        if (fds[i] == fd) {
+            fds[i] = fds[--nfds];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+}

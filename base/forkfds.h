@@ -1,0 +1,25 @@
+/*
+ * forkfds.h - file descriptors a forked child closes at once.
+ *
+ * A child forked while a loader is open (multiprocessing's fork start, a
+ * fork DataLoader in the training script, os.fork()) inherits every fd of
+ * the trainer, close-on-exec or not. The loader's memfds (the pickled
+ * dataset, the workers' task words) would then keep their memory alive
+ * until the child exits, although the child can never use them: its copy
+ * of the loader has no threads. Each such fd is registered here while the
+ * loader holds it, and a pthread_atfork child handler closes them all.
+ *
+ * Thread safety: one mutex; the prepare handler takes it, so no
+ * registration is mid-change at the fork.
+ */
+#ifndef FERRY_BASE_FORKFDS_H
+#define FERRY_BASE_FORKFDS_H
+
+/* Registers fd (>= 0) to be closed in forked children. 0, or -1 when there
+ * is no memory for it (the child then keeps it, as before). */
+int ferry__forkfds_add(int fd);
+
+/* Unregisters fd: call before closing it. */
+void ferry__forkfds_remove(int fd);
+
+#endif /* FERRY_BASE_FORKFDS_H */
