@@ -95,6 +95,24 @@ int ft_count_threads(void)
     return ft_count_entries("/proc/self/task");
 }
 
+long ft_status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    size_t len = strlen(key);
+    long kib = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, key, len) && line[len] == ':') {
+            kib = strtol(line + len + 1, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return kib;
+}
+
 void ft_list_entries(FILE *f, const char *path, int links)
 {
     DIR *d = opendir(path);

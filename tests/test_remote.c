@@ -1342,14 +1342,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
  * KiB; reset_peak() makes it the current size. */
 static long peak_rss_kib(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    assert_non_null(f);
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
+    long kib = ft_status_kib("VmHWM");
     assert_true(kib > 0);
     return kib;
 }

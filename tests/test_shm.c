@@ -414,20 +414,6 @@ static void test_an_ended_stream_gives_its_slot_memory_back(void **state)
     end_without_slots(&snap);
 }
 
-/* This process's RssShmem in KiB: the shared memory it has mapped in. */
-static long rss_shmem_kb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    assert_non_null(f);
-    char line[256];
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "RssShmem: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
-
 /* The trainer's resident memory holds the batches it holds, not every
  * slot it has read: a released batch's slot leaves its pages (they stay
  * in the memfd, for the workers). */
@@ -438,7 +424,7 @@ static void test_the_trainer_maps_only_the_slots_it_holds(void **state)
     ft_begin(&snap, 60);
     /* 32 items of 64 KiB (uint8): 2 MiB a batch, a window of 2. */
     ferry_config *cfg = shm_cfg(2, 2, "synthetic:n=1000,dim=65536");
-    long before = rss_shmem_kb(); /* before any batch can have arrived */
+    long before = ft_status_kib("RssShmem"); /* before any batch can have arrived */
     ferry_loader *ld = ft_open_ok(cfg);
     enum { KEEP = 10 };
     ferry_batch *kept[KEEP];
@@ -453,10 +439,10 @@ static void test_the_trainer_maps_only_the_slots_it_holds(void **state)
             sum += x[k];
         (void)sum;
     }
-    long held = rss_shmem_kb();
+    long held = ft_status_kib("RssShmem");
     for (int i = 0; i < KEEP; i++)
         ferry_batch_release(kept[i]);
-    long after = rss_shmem_kb();
+    long after = ft_status_kib("RssShmem");
     printf("RssShmem %ld KiB, %ld holding 10 batches of 2 MiB, %ld once released\n", before,
            held, after);
     assert_true(held - before >= KEEP * 2048);

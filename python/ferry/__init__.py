@@ -414,7 +414,23 @@ class _Stream:
         return b
 
 
-class Loader:
+class _Closes:
+    """close() at the end of a ``with`` and when collected."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Loader(_Closes):
     """A ferry loader: persistent workers, a prefetch window that runs across
     epoch boundaries, batches as numpy arrays without a copy.
 
@@ -673,18 +689,6 @@ class Loader:
     @property
     def closed(self):
         return self._c is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if self._c is None:

@@ -28,13 +28,15 @@ structure; its tensors and arrays travel as fields of variable shape (one
 copy into shared memory, as torch makes).
 """
 
+import contextlib
+import functools
 import io
 import numbers
 import os
 import pickle
 import random
-import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -42,7 +44,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as _tcollate
 
-from . import Loader, _dataset, _Epoch, _ferry
+from . import Loader, _Closes, _dataset, _Epoch, _ferry
 from ._errors import BatchError, NotReady
 
 __all__ = ["DataLoader", "get_worker_info"]
@@ -60,8 +62,10 @@ def _warn_once(key, text):
         warnings.warn("ferry.torch.DataLoader: " + text, stacklevel=3)
 
 
+@functools.lru_cache(maxsize=None)
 def _np_dtype(tdtype):
-    """The numpy dtype of a torch dtype that ferry fields can hold, or None."""
+    """The numpy dtype of a torch dtype that ferry fields can hold, or None
+    (asked per tensor per batch: remembered)."""
     try:
         d = torch.empty(0, dtype=tdtype).numpy().dtype
     except (TypeError, RuntimeError):
@@ -88,6 +92,20 @@ def get_worker_info():
     ``id``, ``num_workers``, ``seed`` and ``dataset`` (torch's own function
     answers the same); None in the trainer."""
     return tud.get_worker_info()
+
+
+def _field_dtype(obj):
+    """The numpy dtype under which obj, a tensor or a numpy array, can
+    travel as a field (numeric, on the CPU, not empty, no autograd), or
+    None for anything else."""
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided or obj.device.type != "cpu" or obj.requires_grad or \
+                obj.numel() == 0:
+            return None
+        return _np_dtype(obj.dtype)
+    if isinstance(obj, np.ndarray) and obj.size and obj.dtype.str in _dataset._DTYPES:
+        return obj.dtype
+    return None
 
 
 class _Ref:
@@ -117,38 +135,15 @@ class _Pickler(_dataset._pickler().Pickler):
     def persistent_id(self, obj):
         if isinstance(obj, _Ref):
             return ("f", obj.field, None)
-        if isinstance(obj, torch.Tensor):
-            if obj.layout != torch.strided or obj.device.type != "cpu" or obj.requires_grad:
-                return None
-            kind = "t"
-            arr = obj
-        elif isinstance(obj, np.ndarray):
-            kind = "n"
-            arr = obj
-        else:
-            return None
-        empty = arr.numel() == 0 if kind == "t" else arr.size == 0
-        if arr.dtype not in self._dtypes() or empty:
-            return None
-        free = self._free.get(arr.dtype if kind == "n" else _np_dtype(arr.dtype))
-        if not free:
+        free = self._free.get(_field_dtype(obj))
+        if not free:  # not an array that travels, or no field of its dtype left
             return None
         f = free.pop(0)
-        flat = arr.numpy() if kind == "t" else arr
-        shape = tuple(flat.shape)
-        self._out[f] = np.ascontiguousarray(flat).reshape(-1) if flat.ndim == 0 else \
-            np.ascontiguousarray(flat)
-        return ("v", f, (kind, shape))
-
-    _known = None
-
-    @classmethod
-    def _dtypes(cls):
-        if cls._known is None:
-            ts = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-                  torch.float32, torch.float64, torch.bool]
-            cls._known = set(ts) | {np.dtype(k) for k in _dataset._DTYPES}
-        return cls._known
+        kind = "t" if isinstance(obj, torch.Tensor) else "n"
+        arr = obj.numpy() if kind == "t" else obj
+        # a field has at least one dim: a 0-d array travels as one element
+        self._out[f] = np.ascontiguousarray(arr).reshape(arr.shape or (1,))
+        return ("v", f, (kind, tuple(arr.shape)))
 
 
 class _Unpickler(pickle.Unpickler):
@@ -296,7 +291,6 @@ def _read_table(ref, opened, epoch, pos, deadline_s=60.0):
     fd = opened.get(slot)
     if fd is None:
         fd = opened[slot] = os.open("/proc/%d/fd/%d" % (pid, fds[slot]), os.O_RDONLY | os.O_CLOEXEC)
-    import time
     give_up = time.monotonic() + deadline_s
     head = _SamplerTable.HEAD
     while True:
@@ -353,12 +347,18 @@ class _Batches:
         """num_workers=0: the batch at `positions`, made in the caller's
         thread as torch's DataLoader makes it there (nothing seeded, the
         dataset's exceptions raised as they are)."""
-        items = [self._item(i) for i in self._sampled(positions, epoch)]
-        if self.auto_batch:
-            return self.collate_fn(items) if self.collate_fn else \
-                _tcollate.default_collate(items)
-        return self.collate_fn(items[0]) if self.collate_fn else \
-            _tcollate.default_convert(items[0])
+        return self._user_batch([self._item(i) for i in self._sampled(positions, epoch)])
+
+    def _user_batch(self, items):
+        """What the user's loader makes of `items`: their collate_fn's
+        result, or torch's default_collate (default_convert of the one item
+        without auto-batching), out of torch's own shared memory."""
+        one = items if self.auto_batch else items[0]
+        if self.collate_fn is not None:
+            return self.collate_fn(one)
+        fn = _tcollate.default_collate if self.auto_batch else _tcollate.default_convert
+        with _torch_worker_info(None):  # torch would put each tensor in shm of its own
+            return fn(one)
 
     def close(self):
         """Called by ferry when the dataset closes: the table's files this
@@ -406,15 +406,15 @@ class _Batches:
             # worker_init_fn here.
             self.reseed = None
             return
+        # A worker process, as torch's are (ferry.worker has limited its
+        # threads already).
         info = _dataset.worker_info()
         wid = info.id if info is not None else 0
         seed = (self.base_seed + wid) % 2**64
         self._seed(seed)
-        if os.getpid() != self.trainer_pid:  # a worker process, as torch's are
-            from torch.utils.data._utils import worker as tworker
-            tworker._worker_info = tworker.WorkerInfo(
-                id=wid, num_workers=self.num_workers, seed=seed, dataset=self.dataset)
-            torch.set_num_threads(int(os.environ.get("FERRY_WORKER_THREADS", "1") or 1))
+        from torch.utils.data._utils import worker as tworker
+        tworker._worker_info = tworker.WorkerInfo(
+            id=wid, num_workers=self.num_workers, seed=seed, dataset=self.dataset)
         if self.worker_init_fn is not None:
             self.worker_init_fn(wid)
 
@@ -440,7 +440,7 @@ class _Batches:
                             fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], shape))
                 else:
                     sizes = []
-                    _walk_arrays(self._make([0]), sizes)
+                    _walk_arrays(self._user_batch([self._item(0)]), sizes)
                     # Bytes per ferry item: a batch sampler's position is a
                     # whole batch (item_scale items).
                     scale = getattr(self, "item_scale", 1)
@@ -454,16 +454,6 @@ class _Batches:
         fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
         self._fields = fields
         return fields
-
-    def _make(self, positions):
-        """The user's batch of the items at `positions` (collate_fn, or
-        default_convert of one item without auto-batching)."""
-        items = [self._item(p) for p in positions]
-        if self.auto_batch:
-            fn = self.collate_fn or _tcollate.default_collate
-            return fn(items)
-        fn = self.collate_fn or _tcollate.default_convert
-        return fn(items[0])
 
     def _collate(self, items, probe=None, views=None):
         """default_collate of items, with torch's own functions, except that
@@ -497,7 +487,8 @@ class _Batches:
             # map: the Tensor leaf counts them, once).
             if key != (str, bytes) and key is not np.ndarray:
                 fmap[key] = leaf(default)
-        return _no_torch_shm(lambda its: _tcollate.collate(its, collate_fn_map=fmap), items)
+        with _torch_worker_info(None):  # torch would put each tensor in shm of its own
+            return _tcollate.collate(items, collate_fn_map=fmap)
 
     def __ferry_fill__(self, indices, epoch, views):
         self._start()
@@ -521,12 +512,8 @@ class _Batches:
             for f, dt, shape in self._fixed.values():
                 arrays[f] = np.frombuffer(views[f], dtype=dt).reshape((count,) + shape)
             result = self._collate(items, views=arrays)
-        elif self.auto_batch:
-            result = self.collate_fn(items) if self.collate_fn else \
-                _no_torch_shm(_tcollate.default_collate, items)
         else:
-            result = self.collate_fn(items[0]) if self.collate_fn else \
-                _no_torch_shm(_tcollate.default_convert, items[0])
+            result = self._user_batch(items)
         buf = io.BytesIO()
         _Pickler(buf, self._var, out).dump(result)
         out[nf - 1] = np.frombuffer(buf.getbuffer(), dtype=np.uint8)
@@ -536,39 +523,29 @@ class _Batches:
         return out
 
 
-def _no_torch_shm(fn, arg):
-    """torch's default_collate/convert, without torch's worker info: with
-    it, torch puts each tensor in shared memory of its own, which ferry
-    would then copy into its slot anyway."""
+@contextlib.contextmanager
+def _torch_worker_info(info):
+    """torch's get_worker_info() answers `info` meanwhile."""
     from torch.utils.data._utils import worker as tworker
     saved = tworker._worker_info
-    tworker._worker_info = None
+    tworker._worker_info = info
     try:
-        return fn(arg)
+        yield
     finally:
         tworker._worker_info = saved
 
 
-class _probing:
+def _probing(b):
     """While the fields are probed with item 0 outside a worker (the clean
     parent, or the trainer for num_workers=0): torch's get_worker_info()
     answers as in worker 0 when there are workers, and no generator is
     seeded, no worker_init_fn called (each worker does that itself)."""
-
-    def __init__(self, batches):
-        self._b = batches
-
-    def __enter__(self):
-        from torch.utils.data._utils import worker as tworker
-        self._saved = tworker._worker_info
-        b = self._b
-        if os.getpid() != b.trainer_pid and self._saved is None:
-            tworker._worker_info = tworker.WorkerInfo(
-                id=0, num_workers=b.num_workers, seed=b.base_seed, dataset=b.dataset)
-
-    def __exit__(self, *exc):
-        from torch.utils.data._utils import worker as tworker
-        tworker._worker_info = self._saved
+    from torch.utils.data._utils import worker as tworker
+    info = tworker._worker_info
+    if os.getpid() != b.trainer_pid and info is None:
+        info = tworker.WorkerInfo(id=0, num_workers=b.num_workers, seed=b.base_seed,
+                                  dataset=b.dataset)
+    return _torch_worker_info(info)
 
 
 def _walk_arrays(obj, sizes, depth=0):
@@ -576,13 +553,10 @@ def _walk_arrays(obj, sizes, depth=0):
     pickler would meet them (containers in order)."""
     if depth > 20:
         return
-    if isinstance(obj, torch.Tensor):
-        dt = _np_dtype(obj.dtype)
-        if dt is not None and obj.numel() > 0 and obj.device.type == "cpu":
-            sizes.append((dt, obj.numel() * obj.element_size()))
-    elif isinstance(obj, np.ndarray):
-        if obj.dtype.str in _dataset._DTYPES and obj.size > 0:
-            sizes.append((obj.dtype, obj.nbytes))
+    dt = _field_dtype(obj)
+    if dt is not None:
+        sizes.append((dt, obj.numel() * obj.element_size() if isinstance(obj, torch.Tensor)
+                      else obj.nbytes))
     elif isinstance(obj, dict):
         for v in obj.values():
             _walk_arrays(v, sizes, depth + 1)
@@ -626,7 +600,7 @@ def _stack_into(batch, dst, dt, shape):
     return True
 
 
-class DataLoader:
+class DataLoader(_Closes):
     """torch.utils.data.DataLoader's arguments and defaults, on ferry's
     workers. ferry's own options (``seed``, ``state``, ``placement``,
     ``max_held``, ``on_worker_death``, ...) go by keyword; ``reseed``
@@ -929,18 +903,6 @@ class DataLoader:
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class _Singles:
