@@ -35,13 +35,12 @@ static void install(void)
     (void)pthread_atfork(prepare, parent, child);
 }
 
-int ferry__forkfds_add(int fd)
+void ferry__forkfds_add(int fd)
 {
     if (fd < 0)
-        return 0;
+        return;
     pthread_once(&once, install);
     pthread_mutex_lock(&mu);
-    int rc = 0;
     if (nfds == cap) {
         size_t n = cap ? 2 * cap : 16;
         int *p = realloc(fds, n * sizeof *p);
@@ -52,10 +51,7 @@ int ferry__forkfds_add(int fd)
     }
     if (nfds < cap)
         fds[nfds++] = fd;
-    else
-        rc = -1;
     pthread_mutex_unlock(&mu);
-    return rc;
 }
 
 void ferry__forkfds_remove(int fd)

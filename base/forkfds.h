@@ -15,9 +15,9 @@
 #ifndef FERRY_BASE_FORKFDS_H
 #define FERRY_BASE_FORKFDS_H
 
-/* Registers fd (>= 0) to be closed in forked children. 0, or -1 when there
- * is no memory for it (the child then keeps it, as before). */
-int ferry__forkfds_add(int fd);
+/* Registers fd (>= 0) to be closed in forked children; without memory for
+ * it, the child keeps it (as it would without this). */
+void ferry__forkfds_add(int fd);
 
 /* Unregisters fd: call before closing it. */
 void ferry__forkfds_remove(int fd);

@@ -28,11 +28,6 @@ typedef struct ferry__dataset {
     int keep_loaded;                     /* FERRY__DATASET_KEEP_LOADED was given */
 } ferry__dataset;
 
-/* Opens `spec`. On failure returns a negative code (FERRY_EDATASET for a spec
- * or data problem, FERRY_EFORMAT for a malformed file, FERRY_EVERSION for a
- * plugin ABI mismatch, FERRY_ENOMEM) with a message in errbuf, and *ds is
- * left zeroed. Validates the schema (1..FERRY_MAX_FIELDS fields, known
- * dtypes, unique non-empty names, positive dims, item sizes that fit). */
 /* Bytes of an array of `ndim` dims of `elsize`-byte elements. Returns 0, or
  * -1 when a dim is negative or the product overflows size_t (*out untouched). */
 int ferry__shape_bytes(size_t elsize, const int64_t *shape, int ndim, size_t *out);
@@ -43,6 +38,11 @@ static inline int ferry__dataset_abi_ok(uint32_t v)
     return v >= FERRY_DATASET_ABI_OLDEST && v <= FERRY_DATASET_ABI;
 }
 
+/* Opens `spec`. On failure returns a negative code (FERRY_EDATASET for a spec
+ * or data problem, FERRY_EFORMAT for a malformed file, FERRY_EVERSION for a
+ * plugin ABI mismatch, FERRY_ENOMEM) with a message in errbuf, and *ds is
+ * left zeroed. Validates the schema (1..FERRY_MAX_FIELDS fields, known
+ * dtypes, unique non-empty names, positive dims, item sizes that fit). */
 int ferry__dataset_open(ferry__dataset *ds, const char *spec, const ferry_dataset_ctx *ctx,
                         char *errbuf, size_t errlen);
 

@@ -84,7 +84,7 @@ static int map_task_words(ferry__pool *p)
     p->task_fd = memfd_create("ferry-task-words", MFD_CLOEXEC);
     if (p->task_fd < 0)
         return ferry__syserr(FERRY_ESYS, "memfd_create for the task words", errno);
-    (void)ferry__forkfds_add(p->task_fd);
+    ferry__forkfds_add(p->task_fd);
     if (ftruncate(p->task_fd, (off_t)p->words_len) != 0)
         return ferry__syserr(FERRY_ESYS, "sizing the task words", errno);
     void *m = mmap(NULL, p->words_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->task_fd, 0);
@@ -220,30 +220,26 @@ static int spawn_process(ferry__pool *p, local_worker *w)
 
 /* Starts the clean parent: forked from the process-wide one when there is
  * one and it answers, else spawned. Its arguments: --fork-server, its
- * control socket (fd 3), the dataset to load, the seed and worker count
- * (what a worker's dataset is opened with), the data fd (4) if any. */
+ * control socket (fd 3), the dataset to load, the data fd (4) if any. */
 static int start_parent(ferry__pool *p)
 {
     local_worker *w = &p->w[p->o.n];
     int theirs, rc = ferry__fork_socketpair(&p->ctl, &theirs);
     if (rc != FERRY_OK)
         return rc;
-    char parent_s[24], seed_s[24], n_s[16], data_s[16];
+    char parent_s[24], data_s[16];
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    snprintf(seed_s, sizeof seed_s, "%llu", (unsigned long long)p->o.seed);
-    snprintf(n_s, sizeof n_s, "%u", p->o.n);
     snprintf(data_s, sizeof data_s, "%d", FERRY__PASSED_FD + 1);
     char *own[] = {"--fork-server", "--control-fd", "3", "--parent", parent_s,
-                   "--dataset", (char *)(p->o.dataset ? p->o.dataset : ""), "--seed", seed_s,
-                   "--workers", n_s, p->o.data_fd >= 0 ? "--data-fd" : NULL, data_s, NULL};
+                   "--dataset", (char *)(p->o.dataset ? p->o.dataset : ""),
+                   p->o.data_fd >= 0 ? "--data-fd" : NULL, data_s, NULL};
     int pass[] = {theirs, p->o.data_fd};
     int npass = p->o.data_fd >= 0 ? 2 : 1;
     pid_t pid = 0;
     rc = FERRY_ESPAWN;
     if (p->o.fork_from >= 0) {
         int errpipe[2];
-        if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) == 0) {
-            fcntl(errpipe[1], F_SETFL, 0);
+        if (ferry__stderr_pipe(errpipe) == FERRY_OK) {
             int fds[] = {errpipe[1], theirs, p->o.data_fd};
             rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms, &pid);
             close(errpipe[1]);
@@ -289,9 +285,8 @@ static int ask_parent(ferry__pool *p, uint32_t i)
     ferry__worker_launch l = launch_of(p, i);
     ferry__worker_own_args(&l, own, fds + 1, &npass, nums);
     int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0)
-        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
-    fcntl(errpipe[1], F_SETFL, 0);
+    if (ferry__stderr_pipe(errpipe) != FERRY_OK)
+        return FERRY_ESPAWN;
     fds[0] = errpipe[1];
     rc = ferry__fork_request(p->ctl, own, fds, npass + 1);
     close(errpipe[1]);
@@ -327,13 +322,37 @@ static void spawn_instead(ferry__pool *p, local_worker *w)
                     ferry_last_error());
 }
 
+static void read_parent(ferry__pool *p);
+static void forget_process(local_worker *w);
+
+/* The clean parent, if one runs, killed and reaped, and its socket closed:
+ * it forks nothing more. */
+static void kill_parent(ferry__pool *p)
+{
+    local_worker *w = &p->w[p->o.n];
+    pid_t pid = atomic_load(&w->pid);
+    if (pid) {
+        pidfd_send_signal(w->pidfd, SIGKILL, NULL, 0);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        forget_process(w);
+    }
+    if (p->ctl >= 0)
+        close(p->ctl);
+    p->ctl = -1;
+}
+
 /* Workers are spawned from now on; those asked and not forked are spawned
- * now. */
+ * now. A clean parent still running is stopped first, having said which
+ * it forked already: it must fork none of those spawned here. */
 static void give_up_forking(ferry__pool *p, const char *why)
 {
     if (p->fork)
         ferry__logf(&p->o.log, FERRY_LOG_WARN,
                     "worker processes are spawned, not forked by a clean parent: %s", why);
+    if (p->ctl >= 0)
+        read_parent(p);
+    kill_parent(p);
     p->fork = 0;
     for (int64_t i; (i = take_asked(p)) >= 0;)
         spawn_instead(p, &p->w[i]);
@@ -372,10 +391,10 @@ static void read_parent(ferry__pool *p)
     }
 }
 
-int ferry__pool_parent_restart(ferry__pool *p)
+void ferry__pool_parent_restart(ferry__pool *p)
 {
     if (!p->fork)
-        return FERRY_OK;
+        return;
     uint32_t n = p->nasked, again[n ? n : 1];
     for (uint32_t k = 0; k < n; k++) {
         again[k] = p->asked[k];
@@ -392,7 +411,7 @@ int ferry__pool_parent_restart(ferry__pool *p)
         for (uint32_t k = 0; k < n; k++)
             p->asked[p->nasked++] = again[k];
         give_up_forking(p, ferry_last_error());
-        return FERRY_OK;
+        return;
     }
     for (uint32_t k = 0; k < n; k++) {
         rc = ask_parent(p, again[k]);
@@ -401,10 +420,9 @@ int ferry__pool_parent_restart(ferry__pool *p)
             for (uint32_t j = k; j < n; j++)
                 p->asked[p->nasked++] = again[j];
             give_up_forking(p, ferry_last_error());
-            return FERRY_OK;
+            return;
         }
     }
-    return FERRY_OK;
 }
 
 void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms)
@@ -421,11 +439,6 @@ void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms)
         if (poll(&pf, 1, (int)(deadline - now)) > 0)
             read_parent(p);
     }
-}
-
-pid_t ferry__pool_parent_pid(ferry__pool *p)
-{
-    return atomic_load(&p->w[p->o.n].pid);
 }
 
 int ferry__pool_start(ferry__pool *p, uint32_t i)
@@ -630,17 +643,7 @@ static int parent_gone(ferry__pool *p, ferry__pool_event *ev)
 
 void ferry__pool_parent_stop(ferry__pool *p)
 {
-    local_worker *w = &p->w[p->o.n];
-    pid_t pid = atomic_load(&w->pid);
-    if (pid) {
-        pidfd_send_signal(w->pidfd, SIGKILL, NULL, 0);
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-        forget_process(w);
-    }
-    if (p->ctl >= 0)
-        close(p->ctl);
-    p->ctl = -1;
+    kill_parent(p);
     p->fork = 0; /* closing: nothing is forked any more */
     for (int64_t i; (i = take_asked(p)) >= 0;) {
         close(p->w[i].errfd);

@@ -36,13 +36,11 @@ typedef struct ferry__pool_opts {
     int shm_fd;              /* the batch slots' memfd (shm.h), -1: none */
     int data_fd;             /* bytes each process worker is given (option dataset_fd), -1 */
     /* Option fork_server: process workers are forked by one clean parent
-     * (forkserver.h), started with `dataset` (which it loads once), `seed`
-     * and `n`, spawned or forked from the clean parent at fork_from (-1:
-     * none). */
+     * (forkserver.h), started with `dataset` (which it loads once),
+     * spawned or forked from the clean parent at fork_from (-1: none). */
     int fork_server;
     int fork_from;
     const char *dataset;
-    uint64_t seed;
     int start_timeout_ms;    /* a (re)started worker must be ready by then */
     int wake_fd;             /* written when a thread worker stops */
     ferry__log log;          /* where its messages go */
@@ -80,18 +78,15 @@ int ferry__pool_start(ferry__pool *p, uint32_t i);
 /* After FERRY__POOL_PARENT_DIED, under the restart policy: a new clean
  * parent, asked again for the workers the dead one had not forked yet
  * (after two deaths before it was ready, those workers are spawned instead,
- * and so are all later ones). FERRY_OK, or the code of a spawn that
- * failed. */
-int ferry__pool_parent_restart(ferry__pool *p);
+ * and so are all later ones; a spawn that fails is logged, and the
+ * worker's start deadline catches it). */
+void ferry__pool_parent_restart(ferry__pool *p);
 
 /* Worker i was asked of the clean parent and its pid is not known yet:
  * reads the parent's answers until it is, for at most timeout_ms. A forked
  * worker can say HELLO before the scheduler has read the "P" answer that
  * names it (the parent sends it just after the fork). */
 void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms);
-
-/* The clean parent's pid, 0 when none runs. Any thread. */
-pid_t ferry__pool_parent_pid(ferry__pool *p);
 
 /* Stops the clean parent (SIGKILL: it holds no work) and reaps it. */
 void ferry__pool_parent_stop(ferry__pool *p);

@@ -357,6 +357,14 @@ int ferry__worker_own_args(const ferry__worker_launch *l, char **argv, int *pass
     return n;
 }
 
+int ferry__stderr_pipe(int fds[2])
+{
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
+    fcntl(fds[1], F_SETFL, 0); /* the child's end blocks like any stderr */
+    return FERRY_OK;
+}
+
 int ferry__spawn_piped(const char *path, const char *args, char *const own[], const int *pass,
                        int npass, pid_t *pid_out, int *pidfd_out, int *errfd_out)
 {
@@ -381,12 +389,10 @@ int ferry__spawn_piped(const char *path, const char *args, char *const own[], co
     argv[n] = NULL;
 
     int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    if (ferry__stderr_pipe(errpipe) != FERRY_OK) {
         free(lines);
-        return ferry__syserr(FERRY_ESPAWN, "starting a worker: pipe2", errno);
+        return FERRY_ESPAWN;
     }
-    /* The child's end must block like any stderr. */
-    fcntl(errpipe[1], F_SETFL, 0);
     int rc = ferry__spawn(path, argv, errpipe[1], pass, npass, pid_out, pidfd_out);
     close(errpipe[1]);
     free(lines);

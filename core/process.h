@@ -78,6 +78,11 @@ int ferry__worker_own_args(const ferry__worker_launch *l, char **argv, int *pass
 int ferry__spawn_piped(const char *path, const char *args, char *const own[], const int *pass,
                        int npass, pid_t *pid, int *pidfd, int *errfd);
 
+/* A pipe for a child's stderr: fds[0], the loader's end, non-blocking;
+ * fds[1], the child's, blocking like any stderr; both close-on-exec.
+ * FERRY_ESPAWN (errno detail) when it cannot be made. */
+int ferry__stderr_pipe(int fds[2]);
+
 /* ferry__spawn_piped of worker l: `path ARGS` and its own arguments. */
 int ferry__spawn_worker(const char *path, const char *args, const ferry__worker_launch *l,
                         pid_t *pid, int *pidfd, int *errfd);

@@ -248,12 +248,7 @@ static void size_slots(ferry__scheduler *s)
 {
     uint64_t bytes = 0;
     for (uint32_t f = 0; f < s->schema.nfields; f++) {
-        const ferry__item_field *fd = &s->schema.fields[f];
-        uint64_t item = ferry_dtype_size(fd->dtype);
-        for (int d = 0; d < fd->ndim; d++)
-            item *= (uint64_t)fd->shape[d];
-        if (fd->var) /* what the field reserves per item, in bytes */
-            item = fd->ndim ? (uint64_t)fd->shape[0] : 0;
+        uint64_t item = ferry__item_field_bytes(&s->schema.fields[f]);
         /* The schema's item is at most 1 GiB, a batch at most 2^20 items. */
         bytes += FERRY__ROUND_UP(item * (uint64_t)s->cfg.batch_size, FERRY__FIELD_ALIGN);
     }
@@ -482,8 +477,12 @@ static int batch_backing(ferry__scheduler *s, const ferry__batch_hdr *h, int32_t
         backing->release = ferry__zsock_payload_release;
         return ferry__zsock_payload_keep(payload, &backing->ctx, data);
     }
+    uint64_t end = 0; /* where the batch's last field ends in the slot */
+    for (uint32_t f = 0; f < h->nfields; f++)
+        if (h->fields[f].offset + h->fields[f].nbytes > end)
+            end = h->fields[f].offset + h->fields[f].nbytes;
     backing->release = ferry__shm_release;
-    backing->ctx = ferry__shm_hold(s->shm, slot);
+    backing->ctx = ferry__shm_hold(s->shm, slot, end);
     *data = ferry__shm_data(s->shm, slot);
     return FERRY_OK;
 }

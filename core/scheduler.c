@@ -501,7 +501,7 @@ static int setup(ferry__scheduler *s)
         rc = ferry__seterr(FERRY_EINVAL, "option dataset_fd: %lld is not an open file (%s)",
                            (long long)s->cfg.dataset_fd, strerror(errno));
     if (rc == FERRY_OK)
-        (void)ferry__forkfds_add(s->data_fd);
+        ferry__forkfds_add(s->data_fd);
     if (rc == FERRY_OK)
         rc = ferry__endpoint_local(threads, s, s->ipc_dir, sizeof s->ipc_dir, s->endpoint,
                                    sizeof s->endpoint);
@@ -523,7 +523,6 @@ static int setup(ferry__scheduler *s)
                            .fork_server = (int)s->cfg.fork_server,
                            .fork_from = (int)s->cfg.fork_from,
                            .dataset = s->cfg.dataset,
-                           .seed = (uint64_t)s->cfg.seed,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,
                            .wake_fd = s->wake_fd,
                            .log = s->log};

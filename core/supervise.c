@@ -75,9 +75,7 @@ void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *
     }
     ferry__window_count(s->win, FERRY__STAT_RESTARTS);
     ferry__logf(&s->log, FERRY_LOG_WARN, "%s; starting another (the workers go on)", msg);
-    int rc = ferry__pool_parent_restart(s->pool);
-    if (rc != FERRY_OK)
-        ferry__window_fail(s->win, rc, NULL);
+    ferry__pool_parent_restart(s->pool);
 }
 
 /* The death message: who, how, and what it said last. */

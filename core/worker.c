@@ -78,6 +78,7 @@ typedef struct worker_session {
     unsigned char *shm_seen; /* per slot: mapped here in one go already */
     size_t shm_nseen;
     ferry_var_field var[FERRY_MAX_FIELDS]; /* what the dataset gave fields of variable shape */
+    int has_var;                           /* the schema has such fields */
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } worker_session;
@@ -273,6 +274,9 @@ static int on_config(worker_session *w)
                                        sizeof err);
     if (rc == FERRY_OK) {
         w->ds_open = 1;
+        w->has_var = 0;
+        for (int f = 0; f < w->ds.schema.nfields; f++)
+            w->has_var |= w->ds.schema.fields[f].ndim == FERRY_NDIM_VAR;
         w->out.u.ready.length = w->ds.length;
         ferry__dataset_wire_schema(&w->ds, &w->out.u.ready.schema);
     } else {
@@ -451,15 +455,6 @@ static int place_var(worker_session *w, const ferry__task *t, unsigned char *bas
     return 1;
 }
 
-/* Whether the schema has fields of variable shape. */
-static int has_var(const worker_session *w)
-{
-    for (int f = 0; f < w->ds.schema.nfields; f++)
-        if (w->ds.schema.fields[f].ndim == FERRY_NDIM_VAR)
-            return 1;
-    return 0;
-}
-
 /* Makes the payload frame for task t (`total` bytes, from payload_bytes)
  * and lays the fields out in it. FERRY_ENOMEM when the frame cannot be
  * had. */
@@ -622,7 +617,10 @@ static int on_task(worker_session *w, zmq_msg_t *task_payload)
         zmq_msg_close(&payload);
         return send_fail(w, t.id, rc, derr.index, derr.message);
     }
-    if (has_var(w)) {
+    if (w->has_var) {
+        /* A message frame was sized for the fixed fields only: a frame
+         * reserving room for the variable ones would send that room too
+         * (a remote worker's bandwidth), so place_var makes a new one. */
         unsigned char *base = room ? room : zmq_msg_data(&payload);
         size_t cap = room ? (size_t)t.shm_bytes : zmq_msg_size(&payload);
         if (!place_var(w, &t, base, cap, &payload, &rc)) {

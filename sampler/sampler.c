@@ -64,9 +64,9 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
                              "some rank would get no sample",
                              (unsigned long long)n, (unsigned long)o->world_size);
 
-    per_rank = n / o->world_size;
-    if (o->pad_shards && !o->drop_last) /* ceil, without the overflow of n + w - 1 */
-        per_rank += n % o->world_size != 0;
+    /* Padded: ceil(n / w), without the overflow of n + w - 1. */
+    int padded = o->pad_shards && !o->drop_last && n % o->world_size != 0;
+    per_rank = n / o->world_size + (uint64_t)padded;
     if (o->drop_last) {
         if (per_rank < o->batch_size)
             return ferry__seterr(FERRY_EINVAL,
@@ -97,7 +97,7 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
     memset(&t, 0, sizeof t);
     t.n = n;
     t.o = *o;
-    t.o.pad_shards = o->pad_shards && !o->drop_last && n % o->world_size != 0;
+    t.o.pad_shards = padded;
     t.per_rank = per_rank;
     t.batches_per_epoch = bpe;
     t.end_seq = end;

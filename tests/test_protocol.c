@@ -1503,11 +1503,7 @@ static void test_fields_of_variable_shape(void **state)
     y->nbytes = 7 * 3 * 8;
     assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
     y->var = 1;
-    roundtrip_msg(&m);
-    len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
-    assert_int_equal(out.u.batch.fields[1].var, 1);
-    assert_int_equal(out.u.batch.fields[1].shape[0], 7);
+    roundtrip_msg(&m); /* the whole message back, var and shape [7, 3] included */
 
     ferry__schema want;
     typical_batch_schema(&want);

@@ -468,6 +468,16 @@ static int shape_size(uint32_t dtype, const int64_t *shape, int ndim, const char
     return FERRY_OK;
 }
 
+uint64_t ferry__item_field_bytes(const ferry__item_field *f)
+{
+    if (f->var) /* shape: [] or [bytes per item it reserves] */
+        return f->ndim ? (uint64_t)f->shape[0] : 0;
+    uint64_t n = ferry_dtype_size(f->dtype);
+    for (int d = 0; d < f->ndim; d++)
+        n *= (uint64_t)f->shape[d];
+    return n;
+}
+
 /* One field of a READY's schema: a dtype and item shape that make a size
  * of at most FERRY__ITEM_BYTES_MAX, as every dataset's items are (the
  * loader sizes batch slots from it). */
@@ -482,8 +492,8 @@ static int check_item_field(const void *elem, const void *parent, const char *wh
                              "reserve per item], not %d dims",
                              where, f->ndim);
     int rc = shape_size((uint32_t)f->dtype, f->shape, f->ndim, where, &total);
-    if (rc == FERRY_OK && f->var) /* shape: [bytes per item], not dims of the dtype */
-        total = f->ndim ? (uint64_t)f->shape[0] : 0;
+    if (rc == FERRY_OK) /* no overflow: the bytes of one item in a slot */
+        total = ferry__item_field_bytes(f);
     if (rc == FERRY_OK && total > FERRY__ITEM_BYTES_MAX)
         return ferry__seterr(FERRY_EPROTO, "%s: one item %s %" PRIu64 " bytes, more than 1 GiB",
                              where, f->var ? "reserves" : "is", total);
@@ -555,8 +565,7 @@ static void pack_cstr(msgpack_packer *pk, const char *str)
     msgpack_pack_str_body(pk, str, n);
 }
 
-/* Packs the key/value pairs of `keys` (no map header: the caller adds it,
- * since the top level also carries "type"). The body is already validated. */
+/* Whether key k is not sent: optional, and 0 in body. */
 static int left_out(const key_spec *k, const void *body)
 {
     return k->optional && load_uint(body, k) == 0;
@@ -571,6 +580,8 @@ static uint32_t sent_keys(const key_spec *keys, size_t nkeys, const void *body)
     return n;
 }
 
+/* Packs the key/value pairs of `keys` (no map header: the caller adds it,
+ * since the top level also carries "type"). The body is already validated. */
 static void pack_entries(msgpack_packer *pk, const key_spec *keys, size_t nkeys, const void *body)
 {
     for (size_t i = 0; i < nkeys; i++) {

@@ -226,6 +226,11 @@ void ferry__indices_unpack(const void *in, size_t n, uint64_t *idx);
  * shape without the batch dim. */
 void ferry__batch_schema(const ferry__batch_hdr *b, ferry__schema *out);
 
+/* The bytes one item of field f takes in a batch slot (a READY's field,
+ * as the decoder accepted it): its dtype's size times its item shape, or
+ * what a field of variable shape reserves per item. */
+uint64_t ferry__item_field_bytes(const ferry__item_field *f);
+
 /* Compares schema `got` with `want`: 0 when they are the same (same
  * fields in the same order, with the same names, dtypes and item shapes),
  * else 1 with the first difference said in why ("field 1 'y' is i8, the

@@ -26,7 +26,6 @@ typedef struct shm_slot {
     ferry__shm *m;  /* the backing context handed out: &slots[i] */
     uint32_t owner; /* SLOT_GIVEN: the worker it was given to */
     uint8_t state;
-    uint8_t ready;    /* its memory is mapped here (set by the scheduler thread at a hold, cleared at the release) */
     uint8_t touched;  /* given since it was last trimmed: it has memory */
     uint64_t free_ms; /* SLOT_FREE: since when */
 } shm_slot;
@@ -278,18 +277,20 @@ void *ferry__shm_data(const ferry__shm *m, int32_t slot)
     return m->base + (size_t)slot * m->slot_bytes;
 }
 
-void *ferry__shm_hold(ferry__shm *m, int32_t slot)
+void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes)
 {
-    /* The first batch in a slot: the worker has allocated its memory by
-     * writing it; map it here in one call, so the trainer reading this or
-     * any later batch in the slot never faults on it. Best effort (before
-     * Linux 5.14 the trainer's first reads fault the pages in). */
-    if (!m->slots[slot].ready) {
+    /* The worker has allocated the batch's memory by writing it; map the
+     * batch's bytes here in one call, so the trainer reading it never
+     * faults on them (its view was dropped when the slot's last batch was
+     * released). Best effort: before Linux 5.14 the trainer's reads fault
+     * the pages in. */
 #ifdef MADV_POPULATE_READ
-        (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_POPULATE_READ);
+    if (bytes)
+        (void)madvise(m->base + (size_t)slot * m->slot_bytes,
+                      bytes < m->slot_bytes ? (size_t)bytes : m->slot_bytes, MADV_POPULATE_READ);
+#else
+    (void)bytes;
 #endif
-        m->slots[slot].ready = 1;
-    }
     pthread_mutex_lock(&m->mu);
     m->slots[slot].state = SLOT_HELD;
     m->held++;
@@ -310,7 +311,6 @@ uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
         if (!sl->touched || now - sl->free_ms < idle_ms)
             continue;
         sl->touched = 0;
-        sl->ready = 0;
         cut[n++] = m->free[i];
     }
     pthread_mutex_unlock(&m->mu);
@@ -347,7 +347,6 @@ void ferry__shm_release(void *held)
     if (m->base)
         (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_DONTNEED);
     pthread_mutex_lock(&m->mu);
-    s->ready = 0;
     put_free(m, slot);
     int last = --m->held == 0 && !m->open;
     pthread_mutex_unlock(&m->mu);

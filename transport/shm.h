@@ -89,11 +89,11 @@ uint32_t ferry__shm_reclaim(ferry__shm *m, uint32_t owner);
 uint64_t ferry__shm_offset(const ferry__shm *m, int32_t slot);
 void *ferry__shm_data(const ferry__shm *m, int32_t slot);
 
-/* Given slot `slot` now backs a batch: returns the context to pass to
- * ferry__shm_release (a ferry__batch_backing's release) when the batch
- * goes. Never fails, allocates nothing; the first time, maps the slot's
- * pages here. Scheduler thread. */
-void *ferry__shm_hold(ferry__shm *m, int32_t slot);
+/* Given slot `slot` now backs a batch whose fields end `bytes` into it:
+ * returns the context to pass to ferry__shm_release (a
+ * ferry__batch_backing's release) when the batch goes. Never fails,
+ * allocates nothing; maps those bytes' pages here. Scheduler thread. */
+void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes);
 void ferry__shm_release(void *held);
 
 /* The loader is done with the pool: the memfd is closed now, the mapping

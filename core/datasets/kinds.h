@@ -93,5 +93,4 @@ int ferry__parse_u64(const char *s, size_t len, uint64_t lo, uint64_t hi, uint64
  * start with *cur = NULL for an empty list. */
 int ferry__next_comma_token(const char **cur, const char **tok, size_t *len);
 
-
 #endif

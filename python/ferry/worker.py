@@ -153,16 +153,14 @@ def _child(sock, args, fds):
 
 
 def fork_server(argv):
-    """``--fork-server --control-fd FD [--dataset SPEC --seed N --workers N
-    --data-fd FD] --parent PID``: loads the dataset once, then forks a
+    """``--fork-server --control-fd FD [--dataset SPEC --data-fd FD]
+    --parent PID``: loads the dataset once, then forks a
     child for each request until the loader closes the connection."""
     from . import _dataset, _ferry
     ctl = int(_take_option(argv, "--control-fd"))
     spec = _take_option(argv, "--dataset")
     data_fd = _take_option(argv, "--data-fd")
     parent = _take_option(argv, "--parent")
-    _take_option(argv, "--seed")
-    _take_option(argv, "--workers")
     if parent is not None:
         _ferry.tie_to_parent(int(parent))
     sock = socket.socket(fileno=ctl)
