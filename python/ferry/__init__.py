@@ -347,6 +347,8 @@ class _Epoch:
             kept = ld._kept.get(ld._epoch_now)
             if kept:
                 item = kept.pop(0)
+                if not kept:
+                    del ld._kept[ld._epoch_now]
             else:
                 try:
                     item = ld._next(self._timeout)
@@ -470,7 +472,8 @@ class Loader(_Closes):
     def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024,
                  log=_to_logging, **options):
         self._c = None
-        self._data_fd = None
+        self._data_fd = None  # the pickled dataset's memfd (process workers)
+        self._own_token = None  # the dataset object thread workers use as it is
         if log is not None and not callable(log):
             raise TypeError("ferry.Loader: log must be a callable(level, message) or None, "
                             "not %s" % type(log).__name__)
@@ -488,7 +491,6 @@ class Loader(_Closes):
             if name in opts:
                 raise TypeError("ferry.Loader: option %s is given twice (as %s)" % (name, key))
             opts[name] = value
-        self._data_fd = None
         threads = str(opts.get("worker_mode", "process")).lower() == "thread"
         if isinstance(dataset, str):
             if dataset_kwargs:
@@ -525,8 +527,9 @@ class Loader(_Closes):
         if "worker_path" not in opts:
             path, args = worker_command()
             pairs += [("worker_path", path), ("worker_args", args)]
+        if self._data_fd is not None:
+            pairs.append(("dataset_fd", str(self._data_fd)))
         self._pairs = pairs
-        self._seen = 0  # batches of the current epoch, out of order
         try:
             self._adopt(self._open(state))
         except BaseException:
@@ -541,7 +544,8 @@ class Loader(_Closes):
         they are handed (option dataset_fd), loaded once by their clean
         parent."""
         if threads:
-            return _dataset.own_object_spec(dataset)
+            spec, self._own_token = _dataset.own_object_spec(dataset)
+            return spec
         spec, data = _dataset.pickle_dataset(dataset)
         fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
         try:
@@ -552,7 +556,6 @@ class Loader(_Closes):
             os.close(fd)
             raise
         self._data_fd = fd
-        self._pairs_extra = [("dataset_fd", str(fd))]
         return spec
 
     def _open(self, state):
@@ -562,8 +565,7 @@ class Loader(_Closes):
             blob = state.get("ferry") if isinstance(state, dict) else state
             if not isinstance(blob, (bytes, bytearray)):
                 raise StateError("ferry.Loader: state must be what state_dict() returned")
-        pairs = self._pairs + (self._pairs_extra if self._data_fd is not None else [])
-        c = _ferry.Loader(pairs, bytes(blob) if blob is not None else None, self._log)
+        c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None, self._log)
         c.max_held = self._max_held
         # The kind of Batch the fields call for, made by the C side inside
         # next() (see _next).
@@ -647,7 +649,7 @@ class Loader(_Closes):
         that does not fit raises and leaves this loader as it was."""
         self._live()
         c = self._open(state)
-        self.close()
+        self._stop()
         self._adopt(c)
 
     # -- facts
@@ -671,6 +673,16 @@ class Loader(_Closes):
     def close(self):
         """Stops the workers and frees everything (batches you hold stay
         valid). Safe to call twice."""
+        self._stop()
+        if self._data_fd is not None:
+            os.close(self._data_fd)  # the loader kept its own copy while it ran
+            self._data_fd = None
+        if self._own_token is not None:
+            _dataset.forget_own_object(self._own_token)
+            self._own_token = None
+
+    def _stop(self):
+        """Stops the C loader (the dataset stays, for another)."""
         c = self._c
         if c is not None and _ferry.worker_state() is not None:
             # Called from one of this process's thread workers (a loader
@@ -682,9 +694,6 @@ class Loader(_Closes):
             c.close()  # raises, changing nothing, while another thread is in next()
         self._c = None
         _open_loaders.discard(self)
-        if self._data_fd is not None:
-            os.close(self._data_fd)  # the loader kept its own copy while it ran
-            self._data_fd = None
 
     @property
     def closed(self):

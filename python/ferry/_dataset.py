@@ -338,6 +338,7 @@ def _layout(sample):
 PICKLED = "@pickle"  # python:@pickle {"bytes": N, "sha256": HEX}: the object in the loader's memory
 _payload = [None]    # the bytes of a pickled dataset, in a worker (--data-fd)
 _own_objects = {}    # token -> a dataset object thread workers use as it is (own_object_spec)
+_own_count = [0]
 _preloaded = {}      # spec args -> what open_dataset returned, in a clean parent
 
 
@@ -398,11 +399,17 @@ def pickle_dataset(obj):
 
 
 def own_object_spec(obj):
-    """The spec of a dataset object used as it is by thread workers in this
-    process (nothing is pickled)."""
-    token = "object-%x" % id(obj)
+    """(spec, token) of a dataset object used as it is by thread workers in
+    this process (nothing is pickled); forget_own_object(token) when the
+    loader is done with it."""
+    _own_count[0] += 1  # one per loader: each forgets its own
+    token = "object-%x-%d" % (id(obj), _own_count[0])
     _own_objects[token] = obj
-    return "python:%s %s" % (PICKLED, json.dumps({"bytes": 0, "sha256": token}))
+    return "python:%s %s" % (PICKLED, json.dumps({"bytes": 0, "sha256": token})), token
+
+
+def forget_own_object(token):
+    _own_objects.pop(token, None)
 
 
 # The process-wide clean parent, started when ferry is imported: it does
@@ -493,7 +500,7 @@ def _load_pickled(opts):
     if _policy["remote"]:
         raise PermissionError("a remote worker never unpickles what the network sent: pass the "
                               "dataset by name, ferry.Loader(MyDataset, dataset_kwargs={...})")
-    data = _payload[0]
+    data, _payload[0] = _payload[0], None  # the bytes go once unpickled
     if data is None:
         raise ValueError("the dataset was pickled by the trainer, but this worker was given no "
                          "bytes (--data-fd)")
@@ -504,6 +511,12 @@ def _load_pickled(opts):
     import pickle
     _extend_path(opts.get("path"))  # where the classes it names are imported from
     return pickle.loads(data)
+
+
+def has_preloaded():
+    """Whether this process is (a fork of) a clean parent that opened its
+    dataset already."""
+    return bool(_preloaded)
 
 
 def preload(args):
@@ -522,8 +535,8 @@ def _describe(ds):
     if n <= 0:
         raise ValueError("the dataset (a %s) has no items (len %d)" % (type(ds).__name__, n))
     fields = getattr(ds, "__ferry_fields__", None)
-    if callable(fields):  # ferry.torch's form: it fills the batch itself (__ferry_fill__)
-        return n, 1, list(fields()), None
+    if callable(fields):  # ferry.torch's form: it fills the batch itself (layout 3)
+        return n, 3, list(fields()), ds.__ferry_fill__
     gb = getattr(ds, "get_batch", None)
     gb = gb if callable(gb) else None
     sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
@@ -554,8 +567,6 @@ def open_dataset(args):
     ds = target(**kwargs) if callable(target) and (isinstance(target, type) or kwargs or
                                                    not hasattr(target, "__getitem__")) \
         else target
-    if len(ds) <= 0:
-        raise ValueError("dataset %s:%s has no items (len %d)" % (module, qual, len(ds)))
     return (ds,) + _describe(ds)
 
 

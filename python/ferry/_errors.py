@@ -6,6 +6,7 @@ an unknown option, ``ValueError`` for a bad value, ``TimeoutError``).
 ``ferry._ferry`` calls :func:`make` with the C code and ``ferry_last_error()``.
 """
 
+import builtins
 import re
 
 from . import _ferry
@@ -148,8 +149,6 @@ _CLASSES = {
     "FERRY_ELIMIT": LimitError,
 }
 
-
-import builtins  # noqa: E402
 
 # The built-in exception types a dataset's exception may be, by name.
 _BUILTIN = {n: c for n, c in vars(builtins).items()

@@ -12,12 +12,9 @@ the same Python dataset, with one of two pipelines (``--pipeline``):
   RandomHorizontalFlip(), ToTensor(), Normalize(ImageNet mean and std)``;
   2,000 items in batches of 64, a 15 ms training step. torch gets
   ``DataLoader(dataset, batch_size, shuffle=True, num_workers,
-  persistent_workers=True, prefetch_factor=2)``; ferry gets
-  ``ferry.Loader(dataset, batch_size=..., workers=..., shuffle=True,
-  seed=..., epochs=...)``, the same dataset object, or, while ferry.Loader
-  refuses objects ("datasets are named, not pickled"), the class
-  :class:`ImageFolderBench` (``ferry.bench:ImageFolderBench``) that builds
-  the same ImageFolder in each worker. Batches are ``x, y``.
+  persistent_workers=True, prefetch_factor=2)``; ferry gets the same
+  call through ``ferry.torch.DataLoader`` (the one-import switch), with
+  the same dataset object. Batches are ``x, y``.
 
 What it measures, per loader (the median over rounds, with min..max):
 
@@ -110,21 +107,6 @@ def imagefolder(root):
         transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
     ])
     return datasets.ImageFolder(root, transform=tf)
-
-
-class ImageFolderBench:
-    """:func:`imagefolder` by name, for a ferry.Loader that takes dataset
-    classes only: each worker builds ``ImageFolderBench(root=...)``."""
-
-    def __init__(self, root):
-        self.ds = imagefolder(root)
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        img, label = self.ds[i]
-        return img, label
 
 
 def make_imagefolder(root, items, classes, size, seed):
@@ -291,21 +273,25 @@ def _open_ferry(a):
     """(new epoch iterator, batches per epoch, close, how the dataset got
     there) for ferry."""
     import ferry
-    opts = dict(batch_size=a.batch_size, workers=a.workers, shuffle=True, seed=a.seed,
-                epochs=a.epochs)
-    if a.prefetch is not None:
-        opts["prefetch"] = a.prefetch
     if a.pipeline == "mnist":
+        opts = dict(batch_size=a.batch_size, workers=a.workers, shuffle=True, seed=a.seed,
+                    epochs=a.epochs)
+        if a.prefetch is not None:
+            opts["prefetch"] = a.prefetch
         ld = ferry.Loader(_bench_module().MnistLike, dataset_kwargs={"n": a.items, "seed": a.seed},
                           **opts)
         how = "the class ferry.bench:MnistLike"
     else:  # what a torch user switching one import runs
         from ferry.torch import DataLoader
-        ld = DataLoader(imagefolder(a.root), batch_size=a.batch_size, shuffle=True,
-                        num_workers=a.workers, persistent_workers=True,
-                        prefetch_factor=_torch_prefetch(a), epochs=a.epochs)
+        ld = DataLoader(imagefolder(a.root), epochs=a.epochs, **_imagefolder_args(a))
         how = "ferry.torch.DataLoader, the ImageFolder object"
     return ld.__iter__, len(ld), ld.close, how
+
+
+def _imagefolder_args(a):
+    """The imagefolder pipeline's DataLoader arguments, the same for both."""
+    return dict(batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
+                persistent_workers=True, prefetch_factor=_torch_prefetch(a))
 
 
 def _open_torch(a):
@@ -321,9 +307,7 @@ def _open_torch(a):
                         generator=torch.Generator().manual_seed(a.seed))
         how = "a MnistLike object"
     else:
-        dl = DataLoader(imagefolder(a.root), batch_size=a.batch_size, shuffle=True,
-                        num_workers=a.workers, persistent_workers=True,
-                        prefetch_factor=_torch_prefetch(a))
+        dl = DataLoader(imagefolder(a.root), **_imagefolder_args(a))
         how = "the ImageFolder object"
     held = {"dl": dl}
     del dl
@@ -732,10 +716,8 @@ def table(res):
             "torch is imported in the trainer for every run, ferry's included.",
         ]
     elif "torch" in names:
-        both = res["dataset_given_as"].get("ferry", "").endswith("object")
         lines += [
-            "The ImageFolder is built in the trainer (in startup) for %s. torch's workers are"
-            % ("both" if both else "torch, in each worker for ferry"),
+            "The ImageFolder is built in the trainer (in startup) for both. torch's workers are",
             "forked from the trainer, so their RSS counts pages shared with it (PSS splits",
             "them). torch and torchvision are imported in the trainer for every run.",
         ]

@@ -250,7 +250,9 @@ def main(argv=None):
         return 0
     remote = "--slot" not in rest
     data_fd = _take_option(rest, "--data-fd")
-    if data_fd is not None and not remote:
+    if data_fd is not None and _dataset.has_preloaded():
+        os.close(int(data_fd))  # a fork of the clean parent: the dataset is loaded already
+    elif data_fd is not None and not remote:
         _dataset.set_payload(_read_fd(int(data_fd)))
     _dataset.configure(remote=remote, allow=allow)
     if not remote:

@@ -32,7 +32,9 @@
 
 #include "ferry_dataset.h"
 
-enum layout { LAYOUT_SINGLE = 0, LAYOUT_TUPLE = 1, LAYOUT_DICT = 2 };
+/* How items are laid out (LAYOUT_FILL: the dataset fills the batch itself,
+ * its __ferry_fill__ is what open_dataset gives as get_batch). */
+enum layout { LAYOUT_SINGLE = 0, LAYOUT_TUPLE = 1, LAYOUT_DICT = 2, LAYOUT_FILL = 3 };
 
 /* The collating functions return FERRY_OK, FERRY_EBATCH (a mismatch, with
  * the message written), or PYERR: a Python exception is set. */
@@ -232,11 +234,11 @@ static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
     d->length = length;
     if (gb != Py_None) {
         Py_INCREF(gb);
-        d->get_batch = gb;
+        if (d->layout == LAYOUT_FILL)
+            d->fill = gb;
+        else
+            d->get_batch = gb;
     }
-    d->fill = PyObject_GetAttrString(d->obj, "__ferry_fill__");
-    if (!d->fill)
-        PyErr_Clear();
     rc = read_schema(d, fields, schema, errbuf, errlen);
     if (rc < 0 && PyErr_Occurred()) {
         take_exception(errbuf, errlen);
@@ -466,23 +468,31 @@ static int copy_fields(const pyds *d, PyObject *x, long long count, size_t offse
     return FERRY_OK;
 }
 
-/* get_batch(indices, epoch) with indices a read-only numpy uint64 array. */
-static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[],
-                       ferry_dataset_error *err)
+/* The batch's indices as a read-only numpy uint64 array (new reference),
+ * or NULL with an exception. */
+static PyObject *indices_obj(const ferry_batch_request *req)
 {
-    err->index = req->count ? req->indices[0] : 0;
     PyObject *raw = PyBytes_FromStringAndSize((const char *)req->indices,
                                               (Py_ssize_t)(req->count * sizeof(uint64_t)));
     static PyObject *indices_array;
     PyObject *fn = raw ? cached_attr(&indices_array, "ferry._dataset", "indices_array") : NULL;
     PyObject *idx = fn ? PyObject_CallOneArg(fn, raw) : NULL;
+    Py_XDECREF(raw);
+    return idx;
+}
+
+/* get_batch(indices, epoch) with indices a read-only numpy uint64 array. */
+static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[],
+                       ferry_dataset_error *err)
+{
+    err->index = req->count ? req->indices[0] : 0;
+    PyObject *idx = indices_obj(req);
     PyObject *res = idx ? PyObject_CallFunction(d->get_batch, "OK", idx,
                                                 (unsigned long long)req->epoch)
                         : NULL;
     int rc = res ? copy_fields(d, res, (long long)req->count, 0, dst, err) : PYERR;
     Py_XDECREF(res);
     Py_XDECREF(idx);
-    Py_XDECREF(raw);
     return rc;
 }
 
@@ -557,13 +567,7 @@ static int fill_batch(pyds *d, const ferry_batch_request *req, void *const dst[]
             goto out;
         PyList_SET_ITEM(views, f, mv);
     }
-    PyObject *raw = views ? PyBytes_FromStringAndSize((const char *)req->indices,
-                                                      (Py_ssize_t)(req->count * sizeof(uint64_t)))
-                          : NULL;
-    static PyObject *indices_array;
-    PyObject *fn = raw ? cached_attr(&indices_array, "ferry._dataset", "indices_array") : NULL;
-    idx = fn ? PyObject_CallOneArg(fn, raw) : NULL;
-    Py_XDECREF(raw);
+    idx = views ? indices_obj(req) : NULL;
     res = idx ? PyObject_CallFunction(d->fill, "OKO", idx, (unsigned long long)req->epoch, views)
               : NULL;
     seq = res ? PySequence_Fast(res, "__ferry_fill__ must return a sequence") : NULL;

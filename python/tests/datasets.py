@@ -153,3 +153,17 @@ class Gated:
             if self.bad:
                 raise ValueError("item %d is bad" % i)
         return np.int64(i)
+
+
+class ArrayBacked:
+    """A dataset object holding an array (pickled with it): item i is
+    {"x": array[i]}."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __len__(self):
+        return len(self.array)
+
+    def __getitem__(self, i):
+        return {"x": self.array[i]}

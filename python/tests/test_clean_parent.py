@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import wait_for
+from conftest import children, wait_for
 from datasets import Items
 
 
@@ -29,14 +29,12 @@ def parent_of_workers(ld, n=2):
     that is neither a worker (a fork of it: the same command line) nor the
     process-wide one."""
     workers = {ld.worker_pid(i) for i in range(n)} | {template_pid()}
-    me = os.getpid()
-    for stat in os.listdir("/proc"):
-        if stat.isdigit() and int(stat) not in workers:
+    for pid in children():
+        if pid not in workers:
             try:
-                with open("/proc/%s/cmdline" % stat, "rb") as f:
-                    cmd = f.read()
-                if ppid_of(int(stat)) == me and b"--fork-server" in cmd:
-                    return int(stat)
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    if b"--fork-server" in f.read():
+                        return pid
             except OSError:
                 continue
     return None
@@ -87,6 +85,7 @@ def descendants():
 def test_a_killed_worker_is_replaced_by_a_fork_and_every_item_arrives_once():
     with ferry.Loader(Items(200, slow_ms=2), batch_size=5, workers=2, epochs=2) as ld:
         parent = parent_of_workers(ld)
+        assert parent is not None
         it = ld.stream()
         got = [int(v) for v in next(it)["y"]]
         victim = ld.worker_pid(1)
@@ -245,10 +244,47 @@ def test_a_forked_child_keeps_no_dataset_memfd():
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # what multiprocessing's fork start does
-            os.write(w, b"0" if dataset_memfds() else b"1")
-            os._exit(0)
+            try:
+                os.write(w, b"0" if dataset_memfds() else b"1")
+            finally:
+                os._exit(0)  # never back into pytest
         os.close(w)
         said = os.read(r, 1)
         os.close(r)
         os.waitpid(pid, 0)
         assert said == b"1"
+
+
+def private_mib(pid):
+    with open("/proc/%d/smaps_rollup" % pid) as f:
+        return sum(int(line.split()[1]) for line in f
+                   if line.startswith(("Private_Dirty:", "Private_Clean:"))) / 1024
+
+
+def test_forked_workers_share_the_dataset_their_parent_loaded():
+    # 64 MiB pickled: a worker forked from the clean parent neither reads
+    # those bytes again nor holds a copy of the array (the parent's pages).
+    from datasets import ArrayBacked
+    array = np.arange(8 << 20, dtype=np.float64)
+    with ferry.Loader(ArrayBacked(array), batch_size=64, workers=2) as ld:
+        assert next(iter(ld))["x"].tolist() == list(range(64))
+        for i in range(2):
+            assert private_mib(ld.worker_pid(i)) < 40, private_mib(ld.worker_pid(i))
+
+
+@pytest.mark.parametrize("placement", ["process", "thread"])
+def test_an_object_loader_resumes_again_and_again_and_lets_the_object_go(placement):
+    import gc
+    import weakref
+    from datasets import ArrayBacked
+    ds = ArrayBacked(np.arange(100, dtype=np.int64))
+    gone = weakref.ref(ds)
+    with ferry.Loader(ds, batch_size=10, workers=2, placement=placement) as ld:
+        del ds
+        first = next(iter(ld))["x"].tolist()
+        state = ld.state_dict()
+        for _ in range(3):  # each time the workers start anew from the same object
+            ld.load_state_dict(state)
+            assert next(iter(ld))["x"].tolist() == [v + 10 for v in first]
+    gc.collect()
+    assert gone() is None  # nothing in ferry keeps the dataset once the loader is closed

@@ -514,14 +514,24 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for
         with ferry.Loader(datasets.Gated, dataset_kwargs={"n": 4, "at": 3}, batch_size=1,
                           shuffle=False, workers=2, prefetch=8, placement="thread",
                           in_order=off) as ld:
-            got = []
-            opener = threading.Thread(target=lambda: (
-                wait_for(lambda: ld._kept, 20, "epoch 1's batches kept"), datasets.GATE.set()))
+            got, kept = [], []
+
+            def open_once_kept():
+                try:  # the gate opens whatever happens; what was kept is asserted below
+                    deadline = time.monotonic() + 20
+                    while not ld._kept and time.monotonic() < deadline:
+                        time.sleep(0.01)  # polling the loader's state, with a deadline
+                    kept.append(bool(ld._kept))
+                finally:
+                    datasets.GATE.set()
+
+            opener = threading.Thread(target=open_once_kept)
             for b in ld:
                 got.append((b.epoch, b.index_in_epoch))
                 if len(got) == 3:  # all but the gated one: open it once epoch 1's are kept
                     opener.start()
-            opener.join()
+            opener.join(30)
+            assert kept == [True], "epoch 1's batches were not kept while epoch 0's last waited"
             assert sorted(got) == [(0, i) for i in range(4)], got
             second = [(b.epoch, b.index_in_epoch) for b in ld]
             assert sorted(second) == [(1, i) for i in range(4)], second
