@@ -1478,7 +1478,7 @@ static void test_schema_diff_names_the_first_difference(void **state)
 static void test_fields_of_variable_shape(void **state)
 {
     (void)state;
-    ferry__msg m, out;
+    ferry__msg m;
     char buf[FERRY__HDR_MAX];
     sample(&m, FERRY__MSG_READY, TYPICAL);
     size_t len = encode_ok(&m, buf, sizeof buf);
