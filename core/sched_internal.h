@@ -41,6 +41,15 @@ typedef struct sched_worker {
      * length and schema (NULL: none waiting). */
     ferry__ready *held_ready;
     uint32_t fails_retried; /* remote: its FAILs whose batch went elsewhere */
+    /* Local: a replacement that could not be started (no fd, no memory, no
+     * process left under the user's limits) is tried again at
+     * restart_at_ms (0: none pending), the delay doubling each time. */
+    uint64_t restart_at_ms;
+    uint64_t down_since_ms; /* when its replacement first failed to start */
+    uint32_t restart_delay_ms;
+    uint32_t restart_tries;
+    int restart_rc;        /* the last try's error code */
+    char restart_err[256]; /* and why it failed */
 } sched_worker;
 
 struct ferry__scheduler {

@@ -99,6 +99,45 @@ static void death_message(const sched_worker *w, ferry__peer_state was, char *ms
              ev->words[0] ? "; its last words: " : "", ev->words);
 }
 
+#define RESTART_DELAY_MIN_MS 100
+#define RESTART_DELAY_MAX_MS 2000
+
+/* Starts local worker w's replacement. One that cannot be started now (the
+ * fd table full, say, or memory short) is tried again later, the delay
+ * doubling up to RESTART_DELAY_MAX_MS, while the other workers serve:
+ * what is short now is usually back soon, and a loader that still has
+ * workers has no reason to fail. check_restarts fails it once no worker is
+ * left to serve and this one has been down for start_timeout_ms. */
+static void try_restart(ferry__scheduler *s, sched_worker *w, uint64_t now)
+{
+    int rc = ferry__pool_start(s->pool, w->p.index);
+    if (rc == FERRY_OK) {
+        if (w->restart_tries)
+            ferry__logf(&s->log, FERRY_LOG_INFO,
+                        "worker %u started again after %u failed tries (%llu ms)", w->p.index,
+                        w->restart_tries, (unsigned long long)(now - w->down_since_ms));
+        w->restart_at_ms = 0;
+        w->restart_tries = 0;
+        w->p.state = FERRY__PEER_SPAWNED;
+        return;
+    }
+    if (!w->restart_tries++)
+        w->down_since_ms = now;
+    w->restart_rc = rc;
+    snprintf(w->restart_err, sizeof w->restart_err, "%s", ferry_last_error());
+    uint32_t d = w->restart_delay_ms * 2;
+    w->restart_delay_ms = d < RESTART_DELAY_MIN_MS   ? RESTART_DELAY_MIN_MS
+                          : d > RESTART_DELAY_MAX_MS ? RESTART_DELAY_MAX_MS
+                                                     : d;
+    w->restart_at_ms = now + w->restart_delay_ms;
+    if (ferry__log_nth(w->restart_tries, 1))
+        ferry__logf(&s->log, FERRY_LOG_WARN,
+                    "could not start worker %u again (%u tries so far): %s; trying again in "
+                    "%u ms (%u other workers serve meanwhile)",
+                    w->p.index, w->restart_tries, w->restart_err, w->restart_delay_ms,
+                    ferry__window_add_workers(s->win, 0));
+}
+
 /* The settled death of local worker w: its tasks go back to the window
  * (the one it was on charged), and under the restart policy the slot is
  * started again, unless it keeps dying without delivering anything. */
@@ -144,11 +183,9 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     w->p.delivered_any = 0;
     w->p.ident.len = 0;
     w->p.unreachable = 0;
-    int rc = ferry__pool_start(s->pool, w->p.index);
-    if (rc != FERRY_OK)
-        ferry__window_fail(s->win, rc, NULL);
-    else
-        w->p.state = FERRY__PEER_SPAWNED;
+    w->restart_tries = 0;
+    w->restart_delay_ms = 0;
+    try_restart(s, w, ferry__now_ms());
 }
 
 static void settle_one(ferry__scheduler *s, sched_worker *w)
@@ -294,6 +331,30 @@ static void check_timeouts(ferry__scheduler *s, uint64_t now)
     }
 }
 
+/* Replacements due another try (see try_restart). With no worker left to
+ * serve, one down for start_timeout_ms fails the loader: nothing else
+ * would. */
+static void check_restarts(ferry__scheduler *s, uint64_t now)
+{
+    for (uint32_t i = 0; i < s->nlocal; i++) {
+        sched_worker *w = &s->w[i];
+        if (!w->restart_at_ms || now < w->restart_at_ms)
+            continue;
+        try_restart(s, w, now);
+        if (!w->restart_at_ms || ferry__window_add_workers(s->win, 0) ||
+            now - w->down_since_ms < (uint64_t)s->cfg.start_timeout_ms)
+            continue;
+        char msg[FERRY__ERRMSG_MAX];
+        snprintf(msg, sizeof msg,
+                 "no worker is left to serve, and worker %u could not be started again in %llu "
+                 "ms (%u tries; start_timeout_ms %lld): %s",
+                 w->p.index, (unsigned long long)(now - w->down_since_ms), w->restart_tries,
+                 (long long)s->cfg.start_timeout_ms, w->restart_err);
+        ferry__window_fail(s->win, w->restart_rc, msg);
+        return;
+    }
+}
+
 /* A replacement that does not get ready (stopped, stuck opening the
  * dataset) is killed; its death counts as a failed start. */
 static void check_replacements(ferry__scheduler *s, uint64_t now)
@@ -349,6 +410,7 @@ void ferry__sched_check_deadlines(ferry__scheduler *s)
         check_start_deadline(s, now);
     if (ph == FERRY__PHASE_RUNNING) {
         check_idle(s, now);
+        check_restarts(s, now);
         check_replacements(s, now);
         if (s->cfg.timeout_ms > 0)
             check_timeouts(s, now);

@@ -213,6 +213,111 @@ static void test_restart_replaces_killed_workers_and_loses_nothing(void **state)
     ft_end(&snap);
 }
 
+/* Takes the next `n` batches, each the next seq in order (*k) and intact. */
+static void take_in_order(ferry_loader *ld, uint64_t *k, uint64_t n)
+{
+    for (uint64_t j = 0; j < n; j++) {
+        ferry_batch *b;
+        int rc = ferry_loader_next(ld, &b);
+        if (rc != FERRY_OK)
+            print_error("next: %s: %s\n", ferry_err_name(rc), ferry_last_error());
+        assert_int_equal(rc, FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, *k);
+        ft_assert_synthetic(b, 0);
+        ferry_batch_release(b);
+        (*k)++;
+    }
+}
+
+/* The soft open-file limit just above what is open now: a worker started
+ * after a death (a few fds closed) finds too few. Returns the old limit. */
+static struct rlimit starve_fds(void)
+{
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t)ft_count_fds() + 1;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    return old;
+}
+
+/* A replacement that cannot be started for want of file descriptors (a
+ * connection flood, the trainer's own files) is tried again with a back-off
+ * while the other worker serves, and starts once fds are free: the stream
+ * never stops and loses nothing. (It used to fail the loader at once.) */
+static void test_a_replacement_that_cannot_start_is_tried_again(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    cap.n = 0;
+    ferry_config *cfg = make_cfg(2, 16, "synthetic:n=16000,dim=8");
+    assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1000), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    uint64_t k = 0;
+    take_in_order(ld, &k, 10);
+
+    struct rlimit old = starve_fds();
+    assert_int_equal(kill(worker_pid(ld, 0), SIGKILL), 0);
+    uint64_t deadline = ft_now_ms() + 10000;
+    while (!ft_count_log(&cap, FERRY_LOG_WARN, "could not start worker 0 again")) {
+        assert_true(ft_now_ms() < deadline);
+        take_in_order(ld, &k, 1);
+    }
+    /* Several back-offs' worth of batches from worker 1 alone. */
+    uint64_t until = ft_now_ms() + 500;
+    while (ft_now_ms() < until)
+        take_in_order(ld, &k, 1);
+    assert_int_equal(ft_stats(ld).workers, 1);
+    assert_true(ft_count_log(&cap, FERRY_LOG_WARN, "needs 8 more file descriptors") >= 1);
+
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_true(ft_wait_stats(ld, workers_at_least, 2, 10000) >= 0);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, "worker 0 started again after"), 1);
+    take_in_order(ld, &k, 200);
+    ferry_stats st = ft_stats(ld);
+    assert_int_equal(st.restarts, 1);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
+/* With no worker left and none that can be started, the loader fails once
+ * start_timeout_ms has passed, saying why, after every batch made before. */
+static void test_no_worker_left_to_start_fails_after_the_start_timeout(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg(1, 16, "synthetic:n=16000,dim=8");
+    assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1000), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    uint64_t k = 0;
+    take_in_order(ld, &k, 5);
+    struct rlimit old = starve_fds();
+    uint64_t t0 = ft_now_ms();
+    assert_int_equal(kill(worker_pid(ld, 0), SIGKILL), 0);
+    ferry_batch *b;
+    int rc;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, k++);
+        ferry_batch_release(b);
+    }
+    uint64_t took = ft_now_ms() - t0;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    FT_EXPECT_ERROR(rc, FERRY_ELIMIT, "no worker is left to serve", "worker 0",
+                    "start_timeout_ms 1000", "RLIMIT_NOFILE", NULL);
+    assert_true(took >= 1000 && took < 5000);
+    ft_close_within(ld, 3000);
+    ft_end(&snap);
+}
+
 /* stderr into a temporary file until stderr_end, which restores it and
  * returns what was written (up to cap - 1 bytes, NUL-terminated). */
 typedef struct stderr_capture {
@@ -980,6 +1085,8 @@ int main(void)
         cmocka_unit_test(test_open_fails_at_once_for_a_worker_of_another_version),
         cmocka_unit_test(test_local_wrong_batch_fails_that_batch_only),
         cmocka_unit_test(test_open_fails_clearly_at_the_fd_limit),
+        cmocka_unit_test(test_a_replacement_that_cannot_start_is_tried_again),
+        cmocka_unit_test(test_no_worker_left_to_start_fails_after_the_start_timeout),
         cmocka_unit_test(test_open_fails_cleanly_when_any_allocation_fails),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
