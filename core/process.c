@@ -193,19 +193,49 @@ int ferry__find_worker(const char *configured, char *out, size_t cap)
                          ws.tried);
 }
 
+long long ferry__fd_count(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    long long used = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        used += e->d_name[0] != '.';
+    closedir(d);
+    return used - 1; /* the directory's own fd */
+}
+
+unsigned long long ferry__fd_raise_limit(const ferry__log *log)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 0;
+    if (rl.rlim_cur == RLIM_INFINITY)
+        return ULLONG_MAX;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            ferry__logf(log, FERRY_LOG_INFO,
+                        "raised the open-file limit (RLIMIT_NOFILE) from %llu to its hard limit "
+                        "%llu for remote connections",
+                        (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+        } else {
+            rl.rlim_cur = was;
+        }
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? ULLONG_MAX : (unsigned long long)rl.rlim_cur;
+}
+
 int ferry__fd_headroom(int need, const char *what)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
         return FERRY_OK;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
+    long long n = ferry__fd_count();
+    if (n < 0)
         return FERRY_OK; /* no /proc: the calls themselves will report */
-    unsigned long long used = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        used += e->d_name[0] != '.';
-    closedir(d);
-    used--; /* the directory's own fd */
+    unsigned long long used = (unsigned long long)n;
     if (used + (unsigned long long)need <= (unsigned long long)rl.rlim_cur)
         return FERRY_OK;
     return ferry__seterr(FERRY_ELIMIT,

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "log.h"
+
 /* Finds the worker program, as a path no longer than cap - 1 in `out`:
  * `configured` if non-empty, else $FERRY_WORKER if non-empty (either is
  * taken as it is or refused, never passed over), else ferry-worker beside
@@ -93,6 +95,14 @@ int ferry__spawn_worker(const char *path, const char *args, const ferry__worker_
  * listener cannot accept a worker's connection for want of an fd, so ferry
  * refuses early instead. Counts /proc/self/fd (one readdir). */
 int ferry__fd_headroom(int need, const char *what);
+
+/* How many fds this process has open (/proc/self/fd), or -1. */
+long long ferry__fd_count(void);
+
+/* Raises the soft RLIMIT_NOFILE to the hard limit (logged at info when it
+ * moves), for a loader that anyone on the network can connect to. Returns
+ * the soft limit now (ULLONG_MAX: none; 0: unknown). */
+unsigned long long ferry__fd_raise_limit(const ferry__log *log);
 
 /* "SIGKILL" for 9, "signal 77" for unknown ones (buf used then). */
 const char *ferry__signal_name(int sig, char *buf, size_t cap);

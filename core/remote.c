@@ -21,7 +21,9 @@
 #include "config.h"
 #include "endpoint.h"
 #include "error.h"
+#include "guard.h"
 #include "keys.h"
+#include "process.h"
 #include "zap.h"
 
 #ifndef ZMQ_ZAP_ENFORCE_DOMAIN
@@ -44,6 +46,7 @@ struct ferry__remote {
     char bound[FERRY__ENDPOINT_MAX];
     uint32_t data_port;
     session_token *tokens; /* plain TCP: max_remote of them */
+    ferry__guard *guard;   /* bounds the connections to sock and data */
     int item_sock, item_data, item_zap; /* where their poll items went, -1: none */
 };
 
@@ -155,7 +158,11 @@ static int setup_data(ferry__remote *rm, void *zctx)
     if (rc == FERRY_OK)
         rc = set_zap_domain(rm->data);
     if (rc == FERRY_OK)
+        rc = ferry__guard_prepare(rm->guard, rm->data);
+    if (rc == FERRY_OK)
         rc = ferry__socket_bind(rm->data, ep, FERRY_EOPTION);
+    if (rc == FERRY_OK)
+        rc = ferry__guard_watch(rm->guard, rm->data);
     if (rc != FERRY_OK)
         return rc;
     size_t len = sizeof got;
@@ -170,13 +177,69 @@ static int setup_data(ferry__remote *rm, void *zctx)
     return FERRY_OK;
 }
 
+/* The connection guard (guard.h). Its cap: room for every remote slot's
+ * connections (two each on plain TCP) and GUARD_SPARE more still shaking
+ * hands, within half of what the open-file limit (raised to the hard one)
+ * leaves after the fds open now, the reserve asked for, and the listen
+ * backlogs: the other half is for what libzmq accepts before the guard's
+ * thread reacts (measured: up to ~230 connections on a busy 2-core
+ * machine flooded with 1,000 at once). A connection that says nothing is
+ * closed after heartbeat_ms x liveness, and never before
+ * GUARD_HANDSHAKE_MIN_MS (a CURVE handshake takes a few round trips). */
+#define GUARD_SPARE 256
+#define GUARD_BACKLOG 32
+#define GUARD_CAP_MIN 8
+#define GUARD_HANDSHAKE_MIN_MS 2000
+static int setup_guard(ferry__remote *rm, void *zctx)
+{
+    const ferry__remote_opts *o = &rm->o;
+    unsigned long long limit = ferry__fd_raise_limit(&o->log);
+    long long used = ferry__fd_count();
+    long long per = o->insecure ? 2 : 1;
+    long long want = per * o->max_remote + GUARD_SPARE, cap = want;
+    char why[160];
+    snprintf(why, sizeof why, "%lld per remote slot (max_remote %lld) and %d more", per,
+             (long long)o->max_remote, GUARD_SPARE);
+    if (limit && limit != ULLONG_MAX && used >= 0) {
+        long long room = ((long long)(limit > LLONG_MAX / 2 ? LLONG_MAX / 2 : limit) - used -
+                          o->fd_reserve - 2 * GUARD_BACKLOG) /
+                         2;
+        if (room < cap) {
+            cap = room < GUARD_CAP_MIN ? GUARD_CAP_MIN : room;
+            snprintf(why, sizeof why,
+                     "half what the open-file limit of %llu leaves beside %lld fds open and %lld "
+                     "kept for workers",
+                     limit, used, (long long)o->fd_reserve);
+        }
+        if (cap < per * o->max_remote + GUARD_CAP_MIN)
+            ferry__logf(&o->log, FERRY_LOG_WARN,
+                        "the open-file limit (RLIMIT_NOFILE %llu, %lld in use) leaves room for "
+                        "%lld remote connections where max_remote %lld needs %lld: raise it "
+                        "(ulimit -n) or lower max_remote",
+                        limit, used, cap, (long long)o->max_remote, per * o->max_remote);
+    }
+    int64_t dead = o->heartbeat_ms * o->liveness;
+    ferry__guard_opts go = {
+        .cap = (uint32_t)(cap > UINT32_MAX ? UINT32_MAX : cap),
+        .handshake_ms = dead < GUARD_HANDSHAKE_MIN_MS ? GUARD_HANDSHAKE_MIN_MS
+                        : dead > INT32_MAX            ? INT32_MAX
+                                                      : (int)dead,
+        .backlog = GUARD_BACKLOG,
+        .why_cap = why,
+        .log = o->log,
+    };
+    return ferry__guard_new(&rm->guard, zctx, &go);
+}
+
 /* The HELLO socket, with CURVE or (asked for) plain TCP, bound. On plain
  * TCP anyone can reach it, so it takes no frame larger than a header: a
  * peer that has not been admitted cannot make the loader hold more. */
 static int setup_socket(ferry__remote *rm, void *zctx)
 {
     const ferry__remote_opts *o = &rm->o;
-    int rc = ferry__socket_new(zctx, ZMQ_ROUTER, o->insecure ? FERRY__HDR_MAX : o->max_message,
+    int rc = setup_guard(rm, zctx);
+    if (rc == FERRY_OK)
+        rc = ferry__socket_new(zctx, ZMQ_ROUTER, o->insecure ? FERRY__HDR_MAX : o->max_message,
                                &rm->sock);
     if (rc == FERRY_OK)
         rc = bound_queues(rm->sock, o->insecure ? HELLO_HWM : SESSION_HWM);
@@ -189,7 +252,13 @@ static int setup_socket(ferry__remote *rm, void *zctx)
     if (rc == FERRY_OK && o->insecure)
         rc = setup_data(rm, zctx);
     if (rc == FERRY_OK)
+        rc = ferry__guard_prepare(rm->guard, rm->sock);
+    if (rc == FERRY_OK)
         rc = ferry__socket_bind(rm->sock, o->bind, FERRY_EOPTION);
+    if (rc == FERRY_OK)
+        rc = ferry__guard_watch(rm->guard, rm->sock);
+    if (rc == FERRY_OK)
+        rc = ferry__guard_start(rm->guard);
     if (rc != FERRY_OK)
         return rc;
     size_t len = sizeof rm->bound;
@@ -224,6 +293,7 @@ void ferry__remote_close(ferry__remote *rm)
 {
     if (!rm)
         return;
+    ferry__guard_free(rm->guard); /* before the sockets it monitors */
     if (rm->sock)
         zmq_close(rm->sock);
     if (rm->data)

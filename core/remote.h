@@ -16,7 +16,9 @@
  * that the ZAP handler asks of every connection to it (PLAIN mechanism).
  * Everything after CONFIG runs there. So a stranger can make the loader
  * hold at most a header per connection, and only max_remote admitted
- * workers can send batches. This module
+ * workers can send batches. How many connections may be open at once,
+ * admitted or not, is bounded too (guard.h): a flood of them cannot take
+ * the fds the local workers need. This module
  * decides what the rules say (admit or refuse, heartbeat due or peer lost);
  * the scheduler carries out what follows for the window. It never touches
  * the window or the loader.
@@ -45,8 +47,9 @@ typedef struct ferry__remote_opts {
     int64_t max_remote;      /* remote slots: as many session tokens */
     int64_t max_message;
     int64_t heartbeat_ms;
-    int64_t liveness; /* heartbeat intervals of silence before a peer is lost */
-    ferry__log log;   /* where its messages go */
+    int64_t liveness;   /* heartbeat intervals of silence before a peer is lost */
+    int64_t fd_reserve; /* fds to leave for the local workers and the trainer */
+    ferry__log log;     /* where its messages go */
 } ferry__remote_opts;
 
 /* Makes the sockets and the ZAP handler in zctx and binds them.

@@ -441,6 +441,10 @@ static int alloc_tables(ferry__scheduler *s)
     return FERRY_OK;
 }
 
+/* fds a bound loader keeps out of the remote connections' reach: for the
+ * trainer, and 8 per local worker (ferry__pool_start's need). */
+#define FD_RESERVE 64
+
 /* The context, the local socket, the wake fd, and the remote socket when
  * bound. */
 static int setup_sockets(ferry__scheduler *s)
@@ -482,6 +486,7 @@ static int setup_sockets(ferry__scheduler *s)
                              .max_message = s->cfg.max_message,
                              .heartbeat_ms = s->cfg.heartbeat_ms,
                              .liveness = s->cfg.heartbeat_liveness,
+                             .fd_reserve = FD_RESERVE + 8 * (int64_t)s->nlocal,
                              .log = s->log};
     rc = ferry__remote_open(&s->remote, s->zctx, &ro);
     for (uint32_t i = s->nlocal; rc == FERRY_OK && i < s->nworkers; i++)

@@ -33,6 +33,7 @@
 #include <spawn.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <malloc.h>
@@ -1497,6 +1498,202 @@ static void test_bound_loader_runs_io_threads_per_cpu(void **state)
     case_end(&t);
 }
 
+/* CPU time, in ms, that this process's ZeroMQ I/O threads ("ZMQbg/IO/N")
+ * have used. */
+static long io_threads_cpu_ms(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    long ticks = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        char path[300], buf[512] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *open = strchr(buf, '('), *close_paren = strrchr(buf, ')');
+        if (!open || !close_paren || strncmp(open + 1, "ZMQbg/IO", 8) != 0)
+            continue;
+        unsigned long ut = 0, st = 0;
+        /* After the name: state, then fields 4..13, then utime and stime. */
+        if (sscanf(close_paren + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+                   &st) == 2)
+            ticks += (long)(ut + st);
+    }
+    closedir(d);
+    return ticks * 1000 / sysconf(_SC_CLK_TCK);
+}
+
+#define FLOOD_CONNS 1000
+#define FLOOD_RETRY_MS 1000
+
+/* A flood (in its own process, before the loader's fd limit is lowered):
+ * once `ctl` says go, FLOOD_CONNS TCP connections to port that send
+ * nothing, each opened again as soon as the loader closes it, or tried
+ * again when not accepted within FLOOD_RETRY_MS; until ctl closes. */
+static void flood_main(int ctl, int port)
+{
+    char go;
+    if (read(ctl, &go, 1) != 1)
+        _exit(0);
+    static struct pollfd pf[FLOOD_CONNS + 1];
+    static uint64_t born[FLOOD_CONNS];
+    static int connected[FLOOD_CONNS];
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < FLOOD_CONNS; i++)
+        pf[i].fd = -1;
+    pf[FLOOD_CONNS] = (struct pollfd){.fd = ctl, .events = POLLIN};
+    for (;;) {
+        uint64_t now = ft_now_ms();
+        for (int i = 0; i < FLOOD_CONNS; i++) {
+            if (pf[i].fd >= 0 && !connected[i] && now - born[i] > FLOOD_RETRY_MS) {
+                close(pf[i].fd);
+                pf[i].fd = -1;
+            }
+            if (pf[i].fd >= 0)
+                continue;
+            pf[i].fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (pf[i].fd < 0)
+                _exit(3);
+            if (connect(pf[i].fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS)
+                _exit(4);
+            pf[i].events = POLLOUT;
+            born[i] = now;
+            connected[i] = 0;
+        }
+        if (poll(pf, FLOOD_CONNS + 1, 20) < 0 && errno != EINTR)
+            _exit(5);
+        if (pf[FLOOD_CONNS].revents)
+            _exit(0);
+        for (int i = 0; i < FLOOD_CONNS; i++) {
+            if (!pf[i].revents)
+                continue;
+            int err = 0;
+            socklen_t l = sizeof err;
+            if (!connected[i] && (pf[i].revents & POLLOUT) &&
+                getsockopt(pf[i].fd, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err == 0) {
+                connected[i] = 1;
+                pf[i].events = POLLIN; /* until the loader closes it */
+                continue;
+            }
+            char junk[256]; /* the loader's greeting, read and ignored */
+            if (connected[i] && !(pf[i].revents & (POLLERR | POLLHUP)) &&
+                recv(pf[i].fd, junk, sizeof junk, 0) > 0)
+                continue;
+            close(pf[i].fd);
+            pf[i].fd = -1;
+        }
+    }
+}
+
+/* A connection flood on a trainer at a low fd limit: 1,000 connections
+ * that send nothing, reopened as soon as they close, and a local worker
+ * killed meanwhile. The loader turns new connections away while too many
+ * are open, so the stream goes on (every batch once, in order), the
+ * replacement starts, the I/O thread does not spin, and once the flood
+ * is over a remote worker joins. Before: the fd table filled, the
+ * replacement could not start (the loader failed with FERRY_ELIMIT), and
+ * the I/O thread spun on accept()'s EMFILE at 100% of a core. */
+static void flood_case(int curve)
+{
+    remote_case t;
+    case_begin(&t, 120);
+    int ctl[2];
+    assert_int_equal(pipe2(ctl, O_CLOEXEC), 0);
+    pid_t flooder = fork();
+    assert_true(flooder >= 0);
+    if (flooder == 0) {
+        close(ctl[1]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(100);
+        flood_main(ctl[0], t.port);
+        _exit(0);
+    }
+    close(ctl[0]);
+    /* The usual soft limit, and hard as well: the loader raises the soft
+     * limit to the hard one, which would take the flood's fds here. */
+    struct rlimit low = {.rlim_cur = 1024, .rlim_max = 1024};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+
+    static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    cap.n = 0;
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 2, 2);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", !curve), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "max_remote", 4), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1000), FERRY_OK);
+    assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "log_level", "info"), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 1000);
+    for (int i = 0; i < 20; i++)
+        read_one(ld, &c);
+
+    assert_int_equal(write(ctl[1], "g", 1), 1);
+    uint64_t deadline = ft_now_ms() + 30000;
+    while (!ft_count_log(&cap, FERRY_LOG_WARN, "new remote connections are turned away")) {
+        assert_true(ft_now_ms() < deadline);
+        read_one(ld, &c);
+    }
+    uint64_t t0 = ft_now_ms();
+    long cpu0 = io_threads_cpu_ms();
+    int pid = 0;
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &pid), FERRY_OK);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    ferry_stats st;
+    do { /* a 1 ms training step, so that the stream's own traffic is small */
+        assert_true(ft_now_ms() < deadline);
+        read_one(ld, &c);
+        ft_sleep_ms(1);
+        st = ft_stats(ld);
+    } while (st.restarts < 1 || st.workers < 2 || ft_now_ms() - t0 < 2000);
+    long cpu_ms = io_threads_cpu_ms() - cpu0;
+    uint64_t wall = ft_now_ms() - t0;
+    printf("under the flood (%s): the I/O threads used %ld ms of CPU in %llu ms; %llu batches; "
+           "%d fds open\n",
+           curve ? "CURVE" : "plain TCP", cpu_ms, (unsigned long long)wall,
+           (unsigned long long)c.taken, ft_count_fds());
+    assert_true(cpu_ms * 4 < (long)wall);
+    assert_int_equal(st.failed, 0);
+
+    /* The flood over, its connections close and new ones are let in. */
+    close(ctl[1]);
+    int status;
+    assert_int_equal(ft_wait_child(flooder, 10000, &status), 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    while (!ft_count_log(&cap, FERRY_LOG_INFO, "remote connections are let in again")) {
+        assert_true(ft_now_ms() < deadline + 10000);
+        read_one(ld, &c);
+    }
+    pid_t d = start_daemon(t.ep, &t.k, curve ? t.k.w1 : NULL, NULL, NULL, NULL);
+    assert_true(ft_wait_stats(ld, joined_at_least, 1, 15000) >= 0);
+    for (int i = 0; i < 50; i++)
+        read_one(ld, &c);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d);
+    case_end(&t);
+}
+
+static void test_connection_flood_on_plain_tcp_leaves_the_stream_alone(void **state)
+{
+    (void)state;
+    flood_case(0);
+}
+
+static void test_connection_flood_under_curve_leaves_the_stream_alone(void **state)
+{
+    (void)state;
+    flood_case(1);
+}
+
 static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void **state)
 {
     (void)state;
@@ -2075,6 +2272,8 @@ int main(void)
         cmocka_unit_test(test_supervisor_replaces_killed_child_and_leaves_none),
         cmocka_unit_test(test_link_cut_between_namespaces_loses_nothing),
         cmocka_unit_test(test_bound_loader_runs_io_threads_per_cpu),
+        cmocka_unit_test(test_connection_flood_on_plain_tcp_leaves_the_stream_alone),
+        cmocka_unit_test(test_connection_flood_under_curve_leaves_the_stream_alone),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }
