@@ -287,8 +287,7 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
     s->idle_since_ms = 0;
     if (w->p.remote) {
         ferry__window_count(s->win, FERRY__STAT_JOINED);
-        if (ferry__window_phase(s->win) == FERRY__PHASE_RUNNING)
-            ferry__logf(&s->log, FERRY_LOG_INFO, "%s joined", who);
+        ferry__logf(&s->log, FERRY_LOG_INFO, "%s joined (%u workers ready)", who, ready);
     }
     maybe_start(s, ready);
 }

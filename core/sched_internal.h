@@ -89,6 +89,7 @@ struct ferry__scheduler {
     uint64_t checked_ms;    /* the last look at the deadlines */
     uint64_t trimmed_ms;    /* the last trim of the batch slots */
     int slots_out;          /* the last task found no free batch slot */
+    int send_errno;         /* why the last task could not be sent */
     uint64_t slots_warned_ms; /* when that was last logged */
     ferry__msg in, out;     /* message scratch, too big for the stack */
 };
@@ -142,6 +143,11 @@ void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *
 /* Remote worker w's connection is gone (a send to it failed): it is given
  * up, charged, once its last replies are in. */
 void ferry__sched_on_disconnect(ferry__scheduler *s, sched_worker *w, const char *why);
+
+/* A send to remote worker w failed with err (errno): its connection closed
+ * (EHOSTUNREACH) or failed; it is given up as by on_disconnect, saying
+ * which. */
+void ferry__sched_on_send_failure(ferry__scheduler *s, sched_worker *w, int err);
 
 /* Handles the deaths and disconnections whose last replies are in (or that
  * waited long enough). */

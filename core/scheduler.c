@@ -133,6 +133,7 @@ static int send_task(ferry__scheduler *s, ferry__window_entry *e, sched_worker *
     }
     int rc = sched_send(s, w, &p);
     if (rc != FERRY_OK) {
+        s->send_errno = errno;
         zmq_msg_close(&p);
         if (e->shm_slot >= 0)
             ferry__shm_take_back(s->shm, e->shm_slot);
@@ -153,9 +154,7 @@ static int send_failed(ferry__scheduler *s, sched_worker *w)
         return 1;
     }
     if (w->p.remote) {
-        char why[128];
-        snprintf(why, sizeof why, "its connection is gone (%s)", ferry_last_error());
-        ferry__sched_on_disconnect(s, w, why);
+        ferry__sched_on_send_failure(s, w, s->send_errno);
         return 1;
     }
     char who[64], msg[FERRY__ERRMSG_MAX];

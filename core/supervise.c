@@ -57,6 +57,17 @@ void ferry__sched_on_disconnect(ferry__scheduler *s, sched_worker *w, const char
     start_settling(s, w);
 }
 
+void ferry__sched_on_send_failure(ferry__scheduler *s, sched_worker *w, int err)
+{
+    char why[128];
+    if (err == EHOSTUNREACH) /* ZeroMQ's word for a peer whose connection has closed */
+        snprintf(why, sizeof why,
+                 "its connection closed (the process exited or was killed, or the link dropped)");
+    else
+        snprintf(why, sizeof why, "its connection failed (%s)", ferry_last_error());
+    ferry__sched_on_disconnect(s, w, why);
+}
+
 void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *ev)
 {
     if (s->closing)
@@ -394,7 +405,7 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
             if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
                 w->p.sent_ms = now;
             else
-                ferry__sched_on_disconnect(s, w, "its connection is gone");
+                ferry__sched_on_send_failure(s, w, errno);
             break;
         case FERRY__LIVE_OK:
             break;

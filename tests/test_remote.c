@@ -2000,7 +2000,13 @@ static void test_supervisor_replaces_killed_child_and_leaves_none(void **state)
 
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    cap.n = 0;
+    assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "log_level", "info"), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg); /* both children have joined */
+    /* Every remote worker's joining is said, those before open included. */
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, "joined (") , 2);
     pid_t kids[4];
     assert_int_equal(children_of(sup, kids, 4), 2);
     char sup_s[24];
@@ -2047,6 +2053,17 @@ static void test_supervisor_replaces_killed_child_and_leaves_none(void **state)
 
     assert_true(read_to_end(ld, &c, 3 * PER_EPOCH).lost >= 1);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    /* The lost child is said to have gone in words, not as ZeroMQ's
+     * "Host unreachable" (or by its silence, should no task have gone to it
+     * before its heartbeats stopped). */
+    for (int i = 0; i < cap.n; i++)
+        printf("loader said: %s\n", cap.line[i]);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "unreachable"), 0);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "left: its connection closed (the "
+                                                        "process exited or was killed") +
+                         ft_count_log(&cap, FERRY_LOG_WARN, "left: nothing heard from it"),
+                     1);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, "joined ("), 3);
 
     int kid_fd[2];
     for (int i = 0; i < 2; i++) {

@@ -30,9 +30,11 @@ int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m
     if (more && zmq_msg_send(payload, sock, flags) < 0)
         goto fail;
     return FERRY_OK;
-fail:
-    return ferry__seterr(FERRY_ESYS, "sending %s: %s", ferry__msg_name(m->type),
-                         zmq_strerror(errno));
+fail:;
+    int e = errno;
+    rc = ferry__seterr(FERRY_ESYS, "sending %s: %s", ferry__msg_name(m->type), zmq_strerror(e));
+    errno = e;
+    return rc;
 }
 
 static int has_more(void *sock)
