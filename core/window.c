@@ -65,6 +65,11 @@ struct ferry__window {
     uint32_t in_flight;
     wlist free, done;
     ferry_stats st;
+    /* Out of order: the epoch whose batches are handed out now, and how
+     * many of them are still to come. A later epoch's batches wait until
+     * then, so epochs never interleave and last_in_epoch marks the last
+     * one handed out (see deliverable_locked). */
+    uint64_t deliv_epoch, deliv_left;
 };
 
 /* ------------------------------------------------------------------------
@@ -220,6 +225,18 @@ void ferry__window_fail(ferry__window *win, int code, const char *msg)
     pthread_mutex_unlock(&win->mu);
 }
 
+/* Out of order: delivery moves on to the epoch of stream position seq,
+ * the first of it not yet handed out. */
+static void deliver_from_locked(ferry__window *win, uint64_t seq)
+{
+    uint64_t bpe = win->sampler.batches_per_epoch;
+    win->deliv_epoch = seq / bpe;
+    uint64_t end = seq - seq % bpe + bpe;
+    if (end < seq || end > win->sampler.end_seq)
+        end = win->sampler.end_seq;
+    win->deliv_left = end > seq ? end - seq : 0;
+}
+
 int ferry__window_start(ferry__window *win, uint64_t n)
 {
     pthread_mutex_lock(&win->mu);
@@ -231,6 +248,7 @@ int ferry__window_start(ferry__window *win, uint64_t n)
     } else if (win->phase == FERRY__PHASE_STARTING) {
         win->n = n;
         win->next_seq = win->start_seq;
+        deliver_from_locked(win, win->start_seq);
         win->phase = FERRY__PHASE_RUNNING;
         pthread_cond_broadcast(&win->cv);
     }
@@ -562,8 +580,15 @@ void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge ch
  * once it is done; otherwise the earliest completed. Caller holds mu. */
 static ferry__window_entry *deliverable_locked(ferry__window *win)
 {
-    if (!win->in_order)
-        return win->done.head == NONE ? NULL : &win->e[win->done.head];
+    if (!win->in_order) {
+        /* The earliest completed of the epoch being handed out: a later
+         * epoch's batch waits for the next epoch (prefetch goes on). */
+        for (int32_t i = win->done.head; i != NONE; i = win->e[i].next) {
+            if (win->e[i].t.epoch == win->deliv_epoch)
+                return &win->e[i];
+        }
+        return NULL;
+    }
     ferry__window_entry *e = &win->e[(win->start_seq + win->st.delivered) % win->prefetch];
     return e->state == E_DONE ? e : NULL;
 }
@@ -587,6 +612,17 @@ static int deliver_unlock(ferry__window *win, ferry__window_entry *e, ferry_batc
      * level on the way down), so it refills several slots per wake-up. */
     int was_full = --win->in_flight == win->wake_at;
     win->st.delivered++;
+    if (!win->in_order) {
+        /* The epoch's last batch handed out, out of order, is the one
+         * marked (in order that is its last position; a stream cut short
+         * by max_batches marks none of its last epoch either way). */
+        int last = --win->deliv_left == 0 &&
+                   (win->start_seq + win->st.delivered) % win->sampler.batches_per_epoch == 0;
+        if (b)
+            b->info.last_in_epoch = last;
+        if (!win->deliv_left)
+            deliver_from_locked(win, win->start_seq + win->st.delivered);
+    }
     if (err)
         win->st.failed++;
     pthread_mutex_unlock(&win->mu);

@@ -446,6 +446,16 @@ int ft_stream_check(ft_stream *c, const ferry_batch *b, char *why, size_t cap)
     ferry__sampler_task st;
     if (ferry__sampler_at(&c->s, info.seq, &st) != FERRY_OK)
         return say(why, cap, "batch seq %" PRIu64 " is past the end of the stream", info.seq);
+    /* Out of order, epochs come whole, one after another, and the last of
+     * an epoch handed out is the one marked last. */
+    uint64_t bpe = c->s.batches_per_epoch;
+    if (!c->in_order && st.epoch != c->taken / bpe)
+        return say(why, cap,
+                   "batch seq %" PRIu64 " of epoch %" PRIu64 " came while epoch %" PRIu64
+                   " was not whole",
+                   info.seq, st.epoch, c->taken / bpe);
+    if (!c->in_order)
+        st.last_in_epoch = (c->taken + 1) % bpe == 0;
     if (info.epoch != st.epoch || info.batch_in_epoch != st.batch_in_epoch ||
         info.size != st.count || info.last_in_epoch != st.last_in_epoch)
         return say(why, cap,

@@ -126,7 +126,8 @@ int ft_check_synthetic(const ferry_batch *b, int dim, char *why, size_t cap);
  * options, and what has been seen of it. */
 typedef struct ft_stream {
     ferry__sampler s;
-    int in_order;             /* seqs come 0, 1, 2, ... and every item once an epoch */
+    int in_order;             /* seqs come 0, 1, 2, ... and every item once an epoch;
+                                 otherwise epochs come whole, one after another */
     uint64_t window;          /* out of order: a seq is below taken + window; 0: unchecked */
     uint32_t workers;         /* info.worker is below this; 0: unchecked */
     uint64_t taken;           /* batches that passed ft_stream_check */

@@ -144,6 +144,11 @@ static void test_every_index_once_in_order_with_threads(void **state)
     exactly_once_matrix("thread");
 }
 
+/* Out of order: every batch once, and epochs never interleave (prefetch
+ * runs ahead, but a later epoch's batches are held until the earlier one
+ * is whole), the last of each epoch handed out marked last_in_epoch. */
+#define OOO_EPOCHS 8
+#define OOO_PER_EPOCH 20 /* 1000 items, batches of 50 */
 static void test_out_of_order_delivers_each_batch_once(void **state)
 {
     (void)state;
@@ -152,20 +157,28 @@ static void test_out_of_order_delivers_each_batch_once(void **state)
     /* Items cost CPU so that workers finish in a varying order. */
     ferry_config *cfg = make_cfg("process", 3, 9, 50, "synthetic:n=1000,dim=40,cost_us=20");
     assert_int_equal(ferry_config_set_int(cfg, "in_order", 0), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", OOO_EPOCHS), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
 
-    unsigned char got[60] = {0};
-    unsigned seen[3][N_ITEMS];
+    unsigned char got[OOO_EPOCHS * OOO_PER_EPOCH] = {0};
+    static unsigned seen[OOO_EPOCHS][N_ITEMS];
     memset(seen, 0, sizeof seen);
     ferry_batch *b;
-    int rc, n = 0;
+    int rc, n = 0, out_of_seq = 0;
+    uint64_t epoch = 0, in_epoch = 0;
     while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
         ferry_batch_info info;
         ferry_batch_get_info(b, &info);
-        assert_true(info.seq < 60);
+        assert_true(info.seq < OOO_EPOCHS * OOO_PER_EPOCH);
         assert_int_equal(got[info.seq], 0);
         got[info.seq] = 1;
+        out_of_seq += info.seq != (uint64_t)n;
+        assert_int_equal(info.epoch, epoch);
+        assert_int_equal(info.last_in_epoch, ++in_epoch == OOO_PER_EPOCH);
+        if (info.last_in_epoch) {
+            epoch++;
+            in_epoch = 0;
+        }
         const uint64_t *idx = ferry_batch_indices(b);
         for (uint32_t i = 0; i < info.size; i++)
             seen[info.epoch][idx[i]]++;
@@ -174,8 +187,10 @@ static void test_out_of_order_delivers_each_batch_once(void **state)
         n++;
     }
     assert_int_equal(rc, FERRY_EOF);
-    assert_int_equal(n, 60);
-    for (int e = 0; e < 3; e++)
+    assert_int_equal(n, OOO_EPOCHS * OOO_PER_EPOCH);
+    assert_int_equal(epoch, OOO_EPOCHS);
+    printf("%d of %d batches came out of sequence\n", out_of_seq, n);
+    for (int e = 0; e < OOO_EPOCHS; e++)
         for (int i = 0; i < N_ITEMS; i++)
             assert_int_equal(seen[e][i], 1);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);

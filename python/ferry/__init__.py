@@ -313,8 +313,8 @@ class _Epoch:
     end of the current epoch. In order, that is the batch marked
     last_in_epoch (or a failure in its place); out of order
     (``in_order=False``), it is the epoch's len(loader) batches in the order
-    they come: one of the next epoch that comes meanwhile (prefetch runs
-    on) is kept for the next ``for``."""
+    they come: one of the next epoch that is made meanwhile (prefetch runs
+    on) waits in the C loader's window for the next ``for``."""
 
     __slots__ = ("_loader", "_done", "_timeout")
 
@@ -336,37 +336,24 @@ class _Epoch:
         if ld._seen >= ld._len[1]:
             ld._seen = 0
             self._done = True
-            ld._epoch_now += 1
 
     def _next_out_of_order(self):
-        """The next batch (or failure) of this epoch, out of order: one
-        kept from before, else the next to come, keeping those of later
-        epochs for their own ``for``."""
+        """The next batch (or failure) of this epoch, out of order. The C
+        loader hands out no batch of a later epoch before the current one
+        is whole (it keeps them in its window meanwhile), so counting
+        len(loader) of them is the epoch."""
         ld = self._loader
-        while True:
-            kept = ld._kept.get(ld._epoch_now)
-            if kept:
-                item = kept.pop(0)
-                if not kept:
-                    del ld._kept[ld._epoch_now]
-            else:
-                try:
-                    item = ld._next(self._timeout)
-                except BatchError as e:
-                    item = e
-                if item is None:  # the end of the stream
-                    self._done = True
-                    raise StopIteration
-                epoch = item.epoch
-                if ld._epoch_now is None:
-                    ld._epoch_now = epoch if epoch is not None else 0
-                if epoch is not None and epoch > ld._epoch_now:
-                    ld._kept.setdefault(epoch, []).append(item)
-                    continue
-            self._count(False)
-            if isinstance(item, BaseException):
-                raise item
-            return item
+        try:
+            item = ld._next(self._timeout)
+        except BatchError as e:
+            item = e
+        if item is None:  # the end of the stream
+            self._done = True
+            raise StopIteration
+        self._count(False)
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def __next__(self):
         if self._done:
@@ -575,8 +562,6 @@ class Loader(_Closes):
     def _adopt(self, c):
         self._c = c
         self._seen = 0
-        self._epoch_now = None  # out of order: the epoch the current `for` hands out
-        self._kept = {}  # out of order: epoch -> batches (or failures) kept for its `for`
         self._len = c.length()
         self._in_order = c.in_order  # the C library's reading of the option ("OFF", "00", ...)
         _open_loaders.add(self)

@@ -505,8 +505,8 @@ def test_stream_goes_on_after_a_batch_error():
 def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for(off):
     # The last batch of epoch 0 is held back while epoch 1's come (prefetch
     # runs on): out of order, the for hands out epoch 0's batches as they
-    # come and waits for its last; those of epoch 1 are kept for the next
-    # for, as torch's in_order=False does.
+    # come and waits for its last; those of epoch 1 are kept (in the C
+    # loader's window) for the next for, as torch's in_order=False does.
     import threading
     import datasets
     datasets.GATE.clear()
@@ -518,10 +518,11 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for
 
             def open_once_kept():
                 try:  # the gate opens whatever happens; what was kept is asserted below
+                    # epoch 0's three, then epoch 1's first three (its index 3 waits too)
                     deadline = time.monotonic() + 20
-                    while not ld._kept and time.monotonic() < deadline:
+                    while ld.stats()["completed"] < 6 and time.monotonic() < deadline:
                         time.sleep(0.01)  # polling the loader's state, with a deadline
-                    kept.append(bool(ld._kept))
+                    kept.append(ld.stats()["completed"] >= 6 and len(got) == 3)
                 finally:
                     datasets.GATE.set()
 
