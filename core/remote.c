@@ -226,6 +226,8 @@ static int setup_guard(ferry__remote *rm, void *zctx)
                                                       : (int)dead,
         .backlog = GUARD_BACKLOG,
         .why_cap = why,
+        .closed = o->closed,
+        .closed_arg = o->closed_arg,
         .log = o->log,
     };
     return ferry__guard_new(&rm->guard, zctx, &go);

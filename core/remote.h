@@ -49,7 +49,11 @@ typedef struct ferry__remote_opts {
     int64_t heartbeat_ms;
     int64_t liveness;   /* heartbeat intervals of silence before a peer is lost */
     int64_t fd_reserve; /* fds to leave for the local workers and the trainer */
-    ferry__log log;     /* where its messages go */
+    /* Called from another thread when a connection to the remote sockets
+     * closes (guard.h): the scheduler then looks for the worker that left. */
+    void (*closed)(void *arg);
+    void *closed_arg;
+    ferry__log log; /* where its messages go */
 } ferry__remote_opts;
 
 /* Makes the sockets and the ZAP handler in zctx and binds them.

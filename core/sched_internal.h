@@ -77,6 +77,12 @@ struct ferry__scheduler {
     int thread_live;
     atomic_int stop;
     int ctx_leaked;
+    /* Connections to the remote sockets that closed (the guard's thread
+     * counts them); the scheduler probes its remote workers when it moves. */
+    atomic_uint closed_conns;
+    unsigned closed_seen;
+    uint64_t probe_at_ms; /* the next probe (ferry__sched_probe_remote); 0: none due */
+    uint32_t probe_delay_ms;
 
     /* --- scheduler thread only --- */
     int closing;          /* shutdown has begun: deaths are expected */
@@ -156,6 +162,12 @@ void ferry__sched_settle(ferry__scheduler *s);
 /* Gives remote worker w up (see supervise.c). */
 void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *why,
                               ferry__charge charge, uint64_t id);
+
+/* A connection to the remote sockets closed: each remote worker is sent a
+ * HEARTBEAT (again over the next few hundred ms, see supervise.c), and the
+ * one whose connection it was fails the send and is given up at once (its
+ * process died, say), not a heartbeat later. */
+void ferry__sched_probe_remote(ferry__scheduler *s);
 
 /* Start deadline, idle loader, replacements, timeouts, remote liveness. */
 void ferry__sched_check_deadlines(ferry__scheduler *s);

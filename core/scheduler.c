@@ -230,9 +230,11 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
         n += ferry__remote_poll_items(s->remote, remote_items);
     zmq_pollitem_t *pool_items = items + n;
     n += ferry__pool_poll_items(s->pool, pool_items);
-    if (s->settling && timeout_ms > 2)
-        timeout_ms = 2; /* a gone worker's last replies are being waited for */
+    if ((s->settling || s->probe_at_ms) && timeout_ms > 2)
+        timeout_ms = 2; /* a gone worker's last replies, or a probe, are due */
     if (zmq_poll(items, n, timeout_ms) <= 0) {
+        if (s->remote)
+            ferry__sched_probe_remote(s);
         ferry__sched_settle(s);
         return;
     }
@@ -241,8 +243,10 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
         while (read(s->wake_fd, &v, sizeof v) < 0 && errno == EINTR)
             ;
     }
-    if (s->remote)
+    if (s->remote) {
         ferry__remote_serve_zap(s->remote, remote_items, ferry__sched_zap_refused, s);
+        ferry__sched_probe_remote(s);
+    }
     if (items[0].revents & ZMQ_POLLIN)
         ferry__sched_drain(s, s->router, 64);
     void *readable[2];
@@ -440,6 +444,15 @@ static int alloc_tables(ferry__scheduler *s)
     return FERRY_OK;
 }
 
+/* The guard's thread saw a remote connection close: the scheduler probes
+ * its remote workers (ferry__sched_probe_remote). */
+static void connection_closed(void *arg)
+{
+    ferry__scheduler *s = arg;
+    atomic_fetch_add(&s->closed_conns, 1);
+    ferry__scheduler_wake(s);
+}
+
 /* fds a bound loader keeps out of the remote connections' reach: for the
  * trainer, and 8 per local worker (ferry__pool_start's need). */
 #define FD_RESERVE 64
@@ -486,6 +499,8 @@ static int setup_sockets(ferry__scheduler *s)
                              .heartbeat_ms = s->cfg.heartbeat_ms,
                              .liveness = s->cfg.heartbeat_liveness,
                              .fd_reserve = FD_RESERVE + 8 * (int64_t)s->nlocal,
+                             .closed = connection_closed,
+                             .closed_arg = s,
                              .log = s->log};
     rc = ferry__remote_open(&s->remote, s->zctx, &ro);
     for (uint32_t i = s->nlocal; rc == FERRY_OK && i < s->nworkers; i++)

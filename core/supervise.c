@@ -382,6 +382,44 @@ static void check_replacements(ferry__scheduler *s, uint64_t now)
     }
 }
 
+/* A HEARTBEAT to remote worker w now; a failed send gives it up. */
+static void send_heartbeat(ferry__scheduler *s, sched_worker *w, uint64_t now)
+{
+    /* Not yet on its data connection: the HELLO one is closed. */
+    if (ferry__remote_data_socket(s->remote) && w->p.sock != ferry__remote_data_socket(s->remote))
+        return;
+    if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
+        w->p.sent_ms = now;
+    else
+        ferry__sched_on_send_failure(s, w, errno);
+}
+
+/* ZeroMQ drops a closed connection's pipe a little after it reports the
+ * close, and until then a send to it succeeds: the probe is repeated after
+ * 1, 2, 4 ... PROBE_MAX_MS. */
+#define PROBE_MAX_MS 256
+
+void ferry__sched_probe_remote(ferry__scheduler *s)
+{
+    unsigned n = atomic_load(&s->closed_conns);
+    uint64_t now = ferry__now_ms();
+    if (n != s->closed_seen) {
+        s->closed_seen = n;
+        s->probe_delay_ms = 0;
+        s->probe_at_ms = now;
+    }
+    if (!s->probe_at_ms || now < s->probe_at_ms)
+        return;
+    s->probe_delay_ms = s->probe_delay_ms ? s->probe_delay_ms * 2 : 1;
+    s->probe_at_ms = s->probe_delay_ms > PROBE_MAX_MS ? 0 : now + s->probe_delay_ms;
+    for (uint32_t i = s->nlocal; i < s->nworkers; i++) {
+        sched_worker *w = &s->w[i];
+        if ((w->p.state == FERRY__PEER_CONFIGURED || w->p.state == FERRY__PEER_READY) &&
+            !w->settling)
+            send_heartbeat(s, w, now);
+    }
+}
+
 /* Remote liveness, both ways: a HEARTBEAT to each remote worker that has
  * been sent nothing for heartbeat_ms, and the loss of any that has said
  * nothing for heartbeat_ms x liveness. */
@@ -398,14 +436,7 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
             ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
             break;
         case FERRY__LIVE_HEARTBEAT:
-            /* Not yet on its data connection: the HELLO one is closed. */
-            if (ferry__remote_data_socket(s->remote) &&
-                w->p.sock != ferry__remote_data_socket(s->remote))
-                break;
-            if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
-                w->p.sent_ms = now;
-            else
-                ferry__sched_on_send_failure(s, w, errno);
+            send_heartbeat(s, w, now);
             break;
         case FERRY__LIVE_OK:
             break;

@@ -518,6 +518,51 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
     case_end(&t);
 }
 
+/* A remote worker whose process dies (SIGKILL: the kernel closes its
+ * connection) is given up within milliseconds, from the closed connection
+ * (the guard's monitor), not a heartbeat later: with heartbeat_ms 2000
+ * it used to take up to 2 s (the next heartbeat's failed send), and the
+ * in-order trainer waited on its batches all that time. Nothing is lost. */
+static void killed_host_case(int curve)
+{
+    remote_case t;
+    case_begin(&t, 120);
+    pid_t d1 = start_daemon(t.ep, &t.k, curve ? t.k.w1 : NULL, NULL, NULL, NULL);
+    pid_t d2 = start_daemon(t.ep, &t.k, curve ? t.k.w2 : NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 2);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", !curve), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", 2000), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 3);
+    for (uint64_t i = 0; i < PER_EPOCH / 3; i++)
+        read_one(ld, &c);
+    assert_int_equal(kill(d1, SIGKILL), 0);
+    int64_t noticed = ft_wait_stats(ld, lost_at_least, 1, 10000);
+    printf("killed host given up after %lld ms (heartbeat_ms 2000, %s)\n", (long long)noticed,
+           curve ? "CURVE" : "plain TCP");
+    assert_true(noticed >= 0 && noticed < 500);
+    int status;
+    assert_int_equal(waitpid(d1, &status, 0), d1);
+    read_to_end(ld, &c, 3 * PER_EPOCH);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d2);
+    case_end(&t);
+}
+
+static void test_killed_host_is_noticed_from_its_closed_connection(void **state)
+{
+    (void)state;
+    killed_host_case(1);
+}
+
+static void test_killed_host_on_plain_tcp_is_noticed_from_its_closed_connection(void **state)
+{
+    (void)state;
+    killed_host_case(0);
+}
+
 /* One local worker process, then a remote one joining mid-run: it gets
  * work at once, and the stream stays exact. */
 static void test_worker_joining_mid_run_takes_work(void **state)
@@ -2289,6 +2334,8 @@ int main(void)
         cmocka_unit_test(test_supervisor_replaces_killed_child_and_leaves_none),
         cmocka_unit_test(test_link_cut_between_namespaces_loses_nothing),
         cmocka_unit_test(test_bound_loader_runs_io_threads_per_cpu),
+        cmocka_unit_test(test_killed_host_is_noticed_from_its_closed_connection),
+        cmocka_unit_test(test_killed_host_on_plain_tcp_is_noticed_from_its_closed_connection),
         cmocka_unit_test(test_connection_flood_on_plain_tcp_leaves_the_stream_alone),
         cmocka_unit_test(test_connection_flood_under_curve_leaves_the_stream_alone),
     };

@@ -305,12 +305,13 @@ static void close_door(ferry__guard *g, const char *because)
 /* Reads every event waiting on w's monitor. */
 static void read_events(ferry__guard *g, watched *w)
 {
+    int closed = 0;
     for (;;) {
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, w->mon, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&m);
-            return;
+            break;
         }
         uint16_t ev = 0;
         uint32_t value = 0;
@@ -327,11 +328,15 @@ static void read_events(ferry__guard *g, watched *w)
         }
         if (ev == ZMQ_EVENT_ACCEPTED)
             atomic_fetch_add(&w->open, 1);
-        else if (ev == ZMQ_EVENT_DISCONNECTED && atomic_load(&w->open))
-            atomic_fetch_sub(&w->open, 1);
-        else if (ev == ZMQ_EVENT_ACCEPT_FAILED && (value == EMFILE || value == ENFILE))
+        else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            closed = 1;
+            if (atomic_load(&w->open))
+                atomic_fetch_sub(&w->open, 1);
+        } else if (ev == ZMQ_EVENT_ACCEPT_FAILED && (value == EMFILE || value == ENFILE))
             close_door(g, "the open-file limit stopped an accept");
     }
+    if (closed && g->o.closed) /* once for all the events read */
+        g->o.closed(g->o.closed_arg);
 }
 
 /* The count against the cap, after every event read: the door closes at

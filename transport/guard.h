@@ -17,6 +17,10 @@
  * closed), new connections are let in again. Each closing and reopening is
  * logged (a few lines per flood, not one per connection).
  *
+ * It also says when any watched connection closes (opts.closed), which is
+ * how the loader notices a remote worker whose process died within
+ * milliseconds.
+ *
  * The guard runs on a thread of its own, blocked on the monitors, so that
  * it closes the door within microseconds of the cap, however busy the
  * scheduler is: libzmq accepts tens of connections a millisecond. What
@@ -49,6 +53,11 @@ typedef struct ferry__guard_opts {
     int handshake_ms;    /* ZMQ_HANDSHAKE_IVL for each socket */
     int backlog;         /* ZMQ_BACKLOG for each socket */
     const char *why_cap; /* how the cap was chosen, for the log */
+    /* Called on the guard's thread when a watched socket's connection
+     * closes (NULL: nothing), so that a peer whose connection closed is
+     * noticed at once, not a heartbeat later. */
+    void (*closed)(void *arg);
+    void *closed_arg;
     ferry__log log;
 } ferry__guard_opts;
 
