@@ -382,21 +382,27 @@ static void check_replacements(ferry__scheduler *s, uint64_t now)
     }
 }
 
-/* A HEARTBEAT to remote worker w now; a failed send gives it up. */
-static void send_heartbeat(ferry__scheduler *s, sched_worker *w, uint64_t now)
+/* A HEARTBEAT to remote worker w now. A failed send gives it up; a probe
+ * (only looking for closed connections) gives it up only when its
+ * connection has closed, not when its queue is full (EAGAIN: a busy
+ * worker that probes keep sending to). */
+static void send_heartbeat(ferry__scheduler *s, sched_worker *w, uint64_t now, int probe)
 {
     /* Not yet on its data connection: the HELLO one is closed. */
     if (ferry__remote_data_socket(s->remote) && w->p.sock != ferry__remote_data_socket(s->remote))
         return;
     if (sched_send_simple(s, w, FERRY__MSG_HEARTBEAT) == FERRY_OK)
         w->p.sent_ms = now;
-    else
+    else if (!probe || errno == EHOSTUNREACH)
         ferry__sched_on_send_failure(s, w, errno);
 }
 
 /* ZeroMQ drops a closed connection's pipe a little after it reports the
  * close, and until then a send to it succeeds: the probe is repeated after
- * 1, 2, 4 ... PROBE_MAX_MS. */
+ * 1, 2, 4 ... PROBE_MAX_MS. Closes during a run of probes bring the next
+ * one forward without starting the run again, so a stream of them (a
+ * flood's connections timing out) costs a probe per close reported, and
+ * the run still ends. */
 #define PROBE_MAX_MS 256
 
 void ferry__sched_probe_remote(ferry__scheduler *s)
@@ -405,7 +411,8 @@ void ferry__sched_probe_remote(ferry__scheduler *s)
     uint64_t now = ferry__now_ms();
     if (n != s->closed_seen) {
         s->closed_seen = n;
-        s->probe_delay_ms = 0;
+        if (!s->probe_at_ms)
+            s->probe_delay_ms = 0;
         s->probe_at_ms = now;
     }
     if (!s->probe_at_ms || now < s->probe_at_ms)
@@ -416,7 +423,7 @@ void ferry__sched_probe_remote(ferry__scheduler *s)
         sched_worker *w = &s->w[i];
         if ((w->p.state == FERRY__PEER_CONFIGURED || w->p.state == FERRY__PEER_READY) &&
             !w->settling)
-            send_heartbeat(s, w, now);
+            send_heartbeat(s, w, now, 1);
     }
 }
 
@@ -436,7 +443,7 @@ static void check_remote(ferry__scheduler *s, uint64_t now)
             ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
             break;
         case FERRY__LIVE_HEARTBEAT:
-            send_heartbeat(s, w, now);
+            send_heartbeat(s, w, now, 0);
             break;
         case FERRY__LIVE_OK:
             break;
