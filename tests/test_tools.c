@@ -587,6 +587,9 @@ static void test_ferry_bench_refuses_bad_values(void **state)
         {"--limits", "--compare", "leave out --compare"},
         {"--limits", "--epoch-barrier", "no step"},
         {"--io-threads", "-1", "--io-threads"},
+        {"--set", "credits", "KEY=VALUE"},
+        {"--set", "no_such_option=1", "unknown option 'no_such_option'"},
+        {"--set", "credits=-3", "--set credits=-3"},
     };
     static ran r;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -597,6 +600,25 @@ static void test_ferry_bench_refuses_bad_values(void **state)
             fail_msg("%s %s: no '%s' in: %s", cases[i][0], cases[i][1], cases[i][2], r.err);
         assert_string_equal(r.out, "");
     }
+}
+
+/* --set gives any loader option, after ferry-bench's own (max_batches=7
+ * ends the run at 7 batches whatever --epochs says), and the settings say
+ * so. */
+static void test_ferry_bench_sets_any_loader_option(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char *argv[] = {BENCH_RUN, "--set", "max_batches=7", "--set", "credits=3", "--json", NULL};
+    static ran r;
+    run_argv(argv, environ, 20000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench --set failed: %s", r.err);
+    const char *settings = json_at(r.out, "settings");
+    assert_non_null(strstr(settings, "\"set\": [\"max_batches=7\", \"credits=3\"]"));
+    assert_true(json_number(json_at(r.out, "median"), "batches") == 7);
+    ft_end(&snap);
 }
 
 /* ------------------------------------------------------------------------
@@ -784,6 +806,7 @@ int main(void)
         cmocka_unit_test(test_ferry_worker_names_swapped_key_files),
         cmocka_unit_test(test_ferry_keygen_takes_a_name_ending_in_key_or_pub_as_its_base),
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
+        cmocka_unit_test(test_ferry_bench_sets_any_loader_option),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
         cmocka_unit_test(test_ferry_bench_plots_a_single_run),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),

@@ -414,6 +414,9 @@ static void usage(FILE *f)
             "  --worker-path PATH    the ferry-worker program\n"
             "  --no-shm              local process workers send batches as messages, not\n"
             "                        through shared memory (the loader's option shm=0)\n"
+            "  --set KEY=VALUE       any loader option (README, \"Options\"), set after the\n"
+            "                        others on every side: credits=4, heartbeat_ms=500,\n"
+            "                        max_remote=32, data_port=5556, ... (repeatable)\n"
             "  --bind ENDPOINT       also take remote workers at tcp://HOST:PORT\n"
             "  --min-workers N       workers to wait for before the first batch\n"
             "  --curve-key FILE      the loader's key pair (ferry-keygen)\n"
@@ -533,6 +536,16 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             o->plot = argv[++i];
         } else if (!strcmp(a, "--no-shm")) {
             o->no_shm = 1;
+        } else if (!strcmp(a, "--set") && v) {
+            if (o->nset == BENCH_MAX_SETS)
+                return bad("--set is taken at most 32 times", NULL);
+            /* Checked now, on a scratch config, so a typo fails before any run. */
+            ferry_config *scratch = ferry_config_new();
+            int rc = scratch ? bench_apply_set(scratch, v) : FERRY_ENOMEM;
+            ferry_config_free(scratch);
+            if (rc != FERRY_OK)
+                return 2;
+            o->set[o->nset++] = argv[++i];
         } else if (!strcmp(a, "--worker-path") && v) {
             o->worker_path = argv[++i];
         } else if (!strcmp(a, "--bind") && v) {

@@ -23,6 +23,8 @@
  * Settings
  */
 
+#define BENCH_MAX_SETS 32
+
 typedef struct bench_opts {
     const char *dataset;
     const char *worker_mode; /* "process" or "thread" */
@@ -37,6 +39,10 @@ typedef struct bench_opts {
     int epoch_barrier, compare, compare_remote, limits, json, progress, in_order, insecure;
     int no_shm; /* local process workers' batches by message, not shared memory */
     const char *csv, *plot;
+    /* --set KEY=VALUE: loader options set after everything else, on every
+     * side, in the order given ("KEY=VALUE" strings from argv). */
+    const char *set[BENCH_MAX_SETS];
+    int nset;
 } bench_opts;
 
 /* One way of running the same work: ferry as configured, the PyTorch-like
@@ -103,6 +109,10 @@ typedef struct bench_progress {
  * bench_run_free, also after a failure). 0, or 1 after saying on stderr
  * what failed. */
 int bench_run_once(const bench_opts *o, const bench_side *s, bench_progress *p, bench_run *r);
+
+/* One --set: "KEY=VALUE" set on cfg with ferry_config_set; FERRY_OK, or
+ * its error, said on stderr. */
+int bench_apply_set(ferry_config *cfg, const char *kv);
 void bench_run_free(bench_run *r);
 
 /* ------------------------------------------------------------------------

@@ -103,6 +103,9 @@ void bench_print_settings(const bench_opts *o, long prefetch_n, uint64_t batches
         fprintf(f, "  step: none (the trainer takes batches as fast as they come)");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     fprintf(f, "; host: %ld core%s\n", cores, plural(cores));
+    for (int i = 0; i < o->nset; i++)
+        fprintf(f, "%s%s%s", i ? ", " : "  loader options set: ", o->set[i],
+                i + 1 == o->nset ? "\n" : "");
 }
 
 /* One run, laid out by meaning. */
@@ -333,7 +336,13 @@ void bench_json_settings(const bench_opts *o, size_t rounds, FILE *f)
     bench_json_str(f, o->csv);
     fputs(", \"plot\": ", f);
     bench_json_str(f, o->plot);
-    fputc('}', f);
+    fputs(", \"set\": [", f);
+    for (int i = 0; i < o->nset; i++) {
+        if (i)
+            fputs(", ", f);
+        bench_json_str(f, o->set[i]);
+    }
+    fputs("]}", f);
 }
 
 void bench_json_host(FILE *f)

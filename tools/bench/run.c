@@ -237,6 +237,24 @@ static int configure(ferry_config *cfg, const bench_opts *o, const bench_side *s
     }
 #undef SETI
 #undef SETS
+    for (int i = 0; rc == FERRY_OK && i < o->nset; i++)
+        rc = bench_apply_set(cfg, o->set[i]);
+    return rc;
+}
+
+int bench_apply_set(ferry_config *cfg, const char *kv)
+{
+    const char *eq = strchr(kv, '=');
+    char key[64];
+    if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof key) {
+        fprintf(stderr, "ferry-bench: --set takes KEY=VALUE (a loader option), not '%s'\n", kv);
+        return FERRY_EINVAL;
+    }
+    memcpy(key, kv, (size_t)(eq - kv));
+    key[eq - kv] = '\0';
+    int rc = ferry_config_set(cfg, key, eq + 1);
+    if (rc != FERRY_OK)
+        fprintf(stderr, "ferry-bench: --set %s: %s\n", kv, ferry_last_error());
     return rc;
 }
 
