@@ -173,6 +173,8 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
         return ferry__seterr(FERRY_EINVAL, "loader and stats must not be NULL");
     ferry__window_stats(ld->win, st);
     st->credits = (uint32_t)ld->cfg.credits;
+    if (ld->sched)
+        ferry__scheduler_usage(ld->sched, st);
     return FERRY_OK;
 }
 

@@ -319,6 +319,12 @@ void *ferry__remote_data_socket(const ferry__remote *rm)
     return rm->data;
 }
 
+void ferry__remote_connections(const ferry__remote *rm, uint32_t *open, uint32_t *turned_away)
+{
+    *open = ferry__guard_open_count(rm->guard);
+    *turned_away = ferry__guard_closings(rm->guard);
+}
+
 const char *ferry__remote_endpoint(const ferry__remote *rm)
 {
     return rm->bound;

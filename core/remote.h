@@ -83,6 +83,10 @@ void ferry__remote_token_revoke(ferry__remote *rm, uint32_t k);
  * id is `user`, or -1. */
 int ferry__remote_token_owner(const ferry__remote *rm, const char *user);
 
+/* Connections to the remote sockets open now, and how many times new ones
+ * were turned away (guard.h); from any thread. */
+void ferry__remote_connections(const ferry__remote *rm, uint32_t *open, uint32_t *turned_away);
+
 /* The endpoint as bound, a `*` port resolved. */
 const char *ferry__remote_endpoint(const ferry__remote *rm);
 

@@ -614,3 +614,12 @@ pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i)
 {
     return i < s->nlocal ? ferry__pool_pid(s->pool, i) : 0;
 }
+
+void ferry__scheduler_usage(ferry__scheduler *s, ferry_stats *st)
+{
+    if (s->shm)
+        ferry__shm_usage(s->shm, &st->slot_bytes, &st->slots, &st->slots_held, &st->slot_memory);
+    if (s->remote)
+        ferry__remote_connections(s->remote, &st->remote_connections,
+                                  &st->connections_turned_away);
+}

@@ -47,4 +47,8 @@ const ferry__schema *ferry__scheduler_schema(const ferry__scheduler *s);
  * Any thread. */
 pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i);
 
+/* The stats of what the scheduler owns: the batch slots' memory and the
+ * remote connections; from any thread. */
+void ferry__scheduler_usage(ferry__scheduler *s, ferry_stats *st);
+
 #endif

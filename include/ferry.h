@@ -232,7 +232,18 @@ typedef struct ferry_stats {
     uint32_t credits;    /* tasks queued at one worker at most (the option, or auto) */
     uint64_t shared;     /* batches (of those completed) that came through shared-memory
                             slots; the rest came by message */
-    uint64_t reserved[14]; /* room to grow (see "ABI" in README.md); zero */
+    /* Where the loader's memory is: its shared-memory batch slots (local
+     * process workers write batches there; 0s without them). */
+    uint64_t slot_bytes;  /* the size of one slot: a batch's bytes, rounded up */
+    uint32_t slots;       /* slots in the pool (the window's, and some spare) */
+    uint32_t slots_held;  /* slots holding a batch: in the window, or in the trainer's hands */
+    uint64_t slot_memory; /* bytes of slot memory allocated now (slots are allocated when
+                             first written and given back when idle) */
+    /* With bind: connections to the remote sockets open now, admitted or
+     * not, and how many times new ones were turned away at the cap. */
+    uint32_t remote_connections;
+    uint32_t connections_turned_away;
+    uint64_t reserved[10]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_stats;
 
 /* A snapshot of the loader's counters; safe while another thread is in

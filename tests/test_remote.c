@@ -1687,6 +1687,9 @@ static void flood_case(int curve)
         assert_true(ft_now_ms() < deadline);
         read_one(ld, &c);
     }
+    ferry_stats during = ft_stats(ld);
+    assert_true(during.connections_turned_away >= 1);
+    assert_true(during.remote_connections >= 1);
     uint64_t t0 = ft_now_ms();
     long cpu0 = io_threads_cpu_ms();
     int pid = 0;

@@ -410,6 +410,12 @@ static void test_an_ended_stream_gives_its_slot_memory_back(void **state)
     printf("%d batches; slot memory down to %lld bytes %lld ms after the end\n", n, slot_memory(),
            (long long)took);
     assert_true(took >= 0);
+    /* The stats say the same: the pool is there, holds nothing, and has
+     * given its memory back. */
+    ferry_stats st = ft_stats(ld);
+    assert_true(st.slot_bytes > 0 && st.slots > 0);
+    assert_int_equal(st.slots_held, 0);
+    assert_int_equal(st.slot_memory, 0);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     end_without_slots(&snap);
 }
@@ -440,6 +446,12 @@ static void test_the_trainer_maps_only_the_slots_it_holds(void **state)
         (void)sum;
     }
     long held = ft_status_kib("RssShmem");
+    /* The stats see the ten held, and their memory (the memfd's). */
+    ferry_stats st = ft_stats(ld);
+    assert_true(st.slots_held >= KEEP);
+    assert_true(st.slot_bytes >= (2u << 20));
+    assert_true(st.slot_memory >= (uint64_t)KEEP * (2u << 20));
+    assert_true(slot_memory() >= (long long)KEEP * (2 << 20));
     for (int i = 0; i < KEEP; i++)
         ferry_batch_release(kept[i]);
     long after = ft_status_kib("RssShmem");

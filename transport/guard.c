@@ -46,8 +46,8 @@ struct ferry__guard {
     pthread_t thread;
     int thread_live;
     atomic_int closed;
+    atomic_uint closings; /* how many times the door was closed */
     /* --- the guard thread's --- */
-    uint64_t closings;   /* how many times the door was closed, for the log */
     uint64_t recount_ms; /* the last recount while closed */
 };
 
@@ -266,6 +266,11 @@ int ferry__guard_closed(const ferry__guard *g)
     return atomic_load(&g->closed);
 }
 
+uint32_t ferry__guard_closings(const ferry__guard *g)
+{
+    return atomic_load(&g->closings);
+}
+
 /* Every watched listening socket drops new connection requests (one BPF
  * instruction: return 0, keep nothing of the packet), or takes them again. */
 static void set_door(ferry__guard *g, int close_it)
@@ -293,13 +298,13 @@ static void close_door(ferry__guard *g, const char *because)
         return;
     set_door(g, 1);
     g->recount_ms = 0;
-    if (ferry__log_nth(++g->closings, 1))
+    unsigned n = atomic_fetch_add(&g->closings, 1) + 1;
+    if (ferry__log_nth(n, 1))
         ferry__logf(&g->o.log, FERRY_LOG_WARN,
                     "%s: new remote connections are turned away until some close (a connection "
                     "that says nothing is closed after %d ms; the cap is %u: %s; %llu times so "
                     "far)",
-                    because, g->o.handshake_ms, g->o.cap, g->o.why_cap,
-                    (unsigned long long)g->closings);
+                    because, g->o.handshake_ms, g->o.cap, g->o.why_cap, (unsigned long long)n);
 }
 
 /* Reads every event waiting on w's monitor. */
@@ -370,7 +375,7 @@ static void recount(ferry__guard *g, uint64_t now_ms)
     if (open > g->o.cap / 4 * 3)
         return;
     set_door(g, 0);
-    if (ferry__log_nth(g->closings, 1))
+    if (ferry__log_nth(atomic_load(&g->closings), 1))
         ferry__logf(&g->o.log, FERRY_LOG_INFO, "remote connections are let in again (%u open)",
                     open);
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "alloc.h"
@@ -221,6 +222,18 @@ size_t ferry__shm_slot_bytes(const ferry__shm *m)
 uint32_t ferry__shm_nslots(const ferry__shm *m)
 {
     return m->nslots;
+}
+
+void ferry__shm_usage(ferry__shm *m, uint64_t *slot_bytes, uint32_t *nslots, uint32_t *held,
+                      uint64_t *memory)
+{
+    pthread_mutex_lock(&m->mu);
+    *slot_bytes = m->slot_bytes;
+    *nslots = m->nslots;
+    *held = m->held;
+    pthread_mutex_unlock(&m->mu);
+    struct stat sb;
+    *memory = fstat(m->fd, &sb) == 0 ? (uint64_t)sb.st_blocks * 512 : 0;
 }
 
 /* Under mu: slot goes back on the free stack. */

@@ -72,6 +72,11 @@ uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms);
 size_t ferry__shm_slot_bytes(const ferry__shm *m);
 uint32_t ferry__shm_nslots(const ferry__shm *m);
 
+/* The pool's size, held slots and the bytes of memory its memfd holds now,
+ * for the stats; from any thread. */
+void ferry__shm_usage(ferry__shm *m, uint64_t *slot_bytes, uint32_t *nslots, uint32_t *held,
+                      uint64_t *memory);
+
 /* Gives a free slot to `owner` (a worker index). -1 when none is free (or
  * the pool is unsized): the task then goes the message way. */
 int32_t ferry__shm_give(ferry__shm *m, uint32_t owner);

@@ -737,7 +737,8 @@ static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
     if (rc != FERRY_OK)
         return ferry_py_raise(rc, ferry_last_error());
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsIsIsIsK}", "dispatched", (unsigned long long)st.dispatched,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsIsIsIsKsKsIsIsKsIsI}", "dispatched",
+        (unsigned long long)st.dispatched,
         "completed", (unsigned long long)st.completed, "delivered",
         (unsigned long long)st.delivered, "failed", (unsigned long long)st.failed, "realigned",
         (unsigned long long)st.realigned, "malformed", (unsigned long long)st.malformed, "stale",
@@ -745,7 +746,10 @@ static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
         (unsigned long long)st.timeouts, "joined", (unsigned long long)st.joined, "lost",
         (unsigned long long)st.lost, "rejected", (unsigned long long)st.rejected, "workers",
         st.workers, "in_flight", st.in_flight, "prefetch", st.prefetch, "credits", st.credits,
-        "shared", (unsigned long long)st.shared);
+        "shared", (unsigned long long)st.shared, "slot_bytes", (unsigned long long)st.slot_bytes,
+        "slots", st.slots, "slots_held", st.slots_held, "slot_memory",
+        (unsigned long long)st.slot_memory, "remote_connections", st.remote_connections,
+        "connections_turned_away", st.connections_turned_away);
 }
 
 static PyObject *loader_worker_pid(LoaderObject *self, PyObject *args)

@@ -141,6 +141,25 @@ def test_process_workers_batches_are_views_of_shared_memory_unless_shm_is_off():
     assert all(np.array_equal(a, b) for a, b in zip(got[True], got[False]))
 
 
+def test_stats_say_where_the_memory_is():
+    # The batch slots: their size, how many hold a batch, how much memory
+    # they have now; none of it without shared memory.
+    for shm in (True, False):
+        with ferry.Loader("synthetic:n=1000,dim=4096", batch_size=50, workers=2, seed=5,
+                          shm=shm, epochs=1) as ld:
+            kept = [b for b in ld][:3]
+            st = ld.stats()
+            if shm:
+                assert st["slot_bytes"] >= 50 * 4096 and st["slots"] >= 3
+                assert st["slots_held"] == 3
+                assert st["slot_memory"] >= 3 * 50 * 4096
+            else:
+                assert st["slot_bytes"] == st["slots"] == st["slots_held"] == 0
+                assert st["slot_memory"] == 0
+            assert st["remote_connections"] == st["connections_turned_away"] == 0
+            del kept
+
+
 def test_torch_tensors_share_the_batch_memory():
     torch = pytest.importorskip("torch")
     with ferry.Loader(SYN, batch_size=50, workers=1) as ld:
