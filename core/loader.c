@@ -48,6 +48,9 @@ static int check_config(const ferry_config *cfg)
     if (cfg->workers == 0 && ferry__config_min_workers(cfg) == 0)
         return ferry__seterr(FERRY_EINVAL, "min_workers must be at least 1 without local workers "
                                            "(the dataset's length comes from a worker)");
+    if (cfg->pin_tasks && (cfg->bind[0] || cfg->workers == 0))
+        return ferry__seterr(FERRY_EINVAL, "pin_tasks needs local workers and no bind: each "
+                                           "batch is made by one given local worker");
     if (ferry__config_prefetch(cfg) > FERRY__WINDOW_MAX)
         return ferry__seterr(FERRY_EINVAL, "prefetch %lld is more than %d",
                              (long long)ferry__config_prefetch(cfg), FERRY__WINDOW_MAX);

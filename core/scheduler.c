@@ -178,16 +178,32 @@ static int another_ready(const ferry__scheduler *s, const sched_worker *w)
     return 0;
 }
 
+/* With pin_tasks, the worker task e belongs to, or NULL while it cannot
+ * take one (not ready, or no free credit): e waits, and the tasks behind
+ * it with it (they are dispatched in order). */
+static sched_worker *pinned_worker(ferry__scheduler *s, const ferry__window_entry *e)
+{
+    sched_worker *w = &s->w[e->t.seq % s->nlocal];
+    if (w->p.state != FERRY__PEER_READY || w->p.unreachable ||
+        ferry__window_outstanding(s->win, w->p.index) >= (uint32_t)s->cfg.credits)
+        return NULL;
+    return w;
+}
+
 static void dispatch(ferry__scheduler *s)
 {
     for (;;) {
-        sched_worker *w = pick_worker(s, NULL);
-        if (!w)
+        sched_worker *w = s->cfg.pin_tasks ? NULL : pick_worker(s, NULL);
+        if (!w && !s->cfg.pin_tasks)
             return;
         ferry__window_entry *e = ferry__window_take(s->win);
         if (!e)
             return;
-        if (e->avoid == (int32_t)w->p.index) {
+        if (s->cfg.pin_tasks && !(w = pinned_worker(s, e))) {
+            ferry__window_unsent(s->win, e);
+            return;
+        }
+        if (!s->cfg.pin_tasks && e->avoid == (int32_t)w->p.index) {
             /* Its dataset failed on this one: another worker, now if one
              * has a credit, later if one will; w only when it is alone. */
             sched_worker *o = pick_worker(s, w);

@@ -197,6 +197,50 @@ static void test_out_of_order_delivers_each_batch_once(void **state)
     ft_end(&snap);
 }
 
+/* pin_tasks: batch seq s is made by worker s % workers, and only by it,
+ * also when that worker is killed and replaced (its tasks wait for the
+ * replacement); every batch once, in order. A bound loader or one without
+ * local workers cannot pin. */
+static void test_pinned_tasks_go_to_their_own_worker(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg("process", 3, 9, 10, "synthetic:n=900,dim=40,cost_us=20");
+    assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ferry_batch *b;
+    int rc;
+    uint64_t n = 0;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, n);
+        assert_int_equal(info.worker, n % 3);
+        ft_assert_synthetic(b, DIM);
+        ferry_batch_release(b);
+        if (++n == 40) {
+            int pid = 0;
+            assert_int_equal(ferry_loader_worker_pid(ld, 1, &pid), FERRY_OK);
+            assert_int_equal(kill(pid, SIGKILL), 0);
+        }
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    assert_int_equal(n, 3 * 90);
+    assert_int_equal(ft_stats(ld).restarts, 1);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    cfg = ft_config("synthetic:n=100,dim=4", 0, 10);
+    assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "bind", "tcp://127.0.0.1:*"), FERRY_OK);
+    ld = NULL;
+    FT_EXPECT_ERROR(ferry_loader_open(&ld, cfg), FERRY_EINVAL, "pin_tasks", NULL);
+    assert_null(ld);
+    ferry_config_free(cfg);
+    ft_end(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * Prefetch across the epoch boundary
  */
@@ -954,6 +998,7 @@ int main(void)
         cmocka_unit_test(test_every_index_once_in_order_with_processes),
         cmocka_unit_test(test_every_index_once_in_order_with_threads),
         cmocka_unit_test(test_out_of_order_delivers_each_batch_once),
+        cmocka_unit_test(test_pinned_tasks_go_to_their_own_worker),
         cmocka_unit_test(test_next_epoch_is_built_while_trainer_holds_last_batch),
         cmocka_unit_test(test_epoch_barrier_holds_next_epoch_until_asked),
         cmocka_unit_test(test_dataset_error_is_reported_and_run_continues),
