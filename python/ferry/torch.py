@@ -28,9 +28,11 @@ structure; its tensors and arrays travel as fields of variable shape (one
 copy into shared memory, as torch makes).
 """
 
+import collections
 import contextlib
 import functools
 import io
+import itertools
 import numbers
 import os
 import pickle
@@ -600,6 +602,191 @@ def _stack_into(batch, dst, dt, shape):
     return True
 
 
+class _StreamTable:
+    """For an IterableDataset: which batch of whose iterator each task
+    stands for. Task seq s is made by worker w = s % W (the loader's
+    pin_tasks), as its k = s // W-th task; the trainer writes, per worker, a
+    ring of entries [k + 1, epoch, batch in epoch (-1: idle)] in a memfd
+    that the worker reads through /proc/TRAINER/fd/N. The trainer decides
+    the epochs: a worker's tasks stand for its next batches until its
+    iterator ends, then for its next epoch's (at most AHEAD of them while
+    the trainer is still in the epoch before; then idle tasks, answered at
+    once)."""
+
+    ENTRY = 24
+    RING = 4096
+    AHEAD = 2
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.fds = [os.memfd_create("ferry-stream", os.MFD_CLOEXEC) for _ in range(workers)]
+        for fd in self.fds:
+            os.ftruncate(fd, self.ENTRY * self.RING)
+        self.written = 0              # entries written: seqs 0 .. written-1
+        self.entries = {}             # seq -> (epoch, batch in epoch or -1), until read back
+        self.epoch = [0] * workers    # the epoch each worker's next entries stand for
+        self.next_k = [0] * workers   # and the batch in it
+        self.trainer_epoch = 0        # the epoch the trainer hands out
+
+    def ref(self):
+        return (os.getpid(), list(self.fds))
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def write_to(self, end):
+        """Entries for every seq below `end`."""
+        while self.written < end:
+            s = self.written
+            w, k = s % self.workers, s // self.workers
+            if s - self.workers * self.RING >= min(self.entries, default=s):
+                raise RuntimeError("ferry.torch.DataLoader: the stream table is full")
+            e = self.epoch[w]
+            if e > self.trainer_epoch + 1 or \
+                    (e == self.trainer_epoch + 1 and self.next_k[w] >= self.AHEAD):
+                kin = -1
+            else:
+                kin = self.next_k[w]
+                self.next_k[w] += 1
+            self.entries[s] = (e, kin)
+            os.pwrite(self.fds[w], np.array([k + 1, e, kin], np.int64).tobytes(),
+                      (k % self.RING) * self.ENTRY)
+            self.written += 1
+
+    def ended(self, w, epoch):
+        """Worker w's iterator has no more batches in `epoch`: its next
+        entries stand for the epoch after."""
+        if self.epoch[w] == epoch:
+            self.epoch[w] = epoch + 1
+            self.next_k[w] = 0
+
+
+def _read_stream(ref, opened, w, k, deadline_s=60.0):
+    """In worker w: (epoch, batch in epoch or -1) of its k-th task, from the
+    trainer's _StreamTable; waits (polling) while it is not written."""
+    pid, fds = ref
+    fd = opened.get(w)
+    if fd is None:
+        fd = opened[w] = os.open("/proc/%d/fd/%d" % (pid, fds[w]), os.O_RDONLY | os.O_CLOEXEC)
+    give_up = time.monotonic() + deadline_s
+    at = (k % _StreamTable.RING) * _StreamTable.ENTRY
+    while True:
+        tag, e, kin = np.frombuffer(os.pread(fd, _StreamTable.ENTRY, at), np.int64)
+        if tag == k + 1:
+            return int(e), int(kin)
+        if time.monotonic() > give_up:
+            raise RuntimeError("ferry.torch.DataLoader: the trainer did not say what task %d of "
+                               "worker %d stands for within %.0f s" % (k, w, deadline_s))
+        time.sleep(0.001)  # written ahead of the window: only at the very start
+
+
+class _StreamBatches(_Batches):
+    """What the workers are given for an IterableDataset: each worker
+    iterates its own copy (sharded by get_worker_info(), as in torch), one
+    epoch after another, and a task is its next batch, collated in the
+    worker. What a task stands for comes from the trainer (_StreamTable);
+    a replacement worker starts that epoch's iteration again and skips the
+    batches already made, so a stream that iterates the same way each time
+    (the same items for the same seed, worker and epoch) loses and repeats
+    nothing."""
+
+    LENGTH = 2**40  # the index stream is endless: epochs are the iterators'
+
+    def __len__(self):
+        return self.LENGTH
+
+    def __ferry_fields__(self):
+        # No probe (there is no item 0 to ask for): the batch travels in
+        # the structure.
+        self._fixed, self._var = {}, {}
+        self._fields = [(_SKELETON, _dataset._DTYPES["|u1"], None, 256)]
+        return self._fields
+
+    def _pull(self, it, w, e, kin):
+        """Batch kin of epoch e from iterator it, seeded as ferry seeds it:
+        its items, or None at the end."""
+        if self.reseed == "batch":
+            self._seed(_ferry.sample_seed(self.base_seed, e, kin * self.num_workers + w))
+        n = self.batch_size if self.auto_batch else 1
+        items = []
+        for x in it:
+            items.append(x)
+            if len(items) == n:
+                break
+        if not items or (self.drop_last and len(items) < n):
+            return None
+        return items
+
+    def _next_batch(self, w, e, kin):
+        ended = self.__dict__.setdefault("_ended", {})
+        if kin >= ended.get(e, 1 << 62):
+            return ("end", e, kin)
+        st = self.__dict__.get("_iter")
+        if st is None or st[0] != e or st[1] > kin:
+            if self.reseed == "batch":  # the epoch's iteration repeats, whoever runs it
+                self._seed(_ferry.sample_seed(self.base_seed, e, w))
+            st = self._iter = [e, 0, iter(self.dataset)]
+        while st[1] < kin:  # a replacement catches up, with the same seeding
+            if self._pull(st[2], w, e, st[1]) is None:
+                ended[e] = st[1]
+                return ("end", e, kin)
+            st[1] += 1
+        items = self._pull(st[2], w, e, kin)
+        st[1] += 1
+        if items is None:
+            ended[e] = kin
+            return ("end", e, kin)
+        return ("b", e, kin, self._user_batch(items))
+
+    def __ferry_fill__(self, indices, epoch, views):
+        self._start()
+        if self._fields is None:
+            self.__ferry_fields__()
+        p = int(indices[0])
+        w, k = p % self.num_workers, p // self.num_workers
+        e, kin = _read_stream(self.table_ref, self.__dict__.setdefault("_opened", {}), w, k)
+        result = ("idle", e, kin) if kin < 0 else self._next_batch(w, e, kin)
+        buf = io.BytesIO()
+        _Pickler(buf, {}, [None]).dump(result)
+        return [np.frombuffer(buf.getbuffer(), dtype=np.uint8)]
+
+
+def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
+                  multiprocessing_context, pin_memory_device, ferry_options):
+    """torch's checks of the arguments every DataLoader takes (with torch's
+    messages), ferry's own, and the warnings for what means nothing here."""
+    if not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                         "disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in "
+                         "multiprocessing.let num_workers > 0 to enable multiprocessing, "
+                         "otherwise set prefetch_factor to None.")
+    if prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    if reseed not in ("batch", "sample", "worker"):
+        raise ValueError("ferry.torch.DataLoader: reseed must be 'batch', 'sample' or "
+                         "'worker', not %r" % (reseed,))
+    if "bind" in ferry_options or "remote" in ferry_options:
+        raise TypeError("ferry.torch.DataLoader: remote workers serve a dataset by name "
+                        "(ferry.Loader(MyDataset, dataset_kwargs=...)); a pickled dataset "
+                        "object stays on this host")
+    if persistent_workers is False and num_workers > 0:
+        _warn_once("persist", "persistent_workers=False: ferry's workers always persist "
+                              "(they are not restarted each epoch)")
+    if multiprocessing_context is not None:
+        _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "
+                         "from a clean parent process, never from the trainer")
+    if pin_memory_device:
+        _warn_once("pmd", "pin_memory_device is ignored: batches are pinned for CUDA")
+
+
 class DataLoader(_Closes):
     """torch.utils.data.DataLoader's arguments and defaults, on ferry's
     workers. ferry's own options (``seed``, ``state``, ``placement``,
@@ -612,46 +799,21 @@ class DataLoader(_Closes):
     way: base seed + worker id).
     """
 
+    def __new__(cls, dataset=None, *args, **kwargs):
+        if cls is DataLoader and isinstance(dataset, tud.IterableDataset):
+            return super().__new__(_IterableDataLoader)
+        return super().__new__(cls)
+
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed="batch", **ferry_options):
-        if isinstance(dataset, tud.IterableDataset):
-            raise NotImplementedError(
-                "ferry.torch.DataLoader: IterableDataset is not supported yet; ferry serves "
-                "map-style datasets (__getitem__ and __len__)")
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError("ferry.torch.DataLoader: the dataset must be map-style (have "
                             "__getitem__ and __len__), not a %s" % type(dataset).__name__)
-        if not isinstance(num_workers, numbers.Integral) or num_workers < 0:
-            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
-                             "disable multiprocessing.")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError("prefetch_factor option could only be specified in "
-                             "multiprocessing.let num_workers > 0 to enable multiprocessing, "
-                             "otherwise set prefetch_factor to None.")
-        if prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        if reseed not in ("batch", "sample", "worker"):
-            raise ValueError("ferry.torch.DataLoader: reseed must be 'batch', 'sample' or "
-                             "'worker', not %r" % (reseed,))
-        if "bind" in ferry_options or "remote" in ferry_options:
-            raise TypeError("ferry.torch.DataLoader: remote workers serve a dataset by name "
-                            "(ferry.Loader(MyDataset, dataset_kwargs=...)); a pickled dataset "
-                            "object stays on this host")
-        if persistent_workers is False and num_workers > 0:
-            _warn_once("persist", "persistent_workers=False: ferry's workers always persist "
-                                  "(they are not restarted each epoch)")
-        if multiprocessing_context is not None:
-            _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "
-                             "from a clean parent process, never from the trainer")
-        if pin_memory_device:
-            _warn_once("pmd", "pin_memory_device is ignored: batches are pinned for CUDA")
+        _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
+                      multiprocessing_context, pin_memory_device, ferry_options)
 
         self.dataset = dataset
         self.num_workers = int(num_workers)
@@ -900,6 +1062,215 @@ class DataLoader(_Closes):
         self.close_workers()
         if getattr(self, "_batches", None) is not None:
             self._batches.close()  # the table files num_workers=0 opened here
+        if getattr(self, "_table", None) is not None:
+            self._table.close()
+            self._table = None
+
+
+class _IterableDataLoader(DataLoader):
+    """DataLoader over an IterableDataset (DataLoader() makes one): each
+    worker iterates its own copy, sharded by get_worker_info() as in torch,
+    and collates its batches; a `for` hands them out round-robin over the
+    workers whose iterators have not ended, as torch's does, until every
+    one has ended. The workers go on into the next epoch meanwhile (a few
+    batches each). Task s is made by worker s % num_workers (the loader's
+    pin_tasks); _StreamTable says which batch of which epoch it is."""
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
+                 in_order=True, reseed="batch", **ferry_options):
+        # torch's rules for an IterableDataset, with torch's messages.
+        if shuffle not in {False, None}:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
+                             "option, but got shuffle=%s" % (shuffle,))
+        if sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified sampler "
+                             "option, but got sampler=%s" % (sampler,))
+        if batch_sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                             "batch_sampler option, but got batch_sampler=%s" % (batch_sampler,))
+        if batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
+                      multiprocessing_context, pin_memory_device, ferry_options)
+        if "state" in ferry_options:
+            raise NotImplementedError("ferry.torch.DataLoader: an IterableDataset's stream "
+                                      "cannot be resumed (ferry does not know where a user's "
+                                      "iterator stands); resume needs a map-style dataset")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = int(num_workers)
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory)
+        if self.pin_memory and not torch.cuda.is_available():
+            _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
+            self.pin_memory = False
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.persistent_workers = bool(persistent_workers)
+        self.in_order = in_order
+        self.collate_fn = collate_fn
+        self.sampler = self.batch_sampler = None
+        opts = dict(ferry_options)
+        if "seed" in opts:
+            base_seed = int(opts["seed"]) % 2**63
+        else:
+            base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        self._base_seed = base_seed
+        w = self.num_workers
+        self._table = _StreamTable(w) if w else None
+        self._batches = _StreamBatches(dataset, None, collate_fn, batch_size is not None,
+                                       base_seed, reseed, worker_init_fn, w, os.getpid())
+        self._batches.batch_size = batch_size
+        self._batches.drop_last = bool(drop_last)
+        self._batches.table_ref = self._table.ref() if self._table else None
+        self._window = max(w, int(prefetch_factor if prefetch_factor is not None else 2) * w)
+        opts.update(workers=w, pin_tasks=True, batch_size=1, shuffle=False, drop_last=False,
+                    epochs=0, in_order=True, seed=base_seed, prefetch=max(1, self._window))
+        opts.pop("max_batches", None)
+        self._opts = opts
+        self._loader = None
+        self._seq = 0            # the next task's seq: delivered in order
+        self._epoch = 0          # the epoch the next `for` hands out
+        self._mid_epoch = False
+        self._queues = [collections.deque() for _ in range(w)]  # this epoch's, per worker
+        self._ended = set()      # workers whose iterator ended this epoch
+        self._future = {}        # epoch -> ([deque per worker], set of ended workers)
+        self._turn = 0           # whose batch comes next (round-robin)
+
+    def __len__(self):
+        # torch's: the dataset's len() (a TypeError without one) in batches.
+        n = len(self.dataset)
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _ferry(self):
+        if self._loader is None:
+            # Every task the window can send has its entry before any is sent.
+            self._table.write_to(self._window + self.num_workers)
+            self._loader = Loader(self._batches, **self._opts)
+        return self._loader
+
+    def _later(self, epoch):
+        return self._future.setdefault(
+            epoch, ([collections.deque() for _ in range(self.num_workers)], set()))
+
+    def _pull(self, timeout):
+        """Reads the next task's result and files it under its worker and
+        epoch."""
+        ld = self._ferry()
+        s = self._seq
+        self._table.write_to(s + self._window + self.num_workers)
+        try:
+            b, err = ld._next(timeout), None
+        except BatchError as e:
+            b, err = None, e
+        if b is None and err is None:
+            raise RuntimeError("ferry.torch.DataLoader: the stream ended")
+        self._seq += 1
+        w = s % self.num_workers
+        epoch, kin = self._table.entries.pop(s)
+        if kin < 0:
+            return  # an idle task
+        if err is not None:  # ferry's index and position mean nothing to a stream
+            err.index, err.epoch, err.batch_in_epoch = None, epoch, kin
+        if err is None:
+            res = self._structure(b)
+            if res[0] == "end":
+                self._table.ended(w, epoch)
+                (self._ended if epoch == self._epoch else self._later(epoch)[1]).add(w)
+                return
+            item = res[3]
+        else:
+            item = err
+        if epoch == self._epoch:
+            self._queues[w].append(item)
+        elif epoch > self._epoch:
+            self._later(epoch)[0][w].append(item)
+
+    def _structure(self, b):
+        fields = [b._arrays[n] for n in b._names]
+        res = _load_structure(fields[-1], fields)
+        if res[0] == "b" and self.pin_memory:
+            res = res[:3] + (_tcollate_pin(res[3]),)
+        return res
+
+    def _next_item(self, timeout):
+        """The epoch's next batch (or failure), round-robin over the workers
+        not yet ended; None once every one has."""
+        nw = self.num_workers
+        while True:
+            live = [w for w in range(nw) if self._queues[w] or w not in self._ended]
+            if not live:
+                return None
+            w = min(live, key=lambda x: (x - self._turn) % nw)
+            while not self._queues[w] and w not in self._ended:
+                self._pull(timeout)
+            if self._queues[w]:
+                self._turn = (w + 1) % nw
+                return self._queues[w].popleft()
+
+    def _next_epoch(self):
+        self._epoch += 1
+        self._table.trainer_epoch = self._epoch
+        queues, ended = self._future.pop(self._epoch, (None, set()))
+        self._queues = queues or [collections.deque() for _ in range(self.num_workers)]
+        self._ended = ended
+        self._turn = 0
+
+    def _sync_epoch(self):
+        """num_workers=0: the dataset iterated here, as torch does."""
+        n = self.batch_size if self.batch_size is not None else 1
+        it = iter(self.dataset)
+        while True:
+            items = list(itertools.islice(it, n))
+            if not items or (self.drop_last and len(items) < n):
+                return
+            out = self._batches._user_batch(items)
+            yield _tcollate_pin(out) if self.pin_memory else out
+
+    def __iter__(self):
+        if not self.num_workers:
+            yield from self._sync_epoch()
+            return
+        timeout = self.timeout if self.timeout and self.timeout > 0 else None
+        try:
+            if self._mid_epoch:  # a `for` left early: the rest of its epoch is dropped
+                while self._next_item(timeout) is not None:
+                    pass
+                self._next_epoch()
+            self._mid_epoch = True
+            while True:
+                item = self._next_item(timeout)
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        except NotReady:
+            raise RuntimeError("DataLoader timed out after %s seconds" % self.timeout) from None
+        self._mid_epoch = False
+        self._next_epoch()
+
+    def state_dict(self):
+        raise NotImplementedError("ferry.torch.DataLoader: an IterableDataset's stream cannot "
+                                  "be saved for a resume")
+
+    def load_state_dict(self, state):
+        self.state_dict()
+
+    def stats(self):
+        return self._ferry().stats() if self.num_workers else {}
+
+    def close(self):
+        self.close_workers()
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None

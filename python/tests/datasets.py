@@ -167,3 +167,37 @@ class ArrayBacked:
 
     def __getitem__(self, i):
         return {"x": self.array[i]}
+
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError:  # the torch tests skip themselves
+    IterableDataset = object
+
+
+class Shards(IterableDataset):
+    """range(n) sharded over the workers as torch's docs shard it (worker w
+    takes every W-th item from w); `uneven` gives worker 0 only the first
+    item. Each item is (index, a draw from torch's generator)."""
+
+    def __init__(self, n, uneven=False, fail_at=None, slow_at=None):
+        self.n, self.uneven, self.fail_at, self.slow_at = n, uneven, fail_at, slow_at
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.uneven and nw > 1:
+            mine = [0] if w == 0 else range(1 + w - 1, self.n, nw - 1)
+        else:
+            mine = range(w, self.n, nw)
+        for i in mine:
+            if i == self.fail_at:
+                raise KeyError("stream item %d is broken" % i)
+            if i == self.slow_at and os.environ.get("FERRY_TEST_GATE"):
+                while not os.path.exists(os.environ["FERRY_TEST_GATE"]):
+                    time.sleep(0.005)  # a test's gate: until the file appears
+            yield i, torch.rand(()).item()
