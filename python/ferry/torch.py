@@ -26,6 +26,11 @@ unpickles that structure, putting in its place tensors that share the
 fields' memory: no copy. A ``collate_fn`` of your own returns any
 structure; its tensors and arrays travel as fields of variable shape (one
 copy into shared memory, as torch makes).
+
+An ``IterableDataset`` is iterated by each worker (sharded by
+``get_worker_info()``, as in torch), its batches handed out round-robin
+over the workers not yet ended, as torch's DataLoader does; see
+docs/python.md for what ferry promises for such a stream.
 """
 
 import collections
