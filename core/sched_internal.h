@@ -81,7 +81,8 @@ struct ferry__scheduler {
      * counts them); the scheduler probes its remote workers when it moves. */
     atomic_uint closed_conns;
     unsigned closed_seen;
-    uint64_t probe_at_ms; /* the next probe (ferry__sched_probe_remote); 0: none due */
+    uint64_t probe_at_ms;    /* the next probe (ferry__sched_probe_remote); 0: none due */
+    uint64_t probe_ladder_ms; /* when the current run of probes began */
     uint32_t probe_delay_ms;
 
     /* --- scheduler thread only --- */

@@ -344,7 +344,8 @@ static void check_timeouts(ferry__scheduler *s, uint64_t now)
 
 /* Replacements due another try (see try_restart). With no worker left to
  * serve, one down for start_timeout_ms fails the loader: nothing else
- * would. */
+ * would. With pin_tasks the others cannot serve its tasks (the stream
+ * waits for them), so it fails the loader whatever else is alive. */
 static void check_restarts(ferry__scheduler *s, uint64_t now)
 {
     for (uint32_t i = 0; i < s->nlocal; i++) {
@@ -352,13 +353,16 @@ static void check_restarts(ferry__scheduler *s, uint64_t now)
         if (!w->restart_at_ms || now < w->restart_at_ms)
             continue;
         try_restart(s, w, now);
-        if (!w->restart_at_ms || ferry__window_add_workers(s->win, 0) ||
+        if (!w->restart_at_ms ||
+            (!s->cfg.pin_tasks && ferry__window_add_workers(s->win, 0)) ||
             now - w->down_since_ms < (uint64_t)s->cfg.start_timeout_ms)
             continue;
         char msg[FERRY__ERRMSG_MAX];
         snprintf(msg, sizeof msg,
-                 "no worker is left to serve, and worker %u could not be started again in %llu "
-                 "ms (%u tries; start_timeout_ms %lld): %s",
+                 "%s, and worker %u could not be started again in %llu ms (%u tries; "
+                 "start_timeout_ms %lld): %s",
+                 s->cfg.pin_tasks ? "its tasks are pinned to it (pin_tasks)"
+                                  : "no worker is left to serve",
                  w->p.index, (unsigned long long)(now - w->down_since_ms), w->restart_tries,
                  (long long)s->cfg.start_timeout_ms, w->restart_err);
         ferry__window_fail(s->win, w->restart_rc, msg);
@@ -399,11 +403,13 @@ static void send_heartbeat(ferry__scheduler *s, sched_worker *w, uint64_t now, i
 
 /* ZeroMQ drops a closed connection's pipe a little after it reports the
  * close, and until then a send to it succeeds: the probe is repeated after
- * 1, 2, 4 ... PROBE_MAX_MS. Closes during a run of probes bring the next
- * one forward without starting the run again, so a stream of them (a
- * flood's connections timing out) costs a probe per close reported, and
- * the run still ends. */
+ * 1, 2, 4 ... PROBE_MAX_MS. A close during a run of probes brings the next
+ * one forward, and starts the run again when it began PROBE_LADDER_EVERY_MS
+ * ago or more: a stream of closes (a flood's connections timing out) costs
+ * a short run every 100 ms at most, and a worker's close within it is
+ * still probed 1, 2, 4 ... ms after. */
 #define PROBE_MAX_MS 256
+#define PROBE_LADDER_EVERY_MS 100
 
 void ferry__sched_probe_remote(ferry__scheduler *s)
 {
@@ -411,8 +417,10 @@ void ferry__sched_probe_remote(ferry__scheduler *s)
     uint64_t now = ferry__now_ms();
     if (n != s->closed_seen) {
         s->closed_seen = n;
-        if (!s->probe_at_ms)
+        if (!s->probe_at_ms || now - s->probe_ladder_ms >= PROBE_LADDER_EVERY_MS) {
             s->probe_delay_ms = 0;
+            s->probe_ladder_ms = now;
+        }
         s->probe_at_ms = now;
     }
     if (!s->probe_at_ms || now < s->probe_at_ms)

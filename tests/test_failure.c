@@ -318,6 +318,40 @@ static void test_no_worker_left_to_start_fails_after_the_start_timeout(void **st
     ft_end(&snap);
 }
 
+/* With pin_tasks the other workers cannot make a dead worker's tasks: a
+ * replacement that cannot start fails the loader after start_timeout_ms
+ * even though another worker is alive (it used to wait forever). */
+static void test_pinned_tasks_fail_when_their_worker_cannot_start(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg(2, 16, "synthetic:n=16000,dim=8");
+    assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1000), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", 1), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    uint64_t k = 0;
+    take_in_order(ld, &k, 10);
+    struct rlimit old = starve_fds();
+    uint64_t t0 = ft_now_ms();
+    assert_int_equal(kill(worker_pid(ld, 0), SIGKILL), 0);
+    ferry_batch *b;
+    int rc;
+    while ((rc = ferry_loader_next_timeout(ld, &b, 10000)) == FERRY_OK) {
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, k++);
+        ferry_batch_release(b);
+    }
+    uint64_t took = ft_now_ms() - t0;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    FT_EXPECT_ERROR(rc, FERRY_ELIMIT, "pinned to it (pin_tasks)", "worker 0",
+                    "start_timeout_ms 1000", NULL);
+    assert_true(took >= 1000 && took < 5000);
+    ft_close_within(ld, 3000);
+    ft_end(&snap);
+}
+
 /* stderr into a temporary file until stderr_end, which restores it and
  * returns what was written (up to cap - 1 bytes, NUL-terminated). */
 typedef struct stderr_capture {
@@ -1087,6 +1121,7 @@ int main(void)
         cmocka_unit_test(test_open_fails_clearly_at_the_fd_limit),
         cmocka_unit_test(test_a_replacement_that_cannot_start_is_tried_again),
         cmocka_unit_test(test_no_worker_left_to_start_fails_after_the_start_timeout),
+        cmocka_unit_test(test_pinned_tasks_fail_when_their_worker_cannot_start),
         cmocka_unit_test(test_open_fails_cleanly_when_any_allocation_fails),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;

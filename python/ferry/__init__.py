@@ -340,8 +340,8 @@ class _Epoch:
     def _next_out_of_order(self):
         """The next batch (or failure) of this epoch, out of order. The C
         loader hands out no batch of a later epoch before the current one
-        is whole (it keeps them in its window meanwhile), so counting
-        len(loader) of them is the epoch."""
+        is whole (it keeps them in its window meanwhile), and marks the
+        epoch's last one handed out."""
         ld = self._loader
         try:
             item = ld._next(self._timeout)
@@ -350,9 +350,16 @@ class _Epoch:
         if item is None:  # the end of the stream
             self._done = True
             raise StopIteration
-        self._count(False)
         if isinstance(item, BaseException):
+            self._count(False)
             raise item
+        # The C loader marks the epoch's last batch handed out; a failure
+        # carries no mark, so failures are counted toward len(loader).
+        if item._b.last_in_epoch:
+            ld._seen = 0
+            self._done = True
+        else:
+            self._count(False)
         return item
 
     def __next__(self):

@@ -42,6 +42,7 @@ import numbers
 import os
 import pickle
 import random
+import re
 import threading
 import time
 import warnings
@@ -734,12 +735,18 @@ class _StreamBatches(_Batches):
                 self._seed(_ferry.sample_seed(self.base_seed, e, w))
             st = self._iter = [e, 0, iter(self.dataset)]
         while st[1] < kin:  # a replacement catches up, with the same seeding
-            if self._pull(st[2], w, e, st[1]) is None:
+            try:
+                items = self._pull(st[2], w, e, st[1])
+            except Exception:  # noqa: BLE001 - reported when that batch was made
+                items = ()
+            if items is None:
                 ended[e] = st[1]
                 return ("end", e, kin)
             st[1] += 1
-        items = self._pull(st[2], w, e, kin)
-        st[1] += 1
+        try:
+            items = self._pull(st[2], w, e, kin)
+        finally:  # a batch that raised was made too: the next is the one after
+            st[1] += 1
         if items is None:
             ended[e] = kin
             return ("end", e, kin)
@@ -1101,6 +1108,11 @@ class _IterableDataLoader(DataLoader):
                              "exclusive with drop_last")
         _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
                       multiprocessing_context, pin_memory_device, ferry_options)
+        for key in ("rank", "world", "world_size", "pad_shards", "max_batches", "epochs"):
+            if key in ferry_options:
+                raise TypeError("ferry.torch.DataLoader: option %r does not apply to an "
+                                "IterableDataset, which shards itself (get_worker_info()) "
+                                "and ends its epochs itself" % key)
         if "state" in ferry_options:
             raise NotImplementedError("ferry.torch.DataLoader: an IterableDataset's stream "
                                       "cannot be resumed (ferry does not know where a user's "
@@ -1138,7 +1150,6 @@ class _IterableDataLoader(DataLoader):
         self._window = max(w, int(prefetch_factor if prefetch_factor is not None else 2) * w)
         opts.update(workers=w, pin_tasks=True, batch_size=1, shuffle=False, drop_last=False,
                     epochs=0, in_order=True, seed=base_seed, prefetch=max(1, self._window))
-        opts.pop("max_batches", None)
         self._opts = opts
         self._loader = None
         self._seq = 0            # the next task's seq: delivered in order
@@ -1158,10 +1169,28 @@ class _IterableDataLoader(DataLoader):
 
     def _ferry(self):
         if self._loader is None:
+            if self._table is None or self._seq:
+                self._fresh_stream()
             # Every task the window can send has its entry before any is sent.
             self._table.write_to(self._window + self.num_workers)
             self._loader = Loader(self._batches, **self._opts)
         return self._loader
+
+    def _fresh_stream(self):
+        """A new loader's stream (after close_workers() or close()): task 0
+        again, the workers' iterators started afresh at the next epoch."""
+        if self._table is not None:
+            self._table.close()
+        if self._mid_epoch:
+            self._mid_epoch = False
+            self._epoch += 1
+        t = self._table = _StreamTable(self.num_workers)
+        t.trainer_epoch = self._epoch
+        t.epoch = [self._epoch] * self.num_workers
+        self._batches.table_ref = t.ref()
+        self._seq = 0
+        self._queues = [collections.deque() for _ in range(self.num_workers)]
+        self._ended, self._future, self._turn = set(), {}, 0
 
     def _later(self, epoch):
         return self._future.setdefault(
@@ -1182,10 +1211,14 @@ class _IterableDataLoader(DataLoader):
         self._seq += 1
         w = s % self.num_workers
         epoch, kin = self._table.entries.pop(s)
-        if kin < 0:
-            return  # an idle task
+        if kin < 0 or epoch < self._epoch:
+            return  # an idle task, or one of an epoch left behind
         if err is not None:  # ferry's index and position mean nothing to a stream
             err.index, err.epoch, err.batch_in_epoch = None, epoch, kin
+            err.detail = re.sub(r"failed on index \d+ \(epoch \d+, batch \d+\)",
+                                "failed on batch %d of its stream's epoch %d" % (kin, epoch),
+                                err.detail, count=1)
+            err.args = (err.detail,) + err.args[1:]
         if err is None:
             res = self._structure(b)
             if res[0] == "end":
@@ -1222,6 +1255,17 @@ class _IterableDataLoader(DataLoader):
                 self._turn = (w + 1) % nw
                 return self._queues[w].popleft()
 
+    def _leave_epoch(self):
+        """The rest of the current epoch is dropped (a `for` left early, as
+        torch's iterator is): workers still in it start the next one with
+        their next task, and what the epoch still brings is dropped when it
+        comes. An endless stream or one that keeps failing can thus move on."""
+        for w in range(self.num_workers):
+            if self._table.epoch[w] <= self._epoch:
+                self._table.epoch[w] = self._epoch + 1
+                self._table.next_k[w] = 0
+        self._next_epoch()
+
     def _next_epoch(self):
         self._epoch += 1
         self._table.trainer_epoch = self._epoch
@@ -1246,11 +1290,10 @@ class _IterableDataLoader(DataLoader):
             yield from self._sync_epoch()
             return
         timeout = self.timeout if self.timeout and self.timeout > 0 else None
+        self._ferry()
+        if self._mid_epoch:  # a `for` left early: its epoch is left behind, at once
+            self._leave_epoch()
         try:
-            if self._mid_epoch:  # a `for` left early: the rest of its epoch is dropped
-                while self._next_item(timeout) is not None:
-                    pass
-                self._next_epoch()
             self._mid_epoch = True
             while True:
                 item = self._next_item(timeout)

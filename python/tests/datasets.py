@@ -201,3 +201,47 @@ class Shards(IterableDataset):
                 while not os.path.exists(os.environ["FERRY_TEST_GATE"]):
                     time.sleep(0.005)  # a test's gate: until the file appears
             yield i, torch.rand(()).item()
+
+
+class Endless(IterableDataset):
+    """Worker w yields w * 10**6 + 0, 1, 2, ... without end."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        w = info.id if info is not None else 0
+        i = 0
+        while True:
+            yield w * 10**6 + i
+            i += 1
+
+
+class BadShard(IterableDataset):
+    """Its iteration cannot even start."""
+
+    def __iter__(self):
+        raise OSError("cannot open shard")
+
+
+class Flaky(IterableDataset):
+    """An iterator (not a generator) over worker w's share of range(24)
+    that raises at item 5 and goes on after it, as a file reader skipping a
+    bad record would."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return _FlakyIter(iter(range(w, 24, nw)))
+
+
+class _FlakyIter:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        i = next(self.items)
+        if i == 5:
+            raise KeyError("bad record 5")
+        return i

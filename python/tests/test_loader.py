@@ -520,6 +520,20 @@ def test_stream_goes_on_after_a_batch_error():
         assert list(stream) == []  # ended for good at the end of the stream
 
 
+def test_out_of_order_after_a_resume_mid_epoch_ends_each_for_with_its_epoch():
+    with ferry.Loader("synthetic:n=40,dim=1", batch_size=4, workers=1) as ld:
+        it = iter(ld)
+        for _ in range(3):
+            next(it)
+        state = ld.state_dict()
+    with ferry.Loader("synthetic:n=40,dim=1", batch_size=4, workers=2, in_order=False,
+                      state=state) as ld:
+        first = [(b.epoch, b.index_in_epoch) for b in ld]
+        assert sorted(first) == [(0, i) for i in range(3, 10)]  # the rest of epoch 0 only
+        second = [(b.epoch, b.index_in_epoch) for b in ld]
+        assert sorted(second) == [(1, i) for i in range(10)]
+
+
 @pytest.mark.parametrize("off", ["OFF", "False", "No", "00"])
 def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for(off):
     # The last batch of epoch 0 is held back while epoch 1's come (prefetch

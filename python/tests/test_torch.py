@@ -321,6 +321,8 @@ def test_iterable_dataset_errors_arrive_as_their_type_and_the_stream_goes_on():
                 got.append(b[0].tolist())
         assert isinstance(raised.value, ferry.BatchError)
         assert raised.value.epoch == 0 and raised.value.index is None
+        assert "worker 1 (pid" in str(raised.value)
+        assert "failed on batch 1 of its stream's epoch 0" in str(raised.value)
         # The next epoch starts afresh (the broken one's rest is dropped),
         # and the stream breaks at the same place again, as torch's would.
         again = []
@@ -328,6 +330,80 @@ def test_iterable_dataset_errors_arrive_as_their_type_and_the_stream_goes_on():
             for b in dl:
                 again.append(b[0].tolist())
         assert again == got and got
+
+
+def test_iterable_dataset_for_left_early_moves_on_at_once_even_when_endless():
+    # torch's iterator restarts the workers' iterators; an endless stream
+    # (or one failing on every batch) must not keep the next for waiting.
+    import datasets
+    with DataLoader(datasets.Endless(), batch_size=2, num_workers=2, timeout=20) as dl:
+        for _ in range(3):
+            firsts = []
+            for b in dl:
+                firsts.append(b.tolist())
+                if len(firsts) == 3:
+                    break
+            # every for starts fresh iterators: worker 0, worker 1, worker 0
+            assert firsts == [[0, 1], [10**6, 10**6 + 1], [2, 3]]
+    with DataLoader(datasets.BadShard(), batch_size=2, num_workers=2, timeout=20) as dl:
+        for _ in range(2):
+            with pytest.raises(OSError, match="cannot open shard"):
+                list(dl)
+
+
+def test_iterable_dataset_iterator_going_on_after_an_error_loses_nothing_after_it():
+    import datasets
+    with DataLoader(datasets.Flaky(), batch_size=2, num_workers=1) as dl:
+        it = iter(dl)
+        got = [next(it).tolist(), next(it).tolist()]
+        with pytest.raises(KeyError, match="bad record 5"):
+            next(it)
+    # the next for: the same again, the batches after the error too
+    with DataLoader(datasets.Flaky(), batch_size=2, num_workers=1) as dl:
+        seen = []
+        it = iter(dl)
+        while True:
+            try:
+                seen.append(next(it).tolist())
+            except KeyError:
+                break
+        assert seen == got == [[0, 1], [2, 3]]
+    # and a replacement catching up past the error makes what the original did
+    from ferry.torch import _StreamBatches
+    def maker():
+        sb = _StreamBatches(datasets.Flaky(), None, None, True, 7, "batch", None, 1, -1)
+        sb.batch_size, sb.drop_last = 2, False
+        return sb
+    original = maker()
+    made = []
+    for k in range(6):
+        try:
+            made.append(original._next_batch(0, 0, k)[3].tolist())
+        except KeyError:
+            made.append("KeyError")
+    assert made == [[0, 1], [2, 3], "KeyError", [6, 7], [8, 9], [10, 11]]
+    late = maker()
+    assert [late._next_batch(0, 0, k)[3].tolist() for k in (3, 4, 5)] == made[3:]
+
+
+def test_iterable_dataset_iterates_again_after_its_workers_are_closed():
+    import datasets
+    dl = DataLoader(datasets.Shards(12), batch_size=2, num_workers=2)
+    try:
+        first = [b[0].tolist() for b in dl]
+        dl.close_workers()
+        assert [b[0].tolist() for b in dl] == first
+        dl.close()
+        assert [b[0].tolist() for b in dl] == first
+    finally:
+        dl.close()
+
+
+def test_iterable_dataset_refuses_options_that_shard_by_index():
+    import datasets
+    for key, value in (("rank", 1), ("world", 2), ("max_batches", 3), ("epochs", 1)):
+        with pytest.raises(TypeError, match=key):
+            DataLoader(datasets.Shards(10), num_workers=2, **{key: value})
 
 
 def test_iterable_dataset_worker_killed_loses_and_repeats_nothing(tmp_path, monkeypatch):
