@@ -406,8 +406,8 @@ static void send_heartbeat(ferry__scheduler *s, sched_worker *w, uint64_t now, i
  * 1, 2, 4 ... PROBE_MAX_MS. A close during a run of probes brings the next
  * one forward, and starts the run again when it began PROBE_LADDER_EVERY_MS
  * ago or more: a stream of closes (a flood's connections timing out) costs
- * a short run every 100 ms at most, and a worker's close within it is
- * still probed 1, 2, 4 ... ms after. */
+ * a run every 100 ms at most, and a worker's close during a run is probed
+ * at once and then at the run's next steps. */
 #define PROBE_MAX_MS 256
 #define PROBE_LADDER_EVERY_MS 100
 
