@@ -286,49 +286,16 @@ static void test_a_replacement_that_cannot_start_is_tried_again(void **state)
     ft_end(&snap);
 }
 
-/* With no worker left and none that can be started, the loader fails once
- * start_timeout_ms has passed, saying why, after every batch made before. */
-static void test_no_worker_left_to_start_fails_after_the_start_timeout(void **state)
+/* Worker 0 of `workers` killed while no fd is left to start its
+ * replacement: the loader fails after start_timeout_ms (1 s), after every
+ * batch made before, saying why (`why`). */
+static void starved_replacement_fails(int workers, int pin_tasks, const char *why)
 {
-    (void)state;
     ft_snapshot snap;
     ft_begin(&snap, 60);
-    ferry_config *cfg = make_cfg(1, 16, "synthetic:n=16000,dim=8");
+    ferry_config *cfg = make_cfg(workers, 16, "synthetic:n=16000,dim=8");
     assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1000), FERRY_OK);
-    ferry_loader *ld = ft_open_ok(cfg);
-    uint64_t k = 0;
-    take_in_order(ld, &k, 5);
-    struct rlimit old = starve_fds();
-    uint64_t t0 = ft_now_ms();
-    assert_int_equal(kill(worker_pid(ld, 0), SIGKILL), 0);
-    ferry_batch *b;
-    int rc;
-    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
-        ferry_batch_info info;
-        ferry_batch_get_info(b, &info);
-        assert_int_equal(info.seq, k++);
-        ferry_batch_release(b);
-    }
-    uint64_t took = ft_now_ms() - t0;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
-    FT_EXPECT_ERROR(rc, FERRY_ELIMIT, "no worker is left to serve", "worker 0",
-                    "start_timeout_ms 1000", "RLIMIT_NOFILE", NULL);
-    assert_true(took >= 1000 && took < 5000);
-    ft_close_within(ld, 3000);
-    ft_end(&snap);
-}
-
-/* With pin_tasks the other workers cannot make a dead worker's tasks: a
- * replacement that cannot start fails the loader after start_timeout_ms
- * even though another worker is alive (it used to wait forever). */
-static void test_pinned_tasks_fail_when_their_worker_cannot_start(void **state)
-{
-    (void)state;
-    ft_snapshot snap;
-    ft_begin(&snap, 60);
-    ferry_config *cfg = make_cfg(2, 16, "synthetic:n=16000,dim=8");
-    assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1000), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", pin_tasks), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
     uint64_t k = 0;
     take_in_order(ld, &k, 10);
@@ -345,11 +312,26 @@ static void test_pinned_tasks_fail_when_their_worker_cannot_start(void **state)
     }
     uint64_t took = ft_now_ms() - t0;
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
-    FT_EXPECT_ERROR(rc, FERRY_ELIMIT, "pinned to it (pin_tasks)", "worker 0",
-                    "start_timeout_ms 1000", NULL);
+    FT_EXPECT_ERROR(rc, FERRY_ELIMIT, why, "worker 0", "start_timeout_ms 1000", "RLIMIT_NOFILE",
+                    NULL);
     assert_true(took >= 1000 && took < 5000);
     ft_close_within(ld, 3000);
     ft_end(&snap);
+}
+
+/* With no worker left and none that can be started, the loader fails. */
+static void test_no_worker_left_to_start_fails_after_the_start_timeout(void **state)
+{
+    (void)state;
+    starved_replacement_fails(1, 0, "no worker is left to serve");
+}
+
+/* With pin_tasks the other workers cannot make a dead worker's tasks: it
+ * fails although another worker is alive (it used to wait forever). */
+static void test_pinned_tasks_fail_when_their_worker_cannot_start(void **state)
+{
+    (void)state;
+    starved_replacement_fails(2, 1, "pinned to it (pin_tasks)");
 }
 
 /* stderr into a temporary file until stderr_end, which restores it and

@@ -827,17 +827,9 @@ class DataLoader(_Closes):
         _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
                       multiprocessing_context, pin_memory_device, ferry_options)
 
-        self.dataset = dataset
-        self.num_workers = int(num_workers)
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = bool(pin_memory)
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.generator = generator
-        self.persistent_workers = bool(persistent_workers)
-        self.in_order = in_order
-        self.collate_fn = collate_fn
+        self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
+                        worker_init_fn, multiprocessing_context, generator, persistent_workers,
+                        in_order, collate_fn)
 
         opts = dict(ferry_options)
         indices = None
@@ -921,10 +913,6 @@ class DataLoader(_Closes):
             opts["seed"] = base_seed
         self._base_seed = base_seed
 
-        if pin_memory and not torch.cuda.is_available():
-            _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
-            self.pin_memory = False
-
         self._table = None
         if table_over is not None:
             # ferry runs over the sampler's batches, one position each.
@@ -962,6 +950,25 @@ class DataLoader(_Closes):
         opts.setdefault("in_order", bool(in_order))
         self._opts = opts
         self._loader = None
+
+    def _keep_args(self, dataset, num_workers, prefetch_factor, pin_memory, timeout,
+                   worker_init_fn, multiprocessing_context, generator, persistent_workers,
+                   in_order, collate_fn):
+        """torch's DataLoader attributes of the same names."""
+        self.dataset = dataset
+        self.num_workers = int(num_workers)
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory)
+        if self.pin_memory and not torch.cuda.is_available():
+            _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
+            self.pin_memory = False
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.persistent_workers = bool(persistent_workers)
+        self.in_order = in_order
+        self.collate_fn = collate_fn
 
     # -- the ferry loader, made at the first iteration (torch starts its
     # workers there too)
@@ -1117,22 +1124,11 @@ class _IterableDataLoader(DataLoader):
             raise NotImplementedError("ferry.torch.DataLoader: an IterableDataset's stream "
                                       "cannot be resumed (ferry does not know where a user's "
                                       "iterator stands); resume needs a map-style dataset")
-        self.dataset = dataset
+        self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
+                        worker_init_fn, multiprocessing_context, generator, persistent_workers,
+                        in_order, collate_fn)
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.num_workers = int(num_workers)
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = bool(pin_memory)
-        if self.pin_memory and not torch.cuda.is_available():
-            _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
-            self.pin_memory = False
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.generator = generator
-        self.persistent_workers = bool(persistent_workers)
-        self.in_order = in_order
-        self.collate_fn = collate_fn
         self.sampler = self.batch_sampler = None
         opts = dict(ferry_options)
         if "seed" in opts:
