@@ -577,7 +577,8 @@ void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge ch
  */
 
 /* The entry to deliver next, or NULL: in order, the one with the next seq
- * once it is done; otherwise the earliest completed. Caller holds mu. */
+ * once it is done; otherwise the earliest completed of the epoch being
+ * handed out. Caller holds mu. */
 static ferry__window_entry *deliverable_locked(ferry__window *win)
 {
     if (!win->in_order) {
