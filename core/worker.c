@@ -468,12 +468,16 @@ static int lay_out_batch(worker_session *w, const ferry__task *t, size_t total, 
 }
 
 /* The first time this worker is given room in slot number k (the room's
- * offset over its size), the room's pages are allocated and mapped in one
- * call rather than faulted in one by one as the batch is written (the
- * loader leaves a slot's memory to the worker that first writes into it).
- * 0, or -1 when the memory is not there: that batch goes by message, and
- * the room is tried again next time. A kernel without MADV_POPULATE_WRITE
- * (before 5.14) faults the pages in as they are written. */
+ * offset over its size), the pages of the batch's fixed fields are
+ * allocated and mapped in one call rather than faulted in one by one as
+ * the batch is written (the loader leaves a slot's memory to the worker
+ * that first writes into it). Fields of variable shape are faulted in as
+ * they are written: their reserve may be far larger than what a batch
+ * puts there (a stream's byte field reserves 64 MiB), and populating it
+ * would allocate and zero all of it. 0, or -1 when the memory is not
+ * there: that batch goes by message, and the room is tried again next
+ * time. A kernel without MADV_POPULATE_WRITE (before 5.14) faults the
+ * pages in as they are written. */
 static int populate_room(worker_session *w, const ferry__task *t, unsigned char *room)
 {
 #ifdef MADV_POPULATE_WRITE
@@ -491,7 +495,10 @@ static int populate_room(worker_session *w, const ferry__task *t, unsigned char 
     }
     if (w->shm_seen[k])
         return 0;
-    if (madvise(room, (size_t)t->shm_bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+    size_t n = payload_bytes(w, t->count);
+    if (n > t->shm_bytes)
+        n = (size_t)t->shm_bytes;
+    if (madvise(room, n, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
         return -1;
     w->shm_seen[k] = 1;
 #else

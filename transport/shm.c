@@ -29,6 +29,7 @@ typedef struct shm_slot {
     uint8_t state;
     uint8_t touched;  /* given since it was last trimmed: it has memory */
     uint64_t free_ms; /* SLOT_FREE: since when */
+    uint64_t bytes;   /* SLOT_HELD: the batch's extent in it (0: the whole slot) */
 } shm_slot;
 
 struct ferry__shm {
@@ -78,26 +79,34 @@ static void fork_parent(void)
     pthread_mutex_unlock(&live_mu);
 }
 
-/* In the child: held slots become private copies (best effort: a slot
- * whose copy cannot be made stays shared), the other slots are unmapped
- * and the memfd closed, so the child keeps none of the loader's memory
- * alive once the trainer closes it: only what it holds, as its own. */
+/* In the child: held slots become private copies of their batch's bytes
+ * (best effort: a slot whose copy cannot be made stays shared), the rest
+ * of every slot is unmapped and the memfd closed, so the child keeps none
+ * of the loader's memory alive once the trainer closes it: only what it
+ * holds, as its own. A slot's reserve may be far larger than its batch (a
+ * field of variable shape): only the batch is copied. */
 static void private_copies(ferry__shm *m)
 {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (uint32_t i = 0; m->base && i < m->nslots; i++) {
         unsigned char *at = m->base + (size_t)i * m->slot_bytes;
-        if (m->slots[i].state != SLOT_HELD) {
-            (void)munmap(at, m->slot_bytes); /* nothing here refers to it */
-            continue;
+        size_t keep = 0;
+        if (m->slots[i].state == SLOT_HELD) {
+            keep = m->slots[i].bytes ? (size_t)m->slots[i].bytes : m->slot_bytes;
+            keep = (keep + page - 1) / page * page;
+            if (keep > m->slot_bytes)
+                keep = m->slot_bytes;
         }
-        void *copy = mmap(NULL, m->slot_bytes, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (keep < m->slot_bytes) /* nothing here refers to the rest */
+            (void)munmap(at + keep, m->slot_bytes - keep);
+        if (!keep)
+            continue;
+        void *copy = mmap(NULL, keep, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (copy == MAP_FAILED)
             continue;
-        memcpy(copy, at, m->slot_bytes);
-        if (mremap(copy, m->slot_bytes, m->slot_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
-            MAP_FAILED)
-            munmap(copy, m->slot_bytes);
+        memcpy(copy, at, keep);
+        if (mremap(copy, keep, keep, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
+            munmap(copy, keep);
     }
 }
 
@@ -306,6 +315,7 @@ void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes)
 #endif
     pthread_mutex_lock(&m->mu);
     m->slots[slot].state = SLOT_HELD;
+    m->slots[slot].bytes = bytes < m->slot_bytes ? bytes : 0;
     m->held++;
     pthread_mutex_unlock(&m->mu);
     return &m->slots[slot];

@@ -133,17 +133,28 @@ class _Pickler(_dataset._pickler().Pickler):
     the trainer's main script, which came to the worker by value with the
     dataset, goes back as the trainer's own class."""
 
-    def __init__(self, buf, var, out):
+    def __init__(self, buf, var, out, blob=None):
         super().__init__(buf, protocol=5)
         self._free = {}
         for f, dt in var.items():
             self._free.setdefault(dt, []).append(f)
         self._out = out
+        # blob: a byte field that takes every other array that travels, one
+        # after another (64-byte aligned); its parts until finish_blob().
+        self._blob, self._parts, self._blob_len = blob, [], 0
 
     def persistent_id(self, obj):
         if isinstance(obj, _Ref):
             return ("f", obj.field, None)
-        free = self._free.get(_field_dtype(obj))
+        dt = _field_dtype(obj)
+        free = self._free.get(dt)
+        if not free and self._blob is not None and dt is not None:
+            arr = np.ascontiguousarray(obj.numpy() if isinstance(obj, torch.Tensor) else obj)
+            at = -(-self._blob_len // 64) * 64
+            self._parts.append((at, arr))
+            self._blob_len = at + arr.nbytes
+            return ("b", self._blob, ("t" if isinstance(obj, torch.Tensor) else "n",
+                                      arr.dtype.str, arr.shape, at))
         if not free:  # not an array that travels, or no field of its dtype left
             return None
         f = free.pop(0)
@@ -152,6 +163,14 @@ class _Pickler(_dataset._pickler().Pickler):
         # a field has at least one dim: a 0-d array travels as one element
         self._out[f] = np.ascontiguousarray(arr).reshape(arr.shape or (1,))
         return ("v", f, (kind, tuple(arr.shape)))
+
+    def finish_blob(self):
+        """The byte field's contents: the arrays put in it (one copy each)."""
+        blob = np.zeros(max(1, self._blob_len), dtype=np.uint8)
+        for at, arr in self._parts:
+            blob[at:at + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+        self._out[self._blob] = blob
+        self._parts = []
 
 
 class _Unpickler(pickle.Unpickler):
@@ -169,6 +188,12 @@ class _Unpickler(pickle.Unpickler):
         arr = self._fields[f]
         if tag == "f":
             return torch.from_numpy(arr)
+        if tag == "b":  # a part of the byte field
+            kind, dt, shape, at = how
+            dt = np.dtype(dt)
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            arr = arr[at:at + n].view(dt).reshape(shape)
+            return torch.from_numpy(arr) if kind == "t" else arr
         kind, shape = how
         arr = arr.reshape(shape)
         return torch.from_numpy(arr) if kind == "t" else arr
@@ -703,11 +728,19 @@ class _StreamBatches(_Batches):
     def __len__(self):
         return self.LENGTH
 
+    # Bytes a batch's tensors may take in its shared-memory slot; a larger
+    # batch goes by message. Only what is written is allocated.
+    BLOB_RESERVE = 64 << 20
+
     def __ferry_fields__(self):
-        # No probe (there is no item 0 to ask for): the batch travels in
-        # the structure.
+        # No probe (there is no item 0 to ask for): every tensor or numeric
+        # array of a batch goes in one byte field, the rest in the structure.
         self._fixed, self._var = {}, {}
-        self._fields = [(_SKELETON, _dataset._DTYPES["|u1"], None, 256)]
+        u1 = _dataset._DTYPES["|u1"]
+        # The structure first: a slot holds the fields one after another at
+        # their reserves, so the batch's extent is the structure's reserve
+        # and what the byte field really holds, not its whole reserve.
+        self._fields = [(_SKELETON, u1, None, 4096), ("data", u1, None, self.BLOB_RESERVE)]
         return self._fields
 
     def _pull(self, it, w, e, kin):
@@ -761,8 +794,12 @@ class _StreamBatches(_Batches):
         e, kin = _read_stream(self.table_ref, self.__dict__.setdefault("_opened", {}), w, k)
         result = ("idle", e, kin) if kin < 0 else self._next_batch(w, e, kin)
         buf = io.BytesIO()
-        _Pickler(buf, {}, [None]).dump(result)
-        return [np.frombuffer(buf.getbuffer(), dtype=np.uint8)]
+        out = [None, None]
+        p = _Pickler(buf, {}, out, blob=1)
+        p.dump(result)
+        p.finish_blob()
+        out[0] = np.frombuffer(buf.getbuffer(), dtype=np.uint8)
+        return out
 
 
 def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
@@ -1231,7 +1268,7 @@ class _IterableDataLoader(DataLoader):
 
     def _structure(self, b):
         fields = [b._arrays[n] for n in b._names]
-        res = _load_structure(fields[-1], fields)
+        res = _load_structure(fields[0], fields)  # _StreamBatches: the structure first
         if res[0] == "b" and self.pin_memory:
             res = res[:3] + (_tcollate_pin(res[3]),)
         return res
