@@ -399,6 +399,36 @@ def test_iterable_dataset_iterates_again_after_its_workers_are_closed():
         dl.close()
 
 
+def _rss_anon_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_iterable_dataset_batches_are_views_of_shared_memory_and_forks_copy_only_them():
+    # A stream's tensors travel in a byte field of the batch slot, whose
+    # reserve (64 MiB) is far larger than the batch: the batch is a view of
+    # the slot, and a fork while batches are held (torch's fork workers, a
+    # multiprocessing pool) copies only the batches, not the reserves.
+    import datasets
+    with DataLoader(datasets.Shards(40), batch_size=2, num_workers=1) as dl:
+        held = list(dl)
+        st = dl.stats()
+        assert st["shared"] >= 5 and st["slot_bytes"] >= 64 << 20
+        assert st["slot_memory"] < 64 << 20  # allocated as written: a page or so a batch
+        want = [b[0].tolist() for b in held]
+        before = _rss_anon_kib()
+        pid = os.fork()
+        if pid == 0:
+            grew = _rss_anon_kib() - before
+            ok = [b[0].tolist() for b in held] == want  # the child's copies
+            os._exit(0 if ok and grew < 64 * 1024 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def test_iterable_dataset_refuses_options_that_shard_by_index():
     import datasets
     for key, value in (("rank", 1), ("world", 2), ("max_batches", 3), ("epochs", 1)):
