@@ -261,11 +261,6 @@ uint32_t ferry__guard_open_count(const ferry__guard *g)
     return n;
 }
 
-int ferry__guard_closed(const ferry__guard *g)
-{
-    return atomic_load(&g->closed);
-}
-
 uint32_t ferry__guard_closings(const ferry__guard *g)
 {
     return atomic_load(&g->closings);

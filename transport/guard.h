@@ -76,10 +76,9 @@ int ferry__guard_watch(ferry__guard *g, void *sock);
 /* Starts the thread, once every socket is watched. FERRY_ESYS. */
 int ferry__guard_start(ferry__guard *g);
 
-/* Connections open now (as counted), whether new ones are turned away, and
- * how many times they were. */
+/* Connections open now (as counted), and how many times new ones were
+ * turned away. */
 uint32_t ferry__guard_open_count(const ferry__guard *g);
-int ferry__guard_closed(const ferry__guard *g);
 uint32_t ferry__guard_closings(const ferry__guard *g);
 
 #endif

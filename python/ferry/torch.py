@@ -672,7 +672,9 @@ class _StreamTable:
         while self.written < end:
             s = self.written
             w, k = s % self.workers, s // self.workers
-            if s - self.workers * self.RING >= min(self.entries, default=s):
+            # Entries are read back in seq order: the oldest unread is
+            # written - len(entries); its ring place must not come round.
+            if s - self.workers * self.RING >= self.written - len(self.entries):
                 raise RuntimeError("ferry.torch.DataLoader: the stream table is full")
             e = self.epoch[w]
             if e > self.trainer_epoch + 1 or \

@@ -198,7 +198,10 @@ class Shards(IterableDataset):
             if i == self.fail_at:
                 raise KeyError("stream item %d is broken" % i)
             if i == self.slow_at and os.environ.get("FERRY_TEST_GATE"):
+                give_up = time.monotonic() + 30
                 while not os.path.exists(os.environ["FERRY_TEST_GATE"]):
+                    if time.monotonic() > give_up:
+                        raise TimeoutError("the test's gate never opened")
                     time.sleep(0.005)  # a test's gate: until the file appears
             yield i, torch.rand(()).item()
 

@@ -421,10 +421,14 @@ def test_iterable_dataset_batches_are_views_of_shared_memory_and_forks_copy_only
         want = [b[0].tolist() for b in held]
         before = _rss_anon_kib()
         pid = os.fork()
-        if pid == 0:
-            grew = _rss_anon_kib() - before
-            ok = [b[0].tolist() for b in held] == want  # the child's copies
-            os._exit(0 if ok and grew < 64 * 1024 else 1)
+        if pid == 0:  # the child never returns to pytest, whatever happens
+            code = 1
+            try:
+                grew = _rss_anon_kib() - before
+                ok = [b[0].tolist() for b in held] == want  # the child's copies
+                code = 0 if ok and grew < 64 * 1024 else 1
+            finally:
+                os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
