@@ -149,7 +149,7 @@ static double thread_cpu_seconds(void)
 static void test_unknown_kind_lists_the_known_ones(void **state)
 {
     expect_open_fails("foo:bar", FERRY_EDATASET,
-                      "unknown dataset kind 'foo' (expected synthetic, npy, plugin", NULL);
+                      "unknown dataset kind 'foo' (expected synthetic, npy, plugin, imagefolder", NULL);
     expect_open_fails("", FERRY_EDATASET, "unknown dataset kind ''", NULL);
     expect_open_fails("Synthetic:n=3", FERRY_EDATASET, "'Synthetic'", NULL);
     expect_open_fails("python:m:C", FERRY_EDATASET, "served by Python workers", NULL);

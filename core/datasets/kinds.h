@@ -63,6 +63,7 @@ struct ferry__dataset_kind {
 extern const ferry__dataset_kind ferry__synthetic_kind;
 extern const ferry__dataset_kind ferry__npy_kind;
 extern const ferry__dataset_kind ferry__plugin_kind;
+extern const ferry__dataset_kind ferry__imagefolder_kind;
 
 /* --- Shared by the kinds, defined in core/dataset.c --- */
 
