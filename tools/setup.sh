@@ -50,12 +50,13 @@ cd "$here"
 jobs=${JOBS:-$(nproc)}
 
 # Debian packages ferry needs: compiler and build tools, the three libraries
-# (ZeroMQ transport, msgpack wire encoding, cmocka tests), Python headers
+# (ZeroMQ transport, msgpack wire encoding, cmocka tests), libjpeg-turbo and
+# libpng (the imagefolder dataset's decoders), Python headers
 # and numpy for the Python package, pytest, torch, torchvision, PIL and cloudpickle
 # for its tests (and the imagefolder benchmark), gnuplot
 # for ferry-bench --plot (and its test), and clang for the fuzz target.
 packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev iproute2
-          python3-dev python3-numpy)
+          libjpeg-dev libpng-dev python3-dev python3-numpy)
 [ "$job" = test ] && packages+=(python3-pytest python3-torch python3-torchvision python3-pil python3-cloudpickle
                                    python3-pip python3-setuptools)
 case "$job" in test | bench) packages+=(gnuplot-nox) ;; esac
@@ -78,11 +79,19 @@ if [ "$job" = fuzz ]; then
     # written by build/ferry_fuzz_seeds (tests/fuzz/make_seeds.c).
     cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON -DFERRY_WERROR=ON \
         -DFERRY_BUILD_TESTS=OFF >/dev/null
-    cmake --build build-fuzz -j "$jobs" --target fuzz_protocol
+    cmake --build build-fuzz -j "$jobs" --target fuzz_protocol fuzz_image
     scratch=$(mktemp -d)
     trap 'rm -rf "$scratch"' EXIT
-    cp tests/fuzz/corpus/* "$scratch"/
-    build-fuzz/fuzz_protocol "$scratch" -max_total_time="${1:-60}" -print_final_stats=1
+    # The time is shared: two thirds on the protocol decoders, a third on
+    # the image decoders (seeds: tests/fuzz/images, small valid files).
+    total=${1:-60}
+    mkdir "$scratch/protocol" "$scratch/image"
+    cp tests/fuzz/corpus/* "$scratch/protocol"/
+    cp tests/fuzz/images/* "$scratch/image"/
+    build-fuzz/fuzz_protocol "$scratch/protocol" -max_total_time=$((total * 2 / 3)) \
+        -print_final_stats=1
+    build-fuzz/fuzz_image "$scratch/image" -max_total_time=$((total - total * 2 / 3)) \
+        -print_final_stats=1 -rss_limit_mb=4096
     exit $?
 fi
 

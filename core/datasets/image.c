@@ -46,6 +46,9 @@
  * into int32 sums), and 255 * 2^14 * (sum of weights, ~1) fits an int32. */
 #define PREC_BITS 14
 
+/* Columns decoded beyond a crop on each side (see decode_jpeg). */
+#define CROP_MARGIN 32
+
 struct jpeg_failure {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
@@ -442,13 +445,16 @@ static void cmyk_to_rgbx(const uint8_t *in, uint8_t *out, size_t n, int inverted
     }
 }
 
-/* The smallest n of n/8 in {1, 2, 4} at which the box still spans `size`
+/* The smallest n of n/8 in {2, 4} at which the box still spans `size`
  * pixels both ways; 8 when none does. Only these scales have libjpeg-turbo's
  * SIMD inverse DCTs: 3/8, 5/8, 6/8 and 7/8 use plain C ones (7x7, 14x14 for
- * subsampled chroma...) that cost more than the full-size decode they save. */
+ * subsampled chroma...) that cost more than the full-size decode they save.
+ * 1/8 is left out too: in libjpeg-turbo 2.1 it leaves columns near a
+ * subsampled image's right edge undefined (valgrind shows reads of
+ * uninitialised memory), and an item must be the same bytes everywhere. */
 static int dct_scale(const source_box *sb, int size)
 {
-    for (int n = 1; n < 8; n *= 2) {
+    for (int n = 2; n < 8; n *= 2) {
         if ((sb->x1 - sb->x0) * n / 8 >= size && (sb->y1 - sb->y0) * n / 8 >= size)
             return n;
     }
@@ -484,7 +490,7 @@ static int decode_jpeg(ferry__image_dec *d, const uint8_t *data, size_t len,
     }
     pick_box(width, height, o, rng, &sb, box);
     int cmyk = c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK;
-    c->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGBX;
+    c->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGBA; /* the 4th byte defined (0xff) */
     c->scale_num = (unsigned)(o->dct_scale ? dct_scale(&sb, o->size) : 8);
     c->scale_denom = 8;
     jpeg_calc_output_dimensions(c);
@@ -498,7 +504,13 @@ static int decode_jpeg(ferry__image_dec *d, const uint8_t *data, size_t len,
     }
 
     jpeg_start_decompress(c);
-    JDIMENSION x_at = (JDIMENSION)d->fx.first, cols = (JDIMENSION)(d->fx.last - d->fx.first);
+    /* The crop asked of libjpeg has a margin of an iMCU or two each side:
+     * libjpeg-turbo's fancy upsampling leaves the last columns of a cropped
+     * row undefined (valgrind sees it), so they must not be ones we use. */
+    int from = d->fx.first - CROP_MARGIN, to = d->fx.last + CROP_MARGIN;
+    from = from < 0 ? 0 : from;
+    to = to > sw ? sw : to;
+    JDIMENSION x_at = (JDIMENSION)from, cols = (JDIMENSION)(to - from);
     if (cols < c->output_width)
         jpeg_crop_scanline(c, &x_at, &cols);
     int rows = d->fy.last - d->fy.first;
@@ -683,8 +695,8 @@ int ferry__image_decode(ferry__image_dec *d, const uint8_t *data, size_t len,
     if (len >= 8 && memcmp(data, png_magic, 8) == 0)
         return decode_png(d, data, len, o, &rng, out, box, err, errlen);
     char head[3 * 8 + 1] = "";
-    for (size_t i = 0; i < len && i < 8; i++)
-        snprintf(head + 3 * i, sizeof head - 3 * i, "%s%02x", i ? " " : "", data[i]);
+    for (size_t i = 0, at = 0; i < len && i < 8; i++)
+        at += (size_t)snprintf(head + at, sizeof head - at, "%s%02x", i ? " " : "", data[i]);
     snprintf(err, errlen, "not a JPEG or PNG file (it starts with %s)", head);
     return -1;
 }
