@@ -38,6 +38,10 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#endif
 
 #include "ferry_dataset.h"
 
@@ -79,6 +83,7 @@ struct ferry__image_dec {
     size_t tmp_cap;
     const uint8_t **taps; /* the vertical pass's rows */
     size_t taps_cap;
+    void (*weigh)(const uint8_t *const *, const int16_t *, int, size_t, uint8_t *);
     filter fx, fy;
 };
 
@@ -290,11 +295,10 @@ static inline uint8_t clip8(int32_t v)
  * compute the same integers: the output is the same bytes on every
  * machine. */
 
-/* rows[t] (t < n, `len` bytes each) weighted by k -> dst. */
-static void weigh_rows(const uint8_t *const *rows, const int16_t *k, int n, size_t len,
-                       uint8_t *dst)
+/* Bytes e.. of rows[t] (t < n, `len` bytes each) weighted by k -> dst. */
+static void weigh_rows_from(size_t e, const uint8_t *const *rows, const int16_t *k, int n,
+                            size_t len, uint8_t *dst)
 {
-    size_t e = 0;
 #ifdef __SSE2__
     const __m128i zero = _mm_setzero_si128(), half = _mm_set1_epi32(1 << (PREC_BITS - 1));
     for (; e + 16 <= len; e += 16) {
@@ -322,6 +326,13 @@ static void weigh_rows(const uint8_t *const *rows, const int16_t *k, int n, size
             a += k[t] * rows[t][e];
         dst[e] = clip8(a);
     }
+}
+
+/* rows[t] (t < n, `len` bytes each) weighted by k -> dst. */
+static void weigh_rows(const uint8_t *const *rows, const int16_t *k, int n, size_t len,
+                       uint8_t *dst)
+{
+    weigh_rows_from(0, rows, k, n, len, dst);
 }
 
 /* dst (cols x rows) = src (rows x cols) transposed: 4 x 4 blocks in SSE2
@@ -363,6 +374,81 @@ static void transpose32(const uint32_t *src, size_t rows, size_t cols, uint32_t 
     }
 }
 
+/* n RGBA pixels -> R, G and B planes (`plane` bytes apart) from dst. */
+static void deinterleave(const uint8_t *px, size_t n, uint8_t *dst, size_t plane)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    const __m128i low = _mm_set1_epi32(0xff);
+    for (; i + 16 <= n; i += 16) {
+        __m128i p[4];
+        for (int q = 0; q < 4; q++)
+            p[q] = _mm_loadu_si128((const __m128i *)(px + 4 * i + 16 * q));
+        for (int c = 0; c < 3; c++) { /* channel c of 16 pixels, via 32 -> 16 -> 8 bits */
+            __m128i v[4];
+            for (int q = 0; q < 4; q++)
+                v[q] = _mm_and_si128(_mm_srli_epi32(p[q], 8 * c), low);
+            __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(v[0], v[1]),
+                                             _mm_packs_epi32(v[2], v[3]));
+            _mm_storeu_si128((__m128i *)(dst + c * plane + i), bytes);
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        dst[i] = px[4 * i];
+        dst[plane + i] = px[4 * i + 1];
+        dst[2 * plane + i] = px[4 * i + 2];
+    }
+}
+
+#ifdef HAVE_AVX2_PATH
+/* weigh_rows with 32 bytes a step where the CPU has AVX2: every AVX2
+ * unpack and pack works within 128-bit halves, so each half computes
+ * exactly what the SSE2 step computes for its 16 bytes. */
+__attribute__((target("avx2"))) static void weigh_rows_avx2(const uint8_t *const *rows,
+                                                            const int16_t *k, int n, size_t len,
+                                                            uint8_t *dst)
+{
+    const __m256i zero = _mm256_setzero_si256(), half = _mm256_set1_epi32(1 << (PREC_BITS - 1));
+    size_t e = 0;
+    for (; e + 32 <= len; e += 32) {
+        __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+        for (int t = 0; t < n; t += 2) {
+            __m256i r0 = _mm256_loadu_si256((const __m256i *)(rows[t] + e));
+            __m256i r1 =
+                t + 1 < n ? _mm256_loadu_si256((const __m256i *)(rows[t + 1] + e)) : zero;
+            int16_t w1 = t + 1 < n ? k[t + 1] : 0;
+            __m256i w =
+                _mm256_set1_epi32((int32_t)(((uint32_t)(uint16_t)w1 << 16) | (uint16_t)k[t]));
+            __m256i lo = _mm256_unpacklo_epi8(r0, r1), hi = _mm256_unpackhi_epi8(r0, r1);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), w));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), w));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), w));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), w));
+        }
+        a0 = _mm256_srai_epi32(a0, PREC_BITS), a1 = _mm256_srai_epi32(a1, PREC_BITS);
+        a2 = _mm256_srai_epi32(a2, PREC_BITS), a3 = _mm256_srai_epi32(a3, PREC_BITS);
+        _mm256_storeu_si256((__m256i *)(dst + e),
+                            _mm256_packus_epi16(_mm256_packs_epi32(a0, a1),
+                                                _mm256_packs_epi32(a2, a3)));
+    }
+    weigh_rows_from(e, rows, k, n, len, dst); /* the rest: 16 bytes a step, then 1 */
+}
+#endif
+
+typedef void weigh_fn(const uint8_t *const *rows, const int16_t *k, int n, size_t len,
+                      uint8_t *dst);
+
+/* The row kernel this CPU runs best (the same bytes either way). */
+static weigh_fn *pick_weigh(void)
+{
+#ifdef HAVE_AVX2_PATH
+    if (__builtin_cpu_supports("avx2"))
+        return weigh_rows_avx2;
+#endif
+    return weigh_rows;
+}
+
 /* Resamples the decoded region (rows fy->first.. of the axis, pixels from
  * x_at, `stride` bytes a row, 4 bytes a pixel) to S x S into out. */
 static int resample(ferry__image_dec *d, const uint8_t *region, size_t stride, int x_at,
@@ -384,15 +470,17 @@ static int resample(ferry__image_dec *d, const uint8_t *region, size_t stride, i
     for (size_t j = 0; j < S; j++) {
         for (int t = 0; t < fy->n[j]; t++)
             taps[t] = left + (size_t)(fy->lo[j] - fy->first + t) * stride;
-        weigh_rows(taps, fy->k + j * fy->ks, fy->n[j], cols * 4, (uint8_t *)(a + j * cols));
+        d->weigh(taps, fy->k + j * fy->ks, fy->n[j], cols * 4, (uint8_t *)(a + j * cols));
     }
     transpose32(a, S, cols, b);
-    /* Horizontal, as rows of b: -> a (S x S, row i = output column i),
-     * transposed into b (row j = output row j). */
+    /* Horizontal, as rows of b: -> a (S x S, row x = output column x,
+     * mirrored here when flipping), transposed into b (row j = output row
+     * j). */
     for (size_t i = 0; i < S; i++) {
+        size_t x = flip ? S - 1 - i : i;
         for (int t = 0; t < fx->n[i]; t++)
             taps[t] = (const uint8_t *)(b + (size_t)(fx->lo[i] - fx->first + t) * S);
-        weigh_rows(taps, fx->k + i * fx->ks, fx->n[i], S * 4, (uint8_t *)(a + i * S));
+        d->weigh(taps, fx->k + i * fx->ks, fx->n[i], S * 4, (uint8_t *)(a + x * S));
     }
     transpose32(a, S, S, b);
     for (size_t j = 0; j < S; j++) {
@@ -400,15 +488,9 @@ static int resample(ferry__image_dec *d, const uint8_t *region, size_t stride, i
         if (o->hwc) {
             uint8_t *dst = out + j * S * 3;
             for (size_t i = 0; i < S; i++)
-                memcpy(dst + 3 * (flip ? S - 1 - i : i), px + 4 * i, 3);
+                memcpy(dst + 3 * i, px + 4 * i, 3);
         } else {
-            uint8_t *r = out + j * S, *g = r + S * S, *bl = g + S * S;
-            for (size_t i = 0; i < S; i++) {
-                size_t x = flip ? S - 1 - i : i;
-                r[x] = px[4 * i];
-                g[x] = px[4 * i + 1];
-                bl[x] = px[4 * i + 2];
-            }
+            deinterleave(px, S, out + j * S, S * S);
         }
     }
     return 0;
@@ -658,6 +740,7 @@ ferry__image_dec *ferry__image_dec_new(void)
         return NULL;
     }
     d->jpeg_ready = 1;
+    d->weigh = pick_weigh();
     return d;
 }
 

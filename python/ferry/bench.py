@@ -15,6 +15,16 @@ the same Python dataset, with one of two pipelines (``--pipeline``):
   persistent_workers=True, prefetch_factor=2)``; ferry gets the same
   call through ``ferry.torch.DataLoader`` (the one-import switch), with
   the same dataset object. Batches are ``x, y``.
+- ``jpeg``: the same folder of JPEGs, decoded and cropped in C by ferry's
+  built-in dataset (``ferry.Loader("imagefolder:root=DIR,size=224")``:
+  RandomResizedCrop(224) and a horizontal flip, uint8 out) against
+  torch's DataLoader over ``ImageFolder`` with ``RandomResizedCrop(224),
+  RandomHorizontalFlip(), PILToTensor()``: the same work, to the same
+  uint8 tensors. No training step by default: it measures the loaders'
+  own rate, and images per second of the workers' CPU time ("per worker
+  core", from the first batch to the last, as images/s: worker start-up
+  left out for both), whose ratio is the one to read on a machine with
+  few cores.
 
 What it measures, per loader (the median over rounds, with min..max):
 
@@ -95,17 +105,18 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _MARK = ".ferry-bench.json"  # what a folder made by make_imagefolder was made with
 
 
-def imagefolder(root):
+def imagefolder(root, uint8=False):
     """The benchmark's dataset: torchvision's ImageFolder over ``root``
     with the usual ImageNet training transform; items ``(float32 tensor
-    (3, 224, 224), int label)``."""
+    (3, 224, 224), int label)``; with ``uint8``, the transform stops at
+    PILToTensor (uint8 items, what the jpeg pipeline compares)."""
     from torchvision import datasets, transforms
-    tf = transforms.Compose([
-        transforms.RandomResizedCrop(224),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    crop = [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip()]
+    if uint8:
+        tf = transforms.Compose(crop + [transforms.PILToTensor()])
+    else:
+        tf = transforms.Compose(crop + [transforms.ToTensor(),
+                                        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     return datasets.ImageFolder(root, transform=tf)
 
 
@@ -244,6 +255,21 @@ def _workers_memory(template=False):
     return mib(hwm), mib(pss), len(pids)
 
 
+def _workers_cpu(template=False):
+    """CPU seconds (user + system) used so far by the live processes below
+    this one."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in _descendants(template=template):
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
 def _wait_children_gone(seconds=15.0):
     """Waits until this process has no children; the pids left, if any."""
     deadline = time.monotonic() + seconds
@@ -273,6 +299,12 @@ def _open_ferry(a):
     """(new epoch iterator, batches per epoch, close, how the dataset got
     there) for ferry."""
     import ferry
+    if a.pipeline == "jpeg":
+        spec = "imagefolder:root=%s,size=224" % a.root
+        ld = ferry.Loader(spec, batch_size=a.batch_size, workers=a.workers, shuffle=True,
+                          seed=a.seed, epochs=a.epochs,
+                          **({} if a.prefetch is None else {"prefetch": a.prefetch}))
+        return ld.__iter__, len(ld), ld.close, "the spec '%s' (decoded in C)" % spec
     if a.pipeline == "mnist":
         opts = dict(batch_size=a.batch_size, workers=a.workers, shuffle=True, seed=a.seed,
                     epochs=a.epochs)
@@ -306,6 +338,9 @@ def _open_torch(a):
                         persistent_workers=True, prefetch_factor=_torch_prefetch(a),
                         generator=torch.Generator().manual_seed(a.seed))
         how = "a MnistLike object"
+    elif a.pipeline == "jpeg":
+        dl = DataLoader(imagefolder(a.root, uint8=True), **_imagefolder_args(a))
+        how = "ImageFolder + RandomResizedCrop(224), RandomHorizontalFlip, PILToTensor"
     else:
         dl = DataLoader(imagefolder(a.root), **_imagefolder_args(a))
         how = "the ImageFolder object"
@@ -376,9 +411,11 @@ def _step(seconds, mode):
         pass
 
 
-def _epochs(new_iter, a, t0):
+def _epochs(new_iter, a, t0, name, cpu_first):
     """Runs the epochs: (waits per epoch in s, arrival times of the first
-    and the last batch, items seen, items in the first batch, checksum)."""
+    and the last batch, items seen, items in the first batch, checksum).
+    cpu_first["s"] gets the workers' CPU seconds at the first batch (jpeg),
+    so that their rate per core, as images/s, counts from there."""
     step = a.step_ms / 1000.0
     waits, items, check, t_first, t_last, first_items = [], 0, 0, None, t0, 0
     for _ in range(a.epochs):
@@ -392,12 +429,17 @@ def _epochs(new_iter, a, t0):
             if a.pipeline == "mnist":
                 x, y = b["x"], b["y"]
                 check += int(x[-1, 14, 14]) + int(y[-1])
+            elif a.pipeline == "jpeg":  # ferry: fields image, label; torch: [tensor, tensor]
+                x, y = (b["image"], b["label"]) if name == "ferry" else b
+                check += int(x[-1, 0, 112, 112] > 0) + int(y[-1])
             else:  # ferry: a tuple batch of numpy arrays; torch: [tensor, tensor]
                 x, y = b
                 check += int(x[-1, 0, 112, 112] > 0) + int(y[-1])
             items += int(y.shape[0])
             if t_first is None:
                 t_first, first_items = now, items
+                if a.pipeline == "jpeg":
+                    cpu_first["s"] = _workers_cpu(template=False)
             _step(step, a.step_mode)
             del b, x, y
             t = time.perf_counter()
@@ -418,11 +460,15 @@ def run_once(name, a):
     t0 = time.perf_counter()
     new_iter, per_epoch, close, how = OPENERS[name](a)
     try:
-        waits, t_first, t_last, items, first_items, check = _epochs(new_iter, a, t0)
+        cpu_first = {}
+        waits, t_first, t_last, items, first_items, check = _epochs(new_iter, a, t0, name,
+                                                                    cpu_first)
         rss1 = _proc_kb("/proc/self/status", "VmRSS")  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-        workers_hwm, workers_pss, nworkers = _workers_memory(template=name == "ferry")
+        template = name == "ferry" and a.pipeline != "jpeg"  # the C kind does not use it
+        workers_hwm, workers_pss, nworkers = _workers_memory(template=template)
+        workers_cpu = _workers_cpu(template=template) - cpu_first.get("s", 0)
     finally:
         close()
         del new_iter, close
@@ -437,7 +483,7 @@ def run_once(name, a):
             "trainer_growth_mib": (rss1 - rss0) / 1024 if rss0 and rss1 else None,
             "trainer_pss_growth_mib": (pss1 - pss0) / 1024 if pss0 and pss1 else None,
             "workers_hwm_mib": workers_hwm, "workers_pss_mib": workers_pss,
-            "worker_processes": nworkers, "leftover_pids": left}
+            "worker_processes": nworkers, "leftover_pids": left, "workers_cpu_s": workers_cpu}
 
 
 # ------------------------------------------------------------ the numbers
@@ -477,6 +523,19 @@ IMAGEFOLDER_RATIOS = ("images_per_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_
                       "startup_ms", "trainer_growth_mib", "workers_pss_mib", "memory_all_mib",
                       "memory_all_pss_mib")
 
+JPEG_METRICS = (("images_per_s", "images/s", ""),
+                ("images_per_core_s", "images/s per worker core", ""),
+                ("workers_cpu_s", "workers' CPU, 1st to last batch", "s")) + _WAITS + (
+    ("trainer_growth_mib", "trainer RSS growth", "MiB"),
+    ("workers_pss_mib", "loader processes' PSS, sum", "MiB"),
+)
+
+JPEG_RATIOS = ("images_per_s", "images_per_core_s", "workers_cpu_s", "wait_p50_ms",
+               "startup_ms", "workers_pss_mib")
+
+# The targets set for ferry in the jpeg pipeline (ratio ferry/torch).
+JPEG_TARGETS = {"images_per_core_s": (">=", 3.0)}
+
 # The targets set for ferry in the imagefolder pipeline: ratio ferry/torch.
 TARGETS = {
     "startup_ms": ("<=", 1.25),
@@ -492,6 +551,8 @@ def metrics_of(pipeline):
     """(metrics, ratio keys) reported for ``pipeline``."""
     if pipeline == "mnist":
         return METRICS, RATIOS
+    if pipeline == "jpeg":
+        return JPEG_METRICS, JPEG_RATIOS
     return IMAGEFOLDER_METRICS, IMAGEFOLDER_RATIOS
 
 
@@ -527,6 +588,9 @@ def summarize(raw, a):
         "memory_all_pss_mib": pss + pss_growth if pss is not None and pss_growth is not None
         else None,
         "step_bound_fraction": rate * a.step_ms / 1000 if a.step_ms > 0 else None,
+        "workers_cpu_s": raw["workers_cpu_s"],
+        "images_per_core_s": (raw["items"] - raw["first_items"]) / raw["workers_cpu_s"]
+        if raw["workers_cpu_s"] else None,
         "worker_processes": raw["worker_processes"],
         "trainer_peak_rss_reset": raw["hwm_reset"],
         "leftover_pids": raw["leftover_pids"],
@@ -553,10 +617,10 @@ def _ratios(loaders, keys=RATIOS):
             if f.get(k) is not None and t.get(k) is not None and t[k] > 0}
 
 
-def _targets(ratios):
+def _targets(ratios, targets=TARGETS):
     """Each target: its ratio (None when not measured), the bound, met."""
     out = {}
-    for key, (op, bound) in TARGETS.items():
+    for key, (op, bound) in targets.items():
         r = ratios.get(key)
         out[key] = {"ratio": r, "target": "%s %g" % (op, bound),
                     "met": None if r is None else bool(_OPS[op](r, bound))}
@@ -587,7 +651,7 @@ def bench(a, on_run=None):
     loaders = {n: dict(rounds=rounds[n], **_aggregate(rounds[n], metrics)) for n in names}
     keys = ["pipeline", "items", "batch_size", "workers", "prefetch", "epochs", "rounds",
             "step_ms", "step_mode", "seed", "only"]
-    if a.pipeline == "imagefolder":
+    if a.pipeline != "mnist":
         keys += ["classes", "size", "data"]
     ratios = _ratios(loaders, ratio_keys)
     result = {
@@ -599,9 +663,9 @@ def bench(a, on_run=None):
         "loaders": loaders,
         "ratios_ferry_over_torch": ratios,
     }
-    if a.pipeline == "imagefolder":
+    if a.pipeline != "mnist":
         result["imagefolder"] = {"root": a.root, "folder": a.root_how}
-        result["targets"] = _targets(ratios)
+        result["targets"] = _targets(ratios, JPEG_TARGETS if a.pipeline == "jpeg" else TARGETS)
     return result, last
 
 
@@ -640,11 +704,15 @@ def _header(res):
                          "%d in all" % (pf, pf * c["workers"]))
     else:
         f = res["imagefolder"]
+        work = ("RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize; x float32 "
+                "3x224x224, y int64")
+        if c["pipeline"] == "jpeg":
+            work = ("RandomResizedCrop(224), RandomHorizontalFlip to uint8 3x224x224 (ferry: in "
+                    "C; torch: PIL, PILToTensor)")
         lines = [
             "ferry.bench: ImageFolder, JPEG, %d classes, ~%d px (%s: %s)"
             % (c["classes"], c["size"], f["root"], f["folder"]),
-            "  RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize; x float32 "
-            "3x224x224, y int64",
+            "  " + work,
             "  " + shape,
             "  %d persistent workers each, shuffled; prefetch: %s" % (
                 c["workers"], "ferry's default (auto), torch prefetch_factor 2 per worker"
@@ -769,6 +837,8 @@ DEFAULTS = {  # per pipeline: the options left out
               "step_ms": 0.0, "rounds": 3},
     "imagefolder": {"workers": 2, "batch_size": 64, "prefetch": None, "epochs": 3,
                     "items": 2000, "step_ms": 15.0, "rounds": 3, "classes": 10, "size": 400},
+    "jpeg": {"workers": 2, "batch_size": 64, "prefetch": None, "epochs": 2,
+             "items": 2000, "step_ms": 0.0, "rounds": 3, "classes": 10, "size": 400},
 }
 
 
@@ -778,7 +848,9 @@ def parse_args(argv=None):
         description="ferry.Loader against torch.utils.data.DataLoader on one Python "
                     "dataset, runs alternating: an MNIST-shaped numpy-backed class "
                     "(--pipeline mnist, the default), or a torchvision ImageFolder of JPEG "
-                    "files with the usual training transform (--pipeline imagefolder). "
+                    "files with the usual training transform (--pipeline imagefolder), or "
+                    "the same JPEGs decoded and cropped in C by ferry's built-in imagefolder "
+                    "dataset against torchvision's uint8 pipeline (--pipeline jpeg). "
                     "Defaults are given as mnist/imagefolder.")
     from ferry import __version__  # loaded already: this module is inside the package
     p.add_argument("--version", action="version",
@@ -811,7 +883,7 @@ def parse_args(argv=None):
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
     if a.pipeline == "mnist" and (a.classes, a.size, a.data) != (None, None, None):
-        p.error("--classes, --size and --data go with --pipeline imagefolder")
+        p.error("--classes, --size and --data go with --pipeline imagefolder or jpeg")
     for name, value in DEFAULTS[a.pipeline].items():
         if getattr(a, name) is None:
             setattr(a, name, value)
@@ -828,7 +900,7 @@ def main(argv=None):
     a = parse_args(argv)
     # Now, outside every timing: what the trainer (and torch's forked workers) use.
     need = ["torch"] if a.only != "ferry" else []
-    if a.pipeline == "imagefolder":
+    if a.pipeline != "mnist":
         need = ["torch", "torchvision", "torchvision.datasets", "torchvision.transforms", "PIL"]
     for mod in need:
         try:
@@ -852,7 +924,7 @@ def main(argv=None):
 
     tmp = None
     try:
-        if a.pipeline == "imagefolder":
+        if a.pipeline != "mnist":
             a.root, tmp, a.root_how = prepare_imagefolder(a)
             a.items = len(imagefolder(a.root))  # a folder of one's own may hold any number
             print("ferry.bench: imagefolder %s (%s), %d images"
