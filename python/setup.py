@@ -4,9 +4,9 @@
 
 Builds the ferry package with Debian's setuptools: the _ferry extension
 from python/src plus the C core (the same files CMake builds, read from
-../CMakeLists.txt), linked against libzmq and msgpack-c found with
-pkg-config. Needs: build-essential pkg-config libzmq3-dev libmsgpack-dev
-python3-dev python3-numpy (tools/setup.sh build installs them). Nothing
+../CMakeLists.txt), linked against libzmq, msgpack-c, libjpeg-turbo and
+libpng found with pkg-config. Needs: build-essential pkg-config
+libzmq3-dev libmsgpack-dev libjpeg-dev libpng-dev python3-dev python3-numpy (tools/setup.sh build installs them). Nothing
 is fetched from PyPI.
 """
 
@@ -32,12 +32,12 @@ def core_sources():
 
 def pkg_config(*args):
     try:
-        out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack"], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "libjpeg", "libpng16"],
+                             check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit("setup.py: pkg-config could not find libzmq and msgpack "
-                         "(Debian: apt-get install pkg-config libzmq3-dev libmsgpack-dev): %s"
-                         % e)
+        raise SystemExit("setup.py: pkg-config could not find libzmq, msgpack, libjpeg and "
+                         "libpng16 (Debian: apt-get install pkg-config libzmq3-dev "
+                         "libmsgpack-dev libjpeg-dev libpng-dev): %s" % e)
     return out.split()
 
 
@@ -59,7 +59,7 @@ ext = Extension(
     define_macros=[("_GNU_SOURCE", None), ("FERRY_BUILDING", None)],
     extra_compile_args=["-std=gnu11", "-fvisibility=hidden"] +
     [f for f in flags if not f.startswith("-I")],
-    libraries=[f[2:] for f in libs if f.startswith("-l")] + ["dl", "pthread"],
+    libraries=[f[2:] for f in libs if f.startswith("-l")] + ["dl", "pthread", "m"],
     library_dirs=[f[2:] for f in libs if f.startswith("-L")],
 )
 

@@ -51,7 +51,7 @@
 #define PREC_BITS 14
 
 /* Columns decoded beyond a crop on each side (see decode_jpeg). */
-#define CROP_MARGIN 32
+#define CROP_MARGIN 8
 
 struct jpeg_failure {
     struct jpeg_error_mgr pub;
@@ -219,7 +219,7 @@ static inline double tri(double x)
 static int filter_make(filter *f, int out, double in0, double in1, double c0, double c1,
                        int size)
 {
-    double scale = (in1 - in0) / out, fscale = scale < 1 ? 1 : scale;
+    double scale = (in1 - in0) / out, fscale = scale < 1 ? 1 : scale, inv = 1 / fscale;
     double support = fscale;
     int ks = (int)ceil(support) * 2 + 1;
     int lo_limit = (int)floor(c0), hi_limit = (int)ceil(c1);
@@ -259,16 +259,16 @@ static int filter_make(filter *f, int out, double in0, double in1, double c0, do
         if (hi - lo > ks)
             hi = lo + ks;
         for (int t = 0; t < hi - lo; t++)
-            sum += tri((lo + t - center + 0.5) / fscale);
+            sum += tri((lo + t - center + 0.5) * inv);
         if (hi <= lo || sum <= 0) { /* nothing in reach: the nearest sample */
             lo = (int)floor(center);
             lo = lo < lo_limit ? lo_limit : lo >= hi_limit ? hi_limit - 1 : lo;
             hi = lo + 1;
             k[(size_t)i * ks] = 1 << PREC_BITS;
         } else {
+            double norm = (1 << PREC_BITS) / sum;
             for (int t = 0; t < hi - lo; t++)
-                k[(size_t)i * ks + t] =
-                    (int16_t)lrint(tri((lo + t - center + 0.5) / fscale) / sum * (1 << PREC_BITS));
+                k[(size_t)i * ks + t] = (int16_t)lrint(tri((lo + t - center + 0.5) * inv) * norm);
         }
         f->lo[i] = lo;
         f->n[i] = hi - lo;
@@ -380,19 +380,38 @@ static void deinterleave(const uint8_t *px, size_t n, uint8_t *dst, size_t plane
     size_t i = 0;
 #ifdef __SSE2__
     const __m128i low = _mm_set1_epi32(0xff);
+    /* The batch's memory is written once and read by another process:
+     * aligned stores go around the cache. */
+    int aligned = (((uintptr_t)dst | plane) & 15) == 0;
     for (; i + 16 <= n; i += 16) {
-        __m128i p[4];
-        for (int q = 0; q < 4; q++)
-            p[q] = _mm_loadu_si128((const __m128i *)(px + 4 * i + 16 * q));
-        for (int c = 0; c < 3; c++) { /* channel c of 16 pixels, via 32 -> 16 -> 8 bits */
-            __m128i v[4];
-            for (int q = 0; q < 4; q++)
-                v[q] = _mm_and_si128(_mm_srli_epi32(p[q], 8 * c), low);
-            __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(v[0], v[1]),
-                                             _mm_packs_epi32(v[2], v[3]));
-            _mm_storeu_si128((__m128i *)(dst + c * plane + i), bytes);
+        const __m128i *p = (const __m128i *)(px + 4 * i);
+        __m128i p0 = _mm_loadu_si128(p), p1 = _mm_loadu_si128(p + 1);
+        __m128i p2 = _mm_loadu_si128(p + 2), p3 = _mm_loadu_si128(p + 3);
+        /* channel c of 16 pixels: its byte of each 32-bit pixel, packed 32 -> 16 -> 8 */
+        __m128i r = _mm_packus_epi16(
+            _mm_packs_epi32(_mm_and_si128(p0, low), _mm_and_si128(p1, low)),
+            _mm_packs_epi32(_mm_and_si128(p2, low), _mm_and_si128(p3, low)));
+        __m128i g = _mm_packus_epi16(
+            _mm_packs_epi32(_mm_and_si128(_mm_srli_epi32(p0, 8), low),
+                            _mm_and_si128(_mm_srli_epi32(p1, 8), low)),
+            _mm_packs_epi32(_mm_and_si128(_mm_srli_epi32(p2, 8), low),
+                            _mm_and_si128(_mm_srli_epi32(p3, 8), low)));
+        __m128i b = _mm_packus_epi16(
+            _mm_packs_epi32(_mm_and_si128(_mm_srli_epi32(p0, 16), low),
+                            _mm_and_si128(_mm_srli_epi32(p1, 16), low)),
+            _mm_packs_epi32(_mm_and_si128(_mm_srli_epi32(p2, 16), low),
+                            _mm_and_si128(_mm_srli_epi32(p3, 16), low)));
+        if (aligned) {
+            _mm_stream_si128((__m128i *)(dst + i), r);
+            _mm_stream_si128((__m128i *)(dst + plane + i), g);
+            _mm_stream_si128((__m128i *)(dst + 2 * plane + i), b);
+        } else {
+            _mm_storeu_si128((__m128i *)(dst + i), r);
+            _mm_storeu_si128((__m128i *)(dst + plane + i), g);
+            _mm_storeu_si128((__m128i *)(dst + 2 * plane + i), b);
         }
     }
+    _mm_sfence();
 #endif
     for (; i < n; i++) {
         dst[i] = px[4 * i];
@@ -586,7 +605,7 @@ static int decode_jpeg(ferry__image_dec *d, const uint8_t *data, size_t len,
     }
 
     jpeg_start_decompress(c);
-    /* The crop asked of libjpeg has a margin of an iMCU or two each side:
+    /* The crop asked of libjpeg has a margin of a few pixels each side:
      * libjpeg-turbo's fancy upsampling leaves the last columns of a cropped
      * row undefined (valgrind sees it), so they must not be ones we use. */
     int from = d->fx.first - CROP_MARGIN, to = d->fx.last + CROP_MARGIN;
