@@ -71,6 +71,13 @@ int ferry__image_decode(ferry__image_dec *d, const uint8_t *data, size_t len,
                         const ferry__image_opts *o, uint64_t sample_seed, uint8_t *out,
                         ferry__image_box *box, char *err, size_t errlen);
 
+/* table[v] = (v / 255 - mean) / std in float32: the operations of
+ * torchvision's ToTensor then Normalize, so the same floats. */
+void ferry__image_norm_table(float mean, float std, float table[256]);
+
+/* out[i] = table[in[i]] for n values. */
+void ferry__image_normalize(const uint8_t *in, size_t n, const float table[256], float *out);
+
 /* --- The pieces, exposed for tests --- */
 
 /* A splitmix64 stream. */

@@ -72,7 +72,7 @@ typedef struct imagefolder {
     char root[PATH_MAX];
     ferry__image_opts img;
     int f32, on_error_skip, with_box;
-    float lut[3][256]; /* float32: ((v / 255) - mean) / std per channel */
+    float table[3][256]; /* float32: ((v / 255) - mean) / std per channel */
     char *pool;        /* NUL-terminated names */
     size_t pool_len, pool_cap;
     if_item *items;
@@ -447,10 +447,8 @@ static int if_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
                                 "imagefolder: mean and std go with dtype=float32");
         goto fail;
     }
-    for (int c = 0; c < 3; c++) {
-        for (int v = 0; v < 256; v++)
-            h->lut[c][v] = ((float)v / 255.0f - (float)mean[c]) / (float)stdv[c];
-    }
+    for (int c = 0; c < 3; c++)
+        ferry__image_norm_table((float)mean[c], (float)stdv[c], h->table[c]);
     h->dec = ferry__image_dec_new();
     h->u8 = malloc((size_t)h->img.size * h->img.size * 3);
     if (h->dec == NULL || h->u8 == NULL) {
@@ -561,17 +559,12 @@ static int make_item(imagefolder *h, uint64_t i, uint64_t seed, size_t k, void *
     if (h->f32) {
         float *o = (float *)dst[0] + k * px;
         if (h->img.hwc) {
-            for (size_t p = 0; p < px; p += 3) {
-                o[p] = h->lut[0][out[p]];
-                o[p + 1] = h->lut[1][out[p + 1]];
-                o[p + 2] = h->lut[2][out[p + 2]];
-            }
+            for (size_t p = 0; p < px; p++)
+                o[p] = h->table[p % 3][out[p]];
         } else {
             size_t plane = px / 3;
-            for (int c = 0; c < 3; c++) {
-                for (size_t p = 0; p < plane; p++)
-                    o[c * plane + p] = h->lut[c][out[c * plane + p]];
-            }
+            for (int c = 0; c < 3; c++)
+                ferry__image_normalize(out + c * plane, plane, h->table[c], o + c * plane);
         }
     }
     int64_t label = h->items[i].label;

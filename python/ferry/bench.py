@@ -14,7 +14,10 @@ the same Python dataset, with one of two pipelines (``--pipeline``):
   ``DataLoader(dataset, batch_size, shuffle=True, num_workers,
   persistent_workers=True, prefetch_factor=2)``; ferry gets the same
   call through ``ferry.torch.DataLoader`` (the one-import switch), with
-  the same dataset object. Batches are ``x, y``.
+  the same dataset object. Batches are ``x, y``. ferry.torch recognizes
+  this transform and runs it in C (the jpeg pipeline's decoder, float
+  output normalized in the worker); ``--no-native`` keeps it in ferry's
+  Python workers, torchvision's code as it is.
 - ``jpeg``: the same folder of JPEGs, decoded and cropped in C by ferry's
   built-in dataset (``ferry.Loader("imagefolder:root=DIR,size=224")``:
   RandomResizedCrop(224) and a horizontal flip, uint8 out) against
@@ -315,8 +318,10 @@ def _open_ferry(a):
         how = "the class ferry.bench:MnistLike"
     else:  # what a torch user switching one import runs
         from ferry.torch import DataLoader
-        ld = DataLoader(imagefolder(a.root), epochs=a.epochs, **_imagefolder_args(a))
-        how = "ferry.torch.DataLoader, the ImageFolder object"
+        native = {"native": False} if a.native_off else {}
+        ld = DataLoader(imagefolder(a.root), epochs=a.epochs, **native, **_imagefolder_args(a))
+        how = "ferry.torch.DataLoader, the ImageFolder object (%s)" % (
+            "its transform in C" if ld._native else "Python workers")
     return ld.__iter__, len(ld), ld.close, how
 
 
@@ -438,7 +443,7 @@ def _epochs(new_iter, a, t0, name, cpu_first):
             items += int(y.shape[0])
             if t_first is None:
                 t_first, first_items = now, items
-                if a.pipeline == "jpeg":
+                if a.pipeline != "mnist":
                     cpu_first["s"] = _workers_cpu(template=False)
             _step(step, a.step_mode)
             del b, x, y
@@ -466,7 +471,7 @@ def run_once(name, a):
         rss1 = _proc_kb("/proc/self/status", "VmRSS")  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-        template = name == "ferry" and a.pipeline != "jpeg"  # the C kind does not use it
+        template = name == "ferry" and a.pipeline == "imagefolder" and not a.native_off
         workers_hwm, workers_pss, nworkers = _workers_memory(template=template)
         workers_cpu = _workers_cpu(template=template) - cpu_first.get("s", 0)
     finally:
@@ -509,7 +514,8 @@ METRICS = _WAITS + (  # key, label, unit
 
 RATIOS = ("batches_per_s", "wait_p99_ms", "epoch_wait_ms", "startup_ms", "cold_start_ms")
 
-IMAGEFOLDER_METRICS = (("images_per_s", "images/s", ""),) + _WAITS + (
+IMAGEFOLDER_METRICS = (("images_per_s", "images/s", ""),
+                       ("images_per_core_s", "images/s per worker core", "")) + _WAITS + (
     ("trainer_growth_mib", "trainer RSS growth", "MiB"),
     ("workers_pss_mib", "loader processes' PSS, sum", "MiB"),
     ("memory_all_mib", "memory in all (PSS + growth)", "MiB"),
@@ -519,7 +525,7 @@ IMAGEFOLDER_METRICS = (("images_per_s", "images/s", ""),) + _WAITS + (
     ("step_bound_fraction", "of step-bound rate", "%"),
 )
 
-IMAGEFOLDER_RATIOS = ("images_per_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_ms",
+IMAGEFOLDER_RATIOS = ("images_per_s", "images_per_core_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_ms",
                       "startup_ms", "trainer_growth_mib", "workers_pss_mib", "memory_all_mib",
                       "memory_all_pss_mib")
 
@@ -652,7 +658,7 @@ def bench(a, on_run=None):
     keys = ["pipeline", "items", "batch_size", "workers", "prefetch", "epochs", "rounds",
             "step_ms", "step_mode", "seed", "only"]
     if a.pipeline != "mnist":
-        keys += ["classes", "size", "data"]
+        keys += ["classes", "size", "data", "native_off"]
     ratios = _ratios(loaders, ratio_keys)
     result = {
         "config": {k: getattr(a, k) for k in keys},
@@ -879,6 +885,10 @@ def parse_args(argv=None):
                    help="imagefolder: the folder, made there when missing or empty, reused "
                         "when there (default: a temporary one, removed at exit)")
     p.add_argument("--only", choices=LOADERS, help="run one loader only")
+    p.add_argument("--no-native", dest="native_off", action="store_true",
+                   help="imagefolder: ferry.torch.DataLoader(native=False), torchvision's "
+                        "transform in ferry's Python workers (by default it runs in C, as a "
+                        "user's unchanged script gets)")
     p.add_argument("--plot", metavar="FILE.png", help="plot the waits of the last round")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)

@@ -838,6 +838,112 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
         _warn_once("pmd", "pin_memory_device is ignored: batches are pinned for CUDA")
 
 
+# ------------------------------------------------ torchvision in C (native)
+
+def _native_imagefolder(dataset, opts):
+    """The imagefolder spec that runs ``dataset`` (torchvision's ImageFolder,
+    or a DatasetFolder with its default loader and image extensions) and its
+    transform in C, or (None, why not) when that is not the same pipeline.
+    The transform must be a Compose (or one transform) of, in this order:
+    RandomResizedCrop(S) or Resize(R) + CenterCrop(S) (square, bilinear);
+    optionally RandomHorizontalFlip(0.5); ToTensor, or PILToTensor with
+    optionally ConvertImageDtype(float32); optionally Normalize."""
+    try:
+        from torchvision import datasets as tvd
+        from torchvision import transforms as T
+        from torchvision.transforms import InterpolationMode
+    except ImportError:
+        return None, "torchvision is not importable"
+    if not isinstance(dataset, tvd.DatasetFolder):
+        return None, "not a torchvision DatasetFolder"
+    if getattr(dataset, "loader", None) is not tvd.folder.default_loader:
+        return None, "its loader is not torchvision's default_loader"
+    if tuple(getattr(dataset, "extensions", None) or ()) != tuple(tvd.folder.IMG_EXTENSIONS):
+        return None, "its extensions are not torchvision's IMG_EXTENSIONS"
+    if getattr(dataset, "target_transform", None) is not None:
+        return None, "it has a target_transform"
+    classes = getattr(dataset, "classes", None)
+    if classes != sorted(classes or []) or \
+            dataset.class_to_idx != {c: i for i, c in enumerate(classes)}:
+        return None, "its classes are not the sorted folder names"
+    tf = dataset.transform
+    steps = list(tf.transforms) if isinstance(tf, T.Compose) else [tf]
+    kw = {}
+
+    def square(size):
+        size = [size] if isinstance(size, int) else list(size)
+        return size[0] if len(size) == 1 or size[0] == size[1] else None
+
+    def bilinear(t):
+        return t.interpolation in (InterpolationMode.BILINEAR, 2)
+
+    def short_side(size):  # Resize(int) or Resize([int]): the shorter side
+        if isinstance(size, int):
+            return size
+        return size[0] if isinstance(size, (list, tuple)) and len(size) == 1 else None
+
+    i = 0
+    if i < len(steps) and type(steps[i]) is T.RandomResizedCrop and bilinear(steps[i]) and \
+            square(steps[i].size):
+        t = steps[i]
+        kw.update(size=square(t.size), crop="random", scale="%r:%r" % tuple(t.scale),
+                  ratio="%r:%r" % tuple(t.ratio), flip=0)
+        i += 1
+    elif i + 1 < len(steps) and type(steps[i]) is T.Resize and \
+            type(steps[i + 1]) is T.CenterCrop and bilinear(steps[i]) and \
+            short_side(steps[i].size) is not None:
+        r, c = short_side(steps[i].size), square(steps[i + 1].size)
+        if c is None or steps[i].max_size is not None or r < c:
+            return None, "its Resize/CenterCrop is not Resize(int) + a square crop no larger"
+        kw.update(size=c, crop="center", resize=r, flip=0)
+        i += 2
+    else:
+        return None, "it does not start with RandomResizedCrop or Resize + CenterCrop"
+    if i < len(steps) and type(steps[i]) is T.RandomHorizontalFlip and steps[i].p == 0.5:
+        kw["flip"] = 1
+        i += 1
+    if i < len(steps) and type(steps[i]) is T.ToTensor:
+        kw["dtype"] = "float32"
+        i += 1
+    elif i < len(steps) and type(steps[i]) is T.PILToTensor:
+        i += 1
+        if i < len(steps) and type(steps[i]) is T.ConvertImageDtype and \
+                steps[i].dtype == torch.float32:
+            kw["dtype"] = "float32"
+            i += 1
+    else:
+        return None, "it has %r where ferry expects ToTensor or PILToTensor" % (
+            steps[i] if i < len(steps) else "nothing",)
+    if i < len(steps) and type(steps[i]) is T.Normalize and kw.get("dtype") == "float32":
+        mean, std = list(steps[i].mean), list(steps[i].std)
+        if len(mean) != 3 or len(std) != 3:
+            return None, "its Normalize is not per RGB channel"
+        kw.update(mean="%r:%r:%r" % tuple(map(float, mean)),
+                  std="%r:%r:%r" % tuple(map(float, std)))
+        i += 1
+    if i != len(steps):
+        return None, "it has a transform ferry does not run in C: %r" % (steps[i],)
+    if not _listing_order(dataset.samples):
+        return None, "its samples are not in the folder's listing order"
+    root = os.path.abspath(dataset.root)
+    if "," in root:
+        return None, "its root has a ',' (a spec cannot name it)"
+    return "imagefolder:root=%s,%s" % (root, ",".join("%s=%s" % kv for kv in kw.items())), None
+
+
+def _listing_order(samples):
+    """Whether ``samples`` ((path, label), ...) follow make_dataset's order:
+    by label, then folder, then file name. With the count checked against
+    ferry's own listing of the folder, that makes them the same list."""
+    prev = None
+    for path, label in samples:
+        key = (label,) + os.path.split(path)
+        if prev is not None and key < prev:
+            return False
+        prev = key
+    return True
+
+
 class DataLoader(_Closes):
     """torch.utils.data.DataLoader's arguments and defaults, on ferry's
     workers. ferry's own options (``seed``, ``state``, ``placement``,
@@ -859,7 +965,7 @@ class DataLoader(_Closes):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
-                 in_order=True, reseed="batch", **ferry_options):
+                 in_order=True, reseed="batch", native=True, **ferry_options):
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError("ferry.torch.DataLoader: the dataset must be map-style (have "
                             "__getitem__ and __len__), not a %s" % type(dataset).__name__)
@@ -989,6 +1095,21 @@ class DataLoader(_Closes):
         opts.setdefault("in_order", bool(in_order))
         self._opts = opts
         self._loader = None
+        # torchvision's ImageFolder with a transform ferry has in C: the
+        # workers decode and crop in C, no Python at all.
+        self._native = None
+        if native and not self._sync and self._table is None and indices is None and \
+                auto_batch and collate_fn is None and worker_init_fn is None:
+            self._native, why = _native_imagefolder(dataset, opts)
+            if self._native is not None:
+                import logging
+                logging.getLogger("ferry").info(
+                    "ferry.torch.DataLoader: %s with its transform runs in C (%s); "
+                    "native=False runs it in Python", type(dataset).__name__, self._native)
+            elif why and type(dataset).__name__ in ("ImageFolder", "DatasetFolder"):
+                import logging
+                logging.getLogger("ferry").info(
+                    "ferry.torch.DataLoader: %s runs in Python: %s", type(dataset).__name__, why)
 
     def _keep_args(self, dataset, num_workers, prefetch_factor, pin_memory, timeout,
                    worker_init_fn, multiprocessing_context, generator, persistent_workers,
@@ -1027,6 +1148,17 @@ class DataLoader(_Closes):
                 opts = dict(self._opts)
                 opts["prefetch"] = 1
                 self._loader = Loader("synthetic:n=%d,dim=1" % len(self._batches), **opts)
+            elif self._native is not None:
+                ld = Loader(self._native, **self._opts)
+                if ld.num_items != len(self.dataset):  # its samples were changed
+                    ld.close()
+                    import logging
+                    logging.getLogger("ferry").info(
+                        "ferry.torch.DataLoader: the folder holds %d images, the dataset %d: "
+                        "it runs in Python", ld.num_items, len(self.dataset))
+                    self._native = None
+                    return self._ferry()
+                self._loader = ld
             else:
                 self._loader = Loader(self._batches, **self._opts)
         return self._loader
@@ -1082,7 +1214,9 @@ class DataLoader(_Closes):
             yield self._structure(b)
 
     def _structure(self, b):
-        if self._sync:  # b holds indices only: the batch is made here, now
+        if self._native is not None:  # default_collate's [images, labels], on the slot
+            out = [torch.from_numpy(b["image"]), torch.from_numpy(b["label"])]
+        elif self._sync:  # b holds indices only: the batch is made here, now
             out = self._batches.build(b.indices.astype(np.int64), b.epoch)
         else:
             fields = [b._arrays[n] for n in b._names]
