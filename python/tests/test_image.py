@@ -163,3 +163,86 @@ def test_a_bad_file_fails_only_its_batch_naming_the_file(folder, tmp_path):
     with ferry.Loader(spec(root, size=8, on_error="skip"), batch_size=2, workers=1,
                       seed=0) as ld:
         assert sum(len(b["label"]) for b in ld) == 4
+
+
+# ------------------------------------------- ferry.torch: torchvision in C
+
+def test_torch_imagefolder_with_a_known_compose_runs_in_c(folder, caplog):
+    """An unchanged torchvision script: ImageFolder + the ImageNet training
+    Compose through ferry.torch.DataLoader runs in C, says so once at info
+    level, and yields what torch's DataLoader yields: [float32 (B, 3, S, S)
+    normalized, int64 labels], the labels in torchvision's order."""
+    import logging
+    from torchvision import transforms as T
+
+    from ferry.torch import DataLoader
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(),
+                    T.Normalize(mean, std)])
+    ds = ImageFolder(folder, transform=tf)
+    with caplog.at_level(logging.INFO, logger="ferry"):
+        dl = DataLoader(ds, batch_size=5, num_workers=2)
+    try:
+        assert dl._native is not None
+        assert sum("runs in C" in r.getMessage() for r in caplog.records) == 1
+        batches = list(dl)
+        x, y = batches[0]
+        assert isinstance(x, torch.Tensor) and x.dtype == torch.float32
+        assert x.shape == (5, 3, 48, 48) and y.dtype == torch.int64
+        assert torch.cat([b[1] for b in batches]).tolist() == [t for _, t in ds.samples]
+        # Normalized floats of uint8 pixels: x * std + mean is k / 255.
+        k = (x * torch.tensor(std)[:, None, None] + torch.tensor(mean)[:, None, None]) * 255
+        assert torch.allclose(k, k.round(), atol=1e-3) and k.min() >= -1e-3 and k.max() < 255.01
+    finally:
+        dl.close()
+
+
+def test_torch_imagefolder_eval_transform_and_uint8_run_in_c(folder):
+    """Resize + CenterCrop + PILToTensor: uint8, the same pixels as the C
+    kind's crop=center (and within resampling's rounding of torchvision's)."""
+    from torchvision import transforms as T
+
+    from ferry.torch import DataLoader
+    tf = T.Compose([T.Resize(40), T.CenterCrop(32), T.PILToTensor()])
+    ds = ImageFolder(folder, transform=tf)
+    dl = DataLoader(ds, batch_size=6, num_workers=1)
+    try:
+        assert dl._native is not None and "crop=center" in dl._native
+        x, _ = next(iter(dl))
+        assert x.dtype == torch.uint8 and x.shape == (6, 3, 32, 32)
+        want = torch.stack([ds[i][0] for i in range(6)])
+        diff = (x.int() - want.int()).abs().float()
+        assert diff.mean() < 0.6 and diff.max() <= 16, (diff.mean(), diff.max())
+    finally:
+        dl.close()
+
+
+@pytest.mark.parametrize("why", ["jitter", "target_transform", "native_false", "collate"])
+def test_torch_imagefolder_falls_back_to_python(folder, why, caplog):
+    """Anything ferry does not run in C (another transform, a
+    target_transform, a collate_fn) or native=False runs torchvision's code
+    in Python workers, as it is, and says why."""
+    import logging
+    from torchvision import transforms as T
+
+    from ferry.torch import DataLoader
+    steps = [T.RandomResizedCrop(16), T.ToTensor()]
+    if why == "jitter":
+        steps.insert(1, T.ColorJitter(0.2))
+    ds = ImageFolder(folder, transform=T.Compose(steps),
+                     target_transform=(lambda t: t + 100) if why == "target_transform" else None)
+    kw = {"native": False} if why == "native_false" else {}
+    if why == "collate":
+        kw["collate_fn"] = torch.utils.data.default_collate
+    with caplog.at_level(logging.INFO, logger="ferry"):
+        dl = DataLoader(ds, batch_size=4, num_workers=1, **kw)
+    try:
+        assert dl._native is None
+        if why in ("jitter", "target_transform"):
+            assert any("runs in Python" in r.getMessage() for r in caplog.records)
+        x, y = next(iter(dl))
+        assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float32
+        if why == "target_transform":
+            assert int(y.min()) >= 100
+    finally:
+        dl.close()
