@@ -471,9 +471,11 @@ def run_once(name, a):
         rss1 = _proc_kb("/proc/self/status", "VmRSS")  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-        template = name == "ferry" and a.pipeline == "imagefolder" and not a.native_off
-        workers_hwm, workers_pss, nworkers = _workers_memory(template=template)
-        workers_cpu = _workers_cpu(template=template) - cpu_first.get("s", 0)
+        # ferry's process-wide clean parent counts as ferry's memory, started
+        # at `import ferry` whether or not this loader forks from it; not as
+        # its workers' CPU.
+        workers_hwm, workers_pss, nworkers = _workers_memory(template=name == "ferry")
+        workers_cpu = _workers_cpu(template=False) - cpu_first.get("s", 0)
     finally:
         close()
         del new_iter, close

@@ -34,11 +34,14 @@ def check_loader(res, name):
     return ld["median"]
 
 
-def worker_processes(name, workers):
+def worker_processes(name, workers, python=True):
     """The processes below the trainer: the workers, and for ferry, the
-    loader's clean parent that forks them and the process-wide one it is
-    forked from (counted: its memory is part of ferry's)."""
-    return (workers + 2,) if name == "ferry" else (workers,)
+    process-wide clean parent (counted: its memory is part of ferry's) and,
+    with Python workers, the loader's clean parent forked from it that
+    forks them."""
+    if name != "ferry":
+        return (workers,)
+    return (workers + 2,) if python else (workers + 1,)
 
 
 def test_bench_answers_version_help_and_bad_options_like_every_tool():
@@ -88,12 +91,14 @@ def test_bench_imagefolder_ferry_and_torch(tmp_path):
     res = json.loads(p.stdout)
     assert len(list(data.glob("class_*/*.jpg"))) == 64 and len(list(data.glob("class_*"))) == 4
     assert res["config"]["pipeline"] == "imagefolder" and res["batches_per_epoch"] == 4
+    assert "its transform in C" in res["dataset_given_as"]["ferry"]
     assert list(res["loaders"]) == ["ferry", "torch"]
     for name in ("ferry", "torch"):
         run = res["loaders"][name]["rounds"][0]
         assert run["batches"] == 2 * 4 and run["items"] == 2 * 64
         assert run["leftover_pids"] == []
-        assert run["worker_processes"] in worker_processes(name, 1)
+        # ferry.torch runs this transform in C: no Python workers
+        assert run["worker_processes"] in worker_processes(name, 1, python=False)
         assert len(run["epoch_start_waits_ms"]) == 2
         med = res["loaders"][name]["median"]
         assert {"images_per_s", "wait_p50_ms", "wait_p99_ms", "epoch_wait_ms", "startup_ms",
@@ -106,11 +111,38 @@ def test_bench_imagefolder_ferry_and_torch(tmp_path):
             "workers_pss_mib", "memory_all_mib"} <= set(ratios)
     assert set(res["targets"]) == {"startup_ms", "memory_all_mib", "trainer_growth_mib",
                                    "images_per_s", "epoch_wait_ms"}
-    # A second run reuses the folder; one made with other options is refused.
-    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] + ["--only", "ferry"],
+    # A second run reuses the folder (here with torchvision's code in
+    # ferry's Python workers); one made with other options is refused.
+    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] +
+                       ["--only", "ferry", "--no-native"],
                        capture_output=True, text=True, timeout=80)
     assert p.returncode == 0 and "(reused)" in p.stderr, p.stderr
     assert p.stdout.startswith("ferry.bench: ImageFolder")
+    assert "(Python workers)" in p.stdout
     p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] + ["--seed", "1"],
                        capture_output=True, text=True, timeout=80)
     assert p.returncode != 0 and "was made with" in p.stderr, p.stderr
+
+
+def test_bench_jpeg_compares_the_c_decoder_with_torchvision(tmp_path):
+    """--pipeline jpeg: ferry's imagefolder spec against torchvision's uint8
+    pipeline on the same files, with images per worker core, its ratio and
+    its target."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    args = ["--pipeline", "jpeg", "--items", "48", "--classes", "3", "--size", "64",
+            "--batch-size", "8", "--epochs", "2", "--rounds", "1", "--workers", "1",
+            "--data", str(tmp_path / "images"), "--json"]
+    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args, capture_output=True,
+                       text=True, timeout=80)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["config"]["pipeline"] == "jpeg" and res["batches_per_epoch"] == 6
+    assert "decoded in C" in res["dataset_given_as"]["ferry"]
+    for name in ("ferry", "torch"):
+        run = res["loaders"][name]["rounds"][0]
+        assert run["items"] == 2 * 48 and run["leftover_pids"] == []
+        assert run["worker_processes"] in worker_processes(name, 1, python=False)
+        assert run["images_per_core_s"] > 0 and run["workers_cpu_s"] > 0
+    assert "images_per_core_s" in res["ratios_ferry_over_torch"]
+    assert set(res["targets"]) == {"images_per_core_s"}
