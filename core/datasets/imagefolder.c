@@ -35,6 +35,9 @@
  * Randomness: item i of epoch e is cropped from ferry_sample_seed(seed, e,
  * i) alone, so it is the same bytes whatever the workers or the resume.
  *
+ * The options, the schema and the batch loop are shared with the other
+ * image kind (imagekind.c); this file lists the folder and reads a file.
+ *
  * Threads: a handle is one worker's (its decoder scratch and file buffer);
  * nothing is global.
  */
@@ -51,13 +54,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "image.h"
-#include "kinds.h"
-#include "log.h"
+#include "imagekind.h"
 
 #define IF_MAX_DEPTH 64
 #define IF_MAX_FILE_BYTES (1ull << 30)
-#define IF_SKIP_TRIES 16
 
 /* torchvision's IMG_EXTENSIONS. */
 static const char *const image_extensions[] = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
@@ -69,138 +69,18 @@ typedef struct if_item {
 } if_item;
 
 typedef struct imagefolder {
+    ferry__image_kind k; /* options, decoder, the batch loop */
     char root[PATH_MAX];
-    ferry__image_opts img;
-    int f32, on_error_skip, with_box;
-    float table[3][256]; /* float32: ((v / 255) - mean) / std per channel */
-    char *pool;        /* NUL-terminated names */
+    char *pool; /* NUL-terminated names */
     size_t pool_len, pool_cap;
     if_item *items;
     size_t nitems, items_cap;
     uint32_t nclasses;
-    ferry__image_dec *dec;
     uint8_t *file; /* the file being decoded */
     size_t file_cap;
-    uint8_t *u8; /* one item before float conversion */
-    uint64_t skipped;
 } imagefolder;
 
 /* --- Options --- */
-
-/* Parses "A:B[:C...]" (exactly n numbers) into v. */
-static int parse_doubles(const char *s, size_t len, double *v, int n)
-{
-    char buf[128], *end;
-    if (len >= sizeof buf)
-        return -1;
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    const char *p = buf;
-    for (int i = 0; i < n; i++) {
-        errno = 0;
-        v[i] = strtod(p, &end);
-        if (end == p || errno || !isfinite(v[i]))
-            return -1;
-        if (i < n - 1 && *end != ':')
-            return -1;
-        p = end + (i < n - 1);
-    }
-    return *end == '\0' ? 0 : -1;
-}
-
-static int is_word(const char *tok, size_t len, const char *word)
-{
-    return strlen(word) == len && memcmp(tok, word, len) == 0;
-}
-
-/* Sets one KEY=VALUE. *flip_set says whether flip= was given. */
-static int if_option(imagefolder *h, const char *tok, size_t len, int *flip_set, int *seen_mean,
-                     double mean[3], double stdv[3], char *errbuf, size_t errlen)
-{
-    const char *eq = memchr(tok, '=', len);
-    if (eq == NULL)
-        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                  "imagefolder: option '%.*s' is not KEY=VALUE", (int)len, tok);
-    size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
-    const char *v = eq + 1;
-    uint64_t u;
-    double d[3];
-#define KEY(k) is_word(tok, klen, k)
-#define BAD(what)                                                                                \
-    ferry__dataset_err(errbuf, errlen, FERRY_EDATASET, "imagefolder: %.*s=%.*s: expected %s",    \
-                       (int)klen, tok, (int)vlen, v, what)
-    if (KEY("root")) {
-        if (vlen == 0 || vlen >= sizeof h->root)
-            return BAD("a folder");
-        memcpy(h->root, v, vlen);
-        h->root[vlen] = '\0';
-    } else if (KEY("size")) {
-        if (ferry__parse_u64(v, vlen, 1, FERRY__IMAGE_MAX_SIZE, &u))
-            return BAD("an integer in 1..4096");
-        h->img.size = (int)u;
-    } else if (KEY("resize")) {
-        if (ferry__parse_u64(v, vlen, 1, 65535, &u))
-            return BAD("an integer in 1..65535");
-        h->img.resize = (int)u;
-    } else if (KEY("crop")) {
-        if (is_word(v, vlen, "random"))
-            h->img.random_crop = 1;
-        else if (is_word(v, vlen, "center"))
-            h->img.random_crop = 0;
-        else
-            return BAD("random or center");
-    } else if (KEY("scale") || KEY("ratio")) {
-        if (parse_doubles(v, vlen, d, 2) || !(d[0] > 0) || d[0] > d[1])
-            return BAD("LO:HI with 0 < LO <= HI");
-        if (KEY("scale")) {
-            if (d[1] > 1)
-                return BAD("LO:HI with 0 < LO <= HI <= 1");
-            h->img.scale_lo = d[0], h->img.scale_hi = d[1];
-        } else {
-            h->img.ratio_lo = d[0], h->img.ratio_hi = d[1];
-        }
-    } else if (KEY("flip") || KEY("box") || KEY("dct")) {
-        if (ferry__parse_u64(v, vlen, 0, 1, &u))
-            return BAD("0 or 1");
-        if (KEY("flip"))
-            h->img.flip = (int)u, *flip_set = 1;
-        else if (KEY("box"))
-            h->with_box = (int)u;
-        else
-            h->img.dct_scale = (int)u;
-    } else if (KEY("layout")) {
-        if (is_word(v, vlen, "chw") || is_word(v, vlen, "hwc"))
-            h->img.hwc = v[0] == 'h';
-        else
-            return BAD("chw or hwc");
-    } else if (KEY("dtype")) {
-        if (is_word(v, vlen, "uint8") || is_word(v, vlen, "float32"))
-            h->f32 = v[0] == 'f';
-        else
-            return BAD("uint8 or float32");
-    } else if (KEY("mean") || KEY("std")) {
-        if (parse_doubles(v, vlen, d, 3))
-            return BAD("three numbers A:B:C");
-        if (KEY("std") && !(d[0] != 0 && d[1] != 0 && d[2] != 0))
-            return BAD("three non-zero numbers A:B:C");
-        memcpy(KEY("mean") ? mean : stdv, d, sizeof d);
-        *seen_mean = 1;
-    } else if (KEY("on_error")) {
-        if (is_word(v, vlen, "fail") || is_word(v, vlen, "skip"))
-            h->on_error_skip = v[0] == 's';
-        else
-            return BAD("fail or skip");
-    } else {
-        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                  "imagefolder: unknown key '%.*s' (expected root, size, crop, "
-                                  "scale, ratio, resize, flip, layout, dtype, mean, std, "
-                                  "on_error, box, dct)",
-                                  (int)klen, tok);
-    }
-#undef KEY
-#undef BAD
-    return FERRY_OK;
-}
 
 /* --- The listing --- */
 
@@ -400,97 +280,11 @@ static void if_close(void *handle)
     imagefolder *h = handle;
     if (h == NULL)
         return;
-    ferry__image_dec_free(h->dec);
+    ferry__image_kind_free(&h->k);
     free(h->pool);
     free(h->items);
     free(h->file);
-    free(h->u8);
     free(h);
-}
-
-static int if_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
-                   ferry_dataset_schema *schema, char *errbuf, size_t errlen)
-{
-    imagefolder *h = calloc(1, sizeof *h);
-    const char *cur = args[0] ? args : NULL, *tok;
-    double mean[3] = {0, 0, 0}, stdv[3] = {1, 1, 1};
-    int flip_set = 0, seen_mean = 0, rc;
-    size_t len;
-
-    if (h == NULL)
-        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "imagefolder: out of memory");
-    h->img = (ferry__image_opts){.size = 224, .random_crop = 1, .scale_lo = 0.08,
-                                 .scale_hi = 1.0, .ratio_lo = 3.0 / 4.0, .ratio_hi = 4.0 / 3.0,
-                                 .dct_scale = 1, .max_pixels = FERRY__IMAGE_MAX_PIXELS};
-    while (ferry__next_comma_token(&cur, &tok, &len)) {
-        rc = if_option(h, tok, len, &flip_set, &seen_mean, mean, stdv, errbuf, errlen);
-        if (rc != FERRY_OK)
-            goto fail;
-    }
-    if (h->root[0] == '\0') {
-        rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                "imagefolder: root=DIR is required (imagefolder:root=DIR,size=S)");
-        goto fail;
-    }
-    if (!flip_set)
-        h->img.flip = h->img.random_crop;
-    if (h->img.resize == 0)
-        h->img.resize = (int)lrint(h->img.size / 0.875);
-    if (h->img.resize < h->img.size) {
-        rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                "imagefolder: resize=%d is smaller than size=%d", h->img.resize,
-                                h->img.size);
-        goto fail;
-    }
-    if (seen_mean && !h->f32) {
-        rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                "imagefolder: mean and std go with dtype=float32");
-        goto fail;
-    }
-    for (int c = 0; c < 3; c++)
-        ferry__image_norm_table((float)mean[c], (float)stdv[c], h->table[c]);
-    h->dec = ferry__image_dec_new();
-    h->u8 = malloc((size_t)h->img.size * h->img.size * 3);
-    if (h->dec == NULL || h->u8 == NULL) {
-        rc = ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "imagefolder: out of memory");
-        goto fail;
-    }
-    rc = list_root(h, errbuf, errlen);
-    if (rc != FERRY_OK)
-        goto fail;
-
-    int64_t S = h->img.size;
-    ferry_field_spec *f = &schema->fields[0];
-    snprintf(f->name, sizeof f->name, "image");
-    f->dtype = h->f32 ? FERRY_DTYPE_F32 : FERRY_DTYPE_U8;
-    f->ndim = 3;
-    f->shape[0] = h->img.hwc ? S : 3;
-    f->shape[1] = S;
-    f->shape[2] = h->img.hwc ? 3 : S;
-    f = &schema->fields[1];
-    snprintf(f->name, sizeof f->name, "label");
-    f->dtype = FERRY_DTYPE_I64;
-    f->ndim = 0;
-    schema->nfields = 2;
-    if (h->with_box) {
-        f = &schema->fields[2];
-        snprintf(f->name, sizeof f->name, "box");
-        f->dtype = FERRY_DTYPE_I64;
-        f->ndim = 1;
-        f->shape[0] = 5;
-        schema->nfields = 3;
-    }
-    (void)ctx;
-    *handle = h;
-    return FERRY_OK;
-fail:
-    if_close(h);
-    return rc;
-}
-
-static uint64_t if_length(void *handle)
-{
-    return ((const imagefolder *)handle)->nitems;
 }
 
 /* Reads item i's file whole into h->file; its length in *len. */
@@ -543,81 +337,90 @@ static void item_path(const imagefolder *h, uint64_t i, char *path, size_t cap)
              h->pool + h->items[i].name);
 }
 
-/* Decodes item i with the crop seeded by `seed` into the k-th place of
- * dst[]. Returns 0, or -1 with the reason in err. */
-static int make_item(imagefolder *h, uint64_t i, uint64_t seed, size_t k, void *const dst[],
-                     char *path, size_t path_cap, char *err, size_t errlen)
+/* The kind's fetch (see imagekind.h): item i's file, read whole. */
+static int if_fetch(void *src, uint64_t i, const uint8_t **data, size_t *len, int64_t *label,
+                    char *name, size_t namecap, char *err, size_t errlen)
 {
-    size_t len, px = (size_t)h->img.size * h->img.size * 3;
-    ferry__image_box box;
-    uint8_t *out = h->f32 ? h->u8 : (uint8_t *)dst[0] + k * px;
-
-    item_path(h, i, path, path_cap);
-    if (read_file(h, path, &len, err, errlen) ||
-        ferry__image_decode(h->dec, h->file, len, &h->img, seed, out, &box, err, errlen))
+    imagefolder *h = src;
+    item_path(h, i, name, namecap);
+    *label = h->items[i].label;
+    if (read_file(h, name, len, err, errlen))
         return -1;
-    if (h->f32) {
-        float *o = (float *)dst[0] + k * px;
-        if (h->img.hwc) {
-            for (size_t p = 0; p < px; p++)
-                o[p] = h->table[p % 3][out[p]];
-        } else {
-            size_t plane = px / 3;
-            for (int c = 0; c < 3; c++)
-                ferry__image_normalize(out + c * plane, plane, h->table[c], o + c * plane);
-        }
-    }
-    int64_t label = h->items[i].label;
-    memcpy((uint8_t *)dst[1] + k * sizeof label, &label, sizeof label);
-    if (h->with_box) {
-        int64_t b[5] = {box.top, box.left, box.height, box.width, box.flipped};
-        memcpy((uint8_t *)dst[2] + k * sizeof b, b, sizeof b);
-    }
+    *data = h->file;
     return 0;
+}
+
+static int if_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
+                   ferry_dataset_schema *schema, char *errbuf, size_t errlen)
+{
+    imagefolder *h = calloc(1, sizeof *h);
+    const char *cur = args[0] ? args : NULL, *tok;
+    size_t len;
+    int rc;
+
+    (void)ctx;
+    if (h == NULL)
+        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "imagefolder: out of memory");
+    ferry__image_kind_init(&h->k, "imagefolder");
+    while (ferry__next_comma_token(&cur, &tok, &len)) {
+        const char *eq = memchr(tok, '=', len);
+        if (eq == NULL) {
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                    "imagefolder: option '%.*s' is not KEY=VALUE", (int)len, tok);
+            goto fail;
+        }
+        size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
+        if (ferry__is_word(tok, klen, "root")) {
+            if (vlen == 0 || vlen >= sizeof h->root) {
+                rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                        "imagefolder: root=%.*s: expected a folder", (int)vlen,
+                                        eq + 1);
+                goto fail;
+            }
+            memcpy(h->root, eq + 1, vlen);
+            h->root[vlen] = '\0';
+            continue;
+        }
+        rc = ferry__image_kind_option(&h->k, tok, klen, eq + 1, vlen, errbuf, errlen);
+        if (rc == 1)
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                    "imagefolder: unknown key '%.*s' (expected root, size, crop, "
+                                    "scale, ratio, resize, flip, layout, dtype, mean, std, "
+                                    "on_error, box, dct)",
+                                    (int)klen, tok);
+        if (rc != FERRY_OK)
+            goto fail;
+    }
+    if (h->root[0] == '\0') {
+        rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                "imagefolder: root=DIR is required (imagefolder:root=DIR,size=S)");
+        goto fail;
+    }
+    rc = ferry__image_kind_ready(&h->k, errbuf, errlen);
+    if (rc == FERRY_OK)
+        rc = list_root(h, errbuf, errlen);
+    if (rc != FERRY_OK)
+        goto fail;
+    h->k.n = h->nitems;
+    h->k.fetch = if_fetch;
+    h->k.src = h;
+    ferry__image_kind_schema(&h->k, schema);
+    *handle = h;
+    return FERRY_OK;
+fail:
+    if_close(h);
+    return rc;
+}
+
+static uint64_t if_length(void *handle)
+{
+    return ((const imagefolder *)handle)->nitems;
 }
 
 static int if_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
                         ferry_dataset_error *err)
 {
-    imagefolder *h = handle;
-    char path[PATH_MAX + NAME_MAX + 2], why[512];
-
-    for (size_t k = 0; k < req->count; k++) {
-        uint64_t i = req->indices[k], seed = ferry_sample_seed(req->seed, req->epoch, i);
-        if (make_item(h, i, seed, k, dst, path, sizeof path, why, sizeof why) == 0)
-            continue;
-        if (!h->on_error_skip) {
-            err->index = i;
-            snprintf(err->message, sizeof err->message, "imagefolder: %s: %s", path, why);
-            return FERRY_EBATCH;
-        }
-        /* Replaced by other items drawn from the same seed, so the batch
-         * is the same bytes every time it is made. */
-        char bad[sizeof path];
-        snprintf(bad, sizeof bad, "%s", path);
-        ferry__rng r = {seed ^ 0x5bd1e9955bd1e995ULL};
-        int done = 0;
-        for (int t = 0; t < IF_SKIP_TRIES && !done; t++) {
-            uint64_t j = ferry__rng_below(&r, h->nitems);
-            char why2[512];
-            done = make_item(h, j, ferry_mix64(seed + (uint64_t)t + 1), k, dst, path,
-                             sizeof path, why2, sizeof why2) == 0;
-            if (done && ferry__log_nth(++h->skipped, 8))
-                ferry__logf(NULL, FERRY_LOG_WARN,
-                            "imagefolder: %s does not decode (%s): item %" PRIu64
-                            " replaced by item %" PRIu64 " (%" PRIu64
-                            " replaced by this worker so far)",
-                            bad, why, i, j, h->skipped);
-        }
-        if (!done) {
-            err->index = i;
-            snprintf(err->message, sizeof err->message,
-                     "imagefolder: %s: %s; and %d items drawn to replace it failed too", bad, why,
-                     IF_SKIP_TRIES);
-            return FERRY_EBATCH;
-        }
-    }
-    return FERRY_OK;
+    return ferry__image_kind_batch(&((imagefolder *)handle)->k, req, dst, err);
 }
 
 static const ferry_dataset_ops imagefolder_ops = {
