@@ -14,7 +14,8 @@
  *   npy        .npy files, read-only, one field per file;
  *   plugin     a shared object exporting ferry_dataset_plugin();
  *   imagefolder  JPEG/PNG files in torchvision's ImageFolder layout,
- *              decoded, cropped and resized in C.
+ *              decoded, cropped and resized in C;
+ *   wds        the same from WebDataset tar shards.
  * This file holds their registry and does not trust any of them: after open
  * it validates the schema (so a batch's sizes can be computed without
  * overflow anywhere downstream), and around get_batch it checks the indices
@@ -53,6 +54,7 @@ static const ferry__dataset_kind *const dataset_kinds[] = {
     &ferry__npy_kind,
     &ferry__plugin_kind,
     &ferry__imagefolder_kind,
+    &ferry__wds_kind,
 };
 
 /* Kinds registered at run time (ferry_dataset_register), looked up after the
@@ -228,7 +230,8 @@ static int find_kind(const char *spec, const ferry__dataset_kind **kind, const c
                              "ferry.Loader starts (python -m ferry.worker)"
                            : "";
     return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                              "unknown dataset kind '%.*s' (expected synthetic, npy, plugin, imagefolder%s)%s",
+                              "unknown dataset kind '%.*s' (expected synthetic, npy, plugin, "
+                              "imagefolder, wds%s)%s",
                               (int)klen, spec, also, hint);
 }
 

@@ -149,7 +149,7 @@ static double thread_cpu_seconds(void)
 static void test_unknown_kind_lists_the_known_ones(void **state)
 {
     expect_open_fails("foo:bar", FERRY_EDATASET,
-                      "unknown dataset kind 'foo' (expected synthetic, npy, plugin, imagefolder", NULL);
+                      "unknown dataset kind 'foo' (expected synthetic, npy, plugin, imagefolder, wds", NULL);
     expect_open_fails("", FERRY_EDATASET, "unknown dataset kind ''", NULL);
     expect_open_fails("Synthetic:n=3", FERRY_EDATASET, "'Synthetic'", NULL);
     expect_open_fails("python:m:C", FERRY_EDATASET, "served by Python workers", NULL);
@@ -207,7 +207,7 @@ static void test_registered_kind_opens_and_bad_ones_are_refused(void **state)
     assert_int_equal(out[0], 8);
     assert_int_equal(out[1], 16);
     ferry__dataset_close(&ds);
-    expect_open_fails("nothing:1", FERRY_EDATASET, "imagefolder, counting)", NULL);
+    expect_open_fails("nothing:1", FERRY_EDATASET, "imagefolder, wds, counting)", NULL);
 
     static ferry_dataset_ops builtin;
     builtin = ops;

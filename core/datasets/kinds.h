@@ -64,6 +64,7 @@ extern const ferry__dataset_kind ferry__synthetic_kind;
 extern const ferry__dataset_kind ferry__npy_kind;
 extern const ferry__dataset_kind ferry__plugin_kind;
 extern const ferry__dataset_kind ferry__imagefolder_kind;
+extern const ferry__dataset_kind ferry__wds_kind;
 
 /* --- Shared by the kinds, defined in core/dataset.c --- */
 

@@ -246,3 +246,114 @@ def test_torch_imagefolder_falls_back_to_python(folder, why, caplog):
             assert int(y.min()) >= 100
     finally:
         dl.close()
+
+
+# ------------------------------------------------------ WebDataset shards
+
+def write_shards(folder, out, per_shard, member=None):
+    """The folder's images as WebDataset shards in ImageFolder's order:
+    KEY.jpg (or .png) and KEY.cls, `per_shard` samples a shard, names
+    out/shard-000000.tar... ; `member(tar, key, i)` may add more members."""
+    import io
+    import tarfile
+    samples = ImageFolder(folder).samples
+    os.makedirs(out, exist_ok=True)
+    for s in range(0, len(samples), per_shard):
+        with tarfile.open(os.path.join(out, "shard-%06d.tar" % (s // per_shard)), "w",
+                          format=tarfile.USTAR_FORMAT if s == 0 else tarfile.GNU_FORMAT) as t:
+            for i, (path, label) in enumerate(samples[s:s + per_shard], s):
+                key = "sub/%06d" % i if i % 2 else "%06d" % i
+                for ext, data in ((os.path.splitext(path)[1][1:], open(path, "rb").read()),
+                                  ("cls", b"%d\n" % label)):
+                    info = tarfile.TarInfo("%s.%s" % (key, ext))
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+                if member:
+                    member(t, key, i)
+    return (len(samples) + per_shard - 1) // per_shard
+
+
+def test_wds_shards_give_imagefolders_items_byte_for_byte(folder, tmp_path):
+    """The same images in tar shards (a brace pattern, two tar formats) are
+    the same items: wds item i is imagefolder item i, the same bytes for the
+    same (seed, epoch, index), with the label from .cls."""
+    n = write_shards(folder, tmp_path, 10)
+    pattern = str(tmp_path / ("shard-{000000..%06d}.tar" % (n - 1)))
+    opts = dict(batch_size=6, workers=2, seed=5, shuffle=True)
+    with ferry.Loader(spec(folder, size=24), **opts) as a:
+        want = [(np.asarray(b["image"]).tobytes(), np.asarray(b["label"]).tolist()) for b in a]
+    with ferry.Loader("wds:shards=%s,size=24" % pattern, **opts) as b:
+        assert b.num_items == 36
+        got = [(np.asarray(x["image"]).tobytes(), np.asarray(x["label"]).tolist()) for x in b]
+    assert got == want
+    # Two patterns separated by ';', and a relative path made absolute.
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        first, rest = "shard-000000.tar", "shard-{000001..%06d}.tar" % (n - 1)
+        with ferry.Loader("wds:shards=%s;%s,size=24" % (first, rest), **opts) as c:
+            assert [np.asarray(x["image"]).tobytes() for x in c] == [w[0] for w in want]
+    finally:
+        os.chdir(here)
+
+
+def test_wds_bad_shards_are_refused_naming_the_shard(tmp_path, folder):
+    write_shards(folder, tmp_path / "good", 36)
+    good = (tmp_path / "good" / "shard-000000.tar").read_bytes()
+    cases = {
+        "truncated.tar": (good[:len(good) // 2], "truncated"),
+        "html.tar": (b"<!DOCTYPE html>" + bytes(600), "bad header checksum"),
+        "empty.tar": (b"", "hold no samples"),
+    }
+    for name, (data, words) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ferry.DatasetError) as e:
+            ferry.Loader("wds:shards=%s" % (tmp_path / name), batch_size=2, workers=1)
+        assert words in str(e.value) and name in str(e.value), str(e.value)
+    for spec_text, words in (("wds:size=8", "shards=PATTERN is required"),
+                             ("wds:shards=%s/x-{a..b}.tar" % tmp_path, "{A..B} with integers"),
+                             ("wds:shards=%s/missing.tar" % tmp_path, "No such file")):
+        with pytest.raises(ferry.DatasetError) as e:
+            ferry.Loader(spec_text, batch_size=2, workers=1)
+        assert words in str(e.value), str(e.value)
+
+
+def test_wds_a_sample_without_image_or_with_a_bad_label_is_refused(tmp_path, folder):
+    import io
+    import tarfile
+
+    def extra(t, key, i):
+        if i == 3:
+            data = b"three"
+            info = tarfile.TarInfo("%s.cls" % key)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    write_shards(folder, tmp_path / "a", 36, member=extra)
+    with pytest.raises(ferry.DatasetError) as e:
+        ferry.Loader("wds:shards=%s" % (tmp_path / "a" / "shard-000000.tar"), batch_size=2,
+                     workers=1)
+    assert "is not a decimal integer" in str(e.value)
+    with tarfile.open(tmp_path / "b.tar", "w") as t:
+        info = tarfile.TarInfo("000001.json")
+        info.size = 2
+        t.addfile(info, io.BytesIO(b"{}"))
+    with pytest.raises(ferry.DatasetError) as e:
+        ferry.Loader("wds:shards=%s" % (tmp_path / "b.tar"), batch_size=2, workers=1)
+    assert "sample '000001' has no image" in str(e.value)
+
+
+def test_wds_a_corrupt_image_fails_only_its_batch(tmp_path, folder):
+    write_shards(folder, tmp_path, 36)
+    shard = tmp_path / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    at = data.find(b"\xff\xd8\xff", data.find(b"000004.jpg"))
+    data[at:at + 3] = b"XYZ"  # item 4's JPEG no longer starts as one
+    shard.write_bytes(bytes(data))
+    with ferry.Loader("wds:shards=%s,size=8" % shard, batch_size=4, workers=1,
+                      shuffle=False) as ld:
+        it = iter(ld)
+        assert len(next(it)["label"]) == 4
+        with pytest.raises(ferry.BatchError) as e:
+            next(it)
+        assert "shard-000000.tar:000004" in str(e.value) and "not a JPEG" in str(e.value)
+        assert len(next(it)["label"]) == 4

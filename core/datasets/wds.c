@@ -1,0 +1,568 @@
+/*
+ * wds.c - the built-in dataset over WebDataset tar shards, decoded and
+ * cropped in C like imagefolder (imagekind.c, image.c).
+ *
+ * Spec: wds:shards=PATTERN[;PATTERN...][,KEY=VALUE...], the image keys of
+ * imagefolder (size, crop, scale, ratio, resize, flip, layout, dtype, mean,
+ * std, on_error, box, dct). A pattern is a path with any number of
+ * {A..B} ranges, expanded in order, zero-padded to A's width as
+ * WebDataset's brace patterns are ("train-{000000..000146}.tar"); lists
+ * of alternatives ({a,b}) cannot be written in a comma-separated spec: use
+ * ';' between patterns instead.
+ *
+ * A shard is a tar file (ustar, GNU long names, pax path records). Its
+ * members are grouped into samples as WebDataset groups them: consecutive
+ * members whose names agree up to the first '.' of the file name form one
+ * sample, and the rest of the name is the member's extension. A sample's
+ * image is its first member with extension jpg, jpeg, png or webp (any
+ * case), its label the decimal integer in its cls, class, label or target
+ * member (-1 when it has none). Item i is the i-th sample across the
+ * shards in the order given.
+ *
+ * Reading: open lists every shard once, reading each front to back (its
+ * headers, seeking over the members, and the small label members), so it
+ * suits network file systems; each item is then one pread of its image at
+ * its offset. With shuffle, those reads land anywhere (as the files of a
+ * folder do); without, each worker reads runs of consecutive samples of
+ * one shard. A few shards are kept open at once (WDS_OPEN_FDS), so any
+ * number of shards fits the fd limit. A sample is 28 bytes plus its key.
+ *
+ * Threads: a handle is one worker's; nothing is global.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "imagekind.h"
+
+#define WDS_MAX_SHARDS (1u << 20)
+#define WDS_OPEN_FDS 8
+#define WDS_MAX_MEMBER (1ull << 31)
+#define WDS_NAME_MAX 4096
+
+typedef struct wds_sample {
+    uint64_t off;   /* the image member's data, in its shard */
+    uint32_t len;   /* its bytes */
+    uint32_t shard; /* index into paths */
+    uint32_t key;   /* offset of the sample's key in the pool */
+    int64_t label;
+} wds_sample;
+
+typedef struct wds {
+    ferry__image_kind k;
+    char **paths; /* the shards, expanded */
+    uint32_t nshards, shards_cap;
+    wds_sample *s;
+    size_t n, cap;
+    char *pool; /* sample keys */
+    size_t pool_len, pool_cap;
+    int fd[WDS_OPEN_FDS];
+    uint32_t fd_shard[WDS_OPEN_FDS];
+    unsigned fd_next;
+    uint8_t *buf; /* the image being decoded */
+    size_t buf_cap;
+} wds;
+
+static const char *const image_exts[] = {"jpg", "jpeg", "png", "webp"};
+static const char *const label_exts[] = {"cls", "class", "label", "target"};
+
+static int grow_to(void *pp, size_t *cap, size_t want, size_t elem)
+{
+    void **p = pp;
+    if (want <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 64;
+    while (n < want)
+        n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (q == NULL)
+        return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* --- Shard patterns --- */
+
+static int add_shard(wds *h, const char *path, char *errbuf, size_t errlen)
+{
+    if (h->nshards >= WDS_MAX_SHARDS)
+        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                  "wds: more than %u shards", WDS_MAX_SHARDS);
+    size_t cap = h->shards_cap;
+    if (grow_to(&h->paths, &cap, (size_t)h->nshards + 1, sizeof *h->paths))
+        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+    h->shards_cap = (uint32_t)cap;
+    if ((h->paths[h->nshards] = strdup(path)) == NULL)
+        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+    h->nshards++;
+    return FERRY_OK;
+}
+
+/* Expands the first {A..B} of `pat` (NUL-terminated) and recurses on each
+ * result; a pattern without one is a shard. */
+static int expand(wds *h, const char *pat, char *errbuf, size_t errlen)
+{
+    const char *open = strchr(pat, '{'), *dots, *close;
+    if (open == NULL)
+        return add_shard(h, pat, errbuf, errlen);
+    close = strchr(open, '}');
+    dots = close ? strstr(open, "..") : NULL;
+    uint64_t a, b;
+    if (!dots || dots > close ||
+        ferry__parse_u64(open + 1, (size_t)(dots - open - 1), 0, UINT32_MAX, &a) ||
+        ferry__parse_u64(dots + 2, (size_t)(close - dots - 2), 0, UINT32_MAX, &b) || a > b)
+        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                  "wds: '%s': a brace must be {A..B} with integers A <= B "
+                                  "(separate alternatives with ';')",
+                                  pat);
+    int width = (int)(dots - open - 1);
+    if (b - a >= WDS_MAX_SHARDS)
+        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                  "wds: '%s' names more than %u shards", pat, WDS_MAX_SHARDS);
+    size_t cap = strlen(pat) + 32;
+    char *out = malloc(cap);
+    if (out == NULL)
+        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+    int rc = FERRY_OK;
+    for (uint64_t v = a; v <= b && rc == FERRY_OK; v++) {
+        snprintf(out, cap, "%.*s%0*" PRIu64 "%s", (int)(open - pat), pat, width, v, close + 1);
+        rc = expand(h, out, errbuf, errlen);
+    }
+    free(out);
+    return rc;
+}
+
+/* --- Reading a shard's members --- */
+
+/* An octal (or GNU base-256) number field of a tar header; -1 if bad. */
+static int64_t tar_number(const uint8_t *f, size_t len)
+{
+    uint64_t v = 0;
+    if (f[0] & 0x80) { /* base-256, big-endian, the top bit a flag */
+        if (f[0] != 0x80)
+            return -1; /* negative, or too big */
+        for (size_t i = 1; i < len; i++) {
+            if (v >> 55)
+                return -1;
+            v = v << 8 | f[i];
+        }
+        return (int64_t)v;
+    }
+    size_t i = 0;
+    while (i < len && f[i] == ' ')
+        i++;
+    for (; i < len && f[i] >= '0' && f[i] <= '7'; i++) {
+        if (v >> 60)
+            return -1;
+        v = v << 3 | (uint64_t)(f[i] - '0');
+    }
+    for (; i < len; i++) {
+        if (f[i] != ' ' && f[i] != '\0')
+            return -1;
+    }
+    return (int64_t)v;
+}
+
+/* Whether the header's checksum (its bytes summed, the checksum field as
+ * spaces) matches. */
+static int tar_checksum_ok(const uint8_t h[512])
+{
+    int64_t want = tar_number(h + 148, 8);
+    uint64_t sum = 0;
+    for (int i = 0; i < 512; i++)
+        sum += (i >= 148 && i < 156) ? ' ' : h[i];
+    return want >= 0 && (uint64_t)want == sum;
+}
+
+static int read_at(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -1 : -2; /* -2: the file ends */
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* The label in a member's text: a decimal integer, spaces around. */
+static int parse_label(const char *t, size_t len, int64_t *out)
+{
+    while (len && (t[len - 1] == '\n' || t[len - 1] == ' ' || t[len - 1] == '\r'))
+        len--;
+    while (len && *t == ' ')
+        t++, len--;
+    int neg = len && *t == '-';
+    uint64_t v;
+    if (ferry__parse_u64(t + neg, len - (size_t)neg, 0, INT64_MAX, &v))
+        return -1;
+    *out = neg ? -(int64_t)v : (int64_t)v;
+    return 0;
+}
+
+static int ext_in(const char *ext, const char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcasecmp(ext, list[i]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* The sample being gathered from consecutive members. */
+typedef struct gathering {
+    char key[WDS_NAME_MAX];
+    int open, has_image;
+    wds_sample s;
+} gathering;
+
+static int finish_sample(wds *h, gathering *g, uint32_t shard, char *errbuf, size_t errlen)
+{
+    if (!g->open)
+        return FERRY_OK;
+    g->open = 0;
+    if (!g->has_image)
+        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                  "wds: %s: sample '%s' has no image (.jpg, .jpeg, .png, .webp)",
+                                  h->paths[shard], g->key);
+    size_t klen = strlen(g->key);
+    if (h->pool_len + klen + 1 > UINT32_MAX ||
+        grow_to(&h->pool, &h->pool_cap, h->pool_len + klen + 1, 1) ||
+        grow_to(&h->s, &h->cap, h->n + 1, sizeof *h->s))
+        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+    memcpy(h->pool + h->pool_len, g->key, klen + 1);
+    g->s.key = (uint32_t)h->pool_len;
+    h->pool_len += klen + 1;
+    h->s[h->n++] = g->s;
+    return FERRY_OK;
+}
+
+/* Adds the samples of shard `si`, reading it front to back. */
+static int index_shard(wds *h, uint32_t si, char *errbuf, size_t errlen)
+{
+    const char *path = h->paths[si];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET, "wds: %s: %s", path,
+                                  strerror(errno));
+    uint8_t hd[512];
+    char name[WDS_NAME_MAX], longname[WDS_NAME_MAX] = "";
+    gathering *g = calloc(1, sizeof *g);
+    struct stat st;
+    uint64_t off = 0, end;
+    int rc = FERRY_OK;
+    if (g == NULL || fstat(fd, &st) != 0) {
+        rc = g ? ferry__dataset_err(errbuf, errlen, FERRY_EDATASET, "wds: %s: %s", path,
+                                    strerror(errno))
+               : ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+        free(g);
+        close(fd);
+        return rc;
+    }
+    end = (uint64_t)st.st_size;
+#define BAD(...) (rc = ferry__dataset_err(errbuf, errlen, FERRY_EFORMAT, __VA_ARGS__))
+    for (;;) {
+        if (off == end)
+            break; /* no end-of-archive blocks: accepted, as tar accepts it */
+        int r = off + 512 > end ? -2 : read_at(fd, hd, 512, off);
+        if (r != 0) {
+            if (r == -1)
+                rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET, "wds: %s: %s", path,
+                                        strerror(errno));
+            else
+                BAD("wds: %s: ends inside a tar header at byte %" PRIu64, path, off);
+            break;
+        }
+        int zero = 1;
+        for (int i = 0; i < 512 && zero; i++)
+            zero = hd[i] == 0;
+        if (zero)
+            break; /* the end-of-archive blocks */
+        if (!tar_checksum_ok(hd)) {
+            BAD("wds: %s: not a tar file, or corrupt: bad header checksum at byte %" PRIu64, path,
+                off);
+            break;
+        }
+        int64_t size = tar_number(hd + 124, 12);
+        if (size < 0 || (uint64_t)size > WDS_MAX_MEMBER) {
+            BAD("wds: %s: member at byte %" PRIu64 " has a bad or too large size", path, off);
+            break;
+        }
+        uint64_t data = off + 512, next = data + (((uint64_t)size + 511) & ~511ull);
+        char type = (char)hd[156];
+        if (data + (uint64_t)size > end) {
+            BAD("wds: %s: truncated: the member at byte %" PRIu64 " ends past the file's end",
+                path, off);
+            break;
+        }
+        if (type == 'L' || type == 'x') { /* a long name for the next member */
+            char text[WDS_NAME_MAX];
+            size_t n = (size_t)size < sizeof text - 1 ? (size_t)size : sizeof text - 1;
+            if (read_at(fd, text, n, data) != 0) {
+                BAD("wds: %s: ends inside the member at byte %" PRIu64, path, off);
+                break;
+            }
+            text[n] = '\0';
+            if (type == 'L') {
+                snprintf(longname, sizeof longname, "%s", text);
+            } else { /* pax records "LEN path=VALUE\n" */
+                for (char *p = text; p && *p;) {
+                    char *sp = strchr(p, ' '), *nl = sp ? strchr(sp, '\n') : NULL;
+                    if (!nl)
+                        break;
+                    if (strncmp(sp + 1, "path=", 5) == 0)
+                        snprintf(longname, sizeof longname, "%.*s", (int)(nl - sp - 6), sp + 6);
+                    p = nl + 1;
+                }
+            }
+            off = next;
+            continue;
+        }
+        if (type != '0' && type != '\0') { /* directories, links, ...: not members */
+            longname[0] = '\0';
+            off = next;
+            continue;
+        }
+        if (longname[0]) {
+            snprintf(name, sizeof name, "%s", longname);
+            longname[0] = '\0';
+        } else if (hd[345] && memcmp(hd + 257, "ustar", 5) == 0) {
+            snprintf(name, sizeof name, "%.155s/%.100s", (const char *)hd + 345,
+                     (const char *)hd);
+        } else {
+            snprintf(name, sizeof name, "%.100s", (const char *)hd);
+        }
+        /* key: the name up to the first '.' of its last component */
+        char *base = strrchr(name, '/'), *dot;
+        base = base ? base + 1 : name;
+        dot = strchr(base, '.');
+        const char *ext = dot ? dot + 1 : "";
+        if (dot)
+            *dot = '\0';
+        if (!g->open || strcmp(g->key, name) != 0) {
+            rc = finish_sample(h, g, si, errbuf, errlen);
+            if (rc != FERRY_OK)
+                break;
+            memset(g, 0, sizeof *g);
+            g->open = 1;
+            snprintf(g->key, sizeof g->key, "%s", name);
+            g->s.shard = si;
+            g->s.label = -1;
+        }
+        if (!g->has_image && ext_in(ext, image_exts, FERRY__ARRAY_LEN(image_exts))) {
+            if ((uint64_t)size > UINT32_MAX) {
+                BAD("wds: %s: image %s.%s is over 4 GiB", path, name, ext);
+                break;
+            }
+            g->has_image = 1;
+            g->s.off = data;
+            g->s.len = (uint32_t)size;
+        } else if (ext_in(ext, label_exts, FERRY__ARRAY_LEN(label_exts))) {
+            char text[32];
+            if (size >= (int64_t)sizeof text || read_at(fd, text, (size_t)size, data) != 0 ||
+                parse_label(text, (size_t)size, &g->s.label) != 0) {
+                BAD("wds: %s: the label %s.%s is not a decimal integer", path, name, ext);
+                break;
+            }
+        }
+        off = next;
+    }
+#undef BAD
+    if (rc == FERRY_OK)
+        rc = finish_sample(h, g, si, errbuf, errlen);
+    free(g);
+    close(fd);
+    return rc;
+}
+
+/* --- Open, fetch --- */
+
+static void wds_close(void *handle)
+{
+    wds *h = handle;
+    if (h == NULL)
+        return;
+    ferry__image_kind_free(&h->k);
+    for (int i = 0; i < WDS_OPEN_FDS; i++) {
+        if (h->fd[i] >= 0)
+            close(h->fd[i]);
+    }
+    for (uint32_t i = 0; i < h->nshards; i++)
+        free(h->paths[i]);
+    free(h->paths);
+    free(h->s);
+    free(h->pool);
+    free(h->buf);
+    free(h);
+}
+
+/* An open fd on shard `si`: kept from before, or opened in place of the
+ * one opened longest ago. -1 with errno. */
+static int shard_fd(wds *h, uint32_t si)
+{
+    for (int i = 0; i < WDS_OPEN_FDS; i++) {
+        if (h->fd[i] >= 0 && h->fd_shard[i] == si)
+            return h->fd[i];
+    }
+    unsigned slot = h->fd_next++ % WDS_OPEN_FDS;
+    if (h->fd[slot] >= 0)
+        close(h->fd[slot]);
+    h->fd[slot] = open(h->paths[si], O_RDONLY | O_CLOEXEC);
+    h->fd_shard[slot] = si;
+    return h->fd[slot];
+}
+
+static int wds_fetch(void *src, uint64_t i, const uint8_t **data, size_t *len, int64_t *label,
+                     char *name, size_t namecap, char *err, size_t errlen)
+{
+    wds *h = src;
+    const wds_sample *s = &h->s[i];
+    snprintf(name, namecap, "%s:%s", h->paths[s->shard], h->pool + s->key);
+    *label = s->label;
+    if (grow_to(&h->buf, &h->buf_cap, s->len ? s->len : 1, 1)) {
+        snprintf(err, errlen, "out of memory for %u bytes", s->len);
+        return -1;
+    }
+    int fd = shard_fd(h, s->shard), r = fd < 0 ? -1 : read_at(fd, h->buf, s->len, s->off);
+    if (r != 0) {
+        snprintf(err, errlen, "%s", r == -2 ? "the shard ends inside the image (it shrank?)"
+                                            : strerror(errno));
+        return -1;
+    }
+    *data = h->buf;
+    *len = s->len;
+    return 0;
+}
+
+static int wds_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
+                    ferry_dataset_schema *schema, char *errbuf, size_t errlen)
+{
+    wds *h = calloc(1, sizeof *h);
+    const char *cur = args[0] ? args : NULL, *tok;
+    size_t len;
+    int rc, have_shards = 0;
+
+    (void)ctx;
+    if (h == NULL)
+        return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+    for (int i = 0; i < WDS_OPEN_FDS; i++)
+        h->fd[i] = -1;
+    ferry__image_kind_init(&h->k, "wds");
+    while (ferry__next_comma_token(&cur, &tok, &len)) {
+        const char *eq = memchr(tok, '=', len);
+        if (eq == NULL) {
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                    "wds: option '%.*s' is not KEY=VALUE", (int)len, tok);
+            goto fail;
+        }
+        size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
+        if (ferry__is_word(tok, klen, "shards")) {
+            char *list = strndup(eq + 1, vlen), *save = NULL;
+            rc = list ? FERRY_OK : FERRY_ENOMEM;
+            for (char *p = list ? strtok_r(list, ";", &save) : NULL; p && rc == FERRY_OK;
+                 p = strtok_r(NULL, ";", &save))
+                rc = expand(h, p, errbuf, errlen);
+            free(list);
+            if (rc == FERRY_ENOMEM)
+                ferry__dataset_err(errbuf, errlen, rc, "wds: out of memory");
+            if (rc != FERRY_OK)
+                goto fail;
+            have_shards = 1;
+            continue;
+        }
+        rc = ferry__image_kind_option(&h->k, tok, klen, eq + 1, vlen, errbuf, errlen);
+        if (rc == 1)
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                    "wds: unknown key '%.*s' (expected shards, size, crop, "
+                                    "scale, ratio, resize, flip, layout, dtype, mean, std, "
+                                    "on_error, box, dct)",
+                                    (int)klen, tok);
+        if (rc != FERRY_OK)
+            goto fail;
+    }
+    if (!have_shards || h->nshards == 0) {
+        rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                "wds: shards=PATTERN is required (wds:shards=/data/"
+                                "train-{000000..000146}.tar,size=224)");
+        goto fail;
+    }
+    rc = ferry__image_kind_ready(&h->k, errbuf, errlen);
+    for (uint32_t si = 0; si < h->nshards && rc == FERRY_OK; si++)
+        rc = index_shard(h, si, errbuf, errlen);
+    if (rc != FERRY_OK)
+        goto fail;
+    if (h->n == 0) {
+        rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                "wds: the %u shard%s hold no samples", h->nshards,
+                                h->nshards == 1 ? "" : "s");
+        goto fail;
+    }
+    h->k.n = h->n;
+    h->k.fetch = wds_fetch;
+    h->k.src = h;
+    ferry__image_kind_schema(&h->k, schema);
+    *handle = h;
+    return FERRY_OK;
+fail:
+    wds_close(h);
+    return rc;
+}
+
+static uint64_t wds_length(void *handle)
+{
+    return ((const wds *)handle)->n;
+}
+
+static int wds_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
+                         ferry_dataset_error *err)
+{
+    return ferry__image_kind_batch(&((wds *)handle)->k, req, dst, err);
+}
+
+static const ferry_dataset_ops wds_ops = {
+    .abi_version = FERRY_DATASET_ABI,
+    .name = "wds",
+    .open = wds_open,
+    .length = wds_length,
+    .get_batch = wds_get_batch,
+    .close = wds_close,
+};
+
+/* The kind's paths (see ferry__dataset_kind): each pattern of shards=. */
+static int wds_paths(const char *args, ferry__span *path, int max)
+{
+    const char *cur = args[0] ? args : NULL, *tok;
+    size_t len;
+    int n = 0;
+    while (ferry__next_comma_token(&cur, &tok, &len)) {
+        if (len <= 7 || memcmp(tok, "shards=", 7) != 0)
+            continue;
+        for (size_t at = 7; at < len && n < max;) {
+            const char *semi = memchr(tok + at, ';', len - at);
+            size_t end = semi ? (size_t)(semi - tok) : len;
+            path[n].off = (size_t)(tok + at - args);
+            path[n].len = end - at;
+            n++;
+            at = end + 1;
+        }
+    }
+    return n;
+}
+
+const ferry__dataset_kind ferry__wds_kind = {
+    .name = "wds",
+    .ops = &wds_ops,
+    .open = ferry__dataset_open_builtin,
+    .paths = wds_paths,
+};
