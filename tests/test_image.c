@@ -1,8 +1,8 @@
 /*
- * test_image.c - the imagefolder kind and its decoder (core/datasets/
- * image.c): the listing in torchvision's order, colour spaces, every kind
- * of bad file, determinism per (seed, epoch, index), the crop draws, and
- * the options.
+ * test_image.c - the imagefolder and wds kinds and their decoder
+ * (core/datasets/image.c): the listing in torchvision's order, colour
+ * spaces, every kind of bad file, determinism per (seed, epoch, index), the
+ * crop draws, the options, and tar shards whole and damaged.
  *
  * Images are written here with libjpeg and libpng into a private temporary
  * folder. Most are one flat colour that encodes what the test expects (the
@@ -141,6 +141,35 @@ static void *read_whole(const char *path, size_t *len)
     assert_int_equal(fread(p, 1, *len, f), *len);
     fclose(f);
     return p;
+}
+
+
+/* --- Tar shards --- */
+
+typedef struct tar_member {
+    const char *name;
+    const void *data;
+    size_t len;
+} tar_member;
+
+/* Appends one ustar member (header + data padded to 512) to buf at *at. */
+static void tar_add(uint8_t *buf, size_t *at, const tar_member *m)
+{
+    uint8_t *h = buf + *at;
+    memset(h, 0, 512);
+    snprintf((char *)h, 100, "%s", m->name);
+    snprintf((char *)h + 100, 8, "%07o", 0644);
+    snprintf((char *)h + 124, 12, "%011zo", m->len);
+    snprintf((char *)h + 136, 12, "%011o", 0);
+    h[156] = '0';
+    memcpy(h + 257, "ustar\0" "00", 8);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; i++)
+        sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    memcpy(h + 512, m->data, m->len);
+    *at += 512 + (m->len + 511) / 512 * 512;
 }
 
 /* --- Opening and batches --- */
@@ -610,6 +639,78 @@ static void test_decoder_survives_prefixes_and_flipped_bytes(void **state)
     free(png);
 }
 
+
+/* wds over a shard written here: the samples and labels; then the shard
+ * cut at every 512-byte boundary and inside headers, and with bytes
+ * flipped: each open fails with a message or gives samples that decode or
+ * fail their batch, never a crash (ASan checks the reads). */
+static void test_wds_shard_and_its_damaged_copies(void **state)
+{
+    (void)state;
+    char p[1024], spec[1200];
+    snprintf(p, sizeof p, "%s/one.jpg", tmp);
+    write_jpeg(p, 40, 30, 3, pattern, NULL, 0);
+    size_t jlen;
+    uint8_t *jpg = read_whole(p, &jlen);
+    const tar_member m[] = {
+        {"a/000.jpg", jpg, jlen}, {"a/000.cls", "7\n", 2},
+        {"a/001.jpg", jpg, jlen}, {"a/001.cls", "12", 2}, {"a/001.json", "{}", 2},
+        {"b/002.jpg", jpg, jlen},
+    };
+    size_t cap = 16 * 512 + 6 * (jlen + 512), len = 0;
+    uint8_t *tar = calloc(1, cap);
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+        tar_add(tar, &len, &m[i]);
+    len += 1024; /* the end-of-archive blocks */
+    snprintf(p, sizeof p, "%s/shard.tar", tmp);
+    write_file(p, tar, len);
+    snprintf(spec, sizeof spec, "wds:shards=%s,size=8", p);
+
+    ferry__dataset ds;
+    open_ok(&ds, "%s", spec);
+    assert_int_equal(ds.length, 3);
+    uint64_t idx[3] = {0, 1, 2};
+    batch b = {0};
+    ferry_dataset_error err;
+    assert_int_equal(get(&ds, 1, 0, idx, 3, &b, &err), FERRY_OK);
+    const int64_t *label = b.dst[1];
+    assert_int_equal(label[0], 7);
+    assert_int_equal(label[1], 12);
+    assert_int_equal(label[2], -1);
+    batch_free(&b);
+    ferry__dataset_close(&ds);
+
+    for (size_t cut = 0; cut < len; cut += cut < 2048 ? 37 : 512) {
+        write_file(p, tar, cut);
+        char msg[1024];
+        if (ferry__dataset_open(&ds, spec, NULL, msg, sizeof msg) == FERRY_OK) {
+            uint64_t one = 0;
+            (void)get(&ds, 1, 0, &one, 1, &b, &err);
+            batch_free(&b);
+            ferry__dataset_close(&ds);
+        } else if (!strstr(msg, "shard.tar") && !strstr(msg, "no samples")) {
+            fail_msg("cut at %zu: message '%s' does not name the shard", cut, msg);
+        }
+    }
+    for (size_t at = 0; at < len; at += 61) {
+        uint8_t *copy = malloc(len);
+        memcpy(copy, tar, len);
+        copy[at] ^= 0xa5;
+        write_file(p, copy, len);
+        free(copy);
+        char msg[1024];
+        if (ferry__dataset_open(&ds, spec, NULL, msg, sizeof msg) == FERRY_OK) {
+            uint64_t all[3] = {0, 1, 2};
+            size_t n = ds.length < 3 ? ds.length : 3;
+            (void)get(&ds, 1, 0, all, n, &b, &err);
+            batch_free(&b);
+            ferry__dataset_close(&ds);
+        }
+    }
+    free(tar);
+    free(jpg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -621,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_random_box_draws_and_fallback),
         cmocka_unit_test(test_bad_options_and_folders_are_refused),
         cmocka_unit_test(test_decoder_survives_prefixes_and_flipped_bytes),
+        cmocka_unit_test(test_wds_shard_and_its_damaged_copies),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
