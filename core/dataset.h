@@ -6,6 +6,8 @@
  *   synthetic:KEY=VAL,...   built-in, item i's bytes are a function of i
  *   npy:PATH[,PATH...]      .npy files (read-only), one field per file
  *   plugin:PATH[?ARGS]      a shared object exporting ferry_dataset_plugin()
+ *   imagefolder:root=DIR,...  JPEG/PNG files, decoded and cropped in C
+ *   wds:shards=PATTERN,...  the same from WebDataset tar shards
  * Each kind is a ferry_dataset_ops table (the plugin ABI in
  * include/ferry_dataset.h); built-ins use the same table shape. The kinds
  * live in core/datasets/, one file each.
@@ -69,7 +71,8 @@ void ferry__dataset_wire_schema(const ferry__dataset *ds, ferry__schema *out);
 void ferry__dataset_close(ferry__dataset *ds);
 
 /* The spec with every relative file path it names (npy files, a plugin's
- * path with a '/') made absolute against this process's working directory,
+ * path with a '/', imagefolder's root, wds's shard patterns) made absolute
+ * against this process's working directory,
  * into out (cap bytes): the trainer resolves them, so a worker started
  * elsewhere (another directory, another host with the same mounts) reads
  * the same files. Specs of other kinds are copied as they are. FERRY_EINVAL
