@@ -19,6 +19,12 @@
  * member (-1 when it has none). Item i is the i-th sample across the
  * shards in the order given.
  *
+ * order=shards (with the loader's shuffle off) reads the shards in a
+ * different order each epoch, each front to back, with the positions
+ * shuffled within windows of window=W (default 1024) consecutive samples:
+ * near-sequential reads, every sample once an epoch, exact on resume (see
+ * sample_at). order=index (the default) is item i = sample i.
+ *
  * Reading: open lists every shard once, reading each front to back (its
  * headers, seeking over the members, and the small label members), so it
  * suits network file systems; each item is then one pread of its image at
@@ -68,6 +74,17 @@ typedef struct wds {
     unsigned fd_next;
     uint8_t *buf; /* the image being decoded */
     size_t buf_cap;
+    /* order=shards: each epoch's order (see sample_at) */
+    int order_shards;
+    uint32_t window;
+    uint64_t *first;       /* [nshards + 1]: each shard's first sample */
+    uint32_t *shard_perm;  /* this epoch's shards, in order */
+    uint64_t *starts;      /* [nshards + 1]: their first positions */
+    uint32_t *block_perm;  /* the current window's positions */
+    uint64_t at_seed, at_epoch, at_block;
+    int have_epoch, have_block;
+    uint64_t *mapped; /* a request's samples */
+    size_t mapped_cap;
 } wds;
 
 static const char *const image_exts[] = {"jpg", "jpeg", "png", "webp"};
@@ -404,6 +421,11 @@ static void wds_close(void *handle)
     free(h->s);
     free(h->pool);
     free(h->buf);
+    free(h->first);
+    free(h->shard_perm);
+    free(h->starts);
+    free(h->block_perm);
+    free(h->mapped);
     free(h);
 }
 
@@ -481,12 +503,33 @@ static int wds_open(void **handle, const char *args, const ferry_dataset_ctx *ct
             have_shards = 1;
             continue;
         }
+        if (ferry__is_word(tok, klen, "order")) {
+            if (ferry__is_word(eq + 1, vlen, "shards") || ferry__is_word(eq + 1, vlen, "index")) {
+                h->order_shards = eq[1] == 's';
+                continue;
+            }
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                    "wds: order=%.*s: expected index or shards", (int)vlen,
+                                    eq + 1);
+            goto fail;
+        }
+        if (ferry__is_word(tok, klen, "window")) {
+            uint64_t w;
+            if (ferry__parse_u64(eq + 1, vlen, 1, 1u << 20, &w)) {
+                rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                        "wds: window=%.*s: expected an integer in 1..1048576",
+                                        (int)vlen, eq + 1);
+                goto fail;
+            }
+            h->window = (uint32_t)w;
+            continue;
+        }
         rc = ferry__image_kind_option(&h->k, tok, klen, eq + 1, vlen, errbuf, errlen);
         if (rc == 1)
             rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                    "wds: unknown key '%.*s' (expected shards, size, crop, "
-                                    "scale, ratio, resize, flip, layout, dtype, mean, std, "
-                                    "on_error, box, dct)",
+                                    "wds: unknown key '%.*s' (expected shards, order, window, "
+                                    "size, crop, scale, ratio, resize, flip, layout, dtype, "
+                                    "mean, std, on_error, box, dct)",
                                     (int)klen, tok);
         if (rc != FERRY_OK)
             goto fail;
@@ -497,11 +540,28 @@ static int wds_open(void **handle, const char *args, const ferry_dataset_ctx *ct
                                 "train-{000000..000146}.tar,size=224)");
         goto fail;
     }
+    if (h->window == 0)
+        h->window = 1024;
     rc = ferry__image_kind_ready(&h->k, errbuf, errlen);
-    for (uint32_t si = 0; si < h->nshards && rc == FERRY_OK; si++)
+    h->first = calloc((size_t)h->nshards + 1, sizeof *h->first);
+    if (rc == FERRY_OK && h->first == NULL)
+        rc = ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+    for (uint32_t si = 0; si < h->nshards && rc == FERRY_OK; si++) {
+        h->first[si] = h->n;
         rc = index_shard(h, si, errbuf, errlen);
+    }
     if (rc != FERRY_OK)
         goto fail;
+    h->first[h->nshards] = h->n;
+    if (h->order_shards) {
+        h->shard_perm = malloc((size_t)h->nshards * sizeof *h->shard_perm);
+        h->starts = malloc(((size_t)h->nshards + 1) * sizeof *h->starts);
+        h->block_perm = malloc((size_t)h->window * sizeof *h->block_perm);
+        if (!h->shard_perm || !h->starts || !h->block_perm) {
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+            goto fail;
+        }
+    }
     if (h->n == 0) {
         rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                 "wds: the %u shard%s hold no samples", h->nshards,
@@ -524,10 +584,81 @@ static uint64_t wds_length(void *handle)
     return ((const wds *)handle)->n;
 }
 
+/* --- order=shards --- */
+
+/* A Fisher-Yates permutation of 0..n-1 drawn from `seed`. */
+static void permute(uint32_t *p, uint32_t n, uint64_t seed)
+{
+    ferry__rng r = {seed};
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = i;
+    for (uint32_t i = n; i > 1; i--) {
+        uint32_t j = (uint32_t)ferry__rng_below(&r, i), t = p[i - 1];
+        p[i - 1] = p[j];
+        p[j] = t;
+    }
+}
+
+/* The sample at position `pos` of epoch `epoch` under order=shards: the
+ * shards in an order drawn from (seed, epoch), each shard's samples in
+ * their order, then the positions shuffled within windows of `window`
+ * consecutive ones. A window spans one or two shards' consecutive
+ * samples, so the reads of a batch stay within a few MB of a shard (near
+ * sequential), and the order is a function of (seed, epoch) alone: every
+ * sample once an epoch, the same whatever the workers, exact on resume. */
+static uint64_t sample_at(wds *h, uint64_t seed, uint64_t epoch, uint64_t pos)
+{
+    if (!h->have_epoch || h->at_seed != seed || h->at_epoch != epoch) {
+        permute(h->shard_perm, h->nshards, ferry_mix64(ferry_sample_seed(seed, epoch, 0) ^ 1));
+        h->starts[0] = 0;
+        for (uint32_t k = 0; k < h->nshards; k++) {
+            uint32_t si = h->shard_perm[k];
+            h->starts[k + 1] = h->starts[k] + (h->first[si + 1] - h->first[si]);
+        }
+        h->at_seed = seed, h->at_epoch = epoch, h->have_epoch = 1, h->have_block = 0;
+    }
+    uint64_t block = pos / h->window, base = block * h->window;
+    uint32_t size = (uint32_t)(h->n - base < h->window ? h->n - base : h->window);
+    if (!h->have_block || h->at_block != block) {
+        permute(h->block_perm, size, ferry_mix64(ferry_sample_seed(seed, epoch, block) ^ 2));
+        h->at_block = block, h->have_block = 1;
+    }
+    uint64_t p = base + h->block_perm[pos - base];
+    /* the last shard (in this epoch's order) that starts at or before p */
+    uint32_t lo = 0, hi = h->nshards;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (h->starts[mid] <= p)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return h->first[h->shard_perm[lo]] + (p - h->starts[lo]);
+}
+
 static int wds_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
                          ferry_dataset_error *err)
 {
-    return ferry__image_kind_batch(&((wds *)handle)->k, req, dst, err);
+    wds *h = handle;
+    if (!h->order_shards)
+        return ferry__image_kind_batch(&h->k, req, dst, err);
+    if (grow_to(&h->mapped, &h->mapped_cap, req->count ? req->count : 1, sizeof *h->mapped)) {
+        err->index = req->count ? req->indices[0] : 0;
+        snprintf(err->message, sizeof err->message, "wds: out of memory");
+        return FERRY_ENOMEM;
+    }
+    for (size_t k = 0; k < req->count; k++)
+        h->mapped[k] = sample_at(h, req->seed, req->epoch, req->indices[k]);
+    ferry_batch_request r = *req;
+    r.indices = h->mapped;
+    int rc = ferry__image_kind_batch(&h->k, &r, dst, err);
+    for (size_t k = 0; rc != FERRY_OK && k < req->count; k++) {
+        if (h->mapped[k] == err->index) { /* the position it had in the request */
+            err->index = req->indices[k];
+            break;
+        }
+    }
+    return rc;
 }
 
 static const ferry_dataset_ops wds_ops = {
