@@ -31,7 +31,7 @@
  * its offset. With shuffle, those reads land anywhere (as the files of a
  * folder do); without, each worker reads runs of consecutive samples of
  * one shard. A few shards are kept open at once (WDS_OPEN_FDS), so any
- * number of shards fits the fd limit. A sample is 28 bytes plus its key.
+ * number of shards fits the fd limit. A sample is 32 bytes plus its key.
  *
  * Threads: a handle is one worker's; nothing is global.
  */
