@@ -350,47 +350,34 @@ static int if_fetch(void *src, uint64_t i, const uint8_t **data, size_t *len, in
     return 0;
 }
 
+/* The kind's own key (see ferry__image_key_fn): root. */
+static int if_key(void *kind, const char *key, size_t klen, const char *v, size_t vlen,
+                  char *errbuf, size_t errlen)
+{
+    imagefolder *h = kind;
+    if (!ferry__is_word(key, klen, "root"))
+        return 1;
+    if (vlen == 0 || vlen >= sizeof h->root)
+        return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                  "imagefolder: root=%.*s: expected a folder", (int)vlen, v);
+    memcpy(h->root, v, vlen);
+    h->root[vlen] = '\0';
+    return FERRY_OK;
+}
+
 static int if_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
                    ferry_dataset_schema *schema, char *errbuf, size_t errlen)
 {
     imagefolder *h = calloc(1, sizeof *h);
-    const char *cur = args[0] ? args : NULL, *tok;
-    size_t len;
     int rc;
 
     (void)ctx;
     if (h == NULL)
         return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "imagefolder: out of memory");
     ferry__image_kind_init(&h->k, "imagefolder");
-    while (ferry__next_comma_token(&cur, &tok, &len)) {
-        const char *eq = memchr(tok, '=', len);
-        if (eq == NULL) {
-            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                    "imagefolder: option '%.*s' is not KEY=VALUE", (int)len, tok);
-            goto fail;
-        }
-        size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
-        if (ferry__is_word(tok, klen, "root")) {
-            if (vlen == 0 || vlen >= sizeof h->root) {
-                rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                        "imagefolder: root=%.*s: expected a folder", (int)vlen,
-                                        eq + 1);
-                goto fail;
-            }
-            memcpy(h->root, eq + 1, vlen);
-            h->root[vlen] = '\0';
-            continue;
-        }
-        rc = ferry__image_kind_option(&h->k, tok, klen, eq + 1, vlen, errbuf, errlen);
-        if (rc == 1)
-            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                    "imagefolder: unknown key '%.*s' (expected root, size, crop, "
-                                    "scale, ratio, resize, flip, layout, dtype, mean, std, "
-                                    "on_error, box, dct)",
-                                    (int)klen, tok);
-        if (rc != FERRY_OK)
-            goto fail;
-    }
+    rc = ferry__image_kind_parse(&h->k, args, if_key, h, "root", errbuf, errlen);
+    if (rc != FERRY_OK)
+        goto fail;
     if (h->root[0] == '\0') {
         rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                 "imagefolder: root=DIR is required (imagefolder:root=DIR,size=S)");

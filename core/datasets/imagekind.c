@@ -127,6 +127,33 @@ int ferry__image_kind_option(ferry__image_kind *h, const char *tok, size_t klen,
     return FERRY_OK;
 }
 
+int ferry__image_kind_parse(ferry__image_kind *k, const char *args, ferry__image_key_fn own,
+                            void *kind, const char *own_keys, char *errbuf, size_t errlen)
+{
+    const char *cur = args[0] ? args : NULL, *tok;
+    size_t len;
+    while (ferry__next_comma_token(&cur, &tok, &len)) {
+        const char *eq = memchr(tok, '=', len);
+        if (eq == NULL)
+            return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                      "%s: option '%.*s' is not KEY=VALUE", k->kind, (int)len,
+                                      tok);
+        size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
+        int rc = own(kind, tok, klen, eq + 1, vlen, errbuf, errlen);
+        if (rc == 1)
+            rc = ferry__image_kind_option(k, tok, klen, eq + 1, vlen, errbuf, errlen);
+        if (rc == 1)
+            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                    "%s: unknown key '%.*s' (expected %s, size, crop, scale, "
+                                    "ratio, resize, flip, layout, dtype, mean, std, on_error, "
+                                    "box, dct)",
+                                    k->kind, (int)klen, tok, own_keys);
+        if (rc != FERRY_OK)
+            return rc;
+    }
+    return FERRY_OK;
+}
+
 int ferry__image_kind_ready(ferry__image_kind *h, char *errbuf, size_t errlen)
 {
     if (!h->flip_set)

@@ -48,6 +48,17 @@ void ferry__image_kind_init(ferry__image_kind *k, const char *kind);
 int ferry__image_kind_option(ferry__image_kind *k, const char *key, size_t klen, const char *v,
                              size_t vlen, char *errbuf, size_t errlen);
 
+/* A kind's own keys: FERRY_OK, a code with a message, or 1 when `key` is
+ * not one of them. */
+typedef int (*ferry__image_key_fn)(void *kind, const char *key, size_t klen, const char *v,
+                                   size_t vlen, char *errbuf, size_t errlen);
+
+/* Parses the spec's KEY=VALUE,... list: the kind's keys through `own`
+ * (called first), the common ones here. An unknown key's message lists
+ * `own_keys` (the kind's, e.g. "root") and the common ones. */
+int ferry__image_kind_parse(ferry__image_kind *k, const char *args, ferry__image_key_fn own,
+                            void *kind, const char *own_keys, char *errbuf, size_t errlen);
+
 /* After the options: the defaults that depend on others, the checks
  * across options, the decoder. FERRY_OK or a code with a message. */
 int ferry__image_kind_ready(ferry__image_kind *k, char *errbuf, size_t errlen);

@@ -85,6 +85,7 @@ typedef struct wds {
     int have_epoch, have_block;
     uint64_t *mapped; /* a request's samples */
     size_t mapped_cap;
+    int have_shards; /* shards= was given */
 } wds;
 
 static const char *const image_exts[] = {"jpg", "jpeg", "png", "webp"};
@@ -467,13 +468,47 @@ static int wds_fetch(void *src, uint64_t i, const uint8_t **data, size_t *len, i
     return 0;
 }
 
+/* The kind's own keys (see ferry__image_key_fn): shards, order, window. */
+static int wds_key(void *kind, const char *key, size_t klen, const char *v, size_t vlen,
+                   char *errbuf, size_t errlen)
+{
+    wds *h = kind;
+    int rc = FERRY_OK;
+    if (ferry__is_word(key, klen, "shards")) {
+        char *list = strndup(v, vlen), *save = NULL;
+        if (list == NULL)
+            return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
+        for (char *p = strtok_r(list, ";", &save); p && rc == FERRY_OK;
+             p = strtok_r(NULL, ";", &save))
+            rc = expand(h, p, errbuf, errlen);
+        free(list);
+        h->have_shards = 1;
+        return rc;
+    }
+    if (ferry__is_word(key, klen, "order")) {
+        if (!ferry__is_word(v, vlen, "shards") && !ferry__is_word(v, vlen, "index"))
+            return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                      "wds: order=%.*s: expected index or shards", (int)vlen, v);
+        h->order_shards = v[0] == 's';
+        return FERRY_OK;
+    }
+    if (ferry__is_word(key, klen, "window")) {
+        uint64_t w;
+        if (ferry__parse_u64(v, vlen, 1, 1u << 20, &w))
+            return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
+                                      "wds: window=%.*s: expected an integer in 1..1048576",
+                                      (int)vlen, v);
+        h->window = (uint32_t)w;
+        return FERRY_OK;
+    }
+    return 1;
+}
+
 static int wds_open(void **handle, const char *args, const ferry_dataset_ctx *ctx,
                     ferry_dataset_schema *schema, char *errbuf, size_t errlen)
 {
     wds *h = calloc(1, sizeof *h);
-    const char *cur = args[0] ? args : NULL, *tok;
-    size_t len;
-    int rc, have_shards = 0;
+    int rc;
 
     (void)ctx;
     if (h == NULL)
@@ -481,60 +516,11 @@ static int wds_open(void **handle, const char *args, const ferry_dataset_ctx *ct
     for (int i = 0; i < WDS_OPEN_FDS; i++)
         h->fd[i] = -1;
     ferry__image_kind_init(&h->k, "wds");
-    while (ferry__next_comma_token(&cur, &tok, &len)) {
-        const char *eq = memchr(tok, '=', len);
-        if (eq == NULL) {
-            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                    "wds: option '%.*s' is not KEY=VALUE", (int)len, tok);
-            goto fail;
-        }
-        size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
-        if (ferry__is_word(tok, klen, "shards")) {
-            char *list = strndup(eq + 1, vlen), *save = NULL;
-            rc = list ? FERRY_OK : FERRY_ENOMEM;
-            for (char *p = list ? strtok_r(list, ";", &save) : NULL; p && rc == FERRY_OK;
-                 p = strtok_r(NULL, ";", &save))
-                rc = expand(h, p, errbuf, errlen);
-            free(list);
-            if (rc == FERRY_ENOMEM)
-                ferry__dataset_err(errbuf, errlen, rc, "wds: out of memory");
-            if (rc != FERRY_OK)
-                goto fail;
-            have_shards = 1;
-            continue;
-        }
-        if (ferry__is_word(tok, klen, "order")) {
-            if (ferry__is_word(eq + 1, vlen, "shards") || ferry__is_word(eq + 1, vlen, "index")) {
-                h->order_shards = eq[1] == 's';
-                continue;
-            }
-            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                    "wds: order=%.*s: expected index or shards", (int)vlen,
-                                    eq + 1);
-            goto fail;
-        }
-        if (ferry__is_word(tok, klen, "window")) {
-            uint64_t w;
-            if (ferry__parse_u64(eq + 1, vlen, 1, 1u << 20, &w)) {
-                rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                        "wds: window=%.*s: expected an integer in 1..1048576",
-                                        (int)vlen, eq + 1);
-                goto fail;
-            }
-            h->window = (uint32_t)w;
-            continue;
-        }
-        rc = ferry__image_kind_option(&h->k, tok, klen, eq + 1, vlen, errbuf, errlen);
-        if (rc == 1)
-            rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
-                                    "wds: unknown key '%.*s' (expected shards, order, window, "
-                                    "size, crop, scale, ratio, resize, flip, layout, dtype, "
-                                    "mean, std, on_error, box, dct)",
-                                    (int)klen, tok);
-        if (rc != FERRY_OK)
-            goto fail;
-    }
-    if (!have_shards || h->nshards == 0) {
+    rc = ferry__image_kind_parse(&h->k, args, wds_key, h, "shards, order, window", errbuf,
+                                 errlen);
+    if (rc != FERRY_OK)
+        goto fail;
+    if (!h->have_shards || h->nshards == 0) {
         rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                 "wds: shards=PATTERN is required (wds:shards=/data/"
                                 "train-{000000..000146}.tar,size=224)");
