@@ -33,6 +33,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <limits.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -136,6 +137,40 @@ int ferry__parse_u64(const char *s, size_t len, uint64_t lo, uint64_t hi, uint64
     if (v < lo || v > hi)
         return -1;
     *out = v;
+    return 0;
+}
+
+int ferry__grow(void *pp, size_t *cap, size_t want, size_t elem)
+{
+    void **p = pp;
+    if (want <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 64, bytes;
+    while (n < want) {
+        if (__builtin_mul_overflow(n, 2, &n))
+            return -1;
+    }
+    if (__builtin_mul_overflow(n, elem, &bytes))
+        return -1;
+    void *q = realloc(*p, bytes);
+    if (q == NULL)
+        return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+int ferry__pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -1 : -2;
+        got += (size_t)n;
+    }
     return 0;
 }
 

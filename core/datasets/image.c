@@ -18,11 +18,15 @@
  * crop can still give that crop: what is delivered is always real pixels.
  *
  * Resampling follows the antialiased triangle filter PIL uses for BILINEAR
- * (the filter's support grows with the reduction), in fixed point with 22
- * fractional bits and 8-bit rounding between the horizontal and vertical
- * passes. RandomResizedCrop crops before it resizes, so its filter stops
- * at the crop's edges; Resize + CenterCrop resizes the whole image first,
- * so its filter reaches past the crop. Both are kept.
+ * (the filter's support grows with the reduction), in fixed point with 14
+ * fractional bits and 8-bit rounding between the passes; unlike PIL, the
+ * vertical pass runs first (see resample). RandomResizedCrop crops before
+ * it resizes, so its filter stops at the crop's edges; Resize + CenterCrop
+ * resizes the whole image first, so its filter reaches past the crop. Both
+ * are kept.
+ *
+ * This file needs nothing of ferry's but ferry_dataset.h, so the fuzz
+ * target (tests/fuzz/fuzz_image.c) builds it alone.
  */
 #include "image.h"
 
@@ -67,23 +71,26 @@ typedef struct filter {
     int first, last; /* the input range [first, last) any output reads */
 } filter;
 
+/* The row kernel: rows[t] (t < n, `len` bytes each) weighted by k -> dst. */
+typedef void weigh_fn(const uint8_t *const *rows, const int16_t *k, int n, size_t len,
+                      uint8_t *dst);
+
 struct ferry__image_dec {
-    struct jpeg_decompress_struct jpeg;
+    struct jpeg_decompress_struct jpeg; /* created with the decoder */
     struct jpeg_failure jerr;
-    int jpeg_ready;
     /* PNG: the failure's message (libpng keeps its own jump buffer). */
     char png_message[256];
     const uint8_t *png_data;
     size_t png_len, png_at;
-    uint8_t *region; /* the decoded rows, RGB */
+    uint8_t *region; /* the decoded rows, 4 bytes a pixel */
     size_t region_cap;
     uint8_t *row; /* one CMYK row, or a PNG's row pointers */
     size_t row_cap;
-    uint8_t *tmp; /* the horizontal pass */
+    uint8_t *tmp; /* the passes' two planes (see resample) */
     size_t tmp_cap;
-    const uint8_t **taps; /* the vertical pass's rows */
+    const uint8_t **taps; /* the rows a pass weighs for one output */
     size_t taps_cap;
-    void (*weigh)(const uint8_t *const *, const int16_t *, int, size_t, uint8_t *);
+    weigh_fn *weigh; /* the kernel this CPU runs best */
     filter fx, fy;
 };
 
@@ -207,15 +214,15 @@ static int grow(void *pp, size_t *cap, size_t want)
     return 0;
 }
 
-/* Builds the filter that takes input samples [in0, in1) (of an axis of
- * `size` samples, reaching no further than [c0, c1)) to `out` samples: the
- * triangle filter of PIL's BILINEAR, widened by the reduction. */
 static inline double tri(double x)
 {
     x = fabs(x);
     return x < 1 ? 1 - x : 0;
 }
 
+/* Builds the filter that takes input samples [in0, in1) (of an axis of
+ * `size` samples, reaching no further than [c0, c1)) to `out` samples: the
+ * triangle filter of PIL's BILINEAR, widened by the reduction. */
 static int filter_make(filter *f, int out, double in0, double in1, double c0, double c1,
                        int size)
 {
@@ -280,6 +287,13 @@ static int filter_make(filter *f, int out, double in0, double in1, double c0, do
     return 0;
 }
 
+/* Both axes' filters for box sb of a w x h image (decoded at that size). */
+static int make_filters(ferry__image_dec *d, const source_box *sb, int size, int w, int h)
+{
+    return filter_make(&d->fx, size, sb->x0, sb->x1, sb->cx0, sb->cx1, w) ||
+           filter_make(&d->fy, size, sb->y0, sb->y1, sb->cy0, sb->cy1, h);
+}
+
 static inline uint8_t clip8(int32_t v)
 {
     v >>= PREC_BITS;
@@ -291,9 +305,9 @@ static inline uint8_t clip8(int32_t v)
  * which SIMD does 16 bytes at a time. The vertical pass runs first and
  * writes its result transposed, so that the horizontal pass is that same
  * row kernel again (a per-pixel horizontal kernel cost 2-3x more per tap).
- * The kernel has a scalar form and an SSE2 form (x86-64's baseline) that
- * compute the same integers: the output is the same bytes on every
- * machine. */
+ * The kernel has a scalar form, an SSE2 form (x86-64's baseline) and an
+ * AVX2 form, which compute the same integers: the output is the same bytes
+ * on every machine. */
 
 /* Bytes e.. of rows[t] (t < n, `len` bytes each) weighted by k -> dst. */
 static void weigh_rows_from(size_t e, const uint8_t *const *rows, const int16_t *k, int n,
@@ -328,7 +342,6 @@ static void weigh_rows_from(size_t e, const uint8_t *const *rows, const int16_t 
     }
 }
 
-/* rows[t] (t < n, `len` bytes each) weighted by k -> dst. */
 static void weigh_rows(const uint8_t *const *rows, const int16_t *k, int n, size_t len,
                        uint8_t *dst)
 {
@@ -455,9 +468,6 @@ __attribute__((target("avx2"))) static void weigh_rows_avx2(const uint8_t *const
 }
 #endif
 
-typedef void weigh_fn(const uint8_t *const *rows, const int16_t *k, int n, size_t len,
-                      uint8_t *dst);
-
 /* The row kernel this CPU runs best (the same bytes either way). */
 static weigh_fn *pick_weigh(void)
 {
@@ -477,11 +487,12 @@ static int resample(ferry__image_dec *d, const uint8_t *region, size_t stride, i
     size_t S = (size_t)o->size, cols = (size_t)(fx->last - fx->first);
     size_t ks = (size_t)(fx->ks > fy->ks ? fx->ks : fy->ks);
 
-    /* tmp holds two planes of cols x S pixels: a and b, used in turn. */
-    if (grow(&d->tmp, &d->tmp_cap, 2 * cols * S * 4 + 2 * S * S * 4) ||
+    /* tmp holds two planes of max(cols, S) x S pixels, a and b, used in turn. */
+    size_t plane = (cols > S ? cols : S) * S;
+    if (grow(&d->tmp, &d->tmp_cap, 2 * plane * 4) ||
         grow(&d->taps, &d->taps_cap, ks * sizeof *d->taps))
         return -1;
-    uint32_t *a = (uint32_t *)(void *)d->tmp, *b = a + (cols > S ? cols : S) * S;
+    uint32_t *a = (uint32_t *)(void *)d->tmp, *b = a + plane;
     const uint8_t **taps = d->taps;
     const uint8_t *left = region + (size_t)(fx->first - x_at) * 4;
 
@@ -597,8 +608,7 @@ static int decode_jpeg(ferry__image_dec *d, const uint8_t *data, size_t len,
     jpeg_calc_output_dimensions(c);
     scale_box(&sb, c->scale_num / 8.0);
     int sw = (int)c->output_width, sh = (int)c->output_height;
-    if (filter_make(&d->fx, o->size, sb.x0, sb.x1, sb.cx0, sb.cx1, sw) ||
-        filter_make(&d->fy, o->size, sb.y0, sb.y1, sb.cy0, sb.cy1, sh)) {
+    if (make_filters(d, &sb, o->size, sw, sh)) {
         jpeg_abort_decompress(c);
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -724,8 +734,7 @@ static int decode_png(ferry__image_dec *d, const uint8_t *data, size_t len,
         rows[y] = d->region + y * stride;
     png_read_image(png, rows);
     pick_box((int)width, (int)height, o, rng, &sb, box);
-    if (filter_make(&d->fx, o->size, sb.x0, sb.x1, sb.cx0, sb.cx1, (int)width) ||
-        filter_make(&d->fy, o->size, sb.y0, sb.y1, sb.cy0, sb.cy1, (int)height) ||
+    if (make_filters(d, &sb, o->size, (int)width, (int)height) ||
         resample(d, d->region + (size_t)d->fy.first * stride, stride, 0, o, (int)box->flipped,
                  out)) {
         snprintf(err, errlen, "out of memory");
@@ -785,7 +794,6 @@ ferry__image_dec *ferry__image_dec_new(void)
         free(d);
         return NULL;
     }
-    d->jpeg_ready = 1;
     d->weigh = pick_weigh();
     return d;
 }
@@ -794,8 +802,7 @@ void ferry__image_dec_free(ferry__image_dec *d)
 {
     if (d == NULL)
         return;
-    if (d->jpeg_ready)
-        jpeg_destroy_decompress(&d->jpeg);
+    jpeg_destroy_decompress(&d->jpeg);
     free(d->region);
     free(d->row);
     free(d->tmp);

@@ -13,17 +13,19 @@
  *   2. picks the crop box in the image's pixels: RandomResizedCrop's
  *      get_params (ten tries, then the centre fallback) or Resize(R) +
  *      CenterCrop(S) expressed as a box;
- *   3. for a JPEG, decodes at the smallest DCT scale (n/8) at which the box
+ *   3. for a JPEG, decodes at the smallest DCT scale (1/4, 1/2 or 1) at which the box
  *      still covers S x S pixels, and only the rows and the iMCU columns the
  *      resampling filter touches (libjpeg-turbo's jpeg_skip_scanlines and
  *      jpeg_crop_scanline);
  *   4. resamples the box to S x S with an antialiased triangle filter
  *      (support scaled by the reduction, as PIL's BILINEAR resize, which
- *      torchvision's transforms use), horizontal pass then vertical, with
- *      8-bit rounding between them as PIL does, flipping if drawn;
+ *      torchvision's transforms use), with 8-bit rounding between the two
+ *      passes as PIL does (PIL runs them in the other order), flipping if
+ *      drawn;
  *   5. writes uint8 RGB, CHW or HWC.
  * Grayscale becomes RGB by copying the channel, CMYK (Adobe-inverted or
- * not) by PIL's formula, palette and 16-bit PNGs as PIL reads them.
+ * not) by PIL's formula, palette PNGs as PIL reads them; 16-bit PNGs keep
+ * their samples' high byte.
  *
  * Threads: a ferry__image_dec is one worker's scratch (decoder state and
  * buffers, reused between images); nothing here is global.

@@ -75,30 +75,18 @@ typedef struct imagefolder {
     size_t pool_len, pool_cap;
     if_item *items;
     size_t nitems, items_cap;
-    uint32_t nclasses;
     uint8_t *file; /* the file being decoded */
     size_t file_cap;
 } imagefolder;
-
-/* --- Options --- */
 
 /* --- The listing --- */
 
 /* Appends `len` bytes of s and a NUL to the pool; its offset in *off. */
 static int pool_add(imagefolder *h, const char *s, size_t len, uint32_t *off)
 {
-    if (h->pool_len + len + 1 > UINT32_MAX)
+    if (h->pool_len + len + 1 > UINT32_MAX ||
+        ferry__grow(&h->pool, &h->pool_cap, h->pool_len + len + 1, 1))
         return -1;
-    if (h->pool_len + len + 1 > h->pool_cap) {
-        size_t cap = h->pool_cap ? h->pool_cap * 2 : 1 << 16;
-        while (cap < h->pool_len + len + 1)
-            cap *= 2;
-        char *p = realloc(h->pool, cap);
-        if (p == NULL)
-            return -1;
-        h->pool = p;
-        h->pool_cap = cap;
-    }
     memcpy(h->pool + h->pool_len, s, len);
     h->pool[h->pool_len + len] = '\0';
     *off = (uint32_t)h->pool_len;
@@ -131,26 +119,22 @@ static int entry_is_dir(int dirfd, const struct dirent *e)
 
 static int by_name(const void *a, const void *b, void *pool)
 {
-    return strcmp((const char *)pool + *(const uint32_t *)a, (const char *)pool + *(const uint32_t *)b);
+    const char *names = pool;
+    return strcmp(names + *(const uint32_t *)a, names + *(const uint32_t *)b);
 }
 
 static int by_dir_then_name(const void *a, const void *b, void *pool)
 {
     const if_item *x = a, *y = b;
-    int c = strcmp((const char *)pool + x->dir, (const char *)pool + y->dir);
-    return c ? c : strcmp((const char *)pool + x->name, (const char *)pool + y->name);
+    const char *names = pool;
+    int c = strcmp(names + x->dir, names + y->dir);
+    return c ? c : strcmp(names + x->name, names + y->name);
 }
 
 static int push_item(imagefolder *h, uint32_t dir, uint32_t name, uint32_t label)
 {
-    if (h->nitems == h->items_cap) {
-        size_t cap = h->items_cap ? h->items_cap * 2 : 1024;
-        if_item *p = realloc(h->items, cap * sizeof *p);
-        if (p == NULL)
-            return -1;
-        h->items = p;
-        h->items_cap = cap;
-    }
+    if (ferry__grow(&h->items, &h->items_cap, h->nitems + 1, sizeof *h->items))
+        return -1;
     h->items[h->nitems++] = (if_item){dir, name, label};
     return 0;
 }
@@ -226,16 +210,8 @@ static int list_root(imagefolder *h, char *errbuf, size_t errlen)
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
             !entry_is_dir(dirfd(dir), e))
             continue;
-        if (ncls == cap) {
-            cap = cap ? cap * 2 : 64;
-            uint32_t *p = realloc(classes, cap * sizeof *p);
-            if (p == NULL) {
-                rc = FERRY_ENOMEM;
-                break;
-            }
-            classes = p;
-        }
-        if (pool_add(h, e->d_name, strlen(e->d_name), &classes[ncls++])) {
+        if (ferry__grow(&classes, &cap, ncls + 1, sizeof *classes) ||
+            pool_add(h, e->d_name, strlen(e->d_name), &classes[ncls++])) {
             rc = FERRY_ENOMEM;
             break;
         }
@@ -268,7 +244,6 @@ static int list_root(imagefolder *h, char *errbuf, size_t errlen)
             qsort_r(h->items + from, h->nitems - from, sizeof *h->items, by_dir_then_name,
                     h->pool);
     }
-    h->nclasses = (uint32_t)ncls;
     free(classes);
     return rc;
 }
@@ -287,48 +262,26 @@ static void if_close(void *handle)
     free(h);
 }
 
-/* Reads item i's file whole into h->file; its length in *len. */
+/* Reads the file at `path` whole into h->file; its length in *len. Returns 0,
+ * or -1 with the reason in err. */
 static int read_file(imagefolder *h, const char *path, size_t *len, char *err, size_t errlen)
 {
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC), r = -1;
+    if (fd < 0 || fstat(fd, &st) != 0)
         snprintf(err, errlen, "%s", strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    if ((uint64_t)st.st_size > IF_MAX_FILE_BYTES) {
+    else if ((uint64_t)st.st_size > IF_MAX_FILE_BYTES)
         snprintf(err, errlen, "the file is %lld bytes, more than the %llu allowed",
                  (long long)st.st_size, IF_MAX_FILE_BYTES);
+    else if (ferry__grow(&h->file, &h->file_cap, (size_t)st.st_size, 1))
+        snprintf(err, errlen, "out of memory for %lld bytes", (long long)st.st_size);
+    else if ((r = ferry__pread_full(fd, h->file, (size_t)st.st_size, 0)) != 0)
+        snprintf(err, errlen, "%s", r == -1 ? strerror(errno) : "the file shrank while read");
+    else
+        *len = (size_t)st.st_size;
+    if (fd >= 0)
         close(fd);
-        return -1;
-    }
-    size_t want = (size_t)st.st_size, got = 0;
-    if (want > h->file_cap) {
-        uint8_t *p = realloc(h->file, want);
-        if (p == NULL) {
-            snprintf(err, errlen, "out of memory for %zu bytes", want);
-            close(fd);
-            return -1;
-        }
-        h->file = p;
-        h->file_cap = want;
-    }
-    while (got < want) {
-        ssize_t n = read(fd, h->file + got, want - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            snprintf(err, errlen, "%s", n < 0 ? strerror(errno) : "the file shrank while read");
-            close(fd);
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    close(fd);
-    *len = got;
-    return 0;
+    return r == 0 ? 0 : -1;
 }
 
 static void item_path(const imagefolder *h, uint64_t i, char *path, size_t cap)

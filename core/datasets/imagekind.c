@@ -54,8 +54,11 @@ void ferry__image_kind_init(ferry__image_kind *k, const char *kind)
     k->std[0] = k->std[1] = k->std[2] = 1;
 }
 
-int ferry__image_kind_option(ferry__image_kind *h, const char *tok, size_t klen, const char *v,
-                             size_t vlen, char *errbuf, size_t errlen)
+/* One KEY=VALUE of the common keys (size, crop, scale, ratio, resize,
+ * flip, layout, dtype, mean, std, on_error, box, dct): FERRY_OK, a
+ * FERRY_EDATASET with a message, or 1 when the key is not one of them. */
+static int kind_option(ferry__image_kind *h, const char *tok, size_t klen, const char *v,
+                       size_t vlen, char *errbuf, size_t errlen)
 {
     uint64_t u;
     double d[3];
@@ -141,7 +144,7 @@ int ferry__image_kind_parse(ferry__image_kind *k, const char *args, ferry__image
         size_t klen = (size_t)(eq - tok), vlen = len - klen - 1;
         int rc = own(kind, tok, klen, eq + 1, vlen, errbuf, errlen);
         if (rc == 1)
-            rc = ferry__image_kind_option(k, tok, klen, eq + 1, vlen, errbuf, errlen);
+            rc = kind_option(k, tok, klen, eq + 1, vlen, errbuf, errlen);
         if (rc == 1)
             rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                     "%s: unknown key '%.*s' (expected %s, size, crop, scale, "
@@ -227,8 +230,10 @@ static int make_item(ferry__image_kind *h, uint64_t i, uint64_t seed, size_t k,
     if (h->f32) {
         float *o = (float *)dst[0] + k * px;
         if (h->img.hwc) {
-            for (size_t p = 0; p < px; p++)
-                o[p] = h->table[p % 3][out[p]];
+            for (size_t p = 0; p < px; p += 3) {
+                for (int c = 0; c < 3; c++)
+                    o[p + c] = h->table[c][out[p + c]];
+            }
         } else {
             size_t plane = px / 3;
             for (int c = 0; c < 3; c++)

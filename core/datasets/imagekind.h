@@ -42,12 +42,6 @@ struct ferry__image_kind {
  * ratio, uint8 CHW, DCT scaling on). */
 void ferry__image_kind_init(ferry__image_kind *k, const char *kind);
 
-/* One KEY=VALUE of the common keys (size, crop, scale, ratio, resize,
- * flip, layout, dtype, mean, std, on_error, box, dct): FERRY_OK, a
- * FERRY_EDATASET with a message, or 1 when the key is not one of them. */
-int ferry__image_kind_option(ferry__image_kind *k, const char *key, size_t klen, const char *v,
-                             size_t vlen, char *errbuf, size_t errlen);
-
 /* A kind's own keys: FERRY_OK, a code with a message, or 1 when `key` is
  * not one of them. */
 typedef int (*ferry__image_key_fn)(void *kind, const char *key, size_t klen, const char *v,

@@ -90,6 +90,16 @@ int ferry__dataset_err(char *buf, size_t len, int code, const char *fmt, ...)
  * lo..hi; *out is untouched then. */
 int ferry__parse_u64(const char *s, size_t len, uint64_t lo, uint64_t hi, uint64_t *out);
 
+/* Grows *pp (an array of *cap elements of `elem` bytes) to hold at least
+ * `want`, doubling from 64. Returns 0, or -1 with *pp and *cap as they were
+ * when out of memory or when the size overflows. */
+int ferry__grow(void *pp, size_t *cap, size_t want, size_t elem);
+
+/* Reads exactly `len` bytes at `off` with pread, however many calls that
+ * takes (EINTR retried). Returns 0, -1 with errno set, or -2 when the file
+ * ends first. */
+int ferry__pread_full(int fd, void *buf, size_t len, uint64_t off);
+
 /* Walks a comma-separated list: sets *tok and *len to the next element (which
  * may be empty) and moves *cur past it. Returns 0 once the list is exhausted;
  * start with *cur = NULL for an empty list. */

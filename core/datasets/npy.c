@@ -529,22 +529,14 @@ static uint64_t npy_length(void *handle)
  * before the row does (it was truncated after open). */
 static int npy_pread_row(const npy_file *file, uint64_t i, uint8_t *out, ferry_dataset_error *err)
 {
-    off_t at = (off_t)(file->data - (const uint8_t *)file->map) + (off_t)(i * file->row_bytes);
-    size_t done = 0;
-    while (done < file->row_bytes) {
-        ssize_t got = pread(file->fd, out + done, file->row_bytes - done, at + (off_t)done);
-        if (got > 0) {
-            done += (size_t)got;
-            continue;
-        }
-        if (got < 0 && errno == EINTR)
-            continue;
-        err->index = i;
-        snprintf(err->message, sizeof err->message, "npy: reading item %" PRIu64 " of %s: %s", i,
-                 file->path, got < 0 ? strerror(errno) : "the file ends before it (truncated?)");
-        return FERRY_EDATASET;
-    }
-    return FERRY_OK;
+    uint64_t at = (uint64_t)(file->data - (const uint8_t *)file->map) + i * file->row_bytes;
+    int r = ferry__pread_full(file->fd, out, file->row_bytes, at);
+    if (r == 0)
+        return FERRY_OK;
+    err->index = i;
+    snprintf(err->message, sizeof err->message, "npy: reading item %" PRIu64 " of %s: %s", i,
+             file->path, r == -1 ? strerror(errno) : "the file ends before it (truncated?)");
+    return FERRY_EDATASET;
 }
 
 static int npy_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],

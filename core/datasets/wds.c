@@ -64,7 +64,8 @@ typedef struct wds_sample {
 typedef struct wds {
     ferry__image_kind k;
     char **paths; /* the shards, expanded */
-    uint32_t nshards, shards_cap;
+    uint32_t nshards;
+    size_t shards_cap;
     wds_sample *s;
     size_t n, cap;
     char *pool; /* sample keys */
@@ -91,22 +92,6 @@ typedef struct wds {
 static const char *const image_exts[] = {"jpg", "jpeg", "png", "webp"};
 static const char *const label_exts[] = {"cls", "class", "label", "target"};
 
-static int grow_to(void *pp, size_t *cap, size_t want, size_t elem)
-{
-    void **p = pp;
-    if (want <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 64;
-    while (n < want)
-        n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (q == NULL)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
 /* --- Shard patterns --- */
 
 static int add_shard(wds *h, const char *path, char *errbuf, size_t errlen)
@@ -114,10 +99,8 @@ static int add_shard(wds *h, const char *path, char *errbuf, size_t errlen)
     if (h->nshards >= WDS_MAX_SHARDS)
         return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                   "wds: more than %u shards", WDS_MAX_SHARDS);
-    size_t cap = h->shards_cap;
-    if (grow_to(&h->paths, &cap, (size_t)h->nshards + 1, sizeof *h->paths))
+    if (ferry__grow(&h->paths, &h->shards_cap, (size_t)h->nshards + 1, sizeof *h->paths))
         return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
-    h->shards_cap = (uint32_t)cap;
     if ((h->paths[h->nshards] = strdup(path)) == NULL)
         return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
     h->nshards++;
@@ -200,20 +183,6 @@ static int tar_checksum_ok(const uint8_t h[512])
     return want >= 0 && (uint64_t)want == sum;
 }
 
-static int read_at(int fd, void *buf, size_t len, uint64_t off)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n < 0 ? -1 : -2; /* -2: the file ends */
-        got += (size_t)n;
-    }
-    return 0;
-}
-
 /* The label in a member's text: a decimal integer, spaces around. */
 static int parse_label(const char *t, size_t len, int64_t *out)
 {
@@ -256,8 +225,8 @@ static int finish_sample(wds *h, gathering *g, uint32_t shard, char *errbuf, siz
                                   h->paths[shard], g->key);
     size_t klen = strlen(g->key);
     if (h->pool_len + klen + 1 > UINT32_MAX ||
-        grow_to(&h->pool, &h->pool_cap, h->pool_len + klen + 1, 1) ||
-        grow_to(&h->s, &h->cap, h->n + 1, sizeof *h->s))
+        ferry__grow(&h->pool, &h->pool_cap, h->pool_len + klen + 1, 1) ||
+        ferry__grow(&h->s, &h->cap, h->n + 1, sizeof *h->s))
         return ferry__dataset_err(errbuf, errlen, FERRY_ENOMEM, "wds: out of memory");
     memcpy(h->pool + h->pool_len, g->key, klen + 1);
     g->s.key = (uint32_t)h->pool_len;
@@ -293,7 +262,7 @@ static int index_shard(wds *h, uint32_t si, char *errbuf, size_t errlen)
     for (;;) {
         if (off == end)
             break; /* no end-of-archive blocks: accepted, as tar accepts it */
-        int r = off + 512 > end ? -2 : read_at(fd, hd, 512, off);
+        int r = off + 512 > end ? -2 : ferry__pread_full(fd, hd, 512, off);
         if (r != 0) {
             if (r == -1)
                 rc = ferry__dataset_err(errbuf, errlen, FERRY_EDATASET, "wds: %s: %s", path,
@@ -327,7 +296,7 @@ static int index_shard(wds *h, uint32_t si, char *errbuf, size_t errlen)
         if (type == 'L' || type == 'x') { /* a long name for the next member */
             char text[WDS_NAME_MAX];
             size_t n = (size_t)size < sizeof text - 1 ? (size_t)size : sizeof text - 1;
-            if (read_at(fd, text, n, data) != 0) {
+            if (ferry__pread_full(fd, text, n, data) != 0) {
                 BAD("wds: %s: ends inside the member at byte %" PRIu64, path, off);
                 break;
             }
@@ -388,7 +357,8 @@ static int index_shard(wds *h, uint32_t si, char *errbuf, size_t errlen)
             g->s.len = (uint32_t)size;
         } else if (ext_in(ext, label_exts, FERRY__ARRAY_LEN(label_exts))) {
             char text[32];
-            if (size >= (int64_t)sizeof text || read_at(fd, text, (size_t)size, data) != 0 ||
+            if (size >= (int64_t)sizeof text ||
+                ferry__pread_full(fd, text, (size_t)size, data) != 0 ||
                 parse_label(text, (size_t)size, &g->s.label) != 0) {
                 BAD("wds: %s: the label %s.%s is not a decimal integer", path, name, ext);
                 break;
@@ -453,11 +423,12 @@ static int wds_fetch(void *src, uint64_t i, const uint8_t **data, size_t *len, i
     const wds_sample *s = &h->s[i];
     snprintf(name, namecap, "%s:%s", h->paths[s->shard], h->pool + s->key);
     *label = s->label;
-    if (grow_to(&h->buf, &h->buf_cap, s->len ? s->len : 1, 1)) {
+    if (ferry__grow(&h->buf, &h->buf_cap, s->len ? s->len : 1, 1)) {
         snprintf(err, errlen, "out of memory for %u bytes", s->len);
         return -1;
     }
-    int fd = shard_fd(h, s->shard), r = fd < 0 ? -1 : read_at(fd, h->buf, s->len, s->off);
+    int fd = shard_fd(h, s->shard);
+    int r = fd < 0 ? -1 : ferry__pread_full(fd, h->buf, s->len, s->off);
     if (r != 0) {
         snprintf(err, errlen, "%s", r == -2 ? "the shard ends inside the image (it shrank?)"
                                             : strerror(errno));
@@ -628,7 +599,7 @@ static int wds_get_batch(void *handle, const ferry_batch_request *req, void *con
     wds *h = handle;
     if (!h->order_shards)
         return ferry__image_kind_batch(&h->k, req, dst, err);
-    if (grow_to(&h->mapped, &h->mapped_cap, req->count ? req->count : 1, sizeof *h->mapped)) {
+    if (ferry__grow(&h->mapped, &h->mapped_cap, req->count ? req->count : 1, sizeof *h->mapped)) {
         err->index = req->count ? req->indices[0] : 0;
         snprintf(err->message, sizeof err->message, "wds: out of memory");
         return FERRY_ENOMEM;

@@ -38,6 +38,7 @@ import contextlib
 import functools
 import io
 import itertools
+import logging
 import numbers
 import os
 import pickle
@@ -840,10 +841,11 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
 
 # ------------------------------------------------ torchvision in C (native)
 
-def _native_imagefolder(dataset, opts):
-    """The imagefolder spec that runs ``dataset`` (torchvision's ImageFolder,
-    or a DatasetFolder with its default loader and image extensions) and its
-    transform in C, or (None, why not) when that is not the same pipeline.
+def _native_imagefolder(dataset):
+    """(the imagefolder spec that runs ``dataset`` and its transform in C,
+    None), for torchvision's ImageFolder or a DatasetFolder with its default
+    loader and image extensions; (None, why not) for one whose pipeline is
+    not one ferry has in C; (None, None) for any other dataset.
     The transform must be a Compose (or one transform) of, in this order:
     RandomResizedCrop(S) or Resize(R) + CenterCrop(S) (square, bilinear);
     optionally RandomHorizontalFlip(0.5); ToTensor, or PILToTensor with
@@ -853,9 +855,9 @@ def _native_imagefolder(dataset, opts):
         from torchvision import transforms as T
         from torchvision.transforms import InterpolationMode
     except ImportError:
-        return None, "torchvision is not importable"
+        return None, None
     if not isinstance(dataset, tvd.DatasetFolder):
-        return None, "not a torchvision DatasetFolder"
+        return None, None
     if getattr(dataset, "loader", None) is not tvd.folder.default_loader:
         return None, "its loader is not torchvision's default_loader"
     if tuple(getattr(dataset, "extensions", None) or ()) != tuple(tvd.folder.IMG_EXTENSIONS):
@@ -1100,14 +1102,12 @@ class DataLoader(_Closes):
         self._native = None
         if native and not self._sync and self._table is None and indices is None and \
                 auto_batch and collate_fn is None and worker_init_fn is None:
-            self._native, why = _native_imagefolder(dataset, opts)
+            self._native, why = _native_imagefolder(dataset)
             if self._native is not None:
-                import logging
                 logging.getLogger("ferry").info(
                     "ferry.torch.DataLoader: %s with its transform runs in C (%s); "
                     "native=False runs it in Python", type(dataset).__name__, self._native)
-            elif why and type(dataset).__name__ in ("ImageFolder", "DatasetFolder"):
-                import logging
+            elif why:
                 logging.getLogger("ferry").info(
                     "ferry.torch.DataLoader: %s runs in Python: %s", type(dataset).__name__, why)
 
@@ -1152,7 +1152,6 @@ class DataLoader(_Closes):
                 ld = Loader(self._native, **self._opts)
                 if ld.num_items != len(self.dataset):  # its samples were changed
                     ld.close()
-                    import logging
                     logging.getLogger("ferry").info(
                         "ferry.torch.DataLoader: the folder holds %d images, the dataset %d: "
                         "it runs in Python", ld.num_items, len(self.dataset))
