@@ -288,13 +288,18 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
 }
 
 /* Every TRIM_EVERY_MS, the batch slots left free for TRIM_IDLE_MS beyond
- * a window's worth of spares give their memory back (ferry__shm_trim): a
- * trainer that once held many batches does not keep that much shared
- * memory for the rest of the run. Once the stream has ended (every batch
- * delivered), every free slot gives its memory back: none will be
- * written again. */
+ * TRIM_SPARES give their memory back (ferry__shm_trim). Free slots are
+ * given last-freed first, so in a steady stream the slots in use cycle
+ * within a few milliseconds and those idle for a second are the ones a
+ * burst once needed: the start, an epoch's end, a trainer that held many
+ * batches. Their pages go back, as torch's batches' shared memory does
+ * when freed, and a slot written again faults them in afresh (a few ms per
+ * 40 MB batch, in the worker). Once the stream has ended (every batch
+ * delivered), every free slot gives its memory back: none will be written
+ * again. */
 #define TRIM_EVERY_MS 250
 #define TRIM_IDLE_MS 1000
+#define TRIM_SPARES 1
 
 /* The deadlines count whole milliseconds: looked at once per millisecond
  * at most, however fast the replies come. */
@@ -310,7 +315,7 @@ static void check_deadlines(ferry__scheduler *s)
         if (ferry__window_ended(s->win))
             ferry__shm_trim(s->shm, 0, 0);
         else
-            ferry__shm_trim(s->shm, (uint32_t)ferry__config_prefetch(&s->cfg), TRIM_IDLE_MS);
+            ferry__shm_trim(s->shm, TRIM_SPARES, TRIM_IDLE_MS);
     }
 }
 

@@ -483,8 +483,19 @@ def prestarted_fd():
     started it: its answers would go to either)."""
     if _template.get("pid") != os.getpid() or _template["proc"].poll() is not None:
         return None
+    _template["used"] = True
     hint_modules()
     return _template["sock"].fileno()
+
+
+def release_template():
+    """A loader whose workers run no Python (a C dataset kind, or thread
+    workers) is this process's first: the clean parent started at import
+    goes, with the memory of its imports (torch's: ~100-160 MiB), unless an
+    earlier loader forked from it. A later loader with Python workers then
+    starts a clean parent of its own (its imports are not ready ahead)."""
+    if _template.get("pid") == os.getpid() and not _template.get("used"):
+        _stop_template()
 
 
 def set_payload(data):

@@ -4,6 +4,8 @@ datasets passed as objects."""
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -80,6 +82,32 @@ def descendants():
             out.append(k)
             todo.append(k)
     return out
+
+
+RELEASE = r"""
+import os, sys
+import ferry
+from datasets import Items
+tmpl = ferry._dataset._template["proc"]
+assert tmpl.poll() is None, "import ferry started no clean parent"
+with ferry.Loader("synthetic:n=64,dim=8", batch_size=8, workers=2, epochs=1) as ld:
+    assert sum(len(b["y"]) for b in ld) == 64
+# A loader running C is the first: the clean parent's imports were for nothing.
+assert tmpl.poll() is not None, "the process-wide clean parent is still running"
+with ferry.Loader(Items, dataset_kwargs={"n": 40}, batch_size=4, workers=2, epochs=1) as ld:
+    assert sorted(int(v) for b in ld for v in b["y"]) == [i * i for i in range(40)]
+    assert ld.stats()["restarts"] == 0
+print("ok", flush=True)
+"""
+
+
+def test_a_first_loader_running_c_releases_the_process_wide_clean_parent():
+    # In a process of its own: this one's clean parent serves the others.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 0 and p.stdout == "ok\n", p.stderr
 
 
 def test_a_killed_worker_is_replaced_by_a_fork_and_every_item_arrives_once():

@@ -139,6 +139,47 @@ def test_structures_are_default_collates(ds):
         same_batches(dl, TorchLoader(ds, batch_size=4))
 
 
+class Mixed(Dataset):
+    """Items that default_collate takes but whose parts are not all alike:
+    a bool among int labels, a dict in another key order, a float among
+    numpy floats. A worker writes each item's leaves into the batch as the
+    item is made; the batches must still be torch's."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        item = {"x": torch.full((2, 3), float(i)), "v": torch.full((2, 3), -float(i)),
+                "y": True if i % 5 == 3 else i,
+                "z": np.full(4, i, dtype=np.float32), "w": np.float64(i) if i % 7 else 0.5}
+        if i in (6, 12):  # x and v, alike, in the other order
+            return {k: item[k] for k in ("v", "x", "y", "z", "w")}
+        return dict(reversed(list(item.items()))) if i == 15 else item
+
+
+def test_items_not_all_alike_are_collated_as_torch_does():
+    ds = Mixed()
+    for workers in (1, 2):
+        with DataLoader(ds, batch_size=5, num_workers=workers) as dl:
+            same_batches(dl, TorchLoader(ds, batch_size=5))
+
+
+class TensorThenArray(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.zeros(3) if i % 2 == 0 else np.zeros(3, dtype=np.float32)
+
+
+def test_a_tensor_then_an_array_fails_as_in_torch():
+    with pytest.raises(TypeError, match="expected Tensor"):
+        next(iter(TorchLoader(TensorThenArray(), batch_size=2)))
+    with DataLoader(TensorThenArray(), batch_size=2, num_workers=1) as dl:
+        with pytest.raises(TypeError, match="expected Tensor"):
+            next(iter(dl))
+
+
 def slot_ranges():
     """The address ranges of ferry's batch slots mapped in this process."""
     out = []
