@@ -516,7 +516,7 @@ class Loader(_Closes):
             fd = _dataset.prestarted_fd()
             if fd is not None:
                 opts.setdefault("fork_from", fd)
-        else:
+        elif not spec.startswith("python:"):
             _dataset.release_template()
         pairs = [("dataset", spec)]
         pairs += [(k, _option_text(k, v)) for k, v in opts.items()]

@@ -489,8 +489,8 @@ def prestarted_fd():
 
 
 def release_template():
-    """A loader whose workers run no Python (a C dataset kind, or thread
-    workers) is this process's first: the clean parent started at import
+    """A loader of a C dataset kind (its workers run no Python) is this
+    process's first: the clean parent started at import
     goes, with the memory of its imports (torch's: ~100-160 MiB), unless an
     earlier loader forked from it. A later loader with Python workers then
     starts a clean parent of its own (its imports are not ready ahead)."""

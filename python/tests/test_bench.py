@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-import ferry  # noqa: F401 - its clean parent starts at import, before any test's snapshot
-
 ARGS = ["--items", "2000", "--epochs", "2", "--rounds", "1", "--batch-size", "64", "--json"]
 KEYS = {"batches_per_s", "wait_p50_ms", "wait_p99_ms", "wait_max_ms", "epoch_wait_ms",
         "epoch_wait_max_ms", "startup_ms", "cold_start_ms", "trainer_peak_rss_mib",
@@ -47,6 +45,7 @@ def worker_processes(name, workers, python=True):
 
 
 def test_bench_answers_version_help_and_bad_options_like_every_tool():
+    import ferry
     run = lambda *a: subprocess.run([sys.executable, "-m", "ferry.bench"] + list(a),
                                     capture_output=True, text=True, timeout=60)
     for mod in ("ferry.bench", "ferry.worker"):
