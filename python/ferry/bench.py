@@ -198,16 +198,24 @@ def prepare_imagefolder(a):
 
 # ------------------------------------------------------------ processes
 
-def _proc_kb(path, key):
-    """The kB value of line ``key:`` in a /proc file, or None."""
+def _proc_kbs(path, *keys):
+    """The kB values of lines ``key:`` in a /proc file, read once (None for
+    each when the file cannot be read or lacks any of them)."""
+    found = {}
     try:
         with open(path) as f:
             for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
+                key = line.split(":", 1)[0]
+                if key in keys:
+                    found[key] = int(line.split()[1])
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return [None] * len(keys)
+    return [found.get(k) for k in keys] if len(found) == len(keys) else [None] * len(keys)
+
+
+def _proc_kb(path, key):
+    """The kB value of line ``key:`` in a /proc file, or None."""
+    return _proc_kbs(path, key)[0]
 
 
 def _template_pid():
@@ -287,18 +295,15 @@ class _MemorySampler:
 
     @staticmethod
     def _trainer_kb():
-        a = _proc_kb("/proc/self/status", "RssAnon")
-        f = _proc_kb("/proc/self/status", "RssFile")
-        return a + f if a is not None and f is not None else None
+        a, f = _proc_kbs("/proc/self/status", "RssAnon", "RssFile")
+        return a + f if a is not None else None
 
     def sample(self):
         kb = 0
         for pid in _descendants(template=self.template):
-            pss = _proc_kb("/proc/%d/smaps_rollup" % pid, "Pss")
-            shm = _proc_kb("/proc/%d/smaps_rollup" % pid, "Pss_Shmem")
-            if pss is None or shm is None:
-                continue  # gone meanwhile
-            kb += pss - shm
+            pss, shm = _proc_kbs("/proc/%d/smaps_rollup" % pid, "Pss", "Pss_Shmem")
+            if pss is not None:  # else gone meanwhile
+                kb += pss - shm
         rss, shm = self._trainer_kb(), _system_shmem_kb()
         if None in (rss, shm, self.rss0, self.shm0):
             return

@@ -610,12 +610,12 @@ class _Batches:
         arrays = {}
         for f, dt, shape in self._fixed.values():
             arrays[f] = np.frombuffer(views[f], dtype=dt).reshape((count,) + shape)
-        items, shape = [], [None]
+        items, outline = [], [None]  # the batch's first item's, for _to_rows
         for k, i in enumerate(indices):
             if self.reseed == "sample":
                 self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(i)))
             item = self._item(i)
-            items.append(self._to_rows(item, k, arrays, shape) if arrays else item)
+            items.append(self._to_rows(item, k, arrays, outline) if arrays else item)
         if arrays:
             result = self._collate(items, views=arrays)
         else:
@@ -676,15 +676,11 @@ def _leaf_kind(v):
     np.ndarray, or the number's own type), or None for anything else."""
     if isinstance(v, torch.Tensor):
         return torch.Tensor
-    if isinstance(v, np.ndarray):
-        return np.ndarray if not _np_str_obj(v.dtype) else None
+    if isinstance(v, np.ndarray):  # not of strings or objects: torch refuses those
+        return np.ndarray if v.dtype.kind not in "OSUaV" else None
     if isinstance(v, (np.bool_, np.number)) or type(v) in (int, float, bool):
         return type(v)
     return None
-
-
-def _np_str_obj(dt):
-    return dt.kind in "OSUaV"
 
 
 def _fits(v, kind, dt, shape):
