@@ -155,6 +155,19 @@ int64_t ferry__config_prefetch(const ferry_config *cfg)
     return cfg->bind[0] && auto_window > 1024 ? 1024 : auto_window;
 }
 
+/* The most batches flow control may grow an automatic window to (the
+ * window's entries): 512, within 32 MiB of index arrays, never below the
+ * automatic window; a window the user fixed stays as it is. */
+int64_t ferry__config_window_entries(const ferry_config *cfg)
+{
+    int64_t window = ferry__config_prefetch(cfg);
+    if (cfg->prefetch > 0)
+        return window;
+    int64_t most = ((int64_t)32 << 20) / (8 * cfg->batch_size);
+    most = most > 512 ? 512 : most;
+    return window > most ? window : most;
+}
+
 int ferry__count_lines(const char *s)
 {
     int n = 0;

@@ -89,6 +89,8 @@ int64_t ferry__config_credits(const ferry_config *cfg);
 /* The effective prefetch window of a config: 2 x credits per worker slot
  * (local workers plus max_remote when bound), at most 1024 when remote. */
 int64_t ferry__config_prefetch(const ferry_config *cfg);
+/* The window's entries: the most batches flow control may keep in flight. */
+int64_t ferry__config_window_entries(const ferry_config *cfg);
 
 /* Worker slots: local workers, then max_remote remote ones when bound. */
 int64_t ferry__config_slots(const ferry_config *cfg);

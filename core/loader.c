@@ -61,6 +61,7 @@ static int open_window(ferry__window **win, const ferry_config *cfg)
 {
     ferry__window_opts o = {
         .prefetch = (uint32_t)ferry__config_prefetch(cfg),
+        .entries = (uint32_t)ferry__config_window_entries(cfg),
         .nworkers = (uint32_t)ferry__config_slots(cfg),
         .in_order = (int)cfg->in_order,
         .epoch_barrier = (int)cfg->epoch_barrier,
@@ -91,7 +92,6 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
     if (!ld)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
     ld->cfg = *cfg;
-    ld->cfg.credits = ferry__config_credits(cfg); /* the rooms read a number */
     /* Relative paths are the trainer's: resolved here, where they were
      * written, not in each worker's directory. */
     rc = ferry__dataset_absolute(cfg->dataset, ld->cfg.dataset, sizeof ld->cfg.dataset);
@@ -175,7 +175,6 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
     if (!ld || !st)
         return ferry__seterr(FERRY_EINVAL, "loader and stats must not be NULL");
     ferry__window_stats(ld->win, st);
-    st->credits = (uint32_t)ld->cfg.credits;
     if (ld->sched)
         ferry__scheduler_usage(ld->sched, st);
     return FERRY_OK;

@@ -100,7 +100,7 @@ static void configure_worker(ferry__scheduler *s, sched_worker *w)
     c->worker_index = w->p.index;
     c->num_workers = s->nworkers;
     c->seed = (uint64_t)s->cfg.seed;
-    c->credits = (uint32_t)s->cfg.credits;
+    c->credits = ferry__flow_credits(s->flow, w->p.index);
     /* Local workers are watched through their pidfds (or are threads). */
     c->heartbeat_ms = w->p.remote ? (uint32_t)s->cfg.heartbeat_ms : 0;
     c->liveness = (uint32_t)s->cfg.heartbeat_liveness;
@@ -244,7 +244,7 @@ static void maybe_start(ferry__scheduler *s, uint32_t ready)
  * mapped: batches then go by message, as they would from a remote
  * worker. */
 #define SLOTS_MAX 4096
-static void size_slots(ferry__scheduler *s)
+static uint64_t batch_bytes(const ferry__scheduler *s)
 {
     uint64_t bytes = 0;
     for (uint32_t f = 0; f < s->schema.nfields; f++) {
@@ -252,7 +252,12 @@ static void size_slots(ferry__scheduler *s)
         /* The schema's item is at most 1 GiB, a batch at most 2^20 items. */
         bytes += FERRY__ROUND_UP(item * (uint64_t)s->cfg.batch_size, FERRY__FIELD_ALIGN);
     }
-    bytes = FERRY__ROUND_UP(bytes, FERRY__SHM_SLOT_ALIGN);
+    return bytes;
+}
+
+static void size_slots(ferry__scheduler *s)
+{
+    uint64_t bytes = FERRY__ROUND_UP(batch_bytes(s), FERRY__SHM_SLOT_ALIGN);
     uint64_t fit = (uint64_t)s->cfg.shm_max_bytes / bytes;
     uint32_t n = (uint32_t)(fit < SLOTS_MAX ? fit : SLOTS_MAX);
     if (n == 0) {
@@ -278,11 +283,14 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
     if (!s->schema.nfields) { /* set once: the trainer reads it after open */
         s->n = r->length;
         s->schema = r->schema;
+        ferry__flow_batch_bytes(s->flow, batch_bytes(s));
         if (s->shm)
             size_slots(s);
     }
     w->p.state = FERRY__PEER_READY;
     uint32_t ready = ferry__window_add_workers(s->win, +1);
+    ferry__flow_join(s->flow, w->p.index, ferry__now_ns());
+    sched_flow_publish(s);
     ferry__logf(&s->log, FERRY_LOG_DEBUG, "%s is ready (%u ready)", who, ready);
     s->idle_since_ms = 0;
     if (w->p.remote) {
@@ -531,6 +539,9 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
         return;
     }
     credit_worker(w);
+    if (ferry__flow_reply(s->flow, w->p.index, now, h->make_ns, info.flight_ns,
+                          ferry__window_full(s->win)))
+        sched_flow_publish(s);
     ferry__window_complete(s->win, e, b, 0, NULL, ferry__now_ms());
 }
 

@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "endpoint.h"
+#include "flow.h"
 #include "peer.h"
 #include "pool.h"
 #include "remote.h"
@@ -59,6 +60,7 @@ struct ferry__scheduler {
     ferry__pool *pool;
     ferry__remote *remote; /* NULL without bind */
     ferry__shm *shm;       /* local process workers' batch slots; NULL: none (option shm) */
+    ferry__flow *flow;     /* each worker's credits and the window, from measurements */
     void *zctx;
     void *router; /* local workers (ipc:// or inproc://) */
     int wake_fd;
@@ -122,6 +124,23 @@ static inline int sched_send_simple(ferry__scheduler *s, sched_worker *w, ferry_
 {
     s->out.type = type;
     return sched_send(s, w, NULL);
+}
+
+/* Flow control's current choice goes to the window (its prefetch, and
+ * what stats say). */
+static inline void sched_flow_publish(ferry__scheduler *s)
+{
+    ferry__flow_summary fs;
+    ferry__flow_summary_get(s->flow, &fs);
+    ferry__window_set_flow(s->win, &fs);
+}
+
+/* Ready worker w is ready no more (it died, left or was given up). */
+static inline void sched_unready(ferry__scheduler *s, const sched_worker *w)
+{
+    ferry__window_add_workers(s->win, -1);
+    ferry__flow_leave(s->flow, w->p.index);
+    sched_flow_publish(s);
 }
 
 /* ---- replies.c ---- */

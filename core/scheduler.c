@@ -73,7 +73,7 @@ static sched_worker *pick_worker(ferry__scheduler *s, const sched_worker *skip)
         if (w == skip || w->p.state != FERRY__PEER_READY || w->p.unreachable)
             continue;
         uint32_t n = ferry__window_outstanding(s->win, w->p.index);
-        if (n < (uint32_t)s->cfg.credits && (!best || n < best_n)) {
+        if (n < ferry__flow_credits(s->flow, w->p.index) && (!best || n < best_n)) {
             best = w;
             best_n = n;
         }
@@ -185,7 +185,7 @@ static sched_worker *pinned_worker(ferry__scheduler *s, const ferry__window_entr
 {
     sched_worker *w = &s->w[e->t.seq % s->nlocal];
     if (w->p.state != FERRY__PEER_READY || w->p.unreachable ||
-        ferry__window_outstanding(s->win, w->p.index) >= (uint32_t)s->cfg.credits)
+        ferry__window_outstanding(s->win, w->p.index) >= ferry__flow_credits(s->flow, w->p.index))
         return NULL;
     return w;
 }
@@ -433,6 +433,7 @@ static void destroy(ferry__scheduler *s)
     /* The workers are gone; batches the trainer still holds keep the
      * mapping until they are released. */
     ferry__shm_close(s->shm);
+    ferry__flow_free(s->flow);
     if (s->zctx && !s->ctx_leaked)
         zmq_ctx_term(s->zctx);
     if (s->wake_fd >= 0)
@@ -529,10 +530,32 @@ static int setup_sockets(ferry__scheduler *s)
     return rc;
 }
 
+/* Flow control: each worker's credits and the window, from what is
+ * measured, within what the user fixed and the memory allows. */
+static int setup_flow(ferry__scheduler *s)
+{
+    const ferry_config *c = &s->cfg;
+    ferry__flow_opts fo = {.nworkers = s->nworkers,
+                           .credits = (uint32_t)c->credits,
+                           .auto_credits = (uint32_t)ferry__config_credits(c),
+                           .max_credits = FERRY__MAX_CREDITS,
+                           .prefetch = c->prefetch > 0 ? (uint32_t)c->prefetch : 0,
+                           .auto_window = (uint32_t)ferry__config_prefetch(c),
+                           .max_window = (uint32_t)ferry__config_window_entries(c),
+                           .memory = c->shm_max_bytes > 0 ? (uint64_t)c->shm_max_bytes
+                                                          : (uint64_t)1 << 30};
+    int rc = ferry__flow_new(&s->flow, &fo);
+    if (rc == FERRY_OK)
+        sched_flow_publish(s);
+    return rc;
+}
+
 static int setup(ferry__scheduler *s)
 {
     int threads = s->cfg.worker_mode == FERRY__PLACE_THREAD;
     int rc = alloc_tables(s);
+    if (rc == FERRY_OK)
+        rc = setup_flow(s);
     if (rc == FERRY_OK && !threads && s->nlocal)
         rc = ferry__find_worker(s->cfg.worker_path, s->worker_path, sizeof s->worker_path);
     /* The caller's fd may be closed once open returns: ours is a copy. */

@@ -166,7 +166,7 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     char msg[FERRY__ERRMSG_MAX];
     death_message(w, was, msg, sizeof msg);
     if (was == FERRY__PEER_READY)
-        ferry__window_add_workers(s->win, -1);
+        sched_unready(s, w);
     if (ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
         s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
@@ -239,7 +239,7 @@ void ferry__sched_lose_remote(ferry__scheduler *s, sched_worker *w, const char *
     stop_settling(s, w); /* a BYE or a new session settles it too */
     ferry__sched_end_remote(s, w);
     if (was == FERRY__PEER_READY) {
-        ferry__window_add_workers(s->win, -1);
+        sched_unready(s, w);
         ferry__window_count(s->win, FERRY__STAT_LOST);
     }
     /* Under the fail policy the failure goes first, so the trainer never

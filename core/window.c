@@ -34,7 +34,8 @@ typedef struct worker_tasks {
 } worker_tasks;
 
 struct ferry__window {
-    uint32_t prefetch;
+    uint32_t entries;  /* e[]'s length: the most prefetch may grow to */
+    uint32_t prefetch; /* the most in flight now (under mu; flow control moves it) */
     uint32_t wake_at; /* in flight after a delivery that wakes the scheduler */
     uint32_t nworkers;
     int in_order;
@@ -47,6 +48,7 @@ struct ferry__window {
     void *wake_arg;
 
     ferry__window_entry *e;
+    uint64_t *indices;     /* every entry's, batch_size each */
     worker_tasks *workers; /* scheduler only */
     wlist resend;          /* scheduler only, lowest seq first */
 
@@ -127,10 +129,21 @@ static int32_t slot_of(const ferry__window *win, const ferry__window_entry *e)
  * Life
  */
 
+/* A full window that drains one delivery at a time wakes the scheduler
+ * once per prefetch/4 batches, not once per batch: each wake-up can cost
+ * the trainer a context switch (about 30 us on a busy 2-core machine),
+ * while the window still holds at least 3/4 of prefetch. */
+static void set_prefetch(ferry__window *win, uint32_t prefetch)
+{
+    win->prefetch = prefetch < win->entries ? prefetch : win->entries;
+    win->wake_at = win->prefetch - (win->prefetch >= 8 ? win->prefetch / 4 : 1);
+}
+
 int ferry__window_new(ferry__window **out, const ferry__window_opts *o)
 {
-    if (o->prefetch == 0 || o->prefetch > FERRY__WINDOW_MAX)
-        return ferry__seterr(FERRY_EINVAL, "prefetch %u is not in 1..%d", o->prefetch,
+    uint32_t entries = o->entries > o->prefetch ? o->entries : o->prefetch;
+    if (o->prefetch == 0 || entries > FERRY__WINDOW_MAX)
+        return ferry__seterr(FERRY_EINVAL, "prefetch %u is not in 1..%d", entries,
                              FERRY__WINDOW_MAX);
     if (o->state_len > FERRY_STATE_MAX)
         return ferry__seterr(FERRY_ESTATE, "the resume state is %zu bytes, more than %d",
@@ -138,16 +151,12 @@ int ferry__window_new(ferry__window **out, const ferry__window_opts *o)
     ferry__window *win = ferry__calloc(1, sizeof *win);
     if (!win)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the prefetch window");
-    win->prefetch = o->prefetch;
+    win->entries = entries;
     win->nworkers = o->nworkers;
     win->in_order = o->in_order;
     win->epoch_barrier = o->epoch_barrier;
     win->max_attempts = o->max_attempts;
-    /* A full window that drains one delivery at a time wakes the scheduler
-     * once per prefetch/4 batches, not once per batch: each wake-up can
-     * cost the trainer a context switch (about 30 us on a busy 2-core
-     * machine), while the window still holds at least 3/4 of prefetch. */
-    win->wake_at = o->prefetch - (o->prefetch >= 8 ? o->prefetch / 4 : 1);
+    set_prefetch(win, o->prefetch);
     win->sampler_opts = o->sampler;
     if (o->state_len)
         memcpy(win->state, o->state, o->state_len);
@@ -161,16 +170,19 @@ int ferry__window_new(ferry__window **out, const ferry__window_opts *o)
     list_init(&win->free);
     list_init(&win->done);
     list_init(&win->resend);
-    win->e = ferry__calloc(o->prefetch, sizeof *win->e);
+    win->e = ferry__calloc(entries, sizeof *win->e);
     win->workers = ferry__calloc(o->nworkers ? o->nworkers : 1, sizeof *win->workers);
     if (!win->e || !win->workers)
         goto fail;
     for (uint32_t w = 0; w < o->nworkers; w++)
         list_init(&win->workers[w].sent);
-    for (uint32_t i = 0; i < o->prefetch; i++) {
-        win->e[i].indices = ferry__malloc((size_t)o->sampler.batch_size * sizeof(uint64_t));
-        if (!win->e[i].indices)
-            goto fail;
+    /* One block for every entry's indices: pages of entries never used
+     * (a window that flow control never grows) are never touched. */
+    win->indices = ferry__malloc((size_t)entries * o->sampler.batch_size * sizeof(uint64_t));
+    if (!win->indices)
+        goto fail;
+    for (uint32_t i = 0; i < entries; i++) {
+        win->e[i].indices = win->indices + (size_t)i * o->sampler.batch_size;
         win->e[i].worker = NONE;
         win->e[i].shm_slot = NONE;
         list_push(win, &win->free, (int32_t)i);
@@ -186,11 +198,11 @@ void ferry__window_free(ferry__window *win)
 {
     if (!win)
         return;
-    for (uint32_t i = 0; win->e && i < win->prefetch; i++) {
+    for (uint32_t i = 0; win->e && i < win->entries; i++) {
         ferry_batch_release(win->e[i].batch);
         free(win->e[i].errmsg);
-        free(win->e[i].indices);
     }
+    free(win->indices);
     pthread_mutex_destroy(&win->mu);
     pthread_cond_destroy(&win->cv);
     free(win->e);
@@ -347,16 +359,36 @@ void ferry__window_stats(ferry__window *win, ferry_stats *st)
     pthread_mutex_unlock(&win->mu);
 }
 
+void ferry__window_set_flow(ferry__window *win, const ferry__flow_summary *fs)
+{
+    pthread_mutex_lock(&win->mu);
+    set_prefetch(win, fs->window);
+    win->st.credits = fs->credits_max;
+    win->st.credits_min = fs->credits_min;
+    win->st.credits_why = fs->credits_why;
+    win->st.prefetch_why = fs->window_why;
+    win->st.round_trip_us = fs->round_trip_us;
+    pthread_mutex_unlock(&win->mu);
+}
+
+int ferry__window_full(ferry__window *win)
+{
+    pthread_mutex_lock(&win->mu);
+    int full = win->in_flight >= win->prefetch;
+    pthread_mutex_unlock(&win->mu);
+    return full;
+}
+
 /* ------------------------------------------------------------------------
  * The scheduler's side
  */
 
-/* A free entry for the task at next_seq: with in_order, slot seq % prefetch
+/* A free entry for the task at next_seq: with in_order, slot seq % entries
  * (free, since the seqs in flight are contiguous); else any. Caller holds
  * mu and has checked in_flight < prefetch. */
 static ferry__window_entry *claim_locked(ferry__window *win, uint64_t seq)
 {
-    int32_t i = win->in_order ? (int32_t)(seq % win->prefetch) : win->free.head;
+    int32_t i = win->in_order ? (int32_t)(seq % win->entries) : win->free.head;
     list_remove(win, &win->free, i);
     return &win->e[i];
 }
@@ -434,7 +466,7 @@ void ferry__window_unsent(ferry__window *win, ferry__window_entry *e)
 ferry__window_entry *ferry__window_find(ferry__window *win, uint32_t worker, uint64_t id)
 {
     ferry__window_entry *e = &win->e[id & (FERRY__WINDOW_MAX - 1)];
-    if ((id & (FERRY__WINDOW_MAX - 1)) >= win->prefetch || e->id != id ||
+    if ((id & (FERRY__WINDOW_MAX - 1)) >= win->entries || e->id != id ||
         e->worker != (int32_t)worker)
         return NULL;
     return e;
@@ -590,7 +622,7 @@ static ferry__window_entry *deliverable_locked(ferry__window *win)
         }
         return NULL;
     }
-    ferry__window_entry *e = &win->e[(win->start_seq + win->st.delivered) % win->prefetch];
+    ferry__window_entry *e = &win->e[(win->start_seq + win->st.delivered) % win->entries];
     return e->state == E_DONE ? e : NULL;
 }
 

@@ -16,7 +16,7 @@
  * and a sent entry whose worker died goes to the resend list (lowest seq
  * first) until it is sent again. Lookups are O(1): a reply's task id names
  * its entry, each worker's list gives its oldest task, and with in_order the
- * entry of seq s is always slot s % prefetch (the seqs in flight are then
+ * entry of seq s is always slot s % entries (the seqs in flight are then
  * one contiguous run no longer than the window).
  *
  * Threads: the scheduler thread and the trainer's thread. Everything the
@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
+#include "flow.h"
 #include "sampler.h"
 
 /* The most batches a window holds (slots are numbered in the task id's low
@@ -60,7 +61,8 @@ typedef enum ferry__stat {
 } ferry__stat;
 
 typedef struct ferry__window_opts {
-    uint32_t prefetch; /* 1..FERRY__WINDOW_MAX */
+    uint32_t prefetch; /* 1..FERRY__WINDOW_MAX: the most in flight at first */
+    uint32_t entries;  /* the most it may grow to (ferry__window_set_flow); 0: prefetch */
     uint32_t nworkers; /* worker indices are 0..nworkers-1 */
     int in_order;
     int epoch_barrier;     /* hold an epoch's first batch until it is asked for */
@@ -129,6 +131,14 @@ uint64_t ferry__window_count(ferry__window *win, ferry__stat s);
 uint32_t ferry__window_add_workers(ferry__window *win, int delta);
 
 void ferry__window_stats(ferry__window *win, ferry_stats *st);
+
+/* Flow control's choice: the window's prefetch from now on (at most its
+ * entries; a smaller one stops new tasks until enough are delivered), and
+ * the credits and reasons that stats report. */
+void ferry__window_set_flow(ferry__window *win, const ferry__flow_summary *fs);
+
+/* Whether the window has no room for another task now. */
+int ferry__window_full(ferry__window *win);
 
 /* Whether every batch of the stream has been delivered (a stream with an
  * end: `epochs` or `max_batches`). */

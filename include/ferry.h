@@ -228,8 +228,10 @@ typedef struct ferry_stats {
     uint64_t rejected;   /* remote workers refused: key not allowed, bad HELLO or READY, full */
     uint32_t workers;    /* workers alive and ready, local and remote */
     uint32_t in_flight;  /* dispatched, not yet delivered */
-    uint32_t prefetch;   /* the window: the most batches in flight (the option, or auto) */
-    uint32_t credits;    /* tasks queued at one worker at most (the option, or auto) */
+    uint32_t prefetch;   /* the window: the most batches in flight now (the option, or
+                            measured: see credits_why) */
+    uint32_t credits;    /* tasks queued at one worker at most: the most any ready worker
+                            may hold now (the option, or measured per worker) */
     uint64_t shared;     /* batches (of those completed) that came through shared-memory
                             slots; the rest came by message */
     /* Where the loader's memory is: its shared-memory batch slots (local
@@ -243,8 +245,30 @@ typedef struct ferry_stats {
      * not, and how many times new ones were turned away at the cap. */
     uint32_t remote_connections;
     uint32_t connections_turned_away;
-    uint64_t reserved[10]; /* room to grow (see "ABI" in README.md); zero */
+    /* Flow control (docs/remote.md, "Latency"): each worker's credits start
+     * at the automatic rule's and are raised to cover the round trip
+     * measured for it; the window follows them. Why each is what it is:
+     * a FERRY_SIZED_* value (ferry_sized_name). */
+    uint32_t credits_min;   /* the fewest any ready worker may hold */
+    uint32_t credits_why;   /* the reason that weighs most over the workers */
+    uint32_t prefetch_why;
+    uint32_t round_trip_us; /* the longest round trip measured to a ready worker (both
+                               transfers, not the build); 0: none measured yet */
+    uint64_t reserved[8]; /* room to grow (see "ABI" in README.md); zero */
 } ferry_stats;
+
+/* Why the loader's credits or window are what they are (ferry_stats). */
+typedef enum ferry_sized {
+    FERRY_SIZED_DEFAULT = 0, /* the automatic rule (batch size, workers): nothing measured
+                                asks for more */
+    FERRY_SIZED_USER = 1,    /* fixed by the option (credits, prefetch) */
+    FERRY_SIZED_NEED = 2,    /* raised to cover a measured round trip */
+    FERRY_SIZED_MEMORY = 3,  /* more was needed; shm_max_bytes' worth of batches allows no more */
+    FERRY_SIZED_LIMIT = 4,   /* more was needed; the hard limit (64 credits, 1024 batches) */
+} ferry_sized;
+
+/* "default", "user", "need", "memory", "limit"; "?" for anything else. */
+FERRY_API const char *ferry_sized_name(int why);
 
 /* A snapshot of the loader's counters; safe while another thread is in
  * ferry_loader_next(). */
