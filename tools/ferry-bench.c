@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/relay.h"
 #include "ferry.h"
 
 extern char **environ;
@@ -179,25 +180,60 @@ static int remote_setup(const bench_opts *o, remote_ctx *x)
 
 /* One run of a remote side: x->n daemons started on a fresh port, the run,
  * the daemons stopped and reaped. */
+/* With --rtt-ms: relays on 127.0.0.2 at the loader's ports (the bind
+ * port, and plain TCP's data port, which a worker reaches at the host it
+ * used for the first), half the round trip each way. 0, or 1 after saying
+ * why (none left running). */
+static int start_relays(const bench_opts *o, int plain, int port, int data_port,
+                        bench_relay *relays[2])
+{
+    unsigned delay_us = (unsigned)(o->rtt_ms * 1000 / 2);
+    relays[0] = relays[1] = NULL;
+    if (bench_relay_start(&relays[0], "127.0.0.2", port, "127.0.0.1", port, delay_us) == 0 &&
+        (!plain ||
+         bench_relay_start(&relays[1], "127.0.0.2", data_port, "127.0.0.1", data_port,
+                           delay_us) == 0))
+        return 0;
+    fprintf(stderr, "ferry-bench: --rtt-ms: cannot start a relay on 127.0.0.2: %s\n",
+            strerror(errno));
+    bench_relay_stop(relays[0]);
+    return 1;
+}
+
 static int run_remote(const bench_opts *o, const bench_side *s, remote_ctx *x, bench_progress *p,
                       bench_run *r)
 {
-    int plain = s->remote == BENCH_REMOTE_PLAIN;
-    char ep[64], wkey[PATH_MAX + 8];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    int plain = s->remote != BENCH_REMOTE_CURVE;
+    int port = free_port(), data_port = free_port();
+    char ep[64], worker_ep[64], wkey[PATH_MAX + 8], data_set[32];
+    bench_relay *relays[2] = {NULL, NULL};
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    snprintf(worker_ep, sizeof worker_ep, "tcp://%s:%d", o->rtt_ms > 0 ? "127.0.0.2" : "127.0.0.1",
+             port);
+    memset(r, 0, sizeof *r);
+    if (o->rtt_ms > 0 && start_relays(o, plain, port, data_port, relays) != 0)
+        return 1;
     pid_t *pids = calloc((size_t)x->n, sizeof *pids);
     if (!pids) {
-        memset(r, 0, sizeof *r);
+        bench_relay_stop(relays[0]);
+        bench_relay_stop(relays[1]);
         fprintf(stderr, "ferry-bench: out of memory\n");
         return 1;
     }
     for (long i = 0; i < x->n; i++) {
         snprintf(wkey, sizeof wkey, "%s/allow/w%ld.key", x->dir, i);
-        char *curve[] = {x->worker, "--connect", ep, "--key", wkey, "--server-key", x->pub, NULL};
-        char *insecure[] = {x->worker, "--connect", ep, "--insecure", NULL};
+        char *curve[] = {x->worker, "--connect", worker_ep, "--key", wkey, "--server-key", x->pub,
+                         NULL};
+        char *insecure[] = {x->worker, "--connect", worker_ep, "--insecure", NULL};
         pids[i] = spawn(plain ? insecure : curve, plain);
     }
     bench_opts ro = *o;
+    /* The relay stands at the data port's number too: fix it. */
+    snprintf(data_set, sizeof data_set, "data_port=%d", data_port);
+    if (o->rtt_ms > 0 && plain)
+        ro.set[ro.nset++] = data_set;
+    for (int i = 0; s->remote == BENCH_REMOTE_TUNED && i < o->ntuned; i++)
+        ro.set[ro.nset++] = o->tuned[i];
     ro.bind = ep;
     ro.workers = 0;
     ro.min_workers = x->n;
@@ -212,6 +248,8 @@ static int run_remote(const bench_opts *o, const bench_side *s, remote_ctx *x, b
         }
     }
     free(pids);
+    bench_relay_stop(relays[0]);
+    bench_relay_stop(relays[1]);
     return rc;
 }
 
@@ -294,7 +332,8 @@ static int run_rounds(const bench_opts *o, const bench_side *sides, size_t nside
     size_t rounds = (size_t)o->rounds;
     int labelled = nsides > 1 || rounds > 1;
     bench_fig *figs = calloc(rounds * nsides, sizeof *figs);
-    bench_summary per_side[3], ratios[3];
+    bench_summary per_side[BENCH_MAX_SIDES], ratios[BENCH_MAX_SIDES];
+    ferry_stats side_stats[BENCH_MAX_SIDES] = {0};
     bench_run last = {0};
     csv_out csv;
     if (!figs) {
@@ -322,6 +361,7 @@ static int run_rounds(const bench_opts *o, const bench_side *sides, size_t nside
                 bench_figures(o, &run, &figs[r * nsides + k]);
                 if (csv.f)
                     bench_csv_rows(csv.f, &run, labelled, r + 1, s->name);
+                side_stats[k] = run.stats;
             }
             bench_run_free(&run);
             if (k == 0)
@@ -357,7 +397,8 @@ static int run_rounds(const bench_opts *o, const bench_side *sides, size_t nside
                             .figs = figs,
                             .per_side = per_side,
                             .ratios = ratios,
-                            .last = &last};
+                            .last = &last,
+                            .side_stats = side_stats};
         if (o->json)
             bench_print_json(&rep, stdout);
         else
@@ -427,6 +468,12 @@ static void usage(FILE *f)
             "  --compare-remote [N]  --workers local processes, then as many remote ones over\n"
             "                        TCP+CURVE, then plain TCP, on 127.0.0.1, alternating for\n"
             "                        N rounds (default 5)\n"
+            "  --rtt-ms MS           with --compare-remote: a relay on 127.0.0.2 between the\n"
+            "                        loader and the daemons holds every byte MS/2 each way,\n"
+            "                        so the remote sides see a round trip of MS\n"
+            "  --tuned KEY=VALUE     with --compare-remote: one more side, plain TCP with this\n"
+            "                        loader option on top (hand-tuned credits=4, prefetch=32,\n"
+            "                        ...; repeatable), to set against the automatic choice\n"
             "  --limits              ferry against its ceilings, in rounds (--rounds, default 3)\n"
             "                        of three runs with the same batch bytes and depth: one\n"
             "                        thread memcpy'ing batch-sized chunks out of a large\n"
@@ -546,6 +593,21 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             if (rc != FERRY_OK)
                 return 2;
             o->set[o->nset++] = argv[++i];
+        } else if (!strcmp(a, "--rtt-ms") && v) {
+            char *end;
+            o->rtt_ms = strtod(v, &end);
+            if (!v[0] || *end || !isfinite(o->rtt_ms) || o->rtt_ms < 0 || o->rtt_ms > 10000)
+                return bad("--rtt-ms needs milliseconds from 0 to 10000, not ", v);
+            i++;
+        } else if (!strcmp(a, "--tuned") && v) {
+            if (o->ntuned == BENCH_MAX_SETS)
+                return bad("--tuned is taken at most 32 times", NULL);
+            ferry_config *scratch = ferry_config_new();
+            int rc = scratch ? bench_apply_set(scratch, v) : FERRY_ENOMEM;
+            ferry_config_free(scratch);
+            if (rc != FERRY_OK)
+                return 2;
+            o->tuned[o->ntuned++] = argv[++i];
         } else if (!strcmp(a, "--worker-path") && v) {
             o->worker_path = argv[++i];
         } else if (!strcmp(a, "--bind") && v) {
@@ -588,6 +650,10 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             return 2;
         }
     }
+    if ((o->rtt_ms > 0 || o->ntuned) && !o->compare_remote)
+        return bad("--rtt-ms and --tuned go with --compare-remote", NULL);
+    if (o->nset + o->ntuned + 1 > BENCH_MAX_SETS)
+        return bad("--set and --tuned together are taken at most 31 times", NULL);
     if (o->compare && o->compare_remote)
         return bad("--compare and --compare-remote are two different comparisons: pick one", NULL);
     if (o->compare && o->epoch_barrier)
@@ -634,9 +700,12 @@ int main(int argc, char **argv)
              BENCH_REMOTE_CURVE},
             {"remote_plain", "ferry-worker daemons over tcp://127.0.0.1, plain", 0, 0,
              BENCH_REMOTE_PLAIN},
+            {"remote_tuned", "as remote_plain, with the options of --tuned", 0, 0,
+             BENCH_REMOTE_TUNED},
         };
-        bench_side sides[3];
-        for (int k = 0; k < 3; k++) {
+        bench_side sides[BENCH_MAX_SIDES];
+        size_t nsides = o.ntuned ? 4 : 3;
+        for (size_t k = 0; k < nsides; k++) {
             sides[k] = remote[k];
             sides[k].epoch_barrier = o.epoch_barrier;
             sides[k].prefetch = o.prefetch;
@@ -644,7 +713,7 @@ int main(int argc, char **argv)
         remote_ctx x;
         if (remote_setup(&o, &x) != 0)
             return 1;
-        rc = run_rounds(&o, sides, 3, &x);
+        rc = run_rounds(&o, sides, nsides, &x);
         remote_cleanup(&x);
         return rc;
     }

@@ -8,6 +8,9 @@
  *   n=N          items, 1..2^40 (default 60000)
  *   dim=D        bytes of field "x" per item, 1..2^30 (default 784)
  *   cost_us=US   CPU microseconds burnt per item, 0..60000000
+ *   sleep_us=US  microseconds slept per batch, 0..60000000: a batch that
+ *                takes time without taking this host's CPU (a worker on a
+ *                host of its own, simulated on one machine)
  *   fail_at=I    get_batch fails on index I (< n); up to 8 times
  *   augment=0|1  XOR x with a per-sample stream
  * Field "x" (u8, [dim]) is ferry__synthetic_byte(i, j), optionally XORed with
@@ -18,6 +21,7 @@
  * Threads: the handle is read-only after open and there is no global state,
  * so each worker (thread or process) may open its own.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -34,12 +38,13 @@ typedef struct synthetic {
     uint64_t n;
     uint64_t dim;
     uint64_t cost_us;
+    uint64_t sleep_us;
     uint64_t augment;
     uint64_t fail_at[SYNTHETIC_MAX_FAILS];
     uint64_t nfail;
 } synthetic;
 
-enum { SYN_N, SYN_DIM, SYN_COST_US, SYN_FAIL_AT, SYN_AUGMENT, SYN_NKEYS };
+enum { SYN_N, SYN_DIM, SYN_COST_US, SYN_SLEEP_US, SYN_FAIL_AT, SYN_AUGMENT, SYN_NKEYS };
 
 static const struct synthetic_key {
     const char *name;
@@ -51,6 +56,7 @@ static const struct synthetic_key {
     [SYN_DIM] = {"dim", offsetof(synthetic, dim), 1, 1ULL << 30, 1},
     /* A minute of CPU per item is already far past any real decoder. */
     [SYN_COST_US] = {"cost_us", offsetof(synthetic, cost_us), 0, 60000000, 1},
+    [SYN_SLEEP_US] = {"sleep_us", offsetof(synthetic, sleep_us), 0, 60000000, 1},
     [SYN_FAIL_AT] = {"fail_at", offsetof(synthetic, fail_at), 0, UINT64_MAX, SYNTHETIC_MAX_FAILS},
     [SYN_AUGMENT] = {"augment", offsetof(synthetic, augment), 0, 1, 1},
 };
@@ -134,7 +140,7 @@ static int synthetic_option(synthetic *s, unsigned seen[], const char *tok, size
     if (k == NULL)
         return ferry__dataset_err(
             errbuf, errlen, FERRY_EDATASET,
-            "synthetic: unknown key '%.*s' (expected n, dim, cost_us, fail_at, augment)", (int)klen,
+            "synthetic: unknown key '%.*s' (expected n, dim, cost_us, sleep_us, fail_at, augment)", (int)klen,
             tok);
     if (eq == NULL)
         return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
@@ -204,6 +210,12 @@ static int synthetic_get_batch(void *handle, const ferry_batch_request *req, voi
     const synthetic *s = handle;
     uint8_t *x = dst[0], *y = dst[1];
 
+    if (s->sleep_us) {
+        struct timespec ts = {.tv_sec = (time_t)(s->sleep_us / 1000000),
+                              .tv_nsec = (long)(s->sleep_us % 1000000) * 1000};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
     for (size_t k = 0; k < req->count; k++) {
         uint64_t i = req->indices[k];
         int64_t label = (int64_t)i;

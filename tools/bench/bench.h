@@ -43,11 +43,24 @@ typedef struct bench_opts {
      * side, in the order given ("KEY=VALUE" strings from argv). */
     const char *set[BENCH_MAX_SETS];
     int nset;
+    /* --compare-remote: --rtt-ms puts a relay (relay.h) adding this round
+     * trip between the loader and the daemons; --tuned KEY=VALUE adds a
+     * side, plain TCP with these options on top (hand-tuned, say). */
+    double rtt_ms;
+    const char *tuned[BENCH_MAX_SETS];
+    int ntuned;
 } bench_opts;
 
 /* One way of running the same work: ferry as configured, the PyTorch-like
  * baseline, or a remote placement. */
-typedef enum bench_remote { BENCH_LOCAL = 0, BENCH_REMOTE_CURVE, BENCH_REMOTE_PLAIN } bench_remote;
+typedef enum bench_remote {
+    BENCH_LOCAL = 0,
+    BENCH_REMOTE_CURVE,
+    BENCH_REMOTE_PLAIN,
+    BENCH_REMOTE_TUNED, /* plain, with --tuned's options */
+} bench_remote;
+
+#define BENCH_MAX_SIDES 4
 
 typedef struct bench_side {
     const char *name; /* in JSON, the CSV and the tables: "ferry", "baseline", ... */
@@ -210,6 +223,7 @@ typedef struct bench_report {
     const bench_summary *per_side; /* nsides */
     const bench_summary *ratios;   /* nsides: side k against side 0; [0] unused */
     const bench_run *last;         /* the last run of side 0, for the single-run summary */
+    const ferry_stats *side_stats; /* nsides: each side's last run's, just before close */
 } bench_report;
 
 void bench_print_text(const bench_report *rep, FILE *f);

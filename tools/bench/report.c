@@ -187,6 +187,21 @@ static void cell(char *buf, size_t cap, const bench_summary *s, const bench_metr
         snprintf(buf, cap, "%s", a);
 }
 
+/* What flow control chose in each side's last run (docs/remote.md,
+ * "Latency"): the credits, the window, why, and the round trip. */
+static void print_flow(const bench_report *rep, FILE *f)
+{
+    if (!rep->side_stats)
+        return;
+    fprintf(f, "\nflow control at the end of each side's last run:\n");
+    for (size_t k = 0; k < rep->nsides; k++) {
+        const ferry_stats *st = &rep->side_stats[k];
+        fprintf(f, "  %-14s credits %u..%u (%s), window %u (%s), round trip %.1f ms\n",
+                rep->sides[k].name, st->credits_min, st->credits, ferry_sized_name((int)st->credits_why),
+                st->prefetch, ferry_sized_name((int)st->prefetch_why), st->round_trip_us / 1000.0);
+    }
+}
+
 /* Sides and rounds: one column per side, then the ratios. */
 static void print_table(const bench_report *rep, FILE *f)
 {
@@ -236,6 +251,8 @@ static void print_table(const bench_report *rep, FILE *f)
     fprintf(f, "wait = time in next(); steady = all batches but each epoch's first; epoch start = "
                "the first\nbatch of epochs 1.. (epoch 0's is in startup); see ferry-bench --help "
                "for the rest.\n");
+    if (rep->o->compare_remote)
+        print_flow(rep, f);
 }
 
 void bench_print_text(const bench_report *rep, FILE *f)
@@ -378,8 +395,17 @@ void bench_print_json(const bench_report *rep, FILE *f)
         bench_json_str(f, s->name);
         fputs(", \"what\": ", f);
         bench_json_str(f, s->what);
-        fprintf(f, ", \"epoch_barrier\": %s, \"prefetch\": %ld}",
+        fprintf(f, ", \"epoch_barrier\": %s, \"prefetch\": %ld",
                 s->epoch_barrier ? "true" : "false", s->prefetch);
+        if (rep->side_stats) {
+            const ferry_stats *st = &rep->side_stats[k];
+            fprintf(f,
+                    ", \"flow\": {\"credits_min\": %u, \"credits\": %u, \"credits_why\": \"%s\", "
+                    "\"window\": %u, \"window_why\": \"%s\", \"round_trip_us\": %u}",
+                    st->credits_min, st->credits, ferry_sized_name((int)st->credits_why),
+                    st->prefetch, ferry_sized_name((int)st->prefetch_why), st->round_trip_us);
+        }
+        fputc('}', f);
     }
     fputs("], \"results\": {", f);
     for (size_t k = 0; k < rep->nsides; k++) {
