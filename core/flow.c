@@ -37,7 +37,8 @@ typedef struct fworker {
     double busy_before;
     int gained; /* the last raise made it busier */
     uint64_t hold_until_ns, hold_ns, probe_at_ns, probe_ns;
-    uint64_t rtt_ns; /* the last round trip measured; 0: none */
+    uint64_t rtt_ns;     /* the last round trip measured; 0: none */
+    uint64_t idle_min_ns; /* the last period's minimum, if it idled; 0: it did not */
 } fworker;
 
 struct ferry__flow {
@@ -218,16 +219,21 @@ static int decide(ferry__flow *f, uint32_t i, uint64_t now_ns)
     int bound = w->full * WINDOW_BOUND >= w->replies;
     uint32_t before = w->credits;
     /* It idled at some point: some task found it waiting, and that task's
-     * flight less its build is the round trip. */
-    if (busy < BUSY_ENOUGH && w->min_rt_ns != UINT64_MAX)
-        w->rtt_ns = w->min_rt_ns ? w->min_rt_ns : 1;
+     * flight less its build is the round trip. Two such periods in a row
+     * are asked for, and the larger minimum taken: a period in which the
+     * link changed mixes tasks of both, and its minimum is neither. */
+    uint64_t idle_min = busy < BUSY_ENOUGH && w->min_rt_ns != UINT64_MAX ? w->min_rt_ns + 1 : 0;
+    int measured = idle_min && w->idle_min_ns;
+    if (measured)
+        w->rtt_ns = idle_min > w->idle_min_ns ? idle_min : w->idle_min_ns;
+    w->idle_min_ns = idle_min;
     if (f->o.credits)
         return 0;
     if (w->pending) {
         judge(f, w, now_ns, busy, bound);
     } else if (bound) {
         /* The trainer sets the pace: more credits would not be used. */
-    } else if (busy < BUSY_ENOUGH && now_ns >= w->hold_until_ns && w->rtt_ns) {
+    } else if (measured && now_ns >= w->hold_until_ns) {
         uint64_t need = 1 + (w->rtt_ns + m / 4 + m - 1) / m;
         if (w->gained && need <= w->credits)
             need = w->credits + 1; /* the last raise helped: one more */

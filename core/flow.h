@@ -17,8 +17,10 @@
  *   rtt    min over the period of flight_ns - make_ns: both transfers and
  *          the wait in its queue. A task that found the worker idle did
  *          not wait, so in a period in which the worker idled at all the
- *          minimum is the round trip itself; in a period of solid work it
- *          is only an upper bound (the queue), and is not taken.
+ *          minimum is the round trip itself (the larger of two such
+ *          periods in a row: one in which the link changed mixes old and
+ *          new); in a period of solid work it is only an upper bound (the
+ *          queue), and is not taken.
  * Decisions, one per period at most:
  *   - window-bound (a quarter of the replies found the window full: the
  *     trainer, not the workers, sets the pace): nothing changes.

@@ -49,6 +49,7 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "harness.h"
 #include "keys.h"
 #include "protocol.h"
+#include "relay.h"
 #include "sampler.h"
 #include "worker.h"
 #include "zsock.h"
@@ -561,6 +562,64 @@ static void test_killed_host_on_plain_tcp_is_noticed_from_its_closed_connection(
 {
     (void)state;
     killed_host_case(0);
+}
+
+/* A remote host 8 ms a batch behind a relay: at first next door, its
+ * credits stay the automatic 2; once the link's round trip is 30 ms they
+ * rise to cover it (flow control, core/flow.c), stats say why and what
+ * round trip was measured, and the stream stays exact throughout. */
+static void test_credits_rise_when_the_round_trip_does(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 120);
+    bench_relay *relay = NULL;
+    assert_int_equal(bench_relay_start(&relay, "127.0.0.2", t.port, "127.0.0.1", t.port, 0), 0);
+    char via[64];
+    snprintf(via, sizeof via, "tcp://127.0.0.2:%d", t.port);
+    pid_t d = start_daemon(via, &t.k, t.k.w1, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
+    char spec[64];
+    snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d,sleep_us=8000", N_ITEMS, DIM);
+    assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 40), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 40);
+    for (int i = 0; i < 100; i++)
+        read_one(ld, &c);
+    ferry_stats st = ft_stats(ld);
+    printf("next door: credits %u..%u (%s), window %u (%s), round trip %u us\n", st.credits_min,
+           st.credits, ferry_sized_name((int)st.credits_why), st.prefetch,
+           ferry_sized_name((int)st.prefetch_why), st.round_trip_us);
+    assert_int_equal(st.credits, 2);
+    assert_int_equal(st.credits_why, FERRY_SIZED_DEFAULT);
+
+    bench_relay_set_delay(relay, 15000);
+    uint64_t t0 = ft_now_ms(), raised = 0;
+    while (ft_now_ms() - t0 < 20000) {
+        read_one(ld, &c);
+        st = ft_stats(ld);
+        if (st.credits >= 4 && !raised)
+            raised = ft_now_ms() - t0;
+        if (raised && ft_now_ms() - t0 > raised + 500)
+            break;
+    }
+    printf("30 ms round trip: credits %u..%u (%s) after %llu ms, window %u (%s), round trip "
+           "%u us\n",
+           st.credits_min, st.credits, ferry_sized_name((int)st.credits_why),
+           (unsigned long long)raised, st.prefetch, ferry_sized_name((int)st.prefetch_why),
+           st.round_trip_us);
+    assert_true(raised > 0);
+    assert_int_equal(st.credits_why, FERRY_SIZED_NEED);
+    assert_true(st.credits >= 4 && st.credits <= 8);
+    assert_true(st.round_trip_us >= 28000 && st.round_trip_us <= 80000);
+    assert_int_equal(st.failed, 0);
+    ft_stream_free(&c);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d);
+    bench_relay_stop(relay);
+    case_end(&t);
 }
 
 /* One local worker process, then a remote one joining mid-run: it gets
@@ -2321,6 +2380,7 @@ int main(void)
         cmocka_unit_test(test_remote_workers_serve_successive_loaders),
         cmocka_unit_test(test_host_cut_mid_epoch_loses_nothing),
         cmocka_unit_test(test_worker_joining_mid_run_takes_work),
+        cmocka_unit_test(test_credits_rise_when_the_round_trip_does),
         cmocka_unit_test(test_unknown_key_is_rejected),
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
