@@ -122,7 +122,7 @@ ferry_config *ferry_config_new(void)
     c->fork_from = -1;
     c->dataset_fd = -1;
     c->max_remote = 16;
-    c->heartbeat_ms = 1000;
+    c->heartbeat_ms = 400;
     c->heartbeat_liveness = 3;
     c->log_level = 1; /* info */
     return c;

@@ -283,6 +283,12 @@ uint32_t ferry__flow_credits(const ferry__flow *f, uint32_t i)
     return f->w[i].credits;
 }
 
+uint32_t ferry__flow_round_trip_ms(const ferry__flow *f, uint32_t i)
+{
+    uint64_t ms = (f->w[i].rtt_ns + MS - 1) / MS;
+    return ms < UINT32_MAX ? (uint32_t)ms : UINT32_MAX;
+}
+
 void ferry__flow_summary_get(const ferry__flow *f, ferry__flow_summary *out)
 {
     *out = (ferry__flow_summary){.window = f->window, .window_why = f->window_why};

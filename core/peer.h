@@ -36,6 +36,7 @@ typedef struct ferry__peer {
     uint32_t failed_starts;          /* deaths in a row without delivering anything */
     uint64_t heard_ms;               /* remote: when it last said anything */
     uint64_t sent_ms;                /* remote: when it was last sent anything */
+    uint32_t rtt_ms;                 /* remote: its round trip, as flow control measured it */
     uint32_t rpid;                   /* remote: its pid on its host, for messages */
     char host[FERRY__PEER_HOST_MAX]; /* remote: its host name, for messages */
 } ferry__peer;

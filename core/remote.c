@@ -459,10 +459,15 @@ ferry__liveness ferry__remote_liveness(const ferry__remote *rm, const ferry__pee
                                        char *why, size_t cap)
 {
     uint64_t hb = (uint64_t)rm->o.heartbeat_ms;
-    uint64_t dead_after = hb * (uint64_t)rm->o.liveness;
+    /* A far host's words take its round trip longer to arrive: it gets
+     * that much longer before it counts as silent. */
+    uint64_t dead_after = hb * (uint64_t)rm->o.liveness + p->rtt_ms;
     if (now - p->heard_ms >= dead_after) {
-        snprintf(why, cap, "nothing heard from it for %llu ms (heartbeat_ms %lld x %lld)",
-                 (unsigned long long)(now - p->heard_ms), (long long)hb, (long long)rm->o.liveness);
+        snprintf(why, cap,
+                 "nothing heard from it for %llu ms (heartbeat_ms %lld x %lld, plus its %u ms "
+                 "round trip)",
+                 (unsigned long long)(now - p->heard_ms), (long long)hb, (long long)rm->o.liveness,
+                 p->rtt_ms);
         return FERRY__LIVE_LOST;
     }
     return now - p->sent_ms >= hb ? FERRY__LIVE_HEARTBEAT : FERRY__LIVE_OK;

@@ -290,6 +290,7 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
     w->p.state = FERRY__PEER_READY;
     uint32_t ready = ferry__window_add_workers(s->win, +1);
     ferry__flow_join(s->flow, w->p.index, ferry__now_ns());
+    w->p.rtt_ms = 0;
     sched_flow_publish(s);
     ferry__logf(&s->log, FERRY_LOG_DEBUG, "%s is ready (%u ready)", who, ready);
     s->idle_since_ms = 0;
@@ -542,6 +543,7 @@ static void on_batch(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
     if (ferry__flow_reply(s->flow, w->p.index, now, h->make_ns, info.flight_ns,
                           ferry__window_full(s->win)))
         sched_flow_publish(s);
+    w->p.rtt_ms = ferry__flow_round_trip_ms(s->flow, w->p.index);
     ferry__window_complete(s->win, e, b, 0, NULL, ferry__now_ms());
 }
 

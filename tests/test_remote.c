@@ -192,7 +192,18 @@ static void stop_daemon(pid_t pid)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* remote_cfg's loader with the heartbeats left at their defaults when
+ * heartbeats is 0, else HB_MS x LIVENESS. */
+static ferry_config *remote_cfg_hb(const keys *k, int port, int local, int min_workers,
+                                   int heartbeats);
+
 static ferry_config *remote_cfg(const keys *k, int port, int local, int min_workers)
+{
+    return remote_cfg_hb(k, port, local, min_workers, 1);
+}
+
+static ferry_config *remote_cfg_hb(const keys *k, int port, int local, int min_workers,
+                                   int heartbeats)
 {
     char ep[64], spec[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
@@ -203,8 +214,10 @@ static ferry_config *remote_cfg(const keys *k, int port, int local, int min_work
     assert_int_equal(ferry_config_set(cfg, "curve_allow", k->allow), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "min_workers", min_workers), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "seed", 7), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", HB_MS), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "heartbeat_liveness", LIVENESS), FERRY_OK);
+    if (heartbeats) {
+        assert_int_equal(ferry_config_set_int(cfg, "heartbeat_ms", HB_MS), FERRY_OK);
+        assert_int_equal(ferry_config_set_int(cfg, "heartbeat_liveness", LIVENESS), FERRY_OK);
+    }
     assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 20000), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "close_grace_ms", 1000), FERRY_OK);
     return cfg;
@@ -619,6 +632,50 @@ static void test_credits_rise_when_the_round_trip_does(void **state)
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     stop_daemon(d);
     bench_relay_stop(relay);
+    case_end(&t);
+}
+
+/* A link cut without a FIN or RST (the relay in front of one of two hosts
+ * holds every byte from then on), under the default heartbeats: the host
+ * is given up within 1.5 s, and every batch still arrives once. */
+static void test_cut_link_under_default_heartbeats(void **state)
+{
+    (void)state;
+    remote_case t;
+    case_begin(&t, 120);
+    bench_relay *relay = NULL;
+    assert_int_equal(bench_relay_start(&relay, "127.0.0.2", t.port, "127.0.0.1", t.port, 0), 0);
+    char via[64];
+    snprintf(via, sizeof via, "tcp://127.0.0.2:%d", t.port);
+    pid_t cut = start_daemon(via, &t.k, t.k.w1, NULL, NULL, NULL);
+    pid_t d = start_daemon(t.ep, &t.k, t.k.w2, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg_hb(&t.k, t.port, 0, 2, 0);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 3), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ft_stream c;
+    stream_init(&c, 3);
+    for (uint64_t i = 0; i < PER_EPOCH / 2; i++)
+        read_one(ld, &c);
+    uint64_t t_cut = ft_now_ms();
+    bench_relay_set_delay(relay, 3600u * 1000000u);
+    int64_t noticed = -1;
+    while (c.taken < 2 * PER_EPOCH) {
+        read_one(ld, &c);
+        if (noticed < 0 && ft_stats(ld).lost >= 1)
+            noticed = (int64_t)(ft_now_ms() - t_cut);
+    }
+    if (noticed < 0) {
+        assert_true(ft_wait_stats(ld, lost_at_least, 1, 5000) >= 0);
+        noticed = (int64_t)(ft_now_ms() - t_cut);
+    }
+    printf("a host behind a cut link given up after %lld ms (default heartbeats)\n",
+           (long long)noticed);
+    assert_true(noticed < 1500);
+    read_to_end(ld, &c, 3 * PER_EPOCH);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    bench_relay_stop(relay); /* its connections close: the cut host exits on SIGTERM */
+    stop_daemon(cut);
+    stop_daemon(d);
     case_end(&t);
 }
 
@@ -2381,6 +2438,7 @@ int main(void)
         cmocka_unit_test(test_host_cut_mid_epoch_loses_nothing),
         cmocka_unit_test(test_worker_joining_mid_run_takes_work),
         cmocka_unit_test(test_credits_rise_when_the_round_trip_does),
+        cmocka_unit_test(test_cut_link_under_default_heartbeats),
         cmocka_unit_test(test_unknown_key_is_rejected),
         cmocka_unit_test(test_raw_peer_garbage_changes_nothing),
         cmocka_unit_test(test_raw_peer_wrong_batches_never_reach_the_trainer),
