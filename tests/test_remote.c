@@ -577,6 +577,16 @@ static void test_killed_host_on_plain_tcp_is_noticed_from_its_closed_connection(
     killed_host_case(0);
 }
 
+/* A relay on 127.0.0.2 at the loader's port, with no delay yet; via is
+ * the endpoint a worker reaches the loader through it at. */
+static bench_relay *relay_to(const remote_case *t, char *via, size_t cap)
+{
+    bench_relay *relay = NULL;
+    assert_int_equal(bench_relay_start(&relay, "127.0.0.2", t->port, "127.0.0.1", t->port, 0), 0);
+    snprintf(via, cap, "tcp://127.0.0.2:%d", t->port);
+    return relay;
+}
+
 /* A remote host 8 ms a batch behind a relay: at first next door, its
  * credits stay the automatic 2; once the link's round trip is 30 ms they
  * rise to cover it (flow control, core/flow.c), stats say why and what
@@ -586,10 +596,8 @@ static void test_credits_rise_when_the_round_trip_does(void **state)
     (void)state;
     remote_case t;
     case_begin(&t, 120);
-    bench_relay *relay = NULL;
-    assert_int_equal(bench_relay_start(&relay, "127.0.0.2", t.port, "127.0.0.1", t.port, 0), 0);
     char via[64];
-    snprintf(via, sizeof via, "tcp://127.0.0.2:%d", t.port);
+    bench_relay *relay = relay_to(&t, via, sizeof via);
     pid_t d = start_daemon(via, &t.k, t.k.w1, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
     char spec[64];
@@ -643,10 +651,8 @@ static void test_cut_link_under_default_heartbeats(void **state)
     (void)state;
     remote_case t;
     case_begin(&t, 120);
-    bench_relay *relay = NULL;
-    assert_int_equal(bench_relay_start(&relay, "127.0.0.2", t.port, "127.0.0.1", t.port, 0), 0);
     char via[64];
-    snprintf(via, sizeof via, "tcp://127.0.0.2:%d", t.port);
+    bench_relay *relay = relay_to(&t, via, sizeof via);
     pid_t cut = start_daemon(via, &t.k, t.k.w1, NULL, NULL, NULL);
     pid_t d = start_daemon(t.ep, &t.k, t.k.w2, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg_hb(&t.k, t.port, 0, 2, 0);

@@ -428,7 +428,9 @@ static void test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios(void 
     assert_non_null(json_at(r.out, "ferry"));
     assert_true(json_number(baseline, "batches") == BENCH_BATCHES);
     assert_non_null(strstr(r.out, "\"name\": \"baseline\", \"what\": "));
-    assert_non_null(strstr(r.out, "\"epoch_barrier\": true, \"prefetch\": 4}"));
+    assert_non_null(strstr(r.out, "\"epoch_barrier\": true, \"prefetch\": 4, \"flow\": {"));
+    /* The baseline fixed its window: its last run says so. */
+    assert_non_null(strstr(r.out, "\"window\": 4, \"window_why\": \"user\""));
     /* The ratios of B against A: median, min and max of each. */
     const char *ratios = json_at(json_at(r.out, "ratios"), "baseline");
     assert_non_null(json_at(r.out, "ratio_meaning"));

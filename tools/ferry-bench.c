@@ -513,6 +513,24 @@ static int bad(const char *why, const char *what)
     return 2;
 }
 
+/* --set or --tuned's KEY=VALUE, added to list (*n so far). Checked now,
+ * on a scratch config, so a typo fails before any run: 0, or 2 after
+ * saying why. */
+static int take_set(const char *flag, const char *kv, const char **list, int *n)
+{
+    if (*n == BENCH_MAX_SETS) {
+        fprintf(stderr, "ferry-bench: %s is taken at most %d times\n", flag, BENCH_MAX_SETS);
+        return 2;
+    }
+    ferry_config *scratch = ferry_config_new();
+    int rc = scratch ? bench_apply_set(scratch, kv) : FERRY_ENOMEM;
+    ferry_config_free(scratch);
+    if (rc != FERRY_OK)
+        return 2;
+    list[(*n)++] = kv;
+    return 0;
+}
+
 /* Takes the optional N after --compare or --compare-remote: when argv[i +
  * 1] is a number, i moves past it. -1 to go on, or 2 for a number below 1. */
 static int optional_rounds(int argc, char **argv, int *i, long *rounds)
@@ -584,15 +602,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--no-shm")) {
             o->no_shm = 1;
         } else if (!strcmp(a, "--set") && v) {
-            if (o->nset == BENCH_MAX_SETS)
-                return bad("--set is taken at most 32 times", NULL);
-            /* Checked now, on a scratch config, so a typo fails before any run. */
-            ferry_config *scratch = ferry_config_new();
-            int rc = scratch ? bench_apply_set(scratch, v) : FERRY_ENOMEM;
-            ferry_config_free(scratch);
-            if (rc != FERRY_OK)
+            if (take_set(a, v, o->set, &o->nset) != 0)
                 return 2;
-            o->set[o->nset++] = argv[++i];
+            i++;
         } else if (!strcmp(a, "--rtt-ms") && v) {
             char *end;
             o->rtt_ms = strtod(v, &end);
@@ -600,14 +612,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
                 return bad("--rtt-ms needs milliseconds from 0 to 10000, not ", v);
             i++;
         } else if (!strcmp(a, "--tuned") && v) {
-            if (o->ntuned == BENCH_MAX_SETS)
-                return bad("--tuned is taken at most 32 times", NULL);
-            ferry_config *scratch = ferry_config_new();
-            int rc = scratch ? bench_apply_set(scratch, v) : FERRY_ENOMEM;
-            ferry_config_free(scratch);
-            if (rc != FERRY_OK)
+            if (take_set(a, v, o->tuned, &o->ntuned) != 0)
                 return 2;
-            o->tuned[o->ntuned++] = argv[++i];
+            i++;
         } else if (!strcmp(a, "--worker-path") && v) {
             o->worker_path = argv[++i];
         } else if (!strcmp(a, "--bind") && v) {

@@ -48,7 +48,10 @@ def test_batch_times_say_who_waited():
     # 8 items at 500 us each: at least 4 ms to make; a batch that arrives
     # while the trainer is busy for 30 ms waits at least that long for it.
     with ferry.Loader("synthetic:n=64,dim=8,cost_us=500", batch_size=8, workers=1) as ld:
-        assert ld.stats()["prefetch"] == 2 * 4 and ld.stats()["credits"] == 4
+        st = ld.stats()
+        assert st["prefetch"] == 2 * 4 and st["credits"] == st["credits_min"] == 4
+        # Nothing measured yet asks for more than the automatic rule.
+        assert st["credits_why"] == st["prefetch_why"] == "default"
         b = ld.next()
         assert b.attempts == 1
         assert 0.004 <= b.make_time < 10 and b.flight_time >= b.make_time
