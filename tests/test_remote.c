@@ -480,6 +480,24 @@ static void test_remote_workers_serve_successive_loaders(void **state)
     case_end(&t);
 }
 
+/* A host went silent at t0: the run goes on (reading and checking up to
+ * batch `upto`) while the loader has not noticed, and after. Returns the
+ * ms from t0 to the first loss seen, waiting at most 5 s more for it. */
+static int64_t read_until_lost(ferry_loader *ld, ft_stream *c, uint64_t upto, uint64_t t0)
+{
+    int64_t noticed = -1;
+    while (c->taken < upto) {
+        read_one(ld, c);
+        if (noticed < 0 && ft_stats(ld).lost >= 1)
+            noticed = (int64_t)(ft_now_ms() - t0);
+    }
+    if (noticed < 0) {
+        assert_true(ft_wait_stats(ld, lost_at_least, 1, 5000) >= 0);
+        noticed = (int64_t)(ft_now_ms() - t0);
+    }
+    return noticed;
+}
+
 /* A host frozen mid-epoch: nothing lost, nothing twice, and it is declared
  * gone within heartbeat_ms x liveness (plus one scheduler tick). When it
  * thaws it finds the session over and joins again. */
@@ -500,18 +518,7 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
         read_one(ld, &c);
     uint64_t t_stop = ft_now_ms();
     kill(d1, SIGSTOP);
-    /* The run goes on while the loader has not yet noticed, and after. */
-    int64_t noticed = -1;
-    while (c.taken < 2 * PER_EPOCH) {
-        read_one(ld, &c);
-        if (noticed < 0 && ft_stats(ld).lost >= 1)
-            noticed = (int64_t)(ft_now_ms() - t_stop);
-    }
-    if (noticed < 0) {
-        int64_t more = ft_wait_stats(ld, lost_at_least, 1, 5000);
-        assert_true(more >= 0);
-        noticed = (int64_t)(ft_now_ms() - t_stop);
-    }
+    int64_t noticed = read_until_lost(ld, &c, 2 * PER_EPOCH, t_stop);
     printf("frozen worker declared lost after %lld ms (bound %d ms + a 100 ms tick)\n",
            (long long)noticed, HB_MS * LIVENESS);
     assert_true(noticed <= HB_MS * LIVENESS + 100 + 300);
@@ -664,16 +671,7 @@ static void test_cut_link_under_default_heartbeats(void **state)
         read_one(ld, &c);
     uint64_t t_cut = ft_now_ms();
     bench_relay_set_delay(relay, 3600u * 1000000u);
-    int64_t noticed = -1;
-    while (c.taken < 2 * PER_EPOCH) {
-        read_one(ld, &c);
-        if (noticed < 0 && ft_stats(ld).lost >= 1)
-            noticed = (int64_t)(ft_now_ms() - t_cut);
-    }
-    if (noticed < 0) {
-        assert_true(ft_wait_stats(ld, lost_at_least, 1, 5000) >= 0);
-        noticed = (int64_t)(ft_now_ms() - t_cut);
-    }
+    int64_t noticed = read_until_lost(ld, &c, 2 * PER_EPOCH, t_cut);
     printf("a host behind a cut link given up after %lld ms (default heartbeats)\n",
            (long long)noticed);
     assert_true(noticed < 1500);
