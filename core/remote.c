@@ -2,20 +2,19 @@
  * remote.c - the remote workers' sockets, CURVE and ZAP, admission and
  * liveness (see remote.h).
  *
- * Session tokens (plain TCP): one per remote slot, k = the slot's index
- * among the remote ones. A token is ISSUED when the slot's worker is sent
+ * Session tokens: one per remote slot, k = the slot's index among the
+ * remote ones. A token is ISSUED when the slot's worker is sent
  * CONFIG, TAKEN when the ZAP handler lets one data connection in with it
  * (never again: a second connection, or a redial, is refused), and wiped
- * when the slot's session ends or a new one begins.
+ * when the slot's session ends or a new one begins. Under CURVE the
+ * session's seal (seal.h) lives and dies with its token.
  */
 #include "remote.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "alloc.h"
 #include "config.h"
@@ -35,17 +34,18 @@ enum { TOKEN_NONE = 0, TOKEN_ISSUED, TOKEN_TAKEN };
 typedef struct session_token {
     char hex[FERRY__TOKEN_HEX + 1];
     int state;
+    ferry__seal *seal; /* under CURVE, from ISSUED on */
 } session_token;
 
 struct ferry__remote {
     ferry__remote_opts o;
     void *sock; /* where workers say HELLO: the bind endpoint */
-    void *data; /* plain TCP: where admitted workers go on; NULL under CURVE */
+    void *data; /* where admitted workers go on */
     void *zap;  /* the ZAP handler's socket */
     ferry__allow allow;
     char bound[FERRY__ENDPOINT_MAX];
     uint32_t data_port;
-    session_token *tokens; /* plain TCP: max_remote of them */
+    session_token *tokens; /* max_remote of them */
     ferry__guard *guard;   /* bounds the connections to sock and data */
     int item_sock, item_data, item_zap; /* where their poll items went, -1: none */
 };
@@ -118,9 +118,9 @@ static int data_endpoint(const ferry__remote *rm, char *out, size_t cap)
     return FERRY_OK;
 }
 
-/* Plain TCP's data socket: max_message frames, but only for connections
- * that bring a live session token (PLAIN, checked by the ZAP handler).
- * The port it got goes into every CONFIG. */
+/* The data socket: max_message frames, but only for connections that
+ * bring a live session token (PLAIN, checked by the ZAP handler). The port
+ * it got goes into every CONFIG. */
 /* How many messages may wait in each direction on one connection of a
  * socket that anyone on the network can reach. ferry's local sockets are
  * unbounded (credits bound them), but here a peer that sends HELLO after
@@ -178,7 +178,7 @@ static int setup_data(ferry__remote *rm, void *zctx)
 }
 
 /* The connection guard (guard.h). Its cap: room for every remote slot's
- * connections (two each on plain TCP) and GUARD_SPARE more still shaking
+ * connections (two each: HELLO and data) and GUARD_SPARE more still shaking
  * hands, within half of what the open-file limit (raised to the hard one)
  * leaves after the fds open now, the reserve asked for, and the listen
  * backlogs: the other half is for what libzmq accepts before the guard's
@@ -195,7 +195,7 @@ static int setup_guard(ferry__remote *rm, void *zctx)
     const ferry__remote_opts *o = &rm->o;
     unsigned long long limit = ferry__fd_raise_limit(&o->log);
     long long used = ferry__fd_count();
-    long long per = o->insecure ? 2 : 1;
+    long long per = 2;
     long long want = per * o->max_remote + GUARD_SPARE, cap = want;
     char why[160];
     snprintf(why, sizeof why, "%lld per remote slot (max_remote %lld) and %d more", per,
@@ -233,32 +233,32 @@ static int setup_guard(ferry__remote *rm, void *zctx)
     return ferry__guard_new(&rm->guard, zctx, &go);
 }
 
-/* The HELLO socket, with CURVE or (asked for) plain TCP, bound. On plain
- * TCP anyone can reach it, so it takes no frame larger than a header: a
- * peer that has not been admitted cannot make the loader hold more. */
+/* The HELLO socket, with CURVE or (asked for) plain TCP, bound, and the
+ * data socket. Anyone can reach the HELLO socket, so it takes no frame
+ * larger than a header: a peer that has not been admitted cannot make the
+ * loader hold more. */
 static int setup_socket(ferry__remote *rm, void *zctx)
 {
     const ferry__remote_opts *o = &rm->o;
     int rc = setup_guard(rm, zctx);
     if (rc == FERRY_OK)
-        rc = ferry__socket_new(zctx, ZMQ_ROUTER, o->insecure ? FERRY__HDR_MAX : o->max_message,
-                               &rm->sock);
+        rc = ferry__socket_new(zctx, ZMQ_ROUTER, FERRY__HDR_MAX, &rm->sock);
     if (rc == FERRY_OK)
-        rc = bound_queues(rm->sock, o->insecure ? HELLO_HWM : SESSION_HWM);
+        rc = bound_queues(rm->sock, HELLO_HWM);
     if (rc == FERRY_OK)
         rc = set_heartbeats(rm, rm->sock);
     if (rc == FERRY_OK && !o->insecure)
         rc = setup_curve(rm, zctx);
     if (rc == FERRY_OK && o->insecure)
         rc = ferry__zap_open(zctx, &rm->zap);
-    if (rc == FERRY_OK && o->insecure)
-        rc = setup_data(rm, zctx);
     if (rc == FERRY_OK)
         rc = ferry__guard_prepare(rm->guard, rm->sock);
     if (rc == FERRY_OK)
         rc = ferry__socket_bind(rm->sock, o->bind, FERRY_EOPTION);
     if (rc == FERRY_OK)
         rc = ferry__guard_watch(rm->guard, rm->sock);
+    if (rc == FERRY_OK)
+        rc = setup_data(rm, zctx);
     if (rc == FERRY_OK)
         rc = ferry__guard_start(rm->guard);
     if (rc != FERRY_OK)
@@ -303,8 +303,8 @@ void ferry__remote_close(ferry__remote *rm)
     if (rm->zap)
         zmq_close(rm->zap);
     ferry__allow_free(&rm->allow);
-    if (rm->tokens)
-        explicit_bzero(rm->tokens, (size_t)rm->o.max_remote * sizeof *rm->tokens);
+    for (int64_t k = 0; rm->tokens && k < rm->o.max_remote; k++)
+        ferry__remote_token_revoke(rm, (uint32_t)k);
     free(rm->tokens);
     free(rm);
 }
@@ -376,25 +376,24 @@ static int take_token(void *arg, const char *hex)
     return 0;
 }
 
-int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex)
+int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex, char *keys)
 {
-    if (!rm->data) {
-        hex[0] = '\0';
-        return FERRY_OK;
-    }
-    unsigned char raw[FERRY__TOKEN_HEX / 2];
-    size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
-        if (r < 0 && errno != EINTR)
-            return ferry__syserr(FERRY_ESYS, "getrandom (a session token)", errno);
-        if (r > 0)
-            got += (size_t)r;
-    }
+    ferry__remote_token_revoke(rm, k);
     session_token *t = &rm->tokens[k];
-    for (size_t i = 0; i < sizeof raw; i++)
-        snprintf(t->hex + 2 * i, 3, "%02x", raw[i]);
-    explicit_bzero(raw, sizeof raw);
+    char fresh[FERRY__SEAL_KEYS_HEX + 1]; /* random hex: the token is its first part */
+    int rc = ferry__seal_draw(fresh);
+    memcpy(t->hex, fresh, FERRY__TOKEN_HEX);
+    explicit_bzero(fresh, sizeof fresh);
+    keys[0] = '\0';
+    if (rc == FERRY_OK && !rm->o.insecure)
+        rc = ferry__seal_draw(keys);
+    if (rc == FERRY_OK && !rm->o.insecure)
+        rc = ferry__seal_new(&t->seal, keys, FERRY__SEAL_LOADER);
+    if (rc != FERRY_OK) {
+        explicit_bzero(keys, FERRY__SEAL_KEYS_HEX);
+        ferry__remote_token_revoke(rm, k);
+        return rc;
+    }
     t->state = TOKEN_ISSUED;
     memcpy(hex, t->hex, sizeof t->hex);
     return FERRY_OK;
@@ -402,15 +401,21 @@ int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex)
 
 void ferry__remote_token_revoke(ferry__remote *rm, uint32_t k)
 {
-    if (rm->data) {
-        explicit_bzero(&rm->tokens[k], sizeof rm->tokens[k]);
-        rm->tokens[k].state = TOKEN_NONE;
-    }
+    session_token *t = &rm->tokens[k];
+    ferry__seal_free(t->seal);
+    explicit_bzero(t, sizeof *t);
+    t->state = TOKEN_NONE;
+    t->seal = NULL;
+}
+
+ferry__seal *ferry__remote_seal(const ferry__remote *rm, uint32_t k)
+{
+    return k < rm->o.max_remote ? rm->tokens[k].seal : NULL;
 }
 
 int ferry__remote_token_owner(const ferry__remote *rm, const char *user)
 {
-    if (!rm->data || strlen(user) != FERRY__TOKEN_HEX)
+    if (strlen(user) != FERRY__TOKEN_HEX)
         return -1;
     for (int64_t k = 0; k < rm->o.max_remote; k++) {
         if (rm->tokens[k].state == TOKEN_TAKEN && strcmp(rm->tokens[k].hex, user) == 0)
@@ -430,9 +435,11 @@ void ferry__remote_serve_zap(ferry__remote *rm, const zmq_pollitem_t *items,
     if (rm->item_zap < 0 || !(items[rm->item_zap].revents & ZMQ_POLLIN))
         return;
     char why[256];
-    ferry__zap_rules rules = {.allow = rm->data ? NULL : &rm->allow,
-                              .take_token = rm->data ? take_token : NULL,
-                              .arg = rm};
+    /* CURVE handshakes reach ZAP only from the HELLO socket and PLAIN ones
+     * only from the data socket: libzmq refuses a peer of the other
+     * mechanism before asking. */
+    ferry__zap_rules rules = {
+        .allow = rm->o.insecure ? NULL : &rm->allow, .take_token = take_token, .arg = rm};
     for (int k = 0; k < 16; k++) {
         int r = ferry__zap_serve(rm->zap, &rules, why, sizeof why);
         if (r < 0)

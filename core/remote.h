@@ -7,14 +7,16 @@
  * Remote workers come in on a ROUTER of their own, so the local ipc or
  * inproc socket never authenticates anyone from the network.
  *
- * Under CURVE nobody off the allow-list gets a message through, and one
- * socket serves the whole session. On plain TCP (insecure=1) anyone can
- * connect, so what an unadmitted peer may send is bounded apart from what
- * a worker may: the bind endpoint takes only frames up to FERRY__HDR_MAX
- * (enough for HELLO), and an admitted worker is sent, in CONFIG, the port
- * of a second socket (max_message frames) and a one-use session token
- * that the ZAP handler asks of every connection to it (PLAIN mechanism).
- * Everything after CONFIG runs there. So a stranger can make the loader
+ * Anyone on the network can connect, so what an unadmitted peer may send
+ * is bounded apart from what a worker may: the bind endpoint takes only
+ * frames up to FERRY__HDR_MAX (enough for HELLO), and an admitted worker
+ * is sent, in CONFIG, the port of a second socket (max_message frames) and
+ * a one-use session token that the ZAP handler asks of every connection
+ * to it (PLAIN mechanism). Everything after CONFIG runs there. Under CURVE
+ * the bind endpoint lets nobody off the allow-list say HELLO, CONFIG is
+ * encrypted, and it also brings the session's keys: every message on the
+ * data connection is sealed with them (seal.h), which costs a third of
+ * what libzmq's CURVE does per batch. So a stranger can make the loader
  * hold at most a header per connection, and only max_remote admitted
  * workers can send batches. How many connections may be open at once,
  * admitted or not, is bounded too (guard.h): a flood of them cannot take
@@ -62,22 +64,27 @@ typedef struct ferry__remote_opts {
 int ferry__remote_open(ferry__remote **out, void *zctx, const ferry__remote_opts *o);
 void ferry__remote_close(ferry__remote *rm);
 
-/* Where workers say HELLO (and, under CURVE, everything else). */
+/* Where workers say HELLO. */
 void *ferry__remote_socket(const ferry__remote *rm);
 
-/* Plain TCP: where admitted workers go on after CONFIG; NULL under CURVE. */
+/* Where admitted workers go on after CONFIG. */
 void *ferry__remote_data_socket(const ferry__remote *rm);
 
-/* The data socket's port, for CONFIG; 0 under CURVE. */
+/* The data socket's port, for CONFIG. */
 uint32_t ferry__remote_data_port(const ferry__remote *rm);
 
-/* Plain TCP: a fresh session token for remote slot k (0..max_remote-1)
- * into hex (FERRY__TOKEN_HEX + 1 bytes), replacing the slot's last one;
- * under CURVE hex is "". FERRY_ESYS when no randomness could be had. */
-int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex);
+/* A fresh session for remote slot k (0..max_remote-1), replacing the
+ * slot's last one: its token into hex (FERRY__TOKEN_HEX + 1 bytes) and,
+ * under CURVE, its keys into keys (FERRY__SEAL_KEYS_HEX + 1 bytes; "" on
+ * plain TCP). FERRY_ESYS when no randomness could be had, FERRY_ENOMEM. */
+int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex, char *keys);
 
-/* Slot k's token is no longer any good (its session ended). */
+/* Slot k's token and keys are no longer any good (its session ended). */
 void ferry__remote_token_revoke(ferry__remote *rm, uint32_t k);
+
+/* Under CURVE, the seal of remote slot k's session (seal.h); NULL on
+ * plain TCP or with no session. */
+ferry__seal *ferry__remote_seal(const ferry__remote *rm, uint32_t k);
 
 /* The remote slot whose token let in the data connection whose ZAP user
  * id is `user`, or -1. */

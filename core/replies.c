@@ -55,7 +55,7 @@ static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *
     } else {
         s->out.type = FERRY__MSG_STOP;
     }
-    ferry__zsock_send(sock, id, &s->out, NULL, ZMQ_DONTWAIT);
+    ferry__zsock_send(sock, id, NULL, &s->out, NULL, ZMQ_DONTWAIT);
 }
 
 /* A remote worker refused: counted, said so (rate-limited), and answered
@@ -107,7 +107,8 @@ static void configure_worker(ferry__scheduler *s, sched_worker *w)
     c->max_message = (uint64_t)s->cfg.max_message;
     if (w->p.remote) {
         c->data_port = ferry__remote_data_port(s->remote);
-        if (ferry__remote_token_issue(s->remote, w->p.index - s->nlocal, c->token) != FERRY_OK) {
+        if (ferry__remote_token_issue(s->remote, w->p.index - s->nlocal, c->token, c->seal) !=
+            FERRY_OK) {
             ferry__logf(&s->log, FERRY_LOG_WARN, "turned a remote worker away: %s",
                         ferry_last_error());
             sched_send_simple(s, w, FERRY__MSG_STOP);
@@ -117,6 +118,7 @@ static void configure_worker(ferry__scheduler *s, sched_worker *w)
     }
     int rc = sched_send(s, w, NULL);
     explicit_bzero(c->token, sizeof c->token);
+    explicit_bzero(c->seal, sizeof c->seal);
     if (rc == FERRY_OK) {
         w->p.state = FERRY__PEER_CONFIGURED;
         w->p.sent_ms = ferry__now_ms();
@@ -690,17 +692,34 @@ static void on_malformed(ferry__scheduler *s, void *sock, const ferry__ident *id
     ferry__sched_lose_remote(s, w, why, FERRY__CHARGE_OLDEST, 0);
 }
 
+/* Under CURVE, the seal of the session whose data connection `from` is
+ * (zsock.h's opener); NULL when that session has ended. */
+static ferry__seal *sender_seal(void *arg, const ferry__ident *from)
+{
+    ferry__scheduler *s = arg;
+    int k = ferry__remote_token_owner(s->remote, from->user);
+    return k < 0 ? NULL : ferry__remote_seal(s->remote, (uint32_t)k);
+}
+
 /* Reads what is waiting on the socket, at most `budget` messages so the
  * loop also gets round to dispatching and to the pidfds. */
 void ferry__sched_drain(ferry__scheduler *s, void *sock, int budget)
 {
+    ferry__zsock_opener sealed = {.seal_of = sender_seal, .arg = s};
+    const ferry__zsock_opener *open =
+        s->remote && !s->cfg.insecure && sock == ferry__remote_data_socket(s->remote) ? &sealed
+                                                                                     : NULL;
     while (budget-- > 0) {
         ferry__ident id;
         id.len = 0;
         zmq_msg_t payload;
-        int rc = ferry__zsock_recv(sock, &id, &s->in, &payload, ZMQ_DONTWAIT);
+        int rc = ferry__zsock_recv(sock, &id, open, &s->in, &payload, ZMQ_DONTWAIT);
         if (rc == FERRY_EPROTO) {
             on_malformed(s, sock, &id);
+            continue;
+        }
+        if (rc == FERRY_ECLOSED) { /* from a session that has ended */
+            ferry__window_count(s->win, FERRY__STAT_STALE);
             continue;
         }
         if (rc != FERRY_OK)

@@ -115,9 +115,19 @@ static inline void sched_describe(const ferry__scheduler *s, const sched_worker 
         snprintf(buf, cap, "worker %u (thread)", w->p.index);
 }
 
+/* What seals w's messages: under CURVE, a remote worker's session seal
+ * once it is on its data connection (remote.h); else NULL. */
+static inline ferry__seal *sched_seal(const ferry__scheduler *s, const sched_worker *w)
+{
+    if (!w->p.remote || w->p.sock != ferry__remote_data_socket(s->remote))
+        return NULL;
+    return ferry__remote_seal(s->remote, w->p.index - s->nlocal);
+}
+
 static inline int sched_send(ferry__scheduler *s, sched_worker *w, zmq_msg_t *payload)
 {
-    return ferry__zsock_send(w->p.sock, &w->p.ident, &s->out, payload, ZMQ_DONTWAIT);
+    return ferry__zsock_send(w->p.sock, &w->p.ident, sched_seal(s, w), &s->out, payload,
+                             ZMQ_DONTWAIT);
 }
 
 static inline int sched_send_simple(ferry__scheduler *s, sched_worker *w, ferry__msg_type type)

@@ -54,6 +54,10 @@ typedef struct worker_session {
      * loader is first heard there, joining is set. */
     char data_ep[FERRY__HOST_MAX + 16];
     int joining;
+    /* Under CURVE: what seals and opens every message on the data
+     * connection (seal.h), from the keys in CONFIG; NULL before that and on
+     * plain TCP. Used under sock_mu. */
+    ferry__seal *seal;
     /* The socket is shared with the heartbeat thread: whoever uses it holds
      * sock_mu (the mutex is also the memory barrier ZeroMQ asks for when a
      * socket changes threads). */
@@ -87,7 +91,7 @@ typedef struct worker_session {
 static int send_msg(worker_session *w, zmq_msg_t *payload, int flags)
 {
     pthread_mutex_lock(&w->sock_mu);
-    int rc = ferry__zsock_send(w->sock, NULL, &w->out, payload, flags);
+    int rc = ferry__zsock_send(w->sock, NULL, w->seal, &w->out, payload, flags);
     if (rc == FERRY_OK)
         w->sent_ms = ferry__now_ms();
     pthread_mutex_unlock(&w->sock_mu);
@@ -107,7 +111,7 @@ static void *heartbeat_main(void *arg)
     while (!w->hb_stop) {
         uint64_t now = ferry__now_ms();
         if (now - w->sent_ms >= w->hb_ms) {
-            if (ferry__zsock_send(w->sock, NULL, &hb, NULL, ZMQ_DONTWAIT) == FERRY_OK)
+            if (ferry__zsock_send(w->sock, NULL, w->seal, &hb, NULL, ZMQ_DONTWAIT) == FERRY_OK)
                 w->sent_ms = now;
         }
         uint64_t due = w->sent_ms + w->hb_ms;
@@ -187,12 +191,15 @@ static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
      * system calls even when a message is waiting, and with several
      * credits there usually is one. */
     int n = 1, e = 0;
-    int rc = ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT);
+    ferry__zsock_opener sealed = {.seal = w->seal};
+    const ferry__zsock_opener *open = w->seal ? &sealed : NULL;
+    int rc = ferry__zsock_recv(w->sock, NULL, open, &w->in, payload, ZMQ_DONTWAIT);
     if (rc == FERRY_EAGAIN) {
         zmq_pollitem_t it = {.socket = w->sock, .events = ZMQ_POLLIN};
         n = zmq_poll(&it, 1, ms);
         e = errno;
-        rc = n > 0 ? ferry__zsock_recv(w->sock, NULL, &w->in, payload, ZMQ_DONTWAIT) : FERRY_OK;
+        rc = n > 0 ? ferry__zsock_recv(w->sock, NULL, open, &w->in, payload, ZMQ_DONTWAIT)
+                   : FERRY_OK;
     }
     pthread_mutex_unlock(&w->sock_mu);
     if (n < 0) {
@@ -202,6 +209,12 @@ static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
     }
     if (n == 0)
         return should_quit(w) ? ferry__seterr(FERRY_ETIMEDOUT, "worker told to quit") : FERRY_OK;
+    /* On a sealed connection, a message that does not open means the
+     * stream can no longer be trusted (a task may have been lost): the
+     * session ends, and the loader requeues what it had sent here. */
+    if (rc == FERRY_EPROTO && open)
+        return ferry__seterr(FERRY_EPROTO, "the loader's data connection %s: %s", w->data_ep,
+                             ferry_last_error());
     if (rc == FERRY_EPROTO) {
         fprintf(stderr, "ferry-worker: dropped a malformed message: %s\n", ferry_last_error());
         return FERRY_OK;
@@ -674,19 +687,31 @@ static int with_port(const char *endpoint, uint32_t port, char *out, size_t cap)
     return FERRY_OK;
 }
 
-/* Plain TCP: CONFIG admitted this worker and named the port and token of
- * its data connection. The session moves there (a new DEALER, PLAIN with
- * the token as password) and says so with a HEARTBEAT, so the loader
- * binds it before the dataset is even open; the HELLO connection, which
- * takes nothing larger than a header, is closed. */
+/* CONFIG admitted this worker and named the port and token of its data
+ * connection. The session moves there (a new DEALER, PLAIN with the token
+ * as password) and says so with a HEARTBEAT, so the loader binds it before
+ * the dataset is even open; the HELLO connection, which takes nothing
+ * larger than a header, is closed. Under CURVE, CONFIG also brought the
+ * session's keys, and everything on the data connection is sealed with
+ * them; a loader that would have a CURVE worker go on unsealed is refused. */
 static int join_data(worker_session *w, const ferry__config_msg *c)
 {
+    if (w->o->server_key && !c->seal[0])
+        return ferry__seterr(FERRY_EPROTO,
+                             "the loader at %s would have this CURVE worker send its batches "
+                             "unencrypted (CONFIG brought no session keys): refused",
+                             w->o->endpoint);
     int rc = with_port(w->o->endpoint, c->data_port, w->data_ep, sizeof w->data_ep);
     if (rc != FERRY_OK)
         return rc;
+    ferry__seal *seal = NULL;
+    if (c->seal[0] && (rc = ferry__seal_new(&seal, c->seal, FERRY__SEAL_WORKER)) != FERRY_OK)
+        return rc;
     void *s = zmq_socket(w->ctx, ZMQ_DEALER);
-    if (!s)
+    if (!s) {
+        ferry__seal_free(seal);
         return ferry__syserr(FERRY_ESYS, "zmq_socket", errno);
+    }
     rc = setup_socket(s, w->data_ep);
     if (rc == FERRY_OK)
         rc = ferry__sockopt(s, ZMQ_PLAIN_USERNAME, "ferry-worker", 12, "ZMQ_PLAIN_USERNAME");
@@ -697,12 +722,14 @@ static int join_data(worker_session *w, const ferry__config_msg *c)
         rc = ferry__seterr(FERRY_ESYS, "connecting to %s: %s", w->data_ep, zmq_strerror(errno));
     if (rc != FERRY_OK) {
         zmq_close(s);
+        ferry__seal_free(seal);
         return rc;
     }
     pthread_mutex_lock(&w->sock_mu);
     ferry__sockopt_int(w->sock, ZMQ_LINGER, 0, "ZMQ_LINGER");
     zmq_close(w->sock);
     w->sock = s;
+    w->seal = seal;
     pthread_mutex_unlock(&w->sock_mu);
     w->joining = 1;
     w->heard_ms = ferry__now_ms();
@@ -820,6 +847,7 @@ static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, in
         *configured = 1;
         int rc = w->in.u.config.data_port && !w->data_ep[0] ? join_data(w, &w->in.u.config)
                                                              : FERRY_OK;
+        explicit_bzero(w->in.u.config.seal, sizeof w->in.u.config.seal);
         if (rc == FERRY_OK)
             rc = on_config(w);
         if (rc == FERRY_OK && w->ds_open && w->o->configured)
@@ -933,6 +961,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
         ferry__dataset_close(&w->ds);
     if (w->sock)
         zmq_close(w->sock);
+    ferry__seal_free(w->seal);
     if (own_ctx)
         zmq_ctx_term(own_ctx);
     pthread_cond_destroy(&w->hb_cv);

@@ -4,9 +4,9 @@
 
 Builds the ferry package with Debian's setuptools: the _ferry extension
 from python/src plus the C core (the same files CMake builds, read from
-../CMakeLists.txt), linked against libzmq, msgpack-c, libjpeg-turbo and
-libpng found with pkg-config. Needs: build-essential pkg-config
-libzmq3-dev libmsgpack-dev libjpeg-dev libpng-dev python3-dev python3-numpy (tools/setup.sh build installs them). Nothing
+../CMakeLists.txt), linked against libzmq, msgpack-c, libcrypto,
+libjpeg-turbo and libpng found with pkg-config. Needs: build-essential pkg-config
+libzmq3-dev libmsgpack-dev libssl-dev libjpeg-dev libpng-dev python3-dev python3-numpy (tools/setup.sh build installs them). Nothing
 is fetched from PyPI.
 """
 
@@ -32,12 +32,13 @@ def core_sources():
 
 def pkg_config(*args):
     try:
-        out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "libjpeg", "libpng16"],
+        out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "libcrypto", "libjpeg",
+                              "libpng16"],
                              check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit("setup.py: pkg-config could not find libzmq, msgpack, libjpeg and "
-                         "libpng16 (Debian: apt-get install pkg-config libzmq3-dev "
-                         "libmsgpack-dev libjpeg-dev libpng-dev): %s" % e)
+        raise SystemExit("setup.py: pkg-config could not find libzmq, msgpack, libcrypto, libjpeg "
+                         "and libpng16 (Debian: apt-get install pkg-config libzmq3-dev "
+                         "libmsgpack-dev libssl-dev libjpeg-dev libpng-dev): %s" % e)
     return out.split()
 
 

@@ -43,7 +43,7 @@ typedef struct script {
 
 static int send_out(script *sc, zmq_msg_t *payload)
 {
-    return ferry__zsock_send(sc->sock, NULL, &sc->out, payload, 0);
+    return ferry__zsock_send(sc->sock, NULL, NULL, &sc->out, payload, 0);
 }
 
 /* The next message within 10 s: 0, or -1. A TASK's payload stays in *p. */
@@ -53,7 +53,7 @@ static int next_msg(script *sc, zmq_msg_t *p)
         zmq_pollitem_t it = {.socket = sc->sock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 10000) <= 0)
             return -1;
-        if (ferry__zsock_recv(sc->sock, NULL, &sc->in, p, ZMQ_DONTWAIT) == FERRY_OK)
+        if (ferry__zsock_recv(sc->sock, NULL, NULL, &sc->in, p, ZMQ_DONTWAIT) == FERRY_OK)
             return 0;
     }
 }

@@ -31,6 +31,7 @@
 #include "alloc.h"
 #include "ferry.h"
 #include "harness.h"
+#include "protocol.h"
 
 /* ------------------------------------------------------------------------
  * Helpers
@@ -904,12 +905,16 @@ static void test_open_failures_are_clean_and_specific(void **state)
 static void test_open_fails_at_once_for_a_worker_of_another_version(void **state)
 {
     (void)state;
-    static const struct {
-        const char *script, *words;
-    } cases[] = {
-        {"version=1", "protocol version 1 worker, version 5 loader"},
-        {"version=6", "protocol version 6 worker, version 5 loader"},
-    };
+    struct {
+        char script[32], words[96];
+    } cases[2];
+    const unsigned versions[2] = {1, FERRY_PROTOCOL_VERSION + 1};
+    for (size_t c = 0; c < 2; c++) {
+        snprintf(cases[c].script, sizeof cases[c].script, "version=%u", versions[c]);
+        snprintf(cases[c].words, sizeof cases[c].words,
+                 "protocol version %u worker, version %u loader", versions[c],
+                 FERRY_PROTOCOL_VERSION);
+    }
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ft_snapshot snap;
         ft_begin(&snap, 30);

@@ -27,6 +27,8 @@
 
 #include "error.h"
 #include "protocol.h"
+#include "seal.h"
+#include "zsock.h"
 
 static const ferry__msg_type all_types[] = {
     FERRY__MSG_HELLO, FERRY__MSG_CONFIG,    FERRY__MSG_READY, FERRY__MSG_TASK, FERRY__MSG_BATCH,
@@ -1669,6 +1671,204 @@ static void test_dtype_names_are_numpys(void **state)
     assert_int_equal(ferry_dtype_from_name(NULL), 0);
 }
 
+/* ------------------------------------------------------------------------
+ * Sealed messages (seal.h): what a CURVE session's data connection carries
+ */
+
+/* One message sealed as a sender would: header text and payload bytes
+ * copied in and sealed in place. */
+typedef struct sealed {
+    unsigned char hdr[64 + FERRY__SEAL_TRAILER];
+    size_t hlen;
+    unsigned char payload[256];
+    size_t plen;
+} sealed;
+
+static void seal_one(ferry__seal *s, const char *text, unsigned char fill, sealed *out)
+{
+    memset(out, 0, sizeof *out);
+    out->hlen = strlen(text);
+    memcpy(out->hdr, text, out->hlen);
+    out->plen = sizeof out->payload;
+    memset(out->payload, fill, out->plen);
+    assert_int_equal(ferry__seal_message(s, out->hdr, &out->hlen, sizeof out->hdr, 1, out->payload,
+                                         out->plen),
+                     FERRY_OK);
+}
+
+/* Opens m (a copy: opening works in place) with s; FERRY_OK only when the
+ * header and payload both authenticate, and then they are plain again. */
+static int open_one(ferry__seal *s, const sealed *m, int has_payload, sealed *plain)
+{
+    *plain = *m;
+    ferry__seal_opened op;
+    int rc = ferry__seal_open_header(s, plain->hdr, &plain->hlen, has_payload, &op);
+    if (rc == FERRY_OK && has_payload)
+        rc = ferry__seal_open_payload(s, &op, plain->payload, plain->plen);
+    return rc;
+}
+
+static void test_sealed_messages_open_only_as_sent(void **state)
+{
+    (void)state;
+    char keys[FERRY__SEAL_KEYS_HEX + 1], other[FERRY__SEAL_KEYS_HEX + 1];
+    assert_int_equal(ferry__seal_draw(keys), FERRY_OK);
+    assert_int_equal(ferry__seal_draw(other), FERRY_OK);
+    assert_int_equal(strlen(keys), FERRY__SEAL_KEYS_HEX);
+    assert_string_not_equal(keys, other);
+    ferry__seal *loader, *worker, *stranger;
+    assert_int_equal(ferry__seal_new(&loader, keys, FERRY__SEAL_LOADER), FERRY_OK);
+    assert_int_equal(ferry__seal_new(&worker, keys, FERRY__SEAL_WORKER), FERRY_OK);
+    assert_int_equal(ferry__seal_new(&stranger, other, FERRY__SEAL_WORKER), FERRY_OK);
+
+    /* As sent: ciphertext on the way, the same bytes once opened. */
+    sealed a, b, got;
+    seal_one(loader, "a TASK header", 0xab, &a);
+    assert_int_equal(a.hlen, strlen("a TASK header") + FERRY__SEAL_TRAILER);
+    assert_memory_not_equal(a.hdr, "a TASK header", strlen("a TASK header"));
+    unsigned char plain[256];
+    memset(plain, 0xab, sizeof plain);
+    assert_memory_not_equal(a.payload, plain, sizeof plain);
+    assert_int_equal(open_one(worker, &a, 1, &got), FERRY_OK);
+    assert_int_equal(got.hlen, strlen("a TASK header"));
+    assert_memory_equal(got.hdr, "a TASK header", got.hlen);
+    assert_memory_equal(got.payload, plain, sizeof plain);
+
+    /* Replayed: refused, by its counter. */
+    assert_int_equal(open_one(worker, &a, 1, &got), FERRY_EPROTO);
+    assert_non_null(strstr(ferry_last_error(), "replayed"));
+
+    /* Any byte changed, in the header, its trailer or the payload. */
+    size_t spots[] = {0, strlen("a TASK header") - 1, a.hlen - FERRY__SEAL_TRAILER + 8,
+                      a.hlen - FERRY__SEAL_TAG - 1, a.hlen - 1};
+    for (size_t i = 0; i < sizeof spots / sizeof spots[0] + 1; i++) {
+        seal_one(loader, "a TASK header", 0xab, &a);
+        if (i < sizeof spots / sizeof spots[0])
+            a.hdr[spots[i]] ^= 0x01;
+        else
+            a.payload[100] ^= 0x80;
+        assert_int_equal(open_one(worker, &a, 1, &got), FERRY_EPROTO);
+    }
+
+    /* A payload from another message, a payload dropped or added. */
+    seal_one(loader, "first", 0x11, &a);
+    seal_one(loader, "second", 0x22, &b);
+    memcpy(b.payload, a.payload, sizeof b.payload);
+    assert_int_equal(open_one(worker, &b, 1, &got), FERRY_EPROTO);
+    seal_one(loader, "third", 0x33, &a);
+    assert_int_equal(open_one(worker, &a, 0, &got), FERRY_EPROTO);
+
+    /* The other direction's message sent back (a reflection), or another
+     * session's: neither opens. */
+    seal_one(worker, "a BATCH header", 0x44, &a);
+    assert_int_equal(open_one(worker, &a, 1, &got), FERRY_EPROTO);
+    seal_one(loader, "fourth", 0x55, &a);
+    assert_int_equal(open_one(stranger, &a, 1, &got), FERRY_EPROTO);
+    /* and the session goes on after all those refusals */
+    seal_one(worker, "a BATCH header", 0x66, &a);
+    assert_int_equal(open_one(loader, &a, 1, &got), FERRY_OK);
+    seal_one(loader, "fifth", 0x77, &a);
+    assert_int_equal(open_one(worker, &a, 1, &got), FERRY_OK);
+    assert_memory_equal(got.hdr, "fifth", 5);
+
+    /* Too short to carry a trailer. */
+    unsigned char tiny[8] = {0};
+    size_t tlen = sizeof tiny;
+    ferry__seal_opened op;
+    assert_int_equal(ferry__seal_open_header(worker, tiny, &tlen, 0, &op), FERRY_EPROTO);
+
+    /* Keys that are not two keys in lowercase hex. */
+    ferry__seal *bad = NULL;
+    char upper[FERRY__SEAL_KEYS_HEX + 1];
+    memcpy(upper, keys, sizeof upper);
+    for (char *c = upper; *c; c++)
+        if (*c >= 'a' && *c <= 'f')
+            *c = (char)(*c - 'a' + 'A');
+    const char *wrong[] = {"", "00", upper, "zz"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        if (i == 2 && strcmp(upper, keys) == 0)
+            continue; /* drawn without a letter, once in 2^84 */
+        assert_int_equal(ferry__seal_new(&bad, wrong[i], FERRY__SEAL_LOADER), FERRY_EPROTO);
+        assert_null(bad);
+    }
+    ferry__seal_free(loader);
+    ferry__seal_free(worker);
+    ferry__seal_free(stranger);
+}
+
+/* The same through zsock over a socket pair: a sealed TASK arrives whole
+ * with the opener, and without one its header does not even decode. */
+static void test_sealed_task_through_zsock(void **state)
+{
+    (void)state;
+    char keys[FERRY__SEAL_KEYS_HEX + 1];
+    assert_int_equal(ferry__seal_draw(keys), FERRY_OK);
+    ferry__seal *loader, *worker;
+    assert_int_equal(ferry__seal_new(&loader, keys, FERRY__SEAL_LOADER), FERRY_OK);
+    assert_int_equal(ferry__seal_new(&worker, keys, FERRY__SEAL_WORKER), FERRY_OK);
+    void *ctx = zmq_ctx_new();
+    void *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    assert_int_equal(zmq_bind(a, "inproc://sealed"), 0);
+    assert_int_equal(zmq_connect(b, "inproc://sealed"), 0);
+    ferry__zsock_opener opener = {.seal = worker};
+    for (int round = 0; round < 2; round++) {
+        ferry__msg m, in;
+        memset(&m, 0, sizeof m);
+        m.type = FERRY__MSG_TASK;
+        m.u.task = (ferry__task){.id = 9, .epoch = 1, .batch_in_epoch = 2, .seq = 3, .count = 4};
+        uint64_t idx[4] = {10, 11, 12, 13}, back[4];
+        zmq_msg_t p, got;
+        zmq_msg_init_size(&p, sizeof idx);
+        ferry__indices_pack(idx, 4, zmq_msg_data(&p));
+        assert_int_equal(ferry__zsock_send(a, NULL, loader, &m, &p, 0), FERRY_OK);
+        int rc = ferry__zsock_recv(b, NULL, round == 0 ? &opener : NULL, &in, &got, 0);
+        if (round == 1) {
+            assert_int_equal(rc, FERRY_EPROTO);
+            continue;
+        }
+        assert_int_equal(rc, FERRY_OK);
+        assert_int_equal(in.type, FERRY__MSG_TASK);
+        assert_int_equal(in.u.task.id, 9);
+        assert_int_equal(in.u.task.batch_in_epoch, 2);
+        assert_int_equal(zmq_msg_size(&got), sizeof idx);
+        ferry__indices_unpack(zmq_msg_data(&got), 4, back);
+        assert_memory_equal(back, idx, sizeof idx);
+        zmq_msg_close(&got);
+    }
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    ferry__seal_free(loader);
+    ferry__seal_free(worker);
+}
+
+/* CONFIG's keys come with a data port and are two keys in lowercase hex
+ * (the encoder applies the decoder's checks). */
+static void test_config_keys_need_a_data_connection(void **state)
+{
+    (void)state;
+    ferry__msg m, out;
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_CONFIG;
+    m.u.config = (ferry__config_msg){.worker_index = 0, .num_workers = 1, .credits = 2,
+                                     .liveness = 3, .max_message = FERRY__MIN_MESSAGE};
+    strcpy(m.u.config.dataset, "synthetic:n=10,dim=4");
+    unsigned char buf[FERRY__HDR_MAX];
+    size_t len;
+    memset(m.u.config.seal, 'a', FERRY__SEAL_KEYS_HEX);
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL); /* no port */
+    assert_non_null(strstr(ferry_last_error(), "'seal'"));
+    m.u.config.data_port = 4000;
+    memset(m.u.config.token, 'b', FERRY__TOKEN_HEX);
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_OK);
+    assert_int_equal(ferry__msg_decode(buf, len, &out), FERRY_OK);
+    assert_string_equal(out.u.config.seal, m.u.config.seal);
+    m.u.config.seal[5] = 'G';
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
+    m.u.config.seal[5] = '\0';
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1708,6 +1908,9 @@ int main(void)
         cmocka_unit_test(test_fuzz_seeds_decode_and_cover_every_type),
         cmocka_unit_test(test_decoder_survives_random_bytes),
         cmocka_unit_test(test_decoder_survives_mutations_of_valid_messages),
+        cmocka_unit_test(test_sealed_messages_open_only_as_sent),
+        cmocka_unit_test(test_sealed_task_through_zsock),
+        cmocka_unit_test(test_config_keys_need_a_data_connection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

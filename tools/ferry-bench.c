@@ -181,18 +181,16 @@ static int remote_setup(const bench_opts *o, remote_ctx *x)
 /* One run of a remote side: x->n daemons started on a fresh port, the run,
  * the daemons stopped and reaped. */
 /* With --rtt-ms: relays on 127.0.0.2 at the loader's ports (the bind
- * port, and plain TCP's data port, which a worker reaches at the host it
- * used for the first), half the round trip each way. 0, or 1 after saying
- * why (none left running). */
-static int start_relays(const bench_opts *o, int plain, int port, int data_port,
-                        bench_relay *relays[2])
+ * port, and the data port, which a worker reaches at the host it used for
+ * the first), half the round trip each way. 0, or 1 after saying why (none
+ * left running). */
+static int start_relays(const bench_opts *o, int port, int data_port, bench_relay *relays[2])
 {
     unsigned delay_us = (unsigned)(o->rtt_ms * 1000 / 2);
     relays[0] = relays[1] = NULL;
     if (bench_relay_start(&relays[0], "127.0.0.2", port, "127.0.0.1", port, delay_us) == 0 &&
-        (!plain ||
-         bench_relay_start(&relays[1], "127.0.0.2", data_port, "127.0.0.1", data_port,
-                           delay_us) == 0))
+        bench_relay_start(&relays[1], "127.0.0.2", data_port, "127.0.0.1", data_port, delay_us) ==
+            0)
         return 0;
     fprintf(stderr, "ferry-bench: --rtt-ms: cannot start a relay on 127.0.0.2: %s\n",
             strerror(errno));
@@ -211,7 +209,7 @@ static int run_remote(const bench_opts *o, const bench_side *s, remote_ctx *x, b
     snprintf(worker_ep, sizeof worker_ep, "tcp://%s:%d", o->rtt_ms > 0 ? "127.0.0.2" : "127.0.0.1",
              port);
     memset(r, 0, sizeof *r);
-    if (o->rtt_ms > 0 && start_relays(o, plain, port, data_port, relays) != 0)
+    if (o->rtt_ms > 0 && start_relays(o, port, data_port, relays) != 0)
         return 1;
     pid_t *pids = calloc((size_t)x->n, sizeof *pids);
     if (!pids) {
@@ -230,7 +228,7 @@ static int run_remote(const bench_opts *o, const bench_side *s, remote_ctx *x, b
     bench_opts ro = *o;
     /* The relay stands at the data port's number too: fix it. */
     snprintf(data_set, sizeof data_set, "data_port=%d", data_port);
-    if (o->rtt_ms > 0 && plain)
+    if (o->rtt_ms > 0)
         ro.set[ro.nset++] = data_set;
     for (int i = 0; s->remote == BENCH_REMOTE_TUNED && i < o->ntuned; i++)
         ro.set[ro.nset++] = o->tuned[i];

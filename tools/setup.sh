@@ -49,13 +49,14 @@ case "$build" in /*) ;; *) build=$caller/$build ;; esac
 cd "$here"
 jobs=${JOBS:-$(nproc)}
 
-# Debian packages ferry needs: compiler and build tools, the three libraries
-# (ZeroMQ transport, msgpack wire encoding, cmocka tests), libjpeg-turbo and
+# Debian packages ferry needs: compiler and build tools, the libraries
+# (ZeroMQ transport, msgpack wire encoding, OpenSSL's libcrypto for the
+# AES-GCM of CURVE sessions' data, cmocka tests), libjpeg-turbo and
 # libpng (the imagefolder dataset's decoders), Python headers
 # and numpy for the Python package, pytest, torch, torchvision, PIL and cloudpickle
 # for its tests (and the imagefolder benchmark), gnuplot
 # for ferry-bench --plot (and its test), and clang for the fuzz target.
-packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libcmocka-dev iproute2
+packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libssl-dev libcmocka-dev iproute2
           libjpeg-dev libpng-dev python3-dev python3-numpy)
 [ "$job" = test ] && packages+=(python3-pytest python3-torch python3-torchvision python3-pil python3-cloudpickle
                                    python3-pip python3-setuptools)

@@ -129,6 +129,7 @@ static const key_spec config_keys[] = {
     {KEY_UINT(ferry__config_msg, max_message, FERRY__MIN_MESSAGE, INT64_MAX)},
     {KEY_UINT(ferry__config_msg, data_port, 0, 65535)},
     {KEY_STR(ferry__config_msg, token, 0)},
+    {KEY_STR(ferry__config_msg, seal, 0)},
 };
 
 static int check_item_field(const void *elem, const void *parent, const char *where);
@@ -420,6 +421,13 @@ static int check_config(const void *body)
     if (tlen && (tlen != FERRY__TOKEN_HEX || strspn(c->token, "0123456789abcdef") != tlen))
         return ferry__seterr(FERRY_EPROTO, "CONFIG: key 'token' is not %d lowercase hex digits",
                              FERRY__TOKEN_HEX);
+    /* Keys seal a data connection, so they come with one. */
+    size_t slen = strlen(c->seal);
+    if (slen && (!tlen || slen != FERRY__SEAL_KEYS_HEX ||
+                 strspn(c->seal, "0123456789abcdef") != slen))
+        return ferry__seterr(FERRY_EPROTO,
+                             "CONFIG: key 'seal' is not %d lowercase hex digits with a data port",
+                             FERRY__SEAL_KEYS_HEX);
     return FERRY_OK;
 }
 

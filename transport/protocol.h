@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
+#include "seal.h"
 
 /* Version 2: CONFIG carries max_message, READY the dataset's schema, and
  * REFUSE exists. Version 3: BATCH carries make_ns. Version 4: CONFIG
@@ -34,7 +35,7 @@
  * Version 5: TASK carries shm_offset and shm_bytes, BATCH shm (batches
  * through shared memory, transport/shm.h). HELLO and REFUSE never change
  * (docs/protocol.md section 7). */
-#define FERRY_PROTOCOL_VERSION 5
+#define FERRY_PROTOCOL_VERSION 6
 /* The first version that knows REFUSE; an older worker is refused with STOP. */
 #define FERRY__REFUSE_SINCE 2
 /* How a version mismatch is said, on both sides: worker's, then loader's. */
@@ -96,6 +97,9 @@ typedef struct ferry__config_msg {
      * password). 0 and "": the session stays on this connection. */
     uint32_t data_port;
     char token[FERRY__TOKEN_HEX + 1];
+    /* Under CURVE: the session's two keys (seal.h), which seal everything
+     * on the data connection; "" on plain TCP. */
+    char seal[FERRY__SEAL_KEYS_HEX + 1];
 } ferry__config_msg;
 
 /* One field of a dataset's schema: its name, dtype and the shape of one

@@ -11,15 +11,21 @@
 #include "alloc.h"
 #include "error.h"
 
-int ferry__zsock_send(void *sock, const ferry__ident *ident, const ferry__msg *m,
+int ferry__zsock_send(void *sock, const ferry__ident *ident, ferry__seal *seal, const ferry__msg *m,
                       zmq_msg_t *payload, int flags)
 {
-    unsigned char hdr[FERRY__HDR_MAX];
+    unsigned char hdr[FERRY__HDR_MAX + FERRY__SEAL_TRAILER];
     size_t len;
-    int rc = ferry__msg_encode(m, hdr, sizeof hdr, &len);
+    int rc = ferry__msg_encode(m, hdr, FERRY__HDR_MAX, &len);
     if (rc != FERRY_OK)
         return rc;
     int more = ferry__msg_has_payload(m->type) ? ZMQ_SNDMORE : 0;
+    if (seal) {
+        rc = ferry__seal_message(seal, hdr, &len, sizeof hdr, more != 0,
+                                 more ? zmq_msg_data(payload) : NULL, more ? zmq_msg_size(payload) : 0);
+        if (rc != FERRY_OK)
+            return rc;
+    }
 
     /* Routing id and header are copied by zmq_send; if a later frame fails,
      * ZeroMQ discards the partial message, so nothing half-sent remains. */
@@ -68,10 +74,19 @@ static int recv_frame(void *sock, zmq_msg_t *f, int flags)
     return -1;
 }
 
-int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t *payload, int flags)
+/* The seal that opens a message from ident, per open (zsock.h). */
+static ferry__seal *seal_for(const ferry__zsock_opener *open, const ferry__ident *ident)
+{
+    return open->seal ? open->seal : open->seal_of(open->arg, ident);
+}
+
+int ferry__zsock_recv(void *sock, ferry__ident *ident, const ferry__zsock_opener *open,
+                      ferry__msg *m, zmq_msg_t *payload, int flags)
 {
     zmq_msg_t f;
     int rc;
+    ferry__seal *seal = NULL;
+    ferry__seal_opened opened;
 
     if (recv_frame(sock, &f, flags) != 0) {
         /* Nothing queued is the common answer of a drain: no text for it. */
@@ -99,13 +114,24 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
         ident->user[n] = '\0';
     }
     size_t hlen = zmq_msg_size(&f);
-    if (hlen > FERRY__HDR_MAX) {
+    if (open) {
+        seal = seal_for(open, ident);
+        if (!seal) {
+            zmq_msg_close(&f);
+            drain(sock);
+            return ferry__seterr(FERRY_ECLOSED, "a message from a session that has ended");
+        }
+    }
+    if (hlen > FERRY__HDR_MAX + (seal ? FERRY__SEAL_TRAILER : 0)) {
         zmq_msg_close(&f);
         drain(sock);
         return ferry__seterr(FERRY_EPROTO, "header frame of %zu bytes exceeds %d", hlen,
                              FERRY__HDR_MAX);
     }
-    rc = ferry__msg_decode(zmq_msg_data(&f), zmq_msg_size(&f), m);
+    rc = seal ? ferry__seal_open_header(seal, zmq_msg_data(&f), &hlen, has_more(sock), &opened)
+              : FERRY_OK;
+    if (rc == FERRY_OK)
+        rc = ferry__msg_decode(zmq_msg_data(&f), hlen, m);
     zmq_msg_close(&f);
     if (rc != FERRY_OK) {
         drain(sock);
@@ -120,7 +146,11 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, ferry__msg *m, zmq_msg_t 
             return ferry__seterr(FERRY_EPROTO, "%s without its payload frame",
                                  ferry__msg_name(m->type));
         }
-        rc = ferry__msg_check_payload(m, zmq_msg_size(payload));
+        rc = seal ? ferry__seal_open_payload(seal, &opened, zmq_msg_data(payload),
+                                             zmq_msg_size(payload))
+                  : FERRY_OK;
+        if (rc == FERRY_OK)
+            rc = ferry__msg_check_payload(m, zmq_msg_size(payload));
         if (rc != FERRY_OK) {
             zmq_msg_close(payload);
             drain(sock);

@@ -105,6 +105,9 @@ static int plain_seeds(const char *dir)
     m.u.config.data_port = 40123;
     memset(m.u.config.token, 'a', FERRY__TOKEN_HEX);
     rc |= write_seed(dir, "config_data", &m, NULL, 0);
+    /* CURVE's: the session's keys too. */
+    memset(m.u.config.seal, 'b', FERRY__SEAL_KEYS_HEX);
+    rc |= write_seed(dir, "config_sealed", &m, NULL, 0);
 
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_READY;

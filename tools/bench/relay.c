@@ -50,6 +50,8 @@ struct bench_relay {
     struct sockaddr_in to;
     atomic_uint delay_us;
     atomic_int stop;
+    void (*_Atomic tap)(void *arg, const void *data, size_t len);
+    void *tap_arg;
     pthread_t thread;
     conn c[MAX_CONNS];
 };
@@ -122,6 +124,9 @@ static int pull(bench_relay *r, pipe_dir *p)
     }
     *k = (chunk){.due_ns = now_ns() + (uint64_t)atomic_load(&r->delay_us) * 1000u,
                  .len = (size_t)n};
+    void (*tap)(void *, const void *, size_t) = atomic_load(&r->tap);
+    if (tap)
+        tap(r->tap_arg, k->data, k->len);
     if (p->tail)
         p->tail->next = k;
     else
@@ -244,6 +249,13 @@ int bench_relay_start(bench_relay **out, const char *listen_ip, int listen_port,
 void bench_relay_set_delay(bench_relay *r, unsigned delay_us)
 {
     atomic_store(&r->delay_us, delay_us);
+}
+
+void bench_relay_tap(bench_relay *r, void (*tap)(void *arg, const void *data, size_t len),
+                     void *arg)
+{
+    r->tap_arg = arg;
+    atomic_store(&r->tap, tap);
 }
 
 void bench_relay_stop(bench_relay *r)

@@ -13,6 +13,8 @@
 #ifndef FERRY_TOOLS_BENCH_RELAY_H
 #define FERRY_TOOLS_BENCH_RELAY_H
 
+#include <stddef.h>
+
 typedef struct bench_relay bench_relay;
 
 /* Listens on listen_ip:listen_port and relays to to_ip:to_port, delay_us
@@ -22,6 +24,12 @@ int bench_relay_start(bench_relay **out, const char *listen_ip, int listen_port,
 
 /* The delay each way from now on (bytes already held keep theirs). */
 void bench_relay_set_delay(bench_relay *r, unsigned delay_us);
+
+/* From now on, tap(arg, bytes, len) sees every read of bytes passing
+ * through, either way, on the relay's thread, before the delay (a test
+ * looks at what crosses the wire). Set it before traffic starts. */
+void bench_relay_tap(bench_relay *r, void (*tap)(void *arg, const void *data, size_t len),
+                     void *arg);
 
 /* Closes every connection and the listener, and joins the thread. */
 void bench_relay_stop(bench_relay *r);
