@@ -84,7 +84,7 @@ static const opt_def options[] = {
     {"curve_allow", OPT_STR, OFF(curve_allow), 0, PATH_MAX, NULL, "allowed worker keys"},
     {"insecure", OPT_BOOL, OFF(insecure), 0, 1, NULL, "plain TCP, no authentication"},
     {"data_port", OPT_INT, OFF(data_port), 0, 65535, NULL,
-     "plain TCP: port of admitted workers' data connections, 0: any free one"},
+     "port of admitted remote workers' data connections, 0: any free one"},
     {"min_workers", OPT_INT, OFF(min_workers), -1, 1280, NULL, "ready workers before open returns"},
     {"max_remote", OPT_INT, OFF(max_remote), 1, 1024, NULL, "remote workers at once"},
     {"heartbeat_ms", OPT_INT, OFF(heartbeat_ms), 10, 600000, NULL, "remote heartbeat interval"},

@@ -271,6 +271,11 @@ static int setup_socket(ferry__remote *rm, void *zctx)
                     "remote workers on %s (data port %u) are neither authenticated nor encrypted "
                     "(insecure=1): anyone who can reach it can join and read every batch",
                     rm->bound, rm->data_port);
+    else
+        ferry__logf(&o->log, FERRY_LOG_INFO,
+                    "remote workers on %s with CURVE; their sessions go on, sealed, at data port "
+                    "%u (both ports must be reachable from the worker hosts)",
+                    rm->bound, rm->data_port);
     return FERRY_OK;
 }
 
