@@ -385,13 +385,10 @@ int ferry__remote_token_issue(ferry__remote *rm, uint32_t k, char *hex, char *ke
 {
     ferry__remote_token_revoke(rm, k);
     session_token *t = &rm->tokens[k];
-    char fresh[FERRY__SEAL_KEYS_HEX + 1]; /* random hex: the token is its first part */
-    int rc = ferry__seal_draw(fresh);
-    memcpy(t->hex, fresh, FERRY__TOKEN_HEX);
-    explicit_bzero(fresh, sizeof fresh);
+    int rc = ferry__random_hex(t->hex, FERRY__TOKEN_HEX / 2);
     keys[0] = '\0';
     if (rc == FERRY_OK && !rm->o.insecure)
-        rc = ferry__seal_draw(keys);
+        rc = ferry__random_hex(keys, FERRY__SEAL_KEYS_HEX / 2);
     if (rc == FERRY_OK && !rm->o.insecure)
         rc = ferry__seal_new(&t->seal, keys, FERRY__SEAL_LOADER);
     if (rc != FERRY_OK) {
@@ -408,9 +405,7 @@ void ferry__remote_token_revoke(ferry__remote *rm, uint32_t k)
 {
     session_token *t = &rm->tokens[k];
     ferry__seal_free(t->seal);
-    explicit_bzero(t, sizeof *t);
-    t->state = TOKEN_NONE;
-    t->seal = NULL;
+    explicit_bzero(t, sizeof *t); /* TOKEN_NONE, no seal */
 }
 
 ferry__seal *ferry__remote_seal(const ferry__remote *rm, uint32_t k)

@@ -93,19 +93,23 @@ static int seal_crypt(EVP_CIPHER_CTX *ctx, int enc, uint32_t f, uint64_t counter
     return !enc || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FERRY__SEAL_TAG, tag);
 }
 
-int ferry__seal_draw(char *hex)
+int ferry__random_hex(char *hex, size_t nbytes)
 {
-    unsigned char raw[2 * FERRY__SEAL_KEY];
+    unsigned char raw[4 * FERRY__SEAL_KEY];
+    if (nbytes > sizeof raw)
+        return ferry__seterr(FERRY_EINVAL, "%zu random bytes asked for, at most %zu", nbytes,
+                             sizeof raw);
     size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
+    while (got < nbytes) {
+        ssize_t r = getrandom(raw + got, nbytes - got, 0);
         if (r < 0 && errno != EINTR)
-            return ferry__syserr(FERRY_ESYS, "getrandom (a session's keys)", errno);
+            return ferry__syserr(FERRY_ESYS, "getrandom (a session's token or keys)", errno);
         if (r > 0)
             got += (size_t)r;
     }
-    for (size_t i = 0; i < sizeof raw; i++)
+    for (size_t i = 0; i < nbytes; i++)
         snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    hex[2 * nbytes] = '\0';
     explicit_bzero(raw, sizeof raw);
     return FERRY_OK;
 }

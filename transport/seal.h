@@ -45,9 +45,11 @@ typedef struct ferry__seal ferry__seal;
  * (the other opens). */
 typedef enum { FERRY__SEAL_LOADER = 0, FERRY__SEAL_WORKER = 1 } ferry__seal_side;
 
-/* Fills hex (FERRY__SEAL_KEYS_HEX + 1 bytes) with a new session's two
- * keys from the kernel's random source. FERRY_ESYS should that fail. */
-int ferry__seal_draw(char *hex);
+/* Fills hex (2 x nbytes + 1 bytes) with nbytes from the kernel's random
+ * source in lowercase hex: a session token, or a session's two keys
+ * (nbytes 2 x FERRY__SEAL_KEY, as ferry__seal_new takes them). FERRY_ESYS
+ * should that fail. */
+int ferry__random_hex(char *hex, size_t nbytes);
 
 /* A seal for `side` of the session whose keys are `hex` (as drawn above).
  * FERRY_EPROTO when hex is not such keys, FERRY_ENOMEM, FERRY_ESYS when

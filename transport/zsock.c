@@ -122,11 +122,11 @@ int ferry__zsock_recv(void *sock, ferry__ident *ident, const ferry__zsock_opener
             return ferry__seterr(FERRY_ECLOSED, "a message from a session that has ended");
         }
     }
-    if (hlen > FERRY__HDR_MAX + (seal ? FERRY__SEAL_TRAILER : 0)) {
+    size_t hmax = FERRY__HDR_MAX + (seal ? FERRY__SEAL_TRAILER : 0);
+    if (hlen > hmax) {
         zmq_msg_close(&f);
         drain(sock);
-        return ferry__seterr(FERRY_EPROTO, "header frame of %zu bytes exceeds %d", hlen,
-                             FERRY__HDR_MAX);
+        return ferry__seterr(FERRY_EPROTO, "header frame of %zu bytes exceeds %zu", hlen, hmax);
     }
     rc = seal ? ferry__seal_open_header(seal, zmq_msg_data(&f), &hlen, has_more(sock), &opened)
               : FERRY_OK;
