@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "shm.h"
 
 static int all_aligned(const ferry_tensor *fields, int nfields)
 {
@@ -107,6 +108,17 @@ int ferry_batch_field(const ferry_batch *b, const char *name, ferry_tensor *t)
         }
     }
     return ferry__seterr(FERRY_EINVAL, "batch has no field '%s'", name);
+}
+
+int ferry_batch_slot(const ferry_batch *b, void **data, size_t *len)
+{
+    if (!b || !data || !len)
+        return ferry__seterr(FERRY_EINVAL, "batch, data and len must not be NULL");
+    if (b->backing.release != ferry__shm_release)
+        return ferry__seterr(FERRY_EINVAL, "the batch is not in a shared-memory slot (it came %s)",
+                             b->realigned ? "realigned, as a copy" : "by message");
+    ferry__shm_range(b->backing.ctx, data, len);
+    return FERRY_OK;
 }
 
 void ferry_batch_release(ferry_batch *b)

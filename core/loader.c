@@ -180,6 +180,15 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
     return FERRY_OK;
 }
 
+int ferry_loader_keep_slots(ferry_loader *ld)
+{
+    if (!ld)
+        return ferry__seterr(FERRY_EINVAL, "loader must not be NULL");
+    if (ld->sched)
+        ferry__scheduler_keep_slots(ld->sched);
+    return FERRY_OK;
+}
+
 int ferry_loader_endpoint(ferry_loader *ld, char *buf, size_t cap)
 {
     if (!ld || !buf)

@@ -659,6 +659,12 @@ pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i)
     return i < s->nlocal ? ferry__pool_pid(s->pool, i) : 0;
 }
 
+void ferry__scheduler_keep_slots(ferry__scheduler *s)
+{
+    if (s->shm)
+        ferry__shm_keep(s->shm);
+}
+
 void ferry__scheduler_usage(ferry__scheduler *s, ferry_stats *st)
 {
     if (s->shm)

@@ -284,6 +284,25 @@ FERRY_API int ferry_loader_endpoint(ferry_loader *ld, char *buf, size_t cap);
  * *pid when it is a thread or not running at the moment (being replaced). */
 FERRY_API int ferry_loader_worker_pid(ferry_loader *ld, uint32_t index, int *pid);
 
+/* Page-locking batch slots for a device (pinned memory, cudaHostRegister):
+ * a batch from a local process worker lies in a slot of shared memory,
+ * the same slots batch after batch, so a slot registered once with a
+ * device runtime needs no staging copy for any batch that later lands in
+ * it. ferry_loader_keep_slots() tells the loader that slots may be
+ * registered: from then on no slot's pages are given back to the system
+ * (a registered range must stay backed by the pages it had when it was
+ * registered), so the slot memory stays at the most that was ever in
+ * flight and held at once. Call it before registering anything.
+ * ferry_batch_slot() gives the whole range of the slot batch `b` lies in
+ * (the same range for every batch in that slot; fields lie inside it), or
+ * FERRY_EINVAL when the batch did not come in a slot (a remote or thread
+ * worker's, one sent by message because every slot was taken, or a copy).
+ * The ranges stay mapped while the loader is open or any of its batches is
+ * held: unregister them before ferry_loader_close(). A slot is reused as
+ * soon as its batch is released, so release a batch only once the device
+ * has finished copying from it. */
+FERRY_API int ferry_loader_keep_slots(ferry_loader *ld);
+
 /* Stops every worker (STOP, a grace period, then SIGTERM and SIGKILL),
  * reaps them and frees everything. Always returns within a bounded time.
  * Batches not yet released stay valid until released. May be called from
@@ -321,6 +340,8 @@ FERRY_API int ferry_batch_nfields(const ferry_batch *b);
  * `i` (0 <= i < nfields). No copy is made. */
 FERRY_API int ferry_batch_field(const ferry_batch *b, const char *name, ferry_tensor *t);
 FERRY_API int ferry_batch_field_at(const ferry_batch *b, int i, ferry_tensor *t);
+/* The slot the batch lies in (see ferry_loader_keep_slots). */
+FERRY_API int ferry_batch_slot(const ferry_batch *b, void **data, size_t *len);
 /* Gives the batch's memory back. NULL is ignored. */
 FERRY_API void ferry_batch_release(ferry_batch *b);
 

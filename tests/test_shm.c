@@ -114,6 +114,19 @@ static int in_slots(const slot_maps *m, const ferry_batch *b)
     return 1;
 }
 
+/* Whether every field of b lies in [data, data + len). */
+static int fields_within(const ferry_batch *b, const void *data, size_t len)
+{
+    uintptr_t lo = (uintptr_t)data, hi = lo + len;
+    for (int f = 0; f < ferry_batch_nfields(b); f++) {
+        ferry_tensor t;
+        assert_int_equal(ferry_batch_field_at(b, f, &t), FERRY_OK);
+        if ((uintptr_t)t.data < lo || (uintptr_t)t.data + t.nbytes > hi)
+            return 0;
+    }
+    return 1;
+}
+
 static ferry_config *shm_cfg(int workers, int prefetch, const char *dataset)
 {
     ferry_config *cfg = ft_config(dataset, workers, BATCH);
@@ -420,6 +433,53 @@ static void test_an_ended_stream_gives_its_slot_memory_back(void **state)
     end_without_slots(&snap);
 }
 
+static int no_slot_memory(const ferry_stats *st, uint64_t unused)
+{
+    (void)unused;
+    return st->slot_memory == 0;
+}
+
+/* Slots a device may have registered (ferry_loader_keep_slots) keep their
+ * pages: two loaders run the same stream to its end, and once the one
+ * without the call has given its slot memory back, the one with it still
+ * holds its own, while the batches of both lie in the slots
+ * ferry_batch_slot names. */
+static void test_kept_slots_keep_their_pages(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_loader *ld[2];
+    for (int k = 0; k < 2; k++) {
+        ferry_config *cfg = shm_cfg(2, 4, synthetic(""));
+        assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
+        ld[k] = ft_open_ok(cfg);
+    }
+    assert_int_equal(ferry_loader_keep_slots(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_loader_keep_slots(ld[0]), FERRY_OK);
+    for (int k = 0; k < 2; k++) {
+        ferry_batch *b;
+        int rc;
+        while ((rc = ferry_loader_next(ld[k], &b)) == FERRY_OK) {
+            void *data;
+            size_t len;
+            assert_int_equal(ferry_batch_slot(b, &data, &len), FERRY_OK);
+            assert_true(fields_within(b, data, len));
+            ferry_batch_release(b);
+        }
+        assert_int_equal(rc, FERRY_EOF);
+    }
+    int64_t took = ft_wait_stats(ld[1], no_slot_memory, 0, 10000);
+    assert_true(took >= 0);
+    ferry_stats kept = ft_stats(ld[0]);
+    printf("slot memory %lld ms after the end: %llu bytes kept, 0 given back\n", (long long)took,
+           (unsigned long long)kept.slot_memory);
+    assert_true(kept.slot_memory >= kept.slot_bytes);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(ferry_loader_close(ld[k]), FERRY_OK);
+    end_without_slots(&snap);
+}
+
 /* The trainer's resident memory holds the batches it holds, not every
  * slot it has read: a released batch's slot leaves its pages (they stay
  * in the memfd, for the workers). */
@@ -696,7 +756,14 @@ static int batches_in_slots(const char *name, const char *value, const char *dat
     int rc, n = 0, in = 0;
     while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK) {
         ft_assert_synthetic(b, dim);
-        in += in_slots(&m, b);
+        int here = in_slots(&m, b);
+        /* ferry_batch_slot says the same, and names the slot's whole range. */
+        void *data = NULL;
+        size_t len = 0;
+        assert_int_equal(ferry_batch_slot(b, &data, &len), here ? FERRY_OK : FERRY_EINVAL);
+        if (here)
+            assert_true(len == ft_stats(ld).slot_bytes && fields_within(b, data, len));
+        in += here;
         n++;
         ferry_batch_release(b);
     }
@@ -769,6 +836,7 @@ int main(void)
         cmocka_unit_test(test_a_trainer_keeping_every_slot_gets_batches_by_message),
         cmocka_unit_test(test_slots_follow_what_the_trainer_keeps),
         cmocka_unit_test(test_an_ended_stream_gives_its_slot_memory_back),
+        cmocka_unit_test(test_kept_slots_keep_their_pages),
         cmocka_unit_test(test_the_trainer_maps_only_the_slots_it_holds),
         cmocka_unit_test(test_a_forked_child_keeps_its_own_copy_of_held_batches),
         cmocka_unit_test(test_workers_killed_mid_write_lose_nothing),

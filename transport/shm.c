@@ -43,6 +43,7 @@ struct ferry__shm {
     uint32_t nfree;
     uint32_t held;
     int open; /* the loader has not closed it */
+    int keep_pages; /* slots keep their pages (ferry__shm_keep) */
     ferry__shm *next_live, *prev_live;
 };
 
@@ -99,7 +100,9 @@ static void private_copies(ferry__shm *m)
         }
         if (keep < m->slot_bytes) /* nothing here refers to the rest */
             (void)munmap(at + keep, m->slot_bytes - keep);
-        if (!keep)
+        /* A range registered with a device runtime may not be in the
+         * child at all (MADV_DONTFORK): nothing to copy then. */
+        if (!keep || madvise(at, keep, MADV_NORMAL) != 0)
             continue;
         void *copy = mmap(NULL, keep, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (copy == MAP_FAILED)
@@ -327,6 +330,8 @@ uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
     int32_t cut[MAX_PER_CALL];
     uint32_t n = 0;
     uint64_t now = ferry__now_ms();
+    if (__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED))
+        return 0;
     pthread_mutex_lock(&m->mu);
     /* The bottom of the stack was freed first and is given last. */
     for (uint32_t i = 0; i + keep < m->nfree && n < MAX_PER_CALL; i++) {
@@ -357,6 +362,18 @@ static void destroy(ferry__shm *m)
     free(m);
 }
 
+void ferry__shm_keep(ferry__shm *m)
+{
+    __atomic_store_n(&m->keep_pages, 1, __ATOMIC_RELAXED);
+}
+
+void ferry__shm_range(const void *held, void **data, size_t *len)
+{
+    const shm_slot *s = held;
+    *data = s->m->base + (size_t)(s - s->m->slots) * s->m->slot_bytes;
+    *len = s->m->slot_bytes;
+}
+
 void ferry__shm_release(void *held)
 {
     shm_slot *s = held;
@@ -367,7 +384,7 @@ void ferry__shm_release(void *held)
      * few page-table entries to map again at the next hold. Still held
      * here: no one else can be given the slot meanwhile. */
     int32_t slot = (int32_t)(s - m->slots);
-    if (m->base)
+    if (m->base && !__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED))
         (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_DONTNEED);
     pthread_mutex_lock(&m->mu);
     put_free(m, slot);

@@ -101,6 +101,18 @@ void *ferry__shm_data(const ferry__shm *m, int32_t slot);
 void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes);
 void ferry__shm_release(void *held);
 
+/* The slot a ferry__shm_hold context stands for: its whole range in the
+ * loader's mapping. From any thread while the slot is held. */
+void ferry__shm_range(const void *held, void **data, size_t *len);
+
+/* From now on every slot keeps the pages it has: none is trimmed, and a
+ * released slot stays mapped here. For slots page-locked by a device
+ * runtime (cudaHostRegister pins the pages a range has when it is
+ * registered; a trimmed slot would get new pages the device never sees).
+ * The memory then stays at the most that was ever in flight and held at
+ * once. From any thread. */
+void ferry__shm_keep(ferry__shm *m);
+
 /* The loader is done with the pool: the memfd is closed now, the mapping
  * once the last held slot is released (at once if none is). NULL is fine. */
 void ferry__shm_close(ferry__shm *m);

@@ -1092,7 +1092,7 @@ class DataLoader(_Closes):
 
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
-                        in_order, collate_fn)
+                        in_order, collate_fn, ferry_options.pop("pin_slots", True))
 
         opts = dict(ferry_options)
         indices = None
@@ -1213,6 +1213,7 @@ class DataLoader(_Closes):
         opts.setdefault("in_order", bool(in_order))
         self._opts = opts
         self._loader = None
+        self._pins = None  # pin_memory's registered slots (_SlotPins)
         # torchvision's ImageFolder with a transform ferry has in C: the
         # workers decode and crop in C, no Python at all.
         self._native = None
@@ -1229,8 +1230,10 @@ class DataLoader(_Closes):
 
     def _keep_args(self, dataset, num_workers, prefetch_factor, pin_memory, timeout,
                    worker_init_fn, multiprocessing_context, generator, persistent_workers,
-                   in_order, collate_fn):
-        """torch's DataLoader attributes of the same names."""
+                   in_order, collate_fn, pin_slots):
+        """torch's DataLoader attributes of the same names (and ferry's
+        pin_slots: False copies each batch into pinned memory, as torch does,
+        instead of page-locking the batch slots once)."""
         self.dataset = dataset
         self.num_workers = int(num_workers)
         self.prefetch_factor = prefetch_factor
@@ -1238,6 +1241,7 @@ class DataLoader(_Closes):
         if self.pin_memory and not torch.cuda.is_available():
             _warn_once("pin", "pin_memory=True, but CUDA is not available: nothing is pinned")
             self.pin_memory = False
+        self._pin_slots = bool(pin_slots)
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
@@ -1276,6 +1280,8 @@ class DataLoader(_Closes):
                 self._loader = ld
             else:
                 self._loader = Loader(self._batches, **self._opts)
+            pin = self.pin_memory and self._pin_slots and not self._sync
+            self._pins = _SlotPins(self._loader) if pin else None
         return self._loader
 
     def __len__(self):
@@ -1337,6 +1343,8 @@ class DataLoader(_Closes):
             fields = [b._arrays[n] for n in b._names]
             out = _load_structure(fields[-1], fields)
         if self.pin_memory:
+            if self._pins is not None:
+                self._pins.pin(b)
             out = _tcollate_pin(out)
         return out
 
@@ -1357,12 +1365,16 @@ class DataLoader(_Closes):
         self._opts["state"] = state
 
     def stats(self):
-        return self._ferry().stats()
+        out = self._ferry().stats()
+        if self._pins is not None:
+            out.update(self._pins.stats())
+        return out
 
     def close_workers(self):
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+            self._pins = None
 
     def close(self):
         """Stops the workers (also done at exit and when collected)."""
@@ -1414,7 +1426,7 @@ class _IterableDataLoader(DataLoader):
                                       "iterator stands); resume needs a map-style dataset")
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
-                        in_order, collate_fn)
+                        in_order, collate_fn, ferry_options.pop("pin_slots", True))
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = self.batch_sampler = None
@@ -1436,6 +1448,7 @@ class _IterableDataLoader(DataLoader):
                     epochs=0, in_order=True, seed=base_seed, prefetch=max(1, self._window))
         self._opts = opts
         self._loader = None
+        self._pins = None  # pin_memory's registered slots (_SlotPins)
         self._seq = 0            # the next task's seq: delivered in order
         self._epoch = 0          # the epoch the next `for` hands out
         self._mid_epoch = False
@@ -1458,6 +1471,8 @@ class _IterableDataLoader(DataLoader):
             # Every task the window can send has its entry before any is sent.
             self._table.write_to(self._window + self.num_workers)
             self._loader = Loader(self._batches, **self._opts)
+            pin = self.pin_memory and self._pin_slots
+            self._pins = _SlotPins(self._loader) if pin else None
         return self._loader
 
     def _fresh_stream(self):
@@ -1521,6 +1536,8 @@ class _IterableDataLoader(DataLoader):
         fields = [b._arrays[n] for n in b._names]
         res = _load_structure(fields[0], fields)  # _StreamBatches: the structure first
         if res[0] == "b" and self.pin_memory:
+            if self._pins is not None:
+                self._pins.pin(b)
             res = res[:3] + (_tcollate_pin(res[3]),)
         return res
 
@@ -1631,7 +1648,86 @@ def _native(sampler):
 
 
 def _tcollate_pin(obj):
+    """torch's pin_memory: a copy into pinned memory for each tensor, but
+    a tensor already in page-locked memory (a registered slot) is itself."""
     from torch.utils.data._utils.pin_memory import pin_memory
     return pin_memory(obj)
+
+
+class _SlotPins:
+    """pin_memory=True without a copy per batch: each batch slot that a
+    batch arrives in is page-locked once (cudaHostRegister, through torch),
+    and every later batch in that slot is pinned memory as it arrives, so
+    `x.cuda(non_blocking=True)` copies by DMA straight from where the worker
+    wrote it. torch's pin thread instead copies every batch into its pinned
+    allocator's memory.
+
+    A slot is reused once its batch is released. With a non_blocking copy
+    still running, that would let a worker overwrite bytes the copy has not
+    read yet: so a batch in a slot does not give its slot back when it dies
+    but hands it here, with an event recorded on the current CUDA stream
+    (where `x.cuda(non_blocking=True)` or `x.to(device, non_blocking=True)`
+    has just queued the copy), and the slot goes back once that event has
+    completed (looked at before each batch, and at close). A copy queued on
+    another stream must be on the current stream, or that stream, when the
+    batch's last tensor goes: the same rule as torch's
+    `Tensor.record_stream` for the memory of its caching allocator.
+
+    Batches that did not come in a slot (remote workers', or every slot
+    taken) are copied into pinned memory as torch does. Slots keep their
+    memory once used (ferry_loader_keep_slots): page-locked pages cannot be
+    given back while registered. Everything is unregistered, after the
+    device has finished, before the loader closes."""
+
+    def __init__(self, loader):
+        self._cudart = torch.cuda.cudart()
+        self._slots = {}  # address -> bytes, registered
+        self._pending = collections.deque()  # (event, SlotHold)
+        self._off = None  # why slots are not registered (copies then)
+        c = loader._c
+        c.keep_slots()
+        c.release_hook = self._hold
+        c.before_close = self.close
+
+    def pin(self, batch):
+        """Registers the slot `batch` (a ferry.Batch) lies in, if it is the
+        first batch there."""
+        self._poll()
+        slot = batch._b.slot() if batch._b is not None else None
+        if slot is None or self._off or slot[0] in self._slots:
+            return
+        rc = int(self._cudart.cudaHostRegister(slot[0], slot[1], 1))  # 1: Portable
+        if rc:
+            self._off = "cudaHostRegister of a %d-byte batch slot failed (cudaError %d)" % (
+                slot[1], rc)
+            _warn_once("pin-slots", "pin_memory=True: %s; batches are copied into pinned "
+                       "memory instead, as torch's DataLoader does" % self._off)
+            return
+        self._slots[slot[0]] = slot[1]
+
+    def _hold(self, hold):
+        if self._slots:  # nothing registered: nothing to wait for
+            self._pending.append((torch.cuda.current_stream().record_event(), hold))
+
+    def _poll(self):
+        p = self._pending
+        while p and p[0][0].query():
+            p.popleft()
+
+    def stats(self):
+        return {"pinned_slots": len(self._slots), "pinned_bytes": sum(self._slots.values()),
+                "slots_awaiting_copy": len(self._pending)}
+
+    def close(self):
+        """Before the loader closes: the device's copies end, every slot
+        goes back and is unregistered (a batch still held after this is
+        plain memory)."""
+        if self._slots or self._pending:
+            torch.cuda.synchronize()
+        self._pending.clear()
+        for addr in self._slots:
+            self._cudart.cudaHostUnregister(addr)
+        self._slots.clear()
+        self._off = self._off or "the loader is closed"
 
 

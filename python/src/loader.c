@@ -45,6 +45,9 @@
 typedef struct held_count {
     long owners; /* the loader, while it lives, and each live batch */
     long live;   /* live batches */
+    /* Called as on_release(SlotHold) when a batch in a slot dies: the slot
+     * then goes back when that SlotHold does (Loader.release_hook). */
+    PyObject *on_release;
 } held_count;
 
 /* Messages from ferry's thread, waiting for the trainer's. */
@@ -71,6 +74,7 @@ typedef struct {
     long max_held;    /* next() refuses while this many are alive; 0: no limit */
     pid_t owner;      /* the process that opened it */
     PyObject *wrap;   /* makes what next() returns from a Batch (ferry.Batch); NULL, None: none */
+    PyObject *before_close; /* called first by close(), and by the loader's end; NULL, None: none */
     int in_order;     /* the loader has a stream position (state() works) */
     /* What next() took from ferry but could not hand over because a signal
      * handler raised first (Ctrl-C): a batch, or a per-batch failure's code
@@ -93,8 +97,10 @@ typedef struct {
 
 static void held_drop(held_count *h)
 {
-    if (h && --h->owners == 0)
+    if (h && --h->owners == 0) {
+        Py_XDECREF(h->on_release);
         PyMem_Free(h);
+    }
 }
 
 /* A buffer over part of a batch's memory: one field, or the indices. */
@@ -108,7 +114,7 @@ typedef struct {
     Py_ssize_t strides[FERRY_MAX_DIMS + 1];
 } ViewObject;
 
-static PyTypeObject LoaderType, BatchType, ViewType;
+static PyTypeObject LoaderType, BatchType, ViewType, SlotHoldType;
 
 /* ---------------------------------------------------------------- View */
 
@@ -198,13 +204,75 @@ static PyTypeObject ViewType = {
 
 /* --------------------------------------------------------------- Batch */
 
+/* ------------------------------------------------------------ SlotHold */
+
+/* A dead batch's slot, not yet given back: the trainer's release hook
+ * keeps it until the device has finished copying from the slot. */
+typedef struct {
+    PyObject_HEAD ferry_batch *b;
+} SlotHoldObject;
+
+static void slot_hold_dealloc(SlotHoldObject *h)
+{
+    ferry_batch_release(h->b);
+    PyObject_Free(h);
+}
+
+static PyTypeObject SlotHoldType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.SlotHold",
+    .tp_basicsize = sizeof(SlotHoldObject),
+    .tp_dealloc = (destructor)slot_hold_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A released batch's slot, given back to the loader when this object goes.",
+};
+
+/* Hands a dying batch in a slot to on_release inside a SlotHold; the slot
+ * goes back when that does (at once if the hook keeps nothing, or fails:
+ * the failure is reported as unraisable, as from __del__). Returns 0 when
+ * no SlotHold could be made: the caller releases the batch itself. */
+static int hold_slot(PyObject *on_release, ferry_batch *b)
+{
+    void *data;
+    size_t len;
+    if (ferry_batch_slot(b, &data, &len) != FERRY_OK)
+        return 0;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    SlotHoldObject *h = PyObject_New(SlotHoldObject, &SlotHoldType);
+    if (!h) {
+        PyErr_Restore(type, value, tb);
+        return 0;
+    }
+    h->b = b;
+    PyObject *r = PyObject_CallOneArg(on_release, (PyObject *)h);
+    if (!r)
+        PyErr_WriteUnraisable(on_release);
+    Py_XDECREF(r);
+    Py_DECREF(h);
+    PyErr_Restore(type, value, tb);
+    return 1;
+}
+
 static void batch_dealloc(BatchObject *b)
 {
-    ferry_batch_release(b->b);
-    if (b->held)
-        b->held->live--;
-    held_drop(b->held);
+    held_count *held = b->held;
+    if (held)
+        held->live--;
+    if (!(held && held->on_release && hold_slot(held->on_release, b->b)))
+        ferry_batch_release(b->b);
+    held_drop(held);
     PyObject_Free(b);
+}
+
+/* Batch.slot() -> (address, bytes) of the shared-memory slot the batch
+ * lies in, or None (see ferry_batch_slot). */
+static PyObject *batch_slot(BatchObject *b, PyObject *unused)
+{
+    void *data;
+    size_t len;
+    if (ferry_batch_slot(b->b, &data, &len) != FERRY_OK)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)data, (unsigned long long)len);
 }
 
 /* Batch.fields() -> ((name, View), ...) in the schema's order. */
@@ -240,6 +308,7 @@ static PyObject *batch_indices(BatchObject *b, PyObject *unused)
 static PyMethodDef batch_methods[] = {
     {"fields", (PyCFunction)batch_fields, METH_NOARGS, "((name, View), ...)"},
     {"indices", (PyCFunction)batch_indices, METH_NOARGS, "View of the sample indices"},
+    {"slot", (PyCFunction)batch_slot, METH_NOARGS, "(address, bytes) of its slot, or None"},
     {0},
 };
 
@@ -480,6 +549,16 @@ static ferry_loader *usable(LoaderObject *self)
  * parent's loader. */
 static void close_loader(LoaderObject *self)
 {
+    if (self->ld && getpid() == self->owner && self->before_close &&
+        self->before_close != Py_None) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *r = PyObject_CallNoArgs(self->before_close);
+        if (!r)
+            PyErr_WriteUnraisable(self->before_close);
+        Py_XDECREF(r);
+        PyErr_Restore(type, value, tb);
+    }
     ferry_loader *ld = self->ld;
     self->ld = NULL;
     Py_CLEAR(self->pending);
@@ -499,6 +578,7 @@ static void loader_dealloc(LoaderObject *self)
     /* In a forked child the queue is a copy nobody writes to. */
     free_log(self);
     Py_CLEAR(self->wrap);
+    Py_CLEAR(self->before_close);
     held_drop(self->held);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -785,6 +865,41 @@ static PyObject *loader_endpoint(LoaderObject *self, PyObject *unused)
     return PyUnicode_FromString(buf);
 }
 
+/* keep_slots(): see ferry_loader_keep_slots. */
+static PyObject *loader_keep_slots(LoaderObject *self, PyObject *unused)
+{
+    ferry_loader *ld = usable(self);
+    if (!ld)
+        return NULL;
+    int rc = ferry_loader_keep_slots(ld);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_get_release_hook(LoaderObject *self, void *unused)
+{
+    PyObject *hook = self->held && self->held->on_release ? self->held->on_release : Py_None;
+    Py_INCREF(hook);
+    return hook;
+}
+
+static int loader_set_release_hook(LoaderObject *self, PyObject *hook, void *unused)
+{
+    if (!self->held) {
+        PyErr_SetString(PyExc_ValueError, "the loader is not open");
+        return -1;
+    }
+    if (hook && hook != Py_None && !PyCallable_Check(hook)) {
+        PyErr_SetString(PyExc_TypeError, "release_hook must be callable or None");
+        return -1;
+    }
+    PyObject *old = self->held->on_release;
+    self->held->on_release = hook && hook != Py_None ? Py_NewRef(hook) : NULL;
+    Py_XDECREF(old);
+    return 0;
+}
+
 static PyObject *loader_closed(LoaderObject *self, void *unused)
 {
     return PyBool_FromLong(self->ld == NULL);
@@ -799,6 +914,8 @@ static PyMethodDef loader_methods[] = {
     {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
     {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},
     {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},
+    {"keep_slots", (PyCFunction)loader_keep_slots, METH_NOARGS,
+     "slots keep their pages from now on (to register them with a device)"},
     {0},
 };
 
@@ -823,6 +940,8 @@ static PyMemberDef loader_members[] = {
     {"wrap", T_OBJECT, offsetof(LoaderObject, wrap), 0,
      "callable(Batch) making what next() returns (None: the Batch itself); called inside "
      "next(), so that a signal handler raising there cannot drop a batch"},
+    {"before_close", T_OBJECT, offsetof(LoaderObject, before_close), 0,
+     "callable() run first by close(), and when the loader goes without one; None: none"},
     {0},
 };
 
@@ -831,6 +950,10 @@ static PyGetSetDef loader_getset[] = {
     {"held", (getter)loader_held, NULL, "batches delivered and still alive", NULL},
     {"busy", (getter)loader_busy, NULL, "a thread is waiting in next() or close()", NULL},
     {"in_order", (getter)loader_in_order, NULL, "batches come in sampler order", NULL},
+    {"release_hook", (getter)loader_get_release_hook, (setter)loader_set_release_hook,
+     "callable(SlotHold) given each dying batch that lies in a slot; the slot goes back when "
+     "the SlotHold does. None: at once",
+     NULL},
     {0},
 };
 
@@ -849,9 +972,9 @@ static PyTypeObject LoaderType = {
 
 int ferry_py_loader_init(PyObject *m)
 {
-    PyTypeObject *types[] = {&LoaderType, &BatchType, &ViewType};
-    const char *names[] = {"Loader", "Batch", "View"};
-    for (int i = 0; i < 3; i++) {
+    PyTypeObject *types[] = {&LoaderType, &BatchType, &ViewType, &SlotHoldType};
+    const char *names[] = {"Loader", "Batch", "View", "SlotHold"};
+    for (int i = 0; i < 4; i++) {
         if (PyType_Ready(types[i]) < 0)
             return -1;
         Py_INCREF(types[i]);

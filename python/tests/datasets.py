@@ -248,3 +248,29 @@ class _FlakyIter:
         if i == 5:
             raise KeyError("bad record 5")
         return i
+
+
+class Filled:
+    """Item i: a float tensor of the given shape, every element i; label i."""
+
+    def __init__(self, n, shape=(3, 32, 32)):
+        self.n, self.shape = n, tuple(shape)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full(self.shape, float(i)), i
+
+
+class FilledStream(IterableDataset):
+    """Filled's items as a stream, sharded over the workers."""
+
+    def __init__(self, n, shape=(3, 32, 32)):
+        self.n, self.shape = n, tuple(shape)
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, nw = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(w, self.n, nw):
+            yield torch.full(self.shape, float(i)), i

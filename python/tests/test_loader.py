@@ -144,6 +144,62 @@ def test_process_workers_batches_are_views_of_shared_memory_unless_shm_is_off():
     assert all(np.array_equal(a, b) for a, b in zip(got[True], got[False]))
 
 
+def test_a_release_hook_keeps_a_dead_batchs_slot_until_it_lets_go():
+    """What pin_memory's slots rest on (ferry.torch): a batch that dies hands
+    its slot to Loader.release_hook, and no later batch lands in that slot
+    until the hook's SlotHold goes; then the slot is used again."""
+    kept, failing = [], [False]
+
+    def hook(hold):
+        if failing[0]:
+            raise RuntimeError("the hook failed")
+        if not kept:
+            kept.append(hold)  # the first slot is kept; the others go back at once
+
+    with pytest.raises(TypeError, match="callable"):
+        ferry.Loader(SYN, batch_size=50, workers=1)._c.release_hook = 5
+    with ferry.Loader("synthetic:n=4000,dim=64", batch_size=50, workers=2, seed=5,
+                      epochs=1) as ld:
+        ld._c.release_hook = hook
+        assert ld._c.release_hook is hook
+        b = ld.next()
+        addr, n = b._b.slot()
+        assert n == ld.stats()["slot_bytes"]
+        assert addr <= b["x"].__array_interface__["data"][0] < addr + n
+        del b
+        assert len(kept) == 1 and type(kept[0]).__name__ == "SlotHold"
+        for _ in range(30):
+            assert ld.next()._b.slot()[0] != addr
+        kept.clear()  # the slot goes back: the next batches are given it again
+        # A hook that raises: reported as unraisable, the slot goes back at once.
+        failing[0] = True
+        seen = []
+        old, sys.unraisablehook = sys.unraisablehook, seen.append
+        try:
+            back = [ld.next()._b.slot()[0] for _ in range(20)]
+        finally:
+            sys.unraisablehook = old
+        assert addr in back
+        assert seen and "the hook failed" in str(seen[0].exc_value)
+    with ferry.Loader(SYN, batch_size=50, workers=2, shm=False) as ld:
+        assert ld.next()._b.slot() is None  # by message: in no slot
+
+
+def test_before_close_runs_first_once_also_when_the_loader_is_dropped():
+    calls = []
+    ld = ferry.Loader(SYN, batch_size=50, workers=1)
+    ld._c.before_close = lambda: calls.append(ld._c.closed)
+    ld.close()
+    ld.close()
+    assert calls == [False]  # before the loader closed, and once
+    ld = ferry.Loader(SYN, batch_size=50, workers=1)
+    c = ld._c
+    c.before_close = lambda: calls.append("dropped")
+    del ld, c
+    gc.collect()
+    assert calls == [False, "dropped"]
+
+
 def test_stats_say_where_the_memory_is():
     # The batch slots: their size, how many hold a batch, how much memory
     # they have now; none of it without shared memory.
