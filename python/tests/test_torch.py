@@ -761,7 +761,8 @@ def test_remote_options_are_refused_for_objects():
 #   ferry could save; the loader says so (see above).
 # - multiprocessing_context / fork / spawn / forkserver: ferry's workers are
 #   forked from a clean parent, never from the trainer; the argument warns.
-# - CUDA pin_memory tests and pin_memory_device: need a GPU; CI has none.
+# - CUDA pin_memory: test_cuda_pin.py, which runs where CUDA is (CI has none)
+#   and skips itself elsewhere; pin_memory_device is ignored, with a warning.
 # - Worker segfault and SIGKILL cases: covered by test_clean_parent.py and
 #   the C suite (a worker killed is replaced; every batch arrives once).
 # - persistent_workers=False re-creating workers each epoch: ferry's workers
