@@ -521,7 +521,8 @@ class Loader(_Closes):
         pairs = [("dataset", spec)]
         pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
         if "worker_path" not in opts:
-            path, args = worker_command()
+            path, args = worker_command() if spec.startswith("python:") else \
+                _dataset.c_worker_command()
             pairs += [("worker_path", path), ("worker_args", args)]
         if self._data_fd is not None:
             pairs.append(("dataset_fd", str(self._data_fd)))

@@ -200,6 +200,23 @@ def test_before_close_runs_first_once_also_when_the_loader_is_dropped():
     assert calls == [False, "dropped"]
 
 
+def test_a_c_kinds_workers_start_without_the_ferry_package_or_numpy():
+    """A C dataset kind's workers run no Python: each starts the extension's
+    worker program directly (python -I -S), without importing the ferry
+    package and numpy, which cost a worker some 150 ms before its first
+    batch here (more beside a large site-packages)."""
+    with ferry.Loader(SYN, batch_size=50, workers=2) as ld:
+        assert synthetic_ok(next(iter(ld)))
+        for i in range(2):
+            pid = ld.worker_pid(i)
+            with open("/proc/%d/maps" % pid) as f:
+                maps = f.read()
+            with open("/proc/%d/cmdline" % pid) as f:
+                argv = f.read().split("\0")
+            assert "_ferry" in maps and "numpy" not in maps
+            assert argv[1:3] == ["-I", "-S"]
+
+
 def test_stats_say_where_the_memory_is():
     # The batch slots: their size, how many hold a batch, how much memory
     # they have now; none of it without shared memory.
