@@ -526,7 +526,14 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
     kill(d1, SIGCONT);
     uint64_t t_cont = ft_now_ms();
     int64_t rejoin = ft_wait_stats(ld, joined_at_least, 3, 10000);
-    assert_true(rejoin >= 0);
+    if (rejoin < 0) { /* what the loader saw, for a failure that came once in many runs */
+        ferry_stats st = ft_stats(ld);
+        fail_msg("the thawed worker did not join again within 10 s: joined %llu, lost %llu, "
+                 "workers %u, remote connections %u, turned away %u, stale %llu, malformed %llu",
+                 (unsigned long long)st.joined, (unsigned long long)st.lost, st.workers,
+                 st.remote_connections, st.connections_turned_away,
+                 (unsigned long long)st.stale, (unsigned long long)st.malformed);
+    }
     printf("thawed worker joined again %lld ms after SIGCONT\n", (long long)(ft_now_ms() - t_cont));
     ferry_stats st = read_to_end(ld, &c, 4 * PER_EPOCH);
     printf("delivered %llu, dispatched %llu, stale %llu, lost %llu, joined %llu\n",
