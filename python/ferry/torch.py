@@ -1706,8 +1706,13 @@ class _SlotPins:
         self._slots[slot[0]] = slot[1]
 
     def _hold(self, hold):
-        if self._slots:  # nothing registered: nothing to wait for
-            self._pending.append((torch.cuda.current_stream().record_event(), hold))
+        if not self._slots:  # nothing registered: nothing to wait for
+            return
+        try:
+            event = torch.cuda.current_stream().record_event()
+        except Exception:  # CUDA gone (interpreter exit): the slot goes back now
+            return
+        self._pending.append((event, hold))
 
     def _poll(self):
         p = self._pending
@@ -1722,11 +1727,16 @@ class _SlotPins:
         """Before the loader closes: the device's copies end, every slot
         goes back and is unregistered (a batch still held after this is
         plain memory)."""
-        if self._slots or self._pending:
-            torch.cuda.synchronize()
-        self._pending.clear()
-        for addr in self._slots:
-            self._cudart.cudaHostUnregister(addr)
+        try:
+            if self._slots or self._pending:
+                for event, _ in self._pending:  # copies to any device
+                    event.synchronize()
+                torch.cuda.synchronize()  # and those from batches still held
+            self._pending.clear()
+            for addr in self._slots:
+                self._cudart.cudaHostUnregister(addr)
+        except Exception:  # CUDA already gone (interpreter exit): nothing to wait for
+            self._pending.clear()
         self._slots.clear()
         self._off = self._off or "the loader is closed"
 

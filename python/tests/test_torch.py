@@ -7,6 +7,7 @@ written anew, each comparing with torch's DataLoader on the same data where
 the semantics must match. What is skipped, and why, is at the end."""
 
 import collections
+import itertools
 import os
 import random
 import warnings
@@ -603,6 +604,95 @@ def test_pin_memory_without_cuda_warns_once():
             same_batches(dl, TorchLoader(tensors(6), batch_size=3))
         DataLoader(tensors(6), pin_memory=True).close()
     assert sum("pin_memory" in str(x.message) for x in w) == 1
+
+
+class FakeCuda:
+    """torch.cuda as _SlotPins uses it, on a machine without a GPU: a
+    cudart that records registrations, and events that complete when the
+    test says so."""
+
+    def __init__(self, monkeypatch, fail=False):
+        import ferry.torch as ft
+        self.registered, self.unregistered, self.events, self.fail = {}, [], [], fail
+        fake = self
+
+        class Event:
+            def __init__(self):
+                self.done = False
+                fake.events.append(self)
+
+            def query(self):
+                return self.done
+
+            def synchronize(self):
+                self.done = True
+
+        class Stream:
+            def record_event(self):
+                return Event()
+
+        class Cudart:
+            def cudaHostRegister(self, addr, n, flags):
+                if fake.fail:
+                    return 3
+                fake.registered[addr] = (n, flags)
+                return 0
+
+            def cudaHostUnregister(self, addr):
+                fake.unregistered.append(addr)
+                return 0
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(ft, "_tcollate_pin", lambda obj: obj)  # no CUDA to copy with
+
+
+def test_pinned_slots_are_registered_once_and_wait_for_their_copies(monkeypatch):
+    """_SlotPins's bookkeeping, with CUDA faked (test_cuda_pin runs it on a
+    GPU): each slot registered once, portable; a dead batch's slot not
+    used again until the event recorded at its death completes; every slot
+    unregistered, after the events, when the loader closes."""
+    fake = FakeCuda(monkeypatch)
+    data = TensorDataset(torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32))
+    with DataLoader(data, batch_size=4, num_workers=2, pin_memory=True) as dl:
+        it = iter(dl)
+        (x,) = next(it)
+        first = x.data_ptr()
+        assert any(a <= first < a + n for a, (n, _) in fake.registered.items())
+        assert {f for _, f in fake.registered.values()} == {1}  # cudaHostRegisterPortable
+        del x
+        next(it)  # the iterator lets go of the first batch as it takes the second
+        assert len(fake.events) == 1 and dl.stats()["slots_awaiting_copy"] == 1
+        for (x,) in itertools.islice(it, 8):  # its copy has not run: its slot stays out
+            assert not (first <= x.data_ptr() < first + dl.stats()["slot_bytes"])
+        del x
+        assert dl.stats()["slots_awaiting_copy"] >= 8
+        fake.events[0].done = True
+        reused = False
+        for (x,) in it:
+            reused |= x.data_ptr() == first
+        del x
+        assert reused  # once the event completed, the slot came back into use
+        registered = set(fake.registered)
+        assert dl.stats()["pinned_slots"] == len(registered) >= 2
+    assert set(fake.unregistered) == registered and len(fake.unregistered) == len(registered)
+    assert all(e.done for e in fake.events)  # closing waited for every copy
+
+
+def test_a_slot_that_cannot_be_registered_warns_and_copies(monkeypatch):
+    import ferry.torch as ft
+    ft._warned.discard("pin-slots")
+    fake = FakeCuda(monkeypatch, fail=True)
+    data = TensorDataset(torch.arange(64, dtype=torch.float32).reshape(16, 4))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with DataLoader(data, batch_size=4, num_workers=2, pin_memory=True) as dl:
+            same_batches(dl, TorchLoader(data, batch_size=4))
+            assert dl.stats()["pinned_slots"] == 0
+    assert sum("cudaHostRegister" in str(x.message) for x in w) == 1
+    assert fake.events == []  # nothing registered: no slot waits
 
 
 def test_timeout_raises_torchs_runtime_error():
