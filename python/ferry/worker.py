@@ -35,6 +35,7 @@ and call anything else, and it never unpickles anything. The other options
 are ferry-worker's.
 """
 
+import gc
 import os
 import socket
 import sys
@@ -190,6 +191,11 @@ def fork_server(argv):
                   "only one, so a lock another holds stays locked in the workers. Something "
                   "the dataset imports started them" % (os.getpid(), _threads_running()),
                   file=sys.stderr)
+        # Every object so far to the collector's permanent generation: a
+        # collection in the child then never walks (and so never writes)
+        # the pages the fork shares with this process, as CPython's docs
+        # advise for pre-fork servers.
+        gc.freeze()
         try:
             pid = _ferry.fork_sibling()
         except OSError as e:
