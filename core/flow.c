@@ -22,6 +22,11 @@
 #define HOLD_MAX_NS (64 * S)
 #define PROBE_FIRST_NS (30 * S) /* saturated above the automatic credits */
 #define PROBE_MAX_NS (480 * S)
+/* A batch built in this long or more hides a local worker's round trip
+ * (0.1-0.5 ms) many times over: such a worker, saturated, is tried with
+ * one credit (below the automatic 2), since each task queued at it holds
+ * a batch slot's memory while it waits. */
+#define SLOW_MAKE_NS (20 * MS)
 
 enum { CHANGE_NONE, CHANGE_RAISED, CHANGE_PROBED };
 
@@ -175,7 +180,7 @@ void ferry__flow_leave(ferry__flow *f, uint32_t i)
 static void set_credits(ferry__flow *f, fworker *w, uint32_t c, uint32_t why)
 {
     w->credits = c;
-    w->why = c > f->o.auto_credits ? why : FERRY_SIZED_DEFAULT;
+    w->why = c != f->o.auto_credits ? why : FERRY_SIZED_DEFAULT;
     size_window(f);
 }
 
@@ -231,6 +236,18 @@ static int decide(ferry__flow *f, uint32_t i, uint64_t now_ns)
         return 0;
     if (w->pending) {
         judge(f, w, now_ns, busy, bound);
+    } else if (busy >= BUSY_ENOUGH && w->credits == f->o.auto_credits && w->credits > 1 &&
+               m >= SLOW_MAKE_NS && now_ns >= w->probe_at_ns) {
+        /* Slow batches: the task being built may be all it needs. Judged
+         * like any probe: back if busy falls (a remote worker's round
+         * trip), the next try later each time. Whether the window is full
+         * does not matter here: with prefetch at the workers' credits
+         * (Python workers: torch's 2 per worker) it is always full while
+         * they build, and a task fewer at each frees it. */
+        w->pending = CHANGE_PROBED;
+        w->from = w->credits;
+        w->busy_before = busy;
+        set_credits(f, w, w->credits - 1, FERRY_SIZED_NEED);
     } else if (bound) {
         /* The trainer sets the pace: more credits would not be used. */
     } else if (measured && now_ns >= w->hold_until_ns) {

@@ -29,6 +29,11 @@
  *     next period checks that it helped; if busy did not rise the
  *     bottleneck is elsewhere (the link, the host) and the raise is taken
  *     back, with no new one for a hold time that doubles each time.
+ *   - saturated at the automatic credits with batches of SLOW_MAKE_NS
+ *     (20 ms) or more: one credit is tried, so that no task waits at the
+ *     worker holding a batch slot's memory (a local round trip is 1-2%
+ *     of such a batch). If busy falls (a remote worker), it is taken back
+ *     and tried again later each time, as a probe below.
  *   - saturated (busy >= BUSY_ENOUGH) above the automatic credits: 30 s
  *     after a raise (doubling after a probe that hurt) one credit less is
  *     tried, and given back if busy falls; one that did not hurt is

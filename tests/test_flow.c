@@ -331,6 +331,50 @@ static void test_local_workers_keep_the_automatic_credits(void **state)
     }
 }
 
+/* Slow batches (100 ms, +-20): a local worker (0.05 ms each way) does as
+ * well with one credit as with two, so it goes down to one (each queued
+ * task holds a batch slot's memory); a remote one (20 ms each way) does
+ * not, so the try is taken back, and made again ever more rarely. */
+static void test_slow_batches_need_one_credit_locally(void **state)
+{
+    (void)state;
+    ferry__flow_opts two = {.credits = 2,
+                            .auto_credits = 2,
+                            .max_credits = 64,
+                            .auto_window = 8,
+                            .max_window = 512,
+                            .memory = 1ull << 30};
+    uint64_t delays[] = {50 * US, 20 * MS};
+    for (int k = 0; k < 2; k++) {
+        sim *fixed = sim_new(2, 100 * MS, delays[k], 0, &two);
+        fixed->jitter = 40 * MS;
+        double fixed_rate = rate(fixed, 10 * S, 300 * S);
+        sim_free(fixed);
+
+        sim *s = sim_new(2, 100 * MS, delays[k], 0, NULL);
+        s->jitter = 40 * MS;
+        run(s, 10 * S);
+        ferry__flow_summary fs = summary(s);
+        double r = rate(s, 10 * S, 300 * S);
+        print_message("%s: credits %u..%u (%s) after 10 s; %.2f/s against %.2f/s with 2 "
+                      "fixed; %u changes in 300 s\n",
+                      k ? "20 ms each way" : "local", fs.credits_min, fs.credits_max,
+                      ferry_sized_name((int)fs.credits_why), r, fixed_rate, s->changes);
+        if (k == 0) {
+            assert_int_equal(fs.credits_max, 1);
+            assert_int_equal(fs.credits_why, FERRY_SIZED_NEED);
+            assert_true(r >= 0.98 * fixed_rate);
+            assert_true(s->changes <= 2); /* once per worker, and kept */
+        } else {
+            assert_int_equal(fs.credits_min, 2);
+            assert_true(r >= 0.95 * fixed_rate);
+            /* Each try and its undoing, 30 s apart, then 60, 120, 240. */
+            assert_true(s->changes <= 2 * 2 * 5);
+        }
+        sim_free(s);
+    }
+}
+
 /* The window grows with the credits up to what `memory` holds, and says
  * so; credits the user fixed stay fixed. */
 static void test_bounds_memory_and_the_user(void **state)
@@ -380,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_credits_follow_a_changing_delay),
         cmocka_unit_test(test_a_raise_that_does_not_help_is_taken_back),
         cmocka_unit_test(test_local_workers_keep_the_automatic_credits),
+        cmocka_unit_test(test_slow_batches_need_one_credit_locally),
         cmocka_unit_test(test_bounds_memory_and_the_user),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
