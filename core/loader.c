@@ -120,16 +120,19 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
 
 int ferry_loader_next(ferry_loader *ld, ferry_batch **out)
 {
-    if (!ld || !out)
-        return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
-    return ferry__window_next(ld->win, out, -1);
+    return ferry_loader_next_timeout(ld, out, -1);
 }
 
 int ferry_loader_next_timeout(ferry_loader *ld, ferry_batch **out, int64_t timeout_ms)
 {
     if (!ld || !out)
         return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
-    return ferry__window_next(ld->win, out, timeout_ms);
+    int rc = ferry__window_next(ld->win, out, timeout_ms);
+    /* The stream's last batch: no slot will be given again, and the slots'
+     * memory goes back now rather than at the scheduler's next trim. */
+    if (rc == FERRY_OK && ferry__window_ended(ld->win))
+        ferry__scheduler_stream_ended(ld->sched);
+    return rc;
 }
 
 int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *batches_per_epoch)

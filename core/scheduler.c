@@ -659,6 +659,12 @@ pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i)
     return i < s->nlocal ? ferry__pool_pid(s->pool, i) : 0;
 }
 
+void ferry__scheduler_stream_ended(ferry__scheduler *s)
+{
+    if (s->shm)
+        ferry__shm_drain(s->shm);
+}
+
 void ferry__scheduler_keep_slots(ferry__scheduler *s)
 {
     if (s->shm)

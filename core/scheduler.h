@@ -50,6 +50,9 @@ pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i);
 /* The stats of what the scheduler owns: the batch slots' memory and the
  * remote connections; from any thread. */
 void ferry__scheduler_usage(ferry__scheduler *s, ferry_stats *st);
+/* The trainer has had the stream's last batch: the batch slots' memory
+ * goes back as they come free (ferry__shm_drain). From any thread. */
+void ferry__scheduler_stream_ended(ferry__scheduler *s);
 /* ferry_loader_keep_slots: the batch slots keep their pages from now on.
  * From any thread. */
 void ferry__scheduler_keep_slots(ferry__scheduler *s);

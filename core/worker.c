@@ -25,6 +25,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,6 +72,8 @@ typedef struct worker_session {
     uint64_t hb_ms, dead_ms;
     uint64_t sent_ms;              /* last send, under sock_mu */
     uint64_t heard_ms;             /* last message from the loader */
+    uint64_t task_ms;              /* when the last task was done */
+    int trimmed;                   /* the heap was trimmed since that task */
     uint64_t parent_ms;            /* when should_quit last looked at the parent */
     char refusal[FERRY__TEXT_MAX]; /* why the dataset did not open here, for the log */
     ferry__dataset ds;
@@ -777,6 +782,28 @@ static int heartbeat_if_due(worker_session *w)
     return since >= w->hb_ms ? send_simple(w, FERRY__MSG_HEARTBEAT) : FERRY_OK;
 }
 
+/* A worker left without a task for this long gives its heap's free
+ * memory back to the system: what building batches allocated and freed
+ * (decoded images, a dataset's temporaries) stays in glibc's heap
+ * otherwise, as part of this worker's memory, through an epoch's end, a
+ * trainer that is the bottleneck, or a loader (a validation one) that
+ * waits for its turn. Busy, it never trims: the next batch would fault
+ * the same pages in again. */
+#define IDLE_TRIM_MS 100
+
+static void trim_when_idle(worker_session *w, uint64_t now)
+{
+#ifdef __GLIBC__
+    if (!w->trimmed && now - w->task_ms >= IDLE_TRIM_MS) {
+        w->trimmed = 1;
+        malloc_trim(0);
+    }
+#else
+    (void)w;
+    (void)now;
+#endif
+}
+
 /* What the main loop does when no message came: heartbeats while idle,
  * and the end of the session when the loader has gone silent. */
 static int on_idle(worker_session *w, int configured, uint64_t waited)
@@ -790,6 +817,7 @@ static int on_idle(worker_session *w, int configured, uint64_t waited)
         return FERRY_OK;
     }
     uint64_t now = ferry__now_ms();
+    trim_when_idle(w, now);
     uint64_t join_ms = w->hb_ms ? w->dead_ms : (uint64_t)w->o->handshake_ms;
     if (w->joining && join_ms && now - w->heard_ms >= join_ms)
         return ferry__seterr(FERRY_ETIMEDOUT,
@@ -854,8 +882,12 @@ static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, in
             *w->o->configured = 1;
         return rc;
     }
-    case FERRY__MSG_TASK:
-        return on_task(w, payload);
+    case FERRY__MSG_TASK: {
+        int rc = on_task(w, payload);
+        w->task_ms = ferry__now_ms();
+        w->trimmed = 0;
+        return rc;
+    }
     case FERRY__MSG_HEARTBEAT:
         return FERRY_OK;
     case FERRY__MSG_STOP:

@@ -44,6 +44,7 @@ struct ferry__shm {
     uint32_t held;
     int open; /* the loader has not closed it */
     int keep_pages; /* slots keep their pages (ferry__shm_keep) */
+    int draining;   /* the stream ended: a slot's memory goes as it comes free */
     ferry__shm *next_live, *prev_live;
 };
 
@@ -324,6 +325,16 @@ void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes)
     return &m->slots[slot];
 }
 
+/* Gives slot `slot`'s memory back to the system; the caller has marked
+ * it untouched, and nobody writes into it meanwhile (m->mu held, or only
+ * the caller's thread gives slots). */
+static void punch(ferry__shm *m, int32_t slot)
+{
+    if (m->fd >= 0)
+        (void)fallocate(m->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        (off_t)ferry__shm_offset(m, slot), (off_t)m->slot_bytes);
+}
+
 uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
 {
     enum { MAX_PER_CALL = 64 }; /* bounds the time one call takes */
@@ -345,8 +356,7 @@ uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
     /* Outside the lock: only this thread gives slots, so none of these can
      * be given meanwhile, and a release elsewhere need not wait. */
     for (uint32_t k = 0; k < n; k++)
-        (void)fallocate(m->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                        (off_t)ferry__shm_offset(m, cut[k]), (off_t)m->slot_bytes);
+        punch(m, cut[k]);
     return n;
 }
 
@@ -360,6 +370,24 @@ static void destroy(ferry__shm *m)
     free(m->slots);
     free(m->free);
     free(m);
+}
+
+void ferry__shm_drain(ferry__shm *m)
+{
+    if (__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&m->mu);
+    if (!m->draining) {
+        m->draining = 1;
+        for (uint32_t i = 0; i < m->nfree; i++) {
+            shm_slot *sl = &m->slots[m->free[i]];
+            if (sl->touched) {
+                sl->touched = 0;
+                punch(m, m->free[i]);
+            }
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
 }
 
 void ferry__shm_keep(ferry__shm *m)
@@ -387,6 +415,10 @@ void ferry__shm_release(void *held)
     if (m->base && !__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED))
         (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_DONTNEED);
     pthread_mutex_lock(&m->mu);
+    if (m->draining && !__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED)) {
+        m->slots[slot].touched = 0;
+        punch(m, slot);
+    }
     put_free(m, slot);
     int last = --m->held == 0 && !m->open;
     pthread_mutex_unlock(&m->mu);

@@ -105,6 +105,11 @@ void ferry__shm_release(void *held);
  * loader's mapping. From any thread while the slot is held. */
 void ferry__shm_range(const void *held, void **data, size_t *len);
 
+/* The stream has ended: no slot will be given again, so the free slots'
+ * memory goes back now, and each slot's as its batch is released (unless
+ * ferry__shm_keep). From any thread; once is enough. */
+void ferry__shm_drain(ferry__shm *m);
+
 /* From now on every slot keeps the pages it has: none is trimmed, and a
  * released slot stays mapped here. For slots page-locked by a device
  * runtime (cudaHostRegister pins the pages a range has when it is

@@ -153,6 +153,18 @@ def _child(sock, args, fds):
             os._exit(rc if isinstance(rc, int) else 1)
 
 
+def _trim_heap():
+    """The heap's free memory back to the system (glibc's malloc_trim)
+    before the clean parent forks: what loading the dataset allocated and
+    freed (reading item 0 decodes an image, say) is then not part of every
+    worker's memory. Elsewhere than glibc: nothing."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def fork_server(argv):
     """``--fork-server --control-fd FD [--dataset SPEC --data-fd FD]
     --parent PID``: loads the dataset once, then forks a
@@ -169,6 +181,7 @@ def fork_server(argv):
         _dataset.set_payload(_read_fd(int(data_fd)))
     if spec and spec.startswith("python:"):
         _dataset.preload(spec[len("python:"):])
+    _trim_heap()
     try:
         sock.send(b"R")
     except OSError:  # the loader (or trainer) is gone already: nothing to serve
