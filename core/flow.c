@@ -28,7 +28,7 @@
  * a batch slot's memory while it waits. */
 #define SLOW_MAKE_NS (20 * MS)
 
-enum { CHANGE_NONE, CHANGE_RAISED, CHANGE_PROBED };
+enum { CHANGE_NONE, CHANGE_RAISED, CHANGE_PROBED, CHANGE_LOWERED };
 
 typedef struct fworker {
     int active;
@@ -200,8 +200,10 @@ static void judge(ferry__flow *f, fworker *w, uint64_t now_ns, double busy, int 
         }
         w->hold_ns = HOLD_FIRST_NS;
         w->probe_at_ns = now_ns + w->probe_ns;
-    } else if (change == CHANGE_PROBED) {
-        if (!bound && busy < w->busy_before - GAIN) {
+    } else if (change == CHANGE_PROBED || change == CHANGE_LOWERED) {
+        /* Below the automatic credits, a trainer that set the pace meanwhile
+         * does not excuse a fall: the safe side is the credit back. */
+        if ((!bound || change == CHANGE_LOWERED) && busy < w->busy_before - GAIN) {
             /* One fewer starves it: back, and the next probe later. */
             set_credits(f, w, w->from, FERRY_SIZED_NEED);
             w->probe_ns = w->probe_ns * 2 < PROBE_MAX_NS ? w->probe_ns * 2 : PROBE_MAX_NS;
@@ -244,7 +246,7 @@ static int decide(ferry__flow *f, uint32_t i, uint64_t now_ns)
          * does not matter here: with prefetch at the workers' credits
          * (Python workers: torch's 2 per worker) it is always full while
          * they build, and a task fewer at each frees it. */
-        w->pending = CHANGE_PROBED;
+        w->pending = CHANGE_LOWERED;
         w->from = w->credits;
         w->busy_before = busy;
         set_credits(f, w, w->credits - 1, FERRY_SIZED_NEED);

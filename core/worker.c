@@ -794,7 +794,8 @@ static int heartbeat_if_due(worker_session *w)
 static void trim_when_idle(worker_session *w, uint64_t now)
 {
 #ifdef __GLIBC__
-    if (!w->trimmed && now - w->task_ms >= IDLE_TRIM_MS) {
+    /* A thread worker's heap is the trainer's: never trimmed from here. */
+    if (!w->o->zctx && !w->trimmed && now - w->task_ms >= IDLE_TRIM_MS) {
         w->trimmed = 1;
         malloc_trim(0);
     }

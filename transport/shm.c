@@ -101,10 +101,16 @@ static void private_copies(ferry__shm *m)
         }
         if (keep < m->slot_bytes) /* nothing here refers to the rest */
             (void)munmap(at + keep, m->slot_bytes - keep);
-        /* A range registered with a device runtime may not be in the
-         * child at all (MADV_DONTFORK): nothing to copy then. */
-        if (!keep || madvise(at, keep, MADV_NORMAL) != 0)
+        if (!keep)
             continue;
+        /* A range registered with a device runtime may not be in the
+         * child at all (MADV_DONTFORK): nothing to copy then, and the
+         * place is kept (no access), so that no later mapping lands
+         * where the child's views of the batch point. */
+        if (madvise(at, keep, MADV_NORMAL) != 0) {
+            (void)mmap(at, keep, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            continue;
+        }
         void *copy = mmap(NULL, keep, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (copy == MAP_FAILED)
             continue;

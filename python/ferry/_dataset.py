@@ -89,7 +89,8 @@ def worker_command():
 
 def c_worker_command():
     """(worker_path, worker_args) for local workers of a C dataset kind
-    (no Python runs in them): this interpreter without its site packages,
+    (no Python runs in them): this interpreter without its site packages
+    (-S, -s; its environment, PYTHONHOME included, as it is),
     running ferry's worker program straight from the extension module. Such
     a worker starts in some 20 ms, where ``python -m ferry.worker`` imports
     the ferry package and numpy first (150 ms here, more with a large
@@ -110,7 +111,7 @@ def c_worker_command():
         "sys.stdout.flush()",
         "sys.stderr.flush()",
         "os._exit(rc if isinstance(rc, int) else 1)"])
-    return sys.executable, "-I\n-S\n-c\n" + code
+    return sys.executable, "-s\n-S\n-c\n" + code
 
 
 def _import_path():

@@ -1726,18 +1726,24 @@ class _SlotPins:
     def close(self):
         """Before the loader closes: the device's copies end, every slot
         goes back and is unregistered (a batch still held after this is
-        plain memory)."""
+        plain memory). A batch dying meanwhile (the waits let other
+        threads run) joins the queue and is waited for too."""
         try:
-            if self._slots or self._pending:
-                for event, _ in self._pending:  # copies to any device
-                    event.synchronize()
+            while self._pending:  # copies to any device
+                self._pending[0][0].synchronize()
+                self._pending.popleft()
+            if self._slots:
                 torch.cuda.synchronize()  # and those from batches still held
+        except Exception:  # CUDA failed or is gone (interpreter exit): no copy can run
+            pass
+        finally:
+            slots, self._slots = self._slots, {}
             self._pending.clear()
-            for addr in self._slots:
-                self._cudart.cudaHostUnregister(addr)
-        except Exception:  # CUDA already gone (interpreter exit): nothing to wait for
-            self._pending.clear()
-        self._slots.clear()
-        self._off = self._off or "the loader is closed"
+            for addr in slots:
+                try:
+                    self._cudart.cudaHostUnregister(addr)
+                except Exception:
+                    pass
+            self._off = self._off or "the loader is closed"
 
 

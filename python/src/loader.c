@@ -93,6 +93,8 @@ typedef struct {
     PyObject_HEAD ferry_batch *b;
     ferry_batch_info info;
     held_count *held;
+    void *slot;      /* the batch slot it lies in (ferry_batch_slot), or NULL */
+    size_t slot_len;
 } BatchObject;
 
 static void held_drop(held_count *h)
@@ -232,10 +234,6 @@ static PyTypeObject SlotHoldType = {
  * no SlotHold could be made: the caller releases the batch itself. */
 static int hold_slot(PyObject *on_release, ferry_batch *b)
 {
-    void *data;
-    size_t len;
-    if (ferry_batch_slot(b, &data, &len) != FERRY_OK)
-        return 0;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     SlotHoldObject *h = PyObject_New(SlotHoldObject, &SlotHoldType);
@@ -244,11 +242,13 @@ static int hold_slot(PyObject *on_release, ferry_batch *b)
         return 0;
     }
     h->b = b;
+    Py_INCREF(on_release); /* the call may replace the loader's hook */
     PyObject *r = PyObject_CallOneArg(on_release, (PyObject *)h);
     if (!r)
         PyErr_WriteUnraisable(on_release);
     Py_XDECREF(r);
     Py_DECREF(h);
+    Py_DECREF(on_release);
     PyErr_Restore(type, value, tb);
     return 1;
 }
@@ -258,7 +258,7 @@ static void batch_dealloc(BatchObject *b)
     held_count *held = b->held;
     if (held)
         held->live--;
-    if (!(held && held->on_release && hold_slot(held->on_release, b->b)))
+    if (!(held && held->on_release && b->slot && hold_slot(held->on_release, b->b)))
         ferry_batch_release(b->b);
     held_drop(held);
     PyObject_Free(b);
@@ -268,11 +268,10 @@ static void batch_dealloc(BatchObject *b)
  * lies in, or None (see ferry_batch_slot). */
 static PyObject *batch_slot(BatchObject *b, PyObject *unused)
 {
-    void *data;
-    size_t len;
-    if (ferry_batch_slot(b->b, &data, &len) != FERRY_OK)
+    if (!b->slot)
         Py_RETURN_NONE;
-    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)data, (unsigned long long)len);
+    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)b->slot,
+                         (unsigned long long)b->slot_len);
 }
 
 /* Batch.fields() -> ((name, View), ...) in the schema's order. */
@@ -549,16 +548,8 @@ static ferry_loader *usable(LoaderObject *self)
  * parent's loader. */
 static void close_loader(LoaderObject *self)
 {
-    if (self->ld && getpid() == self->owner && self->before_close &&
-        self->before_close != Py_None) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *r = PyObject_CallNoArgs(self->before_close);
-        if (!r)
-            PyErr_WriteUnraisable(self->before_close);
-        Py_XDECREF(r);
-        PyErr_Restore(type, value, tb);
-    }
+    /* Detached first: before_close may let another thread run (it waits
+     * for the device), and that thread's next() must find it closed. */
     ferry_loader *ld = self->ld;
     self->ld = NULL;
     Py_CLEAR(self->pending);
@@ -567,6 +558,18 @@ static void close_loader(LoaderObject *self)
     if (!ld || getpid() != self->owner)
         return;
     self->busy = 1;
+    PyObject *hook = self->before_close;
+    if (hook && hook != Py_None) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        Py_INCREF(hook);
+        PyObject *r = PyObject_CallNoArgs(hook);
+        if (!r)
+            PyErr_WriteUnraisable(hook);
+        Py_XDECREF(r);
+        Py_DECREF(hook);
+        PyErr_Restore(type, value, tb);
+    }
     Py_BEGIN_ALLOW_THREADS ferry_loader_close(ld);
     Py_END_ALLOW_THREADS self->busy = 0;
     drain_log(self);
@@ -695,6 +698,12 @@ static PyObject *loader_next(LoaderObject *self, PyObject *args)
         }
         bo->b = b;
         ferry_batch_get_info(b, &bo->info);
+        /* Asked once, here: in batch_dealloc the question would overwrite
+         * the thread's last error message (a batch not in a slot). */
+        if (ferry_batch_slot(b, &bo->slot, &bo->slot_len) != FERRY_OK) {
+            bo->slot = NULL;
+            bo->slot_len = 0;
+        }
         bo->held = self->held;
         self->held->owners++;
         self->held->live++;
