@@ -17,6 +17,7 @@
 
 #include "alloc.h"
 #include "ferry_dataset.h"
+#include "batch.h"
 #include "config.h"
 #include "dataset.h"
 #include "error.h"
@@ -128,9 +129,12 @@ int ferry_loader_next_timeout(ferry_loader *ld, ferry_batch **out, int64_t timeo
     if (!ld || !out)
         return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
     int rc = ferry__window_next(ld->win, out, timeout_ms);
-    /* The stream's last batch: no slot will be given again, and the slots'
-     * memory goes back now rather than at the scheduler's next trim. */
-    if (rc == FERRY_OK && ferry__window_ended(ld->win))
+    /* The stream's last batch (the last of an epoch, or of max_batches):
+     * no slot will be given again, and the slots' memory goes back now
+     * rather than at the scheduler's next trim. Looked at only there, not
+     * for every batch. */
+    if (rc == FERRY_OK && ((*out)->info.last_in_epoch || ld->cfg.max_batches > 0) &&
+        ferry__window_ended(ld->win))
         ferry__scheduler_stream_ended(ld->sched);
     return rc;
 }

@@ -1280,9 +1280,20 @@ class DataLoader(_Closes):
                 self._loader = ld
             else:
                 self._loader = Loader(self._batches, **self._opts)
-            pin = self.pin_memory and self._pin_slots and not self._sync
-            self._pins = _SlotPins(self._loader) if pin else None
+            self._watch_slots()
         return self._loader
+
+    def _watch_slots(self):
+        """pin_memory's slot registrations (_SlotPins) for the loader just made."""
+        pin = self.pin_memory and self._pin_slots and not getattr(self, "_sync", False)
+        self._pins = _SlotPins(self._loader) if pin else None
+
+    def _pinned(self, b, out):
+        """Batch b's structure `out` in pinned memory: as it is where b's slot
+        is registered, copied (as torch does) where not."""
+        if self._pins is not None:
+            self._pins.pin(b)
+        return _tcollate_pin(out)
 
     def __len__(self):
         if self._loader is not None:
@@ -1342,11 +1353,7 @@ class DataLoader(_Closes):
         else:
             fields = [b._arrays[n] for n in b._names]
             out = _load_structure(fields[-1], fields)
-        if self.pin_memory:
-            if self._pins is not None:
-                self._pins.pin(b)
-            out = _tcollate_pin(out)
-        return out
+        return self._pinned(b, out) if self.pin_memory else out
 
     # -- ferry's extras
     def state_dict(self):
@@ -1471,8 +1478,7 @@ class _IterableDataLoader(DataLoader):
             # Every task the window can send has its entry before any is sent.
             self._table.write_to(self._window + self.num_workers)
             self._loader = Loader(self._batches, **self._opts)
-            pin = self.pin_memory and self._pin_slots
-            self._pins = _SlotPins(self._loader) if pin else None
+            self._watch_slots()
         return self._loader
 
     def _fresh_stream(self):
@@ -1536,9 +1542,7 @@ class _IterableDataLoader(DataLoader):
         fields = [b._arrays[n] for n in b._names]
         res = _load_structure(fields[0], fields)  # _StreamBatches: the structure first
         if res[0] == "b" and self.pin_memory:
-            if self._pins is not None:
-                self._pins.pin(b)
-            res = res[:3] + (_tcollate_pin(res[3]),)
+            res = res[:3] + (self._pinned(b, res[3]),)
         return res
 
     def _next_item(self, timeout):
