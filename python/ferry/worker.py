@@ -153,16 +153,28 @@ def _child(sock, args, fds):
             os._exit(rc if isinstance(rc, int) else 1)
 
 
-def _trim_heap():
-    """The heap's free memory back to the system (glibc's malloc_trim)
-    before the clean parent forks: what loading the dataset allocated and
-    freed (reading item 0 decodes an image, say) is then not part of every
-    worker's memory. Elsewhere than glibc: nothing."""
+def _settle():
+    """What the clean parent's loading left behind, given back before it
+    forks: the heap's free memory (glibc's malloc_trim), so that what the
+    imports and the dataset allocated and freed (reading item 0 decodes an
+    image, say) is not part of every worker's memory; and its mappings of
+    shared libraries' code and constants (``release_file_pages``), which a
+    process that only forks never runs again: a fork maps those pages
+    when it touches them, and the parent's copies would be memory of its
+    own (with torch and torchvision imported, 55 MiB less PSS in all for a
+    2-worker loader and the process-wide parent). Not with a thread
+    running: one could be writing to a mapping meanwhile."""
+    from . import _ferry
     try:
         import ctypes
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # not glibc
         pass
+    if _threads_running() == 1:
+        try:
+            _ferry.release_file_pages()
+        except OSError:  # no /proc
+            pass
 
 
 def fork_server(argv):
@@ -181,7 +193,7 @@ def fork_server(argv):
         _dataset.set_payload(_read_fd(int(data_fd)))
     if spec and spec.startswith("python:"):
         _dataset.preload(spec[len("python:"):])
-    _trim_heap()
+    _settle()
     try:
         sock.send(b"R")
     except OSError:  # the loader (or trainer) is gone already: nothing to serve
@@ -194,6 +206,7 @@ def fork_server(argv):
         args, fds = req
         if args == "I":
             _preload(fds)
+            _settle()
             continue
         if not fds:
             sock.send(b"Ethe request carried no stderr")

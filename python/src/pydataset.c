@@ -26,7 +26,9 @@
 #include <malloc.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -796,7 +798,72 @@ static PyObject *tie_to_parent(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* Whether the smaps mapping whose fields are summed in `anon_kb`, `rss_kb`
+ * and whose header is `head` holds only pages of its file that nothing
+ * wrote: named by an absolute path, not writable, no anonymous (copied on
+ * write) page, not locked, not hugetlb. Dropping such a mapping's pages
+ * loses nothing: the next touch maps the same page of the page cache. */
+static int file_pages_only(const char *head, const char *flags, long anon_kb, long rss_kb)
+{
+    char perms[8];
+    unsigned long long inode;
+    char path[2];
+    if (anon_kb != 0 || rss_kb <= 0)
+        return 0;
+    if (sscanf(head, "%*x-%*x %7s %*x %*s %llu %1s", perms, &inode, path) != 3)
+        return 0;
+    if (perms[1] != '-' || path[0] != '/' || inode == 0)
+        return 0;
+    return strstr(flags, " lo") == NULL && strstr(flags, " ht") == NULL;
+}
+
+/* release_file_pages() -> KiB: this process stops mapping the pages of its
+ * read-only file mappings (shared libraries' code and constants) that it
+ * touched while importing (madvise MADV_DONTNEED). For a clean parent,
+ * which only forks: it runs none of that code again, a fork maps a file
+ * page lazily, when the child touches it, and so the parent's copy of the
+ * mapping is its own memory only (PSS) and page cache the kernel could
+ * otherwise reclaim. A mapping with a page written (relocations, .data) is
+ * left alone: MADV_DONTNEED would throw that write away. Single-threaded
+ * callers only: a thread that wrote to a mapping meanwhile (after an
+ * mprotect) would lose that page. */
+static PyObject *release_file_pages(PyObject *self, PyObject *unused)
+{
+    FILE *f = fopen("/proc/self/smaps", "re");
+    if (f == NULL)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/smaps");
+    char head[512] = "", *line = NULL;
+    size_t cap = 0;
+    unsigned long lo = 0, hi = 0;
+    long anon = -1, rss = 0, released = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        long kb;
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) { /* a mapping's first line */
+            lo = a;
+            hi = b;
+            snprintf(head, sizeof head, "%s", line);
+            anon = -1;
+            rss = 0;
+        } else if (sscanf(line, "Rss: %ld kB", &kb) == 1) {
+            rss = kb;
+        } else if (sscanf(line, "Anonymous: %ld kB", &kb) == 1) {
+            anon = kb;
+        } else if (strncmp(line, "VmFlags:", 8) == 0) {
+            /* a mapping's last line: decide on what it said */
+            if (file_pages_only(head, line + 8, anon, rss) &&
+                madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0)
+                released += rss;
+        }
+    }
+    free(line);
+    fclose(f);
+    return PyLong_FromLong(released);
+}
+
 PyMethodDef ferry_py_worker_methods[] = {
+    {"release_file_pages", release_file_pages, METH_NOARGS,
+     "release_file_pages() -> KiB: drops this process's untouched read-only file pages"},
     {"tie_to_parent", tie_to_parent, METH_O,
      "tie_to_parent(pid): killed when the parent goes; exits now if it is not pid"},
     {"fork_sibling", fork_sibling, METH_NOARGS,
