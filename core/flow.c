@@ -27,11 +27,17 @@
  * one credit (below the automatic 2), since each task queued at it holds
  * a batch slot's memory while it waits. */
 #define SLOW_MAKE_NS (20 * MS)
+/* What a credit fewer may cost such a worker: its quickest round trip in
+ * a period, as a share of its build time. A fall in how busy it is beyond
+ * that is the host's (a busy machine runs the loader's thread late now and
+ * then, and what the worker does not use meanwhile another process does),
+ * not the credit's. */
+#define LOWERED_COST 0.05
 
 enum { CHANGE_NONE, CHANGE_RAISED, CHANGE_PROBED, CHANGE_LOWERED };
 
 typedef struct fworker {
-    int active;
+    int active, slots;
     uint32_t credits, why;
     /* The period being measured. */
     uint64_t start_ns, make_sum_ns, min_rt_ns;
@@ -159,10 +165,11 @@ static void new_period(fworker *w, uint64_t now_ns)
     w->full = 0;
 }
 
-void ferry__flow_join(ferry__flow *f, uint32_t i, uint64_t now_ns)
+void ferry__flow_join(ferry__flow *f, uint32_t i, uint64_t now_ns, int slots)
 {
     fworker *w = &f->w[i];
     *w = (fworker){.active = 1,
+                   .slots = slots != 0,
                    .credits = f->o.credits ? f->o.credits : f->o.auto_credits,
                    .why = f->o.credits ? FERRY_SIZED_USER : FERRY_SIZED_DEFAULT,
                    .hold_ns = HOLD_FIRST_NS,
@@ -184,8 +191,8 @@ static void set_credits(ferry__flow *f, fworker *w, uint32_t c, uint32_t why)
     size_window(f);
 }
 
-/* The period after a change says whether it stays. */
-static void judge(ferry__flow *f, fworker *w, uint64_t now_ns, double busy, int bound)
+/* The period after a change says whether it stays; m: its mean build. */
+static void judge(ferry__flow *f, fworker *w, uint64_t now_ns, double busy, int bound, uint64_t m)
 {
     int change = w->pending;
     w->pending = CHANGE_NONE;
@@ -202,8 +209,15 @@ static void judge(ferry__flow *f, fworker *w, uint64_t now_ns, double busy, int 
         w->probe_at_ns = now_ns + w->probe_ns;
     } else if (change == CHANGE_PROBED || change == CHANGE_LOWERED) {
         /* Below the automatic credits, a trainer that set the pace meanwhile
-         * does not excuse a fall: the safe side is the credit back. */
-        if ((!bound || change == CHANGE_LOWERED) && busy < w->busy_before - GAIN) {
+         * does not excuse a fall, but a quick round trip does: the link
+         * costs what its quickest trip takes, and the rest of a fall is
+         * the host's. */
+        int fell = busy < w->busy_before - GAIN;
+        if (change == CHANGE_LOWERED)
+            fell = fell && (double)w->min_rt_ns >= LOWERED_COST * (double)m;
+        else
+            fell = fell && !bound;
+        if (fell) {
             /* One fewer starves it: back, and the next probe later. */
             set_credits(f, w, w->from, FERRY_SIZED_NEED);
             w->probe_ns = w->probe_ns * 2 < PROBE_MAX_NS ? w->probe_ns * 2 : PROBE_MAX_NS;
@@ -237,8 +251,8 @@ static int decide(ferry__flow *f, uint32_t i, uint64_t now_ns)
     if (f->o.credits)
         return 0;
     if (w->pending) {
-        judge(f, w, now_ns, busy, bound);
-    } else if (busy >= BUSY_ENOUGH && w->credits == f->o.auto_credits && w->credits > 1 &&
+        judge(f, w, now_ns, busy, bound, m);
+    } else if (w->slots && busy >= BUSY_ENOUGH && w->credits == f->o.auto_credits && w->credits > 1 &&
                m >= SLOW_MAKE_NS && now_ns >= w->probe_at_ns) {
         /* Slow batches: the task being built may be all it needs. Judged
          * like any probe: back if busy falls (a remote worker's round

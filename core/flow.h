@@ -81,8 +81,11 @@ void ferry__flow_free(ferry__flow *f);
 void ferry__flow_batch_bytes(ferry__flow *f, uint64_t bytes);
 
 /* Worker w became ready (again): the automatic credits and fresh
- * measurements. It counts toward the window until it leaves. */
-void ferry__flow_join(ferry__flow *f, uint32_t w, uint64_t now_ns);
+ * measurements. It counts toward the window until it leaves. slots: each
+ * task sent to it holds a batch slot (a local worker) from the moment it
+ * is sent, queued or not; only such a worker is tried below the automatic
+ * credits, since a remote worker's queued task holds nothing here. */
+void ferry__flow_join(ferry__flow *f, uint32_t w, uint64_t now_ns, int slots);
 void ferry__flow_leave(ferry__flow *f, uint32_t w);
 
 /* A batch from worker w arrived at now_ns: built in make_ns, sent

@@ -291,7 +291,7 @@ static void worker_ready(ferry__scheduler *s, sched_worker *w, const char *who)
     }
     w->p.state = FERRY__PEER_READY;
     uint32_t ready = ferry__window_add_workers(s->win, +1);
-    ferry__flow_join(s->flow, w->p.index, ferry__now_ns());
+    ferry__flow_join(s->flow, w->p.index, ferry__now_ns(), s->shm && !w->p.remote);
     w->p.rtt_ms = 0;
     sched_flow_publish(s);
     ferry__logf(&s->log, FERRY_LOG_DEBUG, "%s is ready (%u ready)", who, ready);

@@ -93,11 +93,15 @@ def _threads_running():
         return 1
 
 
-def _recv_request(sock):
-    """(args, fds) of one request, ("I", modules) of an import hint, or None
-    when the loader is gone."""
+def _recv_request(sock, timeout=None):
+    """(args, fds) of one request, ("I", modules) of an import hint, "idle"
+    when none came within timeout seconds, or None when the loader is
+    gone."""
+    sock.settimeout(timeout)
     try:
         msg, fds, _flags, _addr = socket.recv_fds(sock, 65536, 16)
+    except TimeoutError:
+        return "idle"
     except (ConnectionError, OSError):
         return None
     if not msg:
@@ -153,28 +157,39 @@ def _child(sock, args, fds):
             os._exit(rc if isinstance(rc, int) else 1)
 
 
-def _settle():
-    """What the clean parent's loading left behind, given back before it
-    forks: the heap's free memory (glibc's malloc_trim), so that what the
-    imports and the dataset allocated and freed (reading item 0 decodes an
-    image, say) is not part of every worker's memory; and its mappings of
-    shared libraries' code and constants (``release_file_pages``), which a
-    process that only forks never runs again: a fork maps those pages
-    when it touches them, and the parent's copies would be memory of its
-    own (with torch and torchvision imported, 55 MiB less PSS in all for a
-    2-worker loader and the process-wide parent). Not with a thread
-    running: one could be writing to a mapping meanwhile."""
-    from . import _ferry
+def _trim_heap():
+    """The heap's free memory back to the system (glibc's malloc_trim)
+    before the clean parent forks: what loading the dataset allocated and
+    freed (reading item 0 decodes an image, say) is then not part of every
+    worker's memory. Elsewhere than glibc: nothing."""
     try:
         import ctypes
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
+    except (OSError, AttributeError):
         pass
+
+
+def _release_file_pages():
+    """The clean parent's mappings of shared libraries' code and constants
+    given back (``release_file_pages``): a process that only forks never
+    runs that code again, a fork maps such a page only when it touches it,
+    and the parent's copies would be memory of its own (with torch and
+    torchvision imported, 55 MiB less PSS in all for a 2-worker loader and
+    the process-wide parent). Not with a thread running: one could be
+    writing to a mapping meanwhile."""
+    from . import _ferry
     if _threads_running() == 1:
         try:
             _ferry.release_file_pages()
         except OSError:  # no /proc
             pass
+
+
+# A clean parent asked nothing for this long has forked what its loader
+# wanted at the start: it gives its library pages back then, not before
+# (reading /proc/self/smaps takes 25-40 ms with torch imported, which
+# would delay the first workers).
+SETTLE_AFTER_S = 0.2
 
 
 def fork_server(argv):
@@ -193,20 +208,32 @@ def fork_server(argv):
         _dataset.set_payload(_read_fd(int(data_fd)))
     if spec and spec.startswith("python:"):
         _dataset.preload(spec[len("python:"):])
-    _settle()
+    _trim_heap()
+    try:
+        # glibc's name-service state (nsswitch.conf read, its modules
+        # looked for: 2 ms), which every worker's ZeroMQ asks for at
+        # start, made once here for all of them.
+        socket.getprotobyname("tcp")
+    except OSError:
+        pass
     try:
         sock.send(b"R")
     except OSError:  # the loader (or trainer) is gone already: nothing to serve
         return 0
-    warned = False
+    warned, settled = False, False
     while True:
-        req = _recv_request(sock)
+        req = _recv_request(sock, None if settled else SETTLE_AFTER_S)
         if req is None:
             return 0
+        if req == "idle":
+            _release_file_pages()
+            settled = True
+            continue
         args, fds = req
         if args == "I":
             _preload(fds)
-            _settle()
+            _trim_heap()
+            settled = False  # what these imports touched goes too, once idle
             continue
         if not fds:
             sock.send(b"Ethe request carried no stderr")
