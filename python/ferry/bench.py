@@ -718,6 +718,82 @@ def _targets(ratios, targets=TARGETS, ferry=None):
     return out
 
 
+# ------------------------------------------------------- replacements
+
+class Stamped:
+    """``ds``'s items with their index, ``(x, y, index)``; the first item
+    each process makes is logged to the file ``log`` as ``pid
+    CLOCK_MONOTONIC`` (one clock for every process): when a replacement
+    worker made its first item."""
+
+    def __init__(self, ds, log):
+        self.ds, self.log, self.pid = ds, log, None
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            with open(self.log, "a") as f:
+                f.write("%d %.6f\n" % (self.pid, time.clock_gettime(time.CLOCK_MONOTONIC)))
+        x, y = self.ds[i]
+        return x, y, i
+
+
+def _first_items(log):
+    """{pid: CLOCK_MONOTONIC of its first item} from a Stamped log."""
+    out = {}
+    with open(log) as f:
+        for line in f:
+            pid, t = line.split()
+            out.setdefault(int(pid), float(t))
+    return out
+
+
+def kill_workers(a):
+    """``--kills N``: ferry's Python workers SIGKILLed N times, one at a
+    time, while the trainer takes batches; for each kill, the time to the
+    replacement's first item (a fork of the clean parent), and whether
+    every index of every epoch still arrived exactly once. A dict."""
+    import signal
+    import tempfile
+    from ferry.torch import DataLoader
+    fd, log = tempfile.mkstemp(prefix="ferry-bench-", suffix=".log")
+    os.close(fd)
+    per_epoch = -(-a.items // a.batch_size)
+    epochs = -(-(4 * a.kills + 2) // per_epoch) + 1
+    ld = DataLoader(Stamped(imagefolder(a.root), log), epochs=epochs,
+                    **({"native": False}), **_imagefolder_args(a))
+    times, seen, left = [], [[] for _ in range(epochs)], a.kills
+    try:
+        for e in range(epochs):
+            for k, (_x, _y, idx) in enumerate(ld):
+                seen[e] += [int(i) for i in idx]
+                _step(a.step_ms / 1000.0, a.step_mode)
+                if left and k % 4 == 1:
+                    victim = ld._loader.worker_pid(left % a.workers)
+                    t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
+                    os.kill(victim, signal.SIGKILL)
+                    known = set(_first_items(log))
+                    deadline = time.monotonic() + 30
+                    while True:  # the replacement's first item: its stamp in the log
+                        new = [t for p, t in _first_items(log).items() if p not in known]
+                        if new or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.001)  # polling a file for an event, with a deadline
+                    if not new:
+                        raise RuntimeError("no replacement made an item 30 s after a kill")
+                    times.append((min(new) - t0) * 1000)
+                    left -= 1
+    finally:
+        ld.close()
+        os.unlink(log)
+    once = all(sorted(s) == list(range(a.items)) for s in seen)
+    return {"kills": a.kills, "replacement_first_item_ms": times, "every_index_once": once,
+            "median_ms": float(np.median(times)), "max_ms": float(max(times))}
+
+
 def bench(a, on_run=None):
     """Runs the rounds: (result for --json, raw runs of the last round)."""
     names = [a.only] if a.only else list(LOADERS)
@@ -985,6 +1061,10 @@ def parse_args(argv=None):
                    help="imagefolder: ferry.torch.DataLoader(native=False), torchvision's "
                         "transform in ferry's Python workers (by default it runs in C, as a "
                         "user's unchanged script gets)")
+    p.add_argument("--kills", type=int, default=0, metavar="N",
+                   help="imagefolder, after the rounds: SIGKILL one of ferry's Python workers "
+                        "N times and report the time from each kill to its replacement's first "
+                        "item, and whether every index arrived once (0: none)")
     p.add_argument("--plot", metavar="FILE.png", help="plot the waits of the last round")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
@@ -999,6 +1079,8 @@ def parse_args(argv=None):
             p.error("--%s must be at least 1" % name.replace("_", "-"))
     if a.step_ms < 0:
         p.error("--step-ms must be >= 0")
+    if a.kills < 0 or (a.kills and a.pipeline != "imagefolder"):
+        p.error("--kills N (N >= 0) goes with --pipeline imagefolder")
     return a
 
 
@@ -1036,6 +1118,8 @@ def main(argv=None):
             print("ferry.bench: imagefolder %s (%s), %d images"
                   % (a.root, a.root_how, a.items), file=sys.stderr)
         res, last = bench(a, on_run=progress)
+        if a.kills:
+            res["replacements"] = kill_workers(a)
     finally:
         if tmp is not None:
             import shutil
@@ -1044,7 +1128,13 @@ def main(argv=None):
         plot(a.plot, res, last)
         print("ferry.bench: wrote %s" % a.plot, file=sys.stderr)
     print(json.dumps(res, indent=1) if a.json else table(res))
-    return 0
+    rep = res.get("replacements")
+    if rep and not a.json:
+        print("\nworker SIGKILLed %d times (Python workers): its replacement's first item "
+              "%.1f ms after the kill (median; at most %.1f; target <= 50); every index "
+              "arrived once: %s" % (rep["kills"], rep["median_ms"], rep["max_ms"],
+                                    "yes" if rep["every_index_once"] else "NO"))
+    return 0 if not rep or rep["every_index_once"] else 1
 
 
 if __name__ == "__main__":
