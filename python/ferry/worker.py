@@ -100,7 +100,7 @@ def _recv_request(sock, timeout=None):
     sock.settimeout(timeout)
     try:
         msg, fds, _flags, _addr = socket.recv_fds(sock, 65536, 16)
-    except TimeoutError:
+    except socket.timeout:
         return "idle"
     except (ConnectionError, OSError):
         return None

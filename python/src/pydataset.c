@@ -798,17 +798,20 @@ static PyObject *tie_to_parent(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Whether the smaps mapping whose fields are summed in `anon_kb`, `rss_kb`
- * and whose header is `head` holds only pages of its file that nothing
- * wrote: named by an absolute path, not writable, no anonymous (copied on
- * write) page, not locked, not hugetlb. Dropping such a mapping's pages
- * loses nothing: the next touch maps the same page of the page cache. */
-static int file_pages_only(const char *head, const char *flags, long anon_kb, long rss_kb)
+/* Whether the smaps mapping with header line `head`, VmFlags `flags`, and
+ * `anon_kb`, `swap_kb`, `rss_kb` from its lines holds only pages of its
+ * file that nothing wrote: named by an absolute path, not writable, no
+ * anonymous (copied on write) page resident or swapped out (relocated
+ * constants are written, then made read-only), not locked, not hugetlb.
+ * Dropping such a mapping's pages loses nothing: the next touch maps the
+ * same page of the page cache. */
+static int file_pages_only(const char *head, const char *flags, long anon_kb, long swap_kb,
+                           long rss_kb)
 {
     char perms[8];
     unsigned long long inode;
     char path[2];
-    if (anon_kb != 0 || rss_kb <= 0)
+    if (anon_kb != 0 || swap_kb != 0 || rss_kb <= 0)
         return 0;
     if (sscanf(head, "%*x-%*x %7s %*x %*s %llu %1s", perms, &inode, path) != 3)
         return 0;
@@ -835,7 +838,7 @@ static PyObject *release_file_pages(PyObject *self, PyObject *unused)
     char head[512] = "", *line = NULL;
     size_t cap = 0;
     unsigned long lo = 0, hi = 0;
-    long anon = -1, rss = 0, released = 0;
+    long anon = -1, swap = -1, rss = 0, released = 0;
     while (getline(&line, &cap, f) >= 0) {
         long kb;
         unsigned long a, b;
@@ -843,15 +846,17 @@ static PyObject *release_file_pages(PyObject *self, PyObject *unused)
             lo = a;
             hi = b;
             snprintf(head, sizeof head, "%s", line);
-            anon = -1;
+            anon = swap = -1;
             rss = 0;
         } else if (sscanf(line, "Rss: %ld kB", &kb) == 1) {
             rss = kb;
         } else if (sscanf(line, "Anonymous: %ld kB", &kb) == 1) {
             anon = kb;
+        } else if (sscanf(line, "Swap: %ld kB", &kb) == 1) {
+            swap = kb;
         } else if (strncmp(line, "VmFlags:", 8) == 0) {
             /* a mapping's last line: decide on what it said */
-            if (file_pages_only(head, line + 8, anon, rss) &&
+            if (file_pages_only(head, line + 8, anon, swap, rss) &&
                 madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0)
                 released += rss;
         }
@@ -863,7 +868,7 @@ static PyObject *release_file_pages(PyObject *self, PyObject *unused)
 
 PyMethodDef ferry_py_worker_methods[] = {
     {"release_file_pages", release_file_pages, METH_NOARGS,
-     "release_file_pages() -> KiB: drops this process's untouched read-only file pages"},
+     "release_file_pages() -> KiB: unmaps this process's unwritten read-only file pages"},
     {"tie_to_parent", tie_to_parent, METH_O,
      "tie_to_parent(pid): killed when the parent goes; exits now if it is not pid"},
     {"fork_sibling", fork_sibling, METH_NOARGS,
