@@ -56,6 +56,8 @@ def test_bench_answers_version_help_and_bad_options_like_every_tool():
     assert p.returncode == 0 and p.stdout.startswith("usage: python -m ferry.bench")
     p = run("--bogus")
     assert p.returncode == 2 and "--bogus" in p.stderr
+    p = run("--kills", "3")  # the mnist pipeline has no Python worker to kill
+    assert p.returncode == 2 and "--kills" in p.stderr
 
 
 def test_bench_ferry_only():
@@ -114,12 +116,16 @@ def test_bench_imagefolder_ferry_and_torch(tmp_path):
                                    "images_per_s", "epoch_wait_ms"}
     # A second run reuses the folder (here with torchvision's code in
     # ferry's Python workers); one made with other options is refused.
+    # With --kills: workers SIGKILLed, each replacement timed to its
+    # first item, every index once (else exit 1).
     p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] +
-                       ["--only", "ferry", "--no-native"],
+                       ["--only", "ferry", "--no-native", "--kills", "2"],
                        capture_output=True, text=True, timeout=80)
     assert p.returncode == 0 and "(reused)" in p.stderr, p.stderr
     assert p.stdout.startswith("ferry.bench: ImageFolder")
     assert "(Python workers)" in p.stdout
+    assert "worker SIGKILLed 2 times" in p.stdout and "arrived once: yes" in p.stdout, p.stdout
+    assert p.stderr.count("was killed by signal SIGKILL") == 2, p.stderr
     p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] + ["--seed", "1"],
                        capture_output=True, text=True, timeout=80)
     assert p.returncode != 0 and "was made with" in p.stderr, p.stderr
