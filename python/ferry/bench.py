@@ -763,8 +763,8 @@ def kill_workers(a):
     os.close(fd)
     per_epoch = -(-a.items // a.batch_size)
     epochs = -(-(4 * a.kills + 2) // per_epoch) + 1
-    ld = DataLoader(Stamped(imagefolder(a.root), log), epochs=epochs,
-                    **({"native": False}), **_imagefolder_args(a))
+    ld = DataLoader(Stamped(imagefolder(a.root), log), epochs=epochs, native=False,
+                    **_imagefolder_args(a))
     times, seen, left = [], [[] for _ in range(epochs)], a.kills
     try:
         for e in range(epochs):
