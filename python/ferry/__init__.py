@@ -25,7 +25,16 @@ import sys
 import weakref
 from collections.abc import Mapping, Sequence
 
-import numpy as np
+from . import _startup
+
+# In a process of ferry's own (a worker, a clean parent), the numeric
+# libraries' pools are limited before numpy loads: a pip wheel's OpenBLAS
+# starts a thread per core at load, and a clean parent must have none
+# when it forks.
+if _startup.is_ferry_process():
+    _startup.limit_threads()
+
+import numpy as np  # noqa: E402 - after the limit above
 
 try:
     from . import _ferry

@@ -26,6 +26,7 @@ import types
 import numpy as np
 
 from . import _ferry
+from ._startup import C_LINE_MARK, is_ferry_process
 
 # ferry's dtype codes (include/ferry.h), by numpy dtype string.
 _DTYPES = {
@@ -84,7 +85,7 @@ def worker_command():
         return sys.executable, "-m\nferry.worker"
     parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = ("import sys; sys.path.insert(0, %r); import ferry.worker as w; w.run()" % parent)
-    return sys.executable, "-c\n" + code
+    return sys.executable, "-c\n" + code + C_LINE_MARK
 
 
 def c_worker_command():
@@ -111,7 +112,7 @@ def c_worker_command():
         "sys.stdout.flush()",
         "sys.stderr.flush()",
         "os._exit(rc if isinstance(rc, int) else 1)"])
-    return sys.executable, "-s\n-S\n-c\n" + code
+    return sys.executable, "-s\n-S\n-c\n" + code + C_LINE_MARK
 
 
 def _import_path():
@@ -457,7 +458,7 @@ def prestart():
     # Not in ferry's own processes (python -m ferry.worker, or the -c line
     # that runs it): a worker or clean parent starting its own would start
     # them without end.
-    if any("ferry.worker" in a for a in getattr(sys, "orig_argv", sys.argv)[:4]):
+    if is_ferry_process():
         return
     import socket
     import subprocess

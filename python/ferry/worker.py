@@ -40,20 +40,9 @@ import os
 import socket
 import sys
 
+from ._startup import limit_threads
+
 _NAME = "python -m ferry.worker"
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-
-
-def limit_threads():
-    """One thread for the numeric libraries' pools in this process and its
-    children, as torch's own workers run (``FERRY_WORKER_THREADS`` says
-    otherwise), unless the environment sets them. Before numpy or torch is
-    imported: OpenBLAS reads its variable once, at load."""
-    n = os.environ.get("FERRY_WORKER_THREADS", "1")
-    for var in _THREAD_VARS:
-        os.environ.setdefault(var, n)
-
 
 def _take_option(argv, name):
     """Removes ``name VALUE`` from argv; returns VALUE or None."""

@@ -116,8 +116,8 @@ def test_bench_imagefolder_ferry_and_torch(tmp_path):
                                    "images_per_s", "epoch_wait_ms"}
     # A second run reuses the folder (here with torchvision's code in
     # ferry's Python workers); one made with other options is refused.
-    # With --kills: workers SIGKILLed, each replacement timed to its
-    # first item, every index once (else exit 1).
+    # With --kills: workers SIGKILLed, each replacement timed to ready and
+    # to its first item, every index once (else exit 1).
     p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] +
                        ["--only", "ferry", "--no-native", "--kills", "2"],
                        capture_output=True, text=True, timeout=80)
@@ -125,6 +125,7 @@ def test_bench_imagefolder_ferry_and_torch(tmp_path):
     assert p.stdout.startswith("ferry.bench: ImageFolder")
     assert "(Python workers)" in p.stdout
     assert "worker SIGKILLed 2 times" in p.stdout and "arrived once: yes" in p.stdout, p.stdout
+    assert "ready to take a task" in p.stdout, p.stdout
     assert p.stderr.count("was killed by signal SIGKILL") == 2, p.stderr
     p = subprocess.run([sys.executable, "-m", "ferry.bench"] + args[:-1] + ["--seed", "1"],
                        capture_output=True, text=True, timeout=80)

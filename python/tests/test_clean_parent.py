@@ -218,6 +218,39 @@ def test_one_thread_per_worker_by_default():
         assert {int(v) for b in ld for v in b[0]} == {1}
 
 
+# A sitecustomize that logs "pid OPENBLAS_NUM_THREADS" when numpy is first
+# imported: what a pip wheel's OpenBLAS reads, once, as it loads (and
+# starts a thread per core unless told one).
+NUMPY_SPY = """
+import os, sys
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            with open(os.environ["FERRY_TEST_SPY"], "a") as f:
+                f.write("%d %s\\n" % (os.getpid(), os.environ.get("OPENBLAS_NUM_THREADS", "-")))
+        return None
+sys.meta_path.insert(0, Spy())
+"""
+
+
+def test_ferrys_own_processes_limit_thread_pools_before_numpy_loads(tmp_path, monkeypatch):
+    (tmp_path / "sitecustomize.py").write_text(NUMPY_SPY)
+    log = tmp_path / "numpy.log"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env.update(FERRY_TEST_SPY=str(log), FERRY_PRESTART="0",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(ferry._dataset, "_child_finds_ferry", lambda: False)
+    path, args = ferry.worker_command()  # the -c line, for a ferry not on the path
+    assert args.startswith("-c\n")
+    for cmd in ([sys.executable, "-m", "ferry.worker", "--help"],
+                [path] + args.split("\n") + ["--help"],
+                [sys.executable, "-c", "import ferry"]):  # a trainer: its own settings kept
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["1", "1", "-"]
+
+
 def test_close_of_idle_workers_is_quick():
     ld = ferry.Loader(Items(50), batch_size=5, workers=2)
     next(iter(ld))
