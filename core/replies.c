@@ -222,17 +222,24 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
     configure_worker(s, w);
 }
 
-/* Open returns once every local worker and at least min_workers in all are
- * ready: the dataset's length is known then, so the window can start. */
+/* The window runs from the first READY (the dataset's length is known
+ * then), so the first batch is under way while the other workers start;
+ * open returns once every local worker and at least min_workers in all
+ * are ready. Until then a worker's death or a start past
+ * start_timeout_ms fails the loader, as a failed start. */
 static void maybe_start(ferry__scheduler *s, uint32_t ready)
 {
-    if (ferry__window_phase(s->win) != FERRY__PHASE_STARTING || ready < s->min_workers)
+    if (ferry__window_phase(s->win) == FERRY__PHASE_STARTING &&
+        ferry__window_start(s->win, s->n) != FERRY_OK)
+        return;
+    if (ready < s->min_workers || s->opened)
         return;
     for (uint32_t i = 0; i < s->nlocal; i++) {
         if (s->w[i].p.state != FERRY__PEER_READY)
             return;
     }
-    ferry__window_start(s->win, s->n);
+    s->opened = 1;
+    ferry__window_open(s->win);
 }
 
 /* The batch slots, sized from the schema the first READY fixed: each

@@ -79,7 +79,7 @@ void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *
         ferry__describe_status(ev->status, how, sizeof how);
     snprintf(msg, sizeof msg, "the workers' clean parent (pid %d) %s%s%s", (int)ev->pid, how,
              ev->words[0] ? "; its last words: " : "", ev->words);
-    if (s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL ||
+    if (s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL || !s->opened ||
         ferry__window_phase(s->win) != FERRY__PHASE_RUNNING) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
         return;
@@ -167,7 +167,7 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     death_message(w, was, msg, sizeof msg);
     if (was == FERRY__PEER_READY)
         sched_unready(s, w);
-    if (ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
+    if (!s->opened || ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
         s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
         return;
@@ -463,13 +463,13 @@ void ferry__sched_check_deadlines(ferry__scheduler *s)
 {
     uint64_t now = ferry__now_ms();
     ferry__phase ph = ferry__window_phase(s->win);
-    if (ph == FERRY__PHASE_STARTING)
+    if (!s->opened && ph != FERRY__PHASE_FAILED)
         check_start_deadline(s, now);
     if (ph == FERRY__PHASE_RUNNING) {
         check_idle(s, now);
         check_restarts(s, now);
         check_replacements(s, now);
-        if (s->cfg.timeout_ms > 0)
+        if (s->cfg.timeout_ms > 0 && s->opened) /* before: a start that failed */
             check_timeouts(s, now);
     }
     if (s->remote && ferry__window_phase(s->win) != FERRY__PHASE_FAILED)

@@ -57,6 +57,7 @@ struct ferry__window {
     pthread_cond_t cv;
     uint32_t waiters; /* threads inside wait_cv: a filing wakes only when some */
     ferry__phase phase;
+    int opened; /* ferry__window_open: what open waits for */
     int fatal_code;
     char fatal_msg[FERRY__ERRMSG_MAX];
     ferry__sampler sampler;
@@ -294,10 +295,26 @@ static int report_failure_locked(ferry__window *win)
     return ferry__seterr_str(rc, msg);
 }
 
+void ferry__window_open(ferry__window *win)
+{
+    pthread_mutex_lock(&win->mu);
+    win->opened = 1;
+    pthread_cond_broadcast(&win->cv);
+    pthread_mutex_unlock(&win->mu);
+}
+
+int ferry__window_is_open(ferry__window *win)
+{
+    pthread_mutex_lock(&win->mu);
+    int o = win->opened;
+    pthread_mutex_unlock(&win->mu);
+    return o;
+}
+
 int ferry__window_wait_started(ferry__window *win)
 {
     pthread_mutex_lock(&win->mu);
-    while (win->phase == FERRY__PHASE_STARTING)
+    while (win->phase != FERRY__PHASE_FAILED && !win->opened)
         wait_cv(win, WAIT_MS);
     if (win->phase == FERRY__PHASE_FAILED)
         return report_failure_locked(win);

@@ -117,8 +117,15 @@ void ferry__window_fail(ferry__window *win, int code, const char *msg);
 
 ferry__phase ferry__window_phase(ferry__window *win);
 
-/* Blocks while STARTING. FERRY_OK once running, else the failure's code
- * with its message as this thread's error detail. */
+/* The loader is open: every worker it waits for at the start is ready
+ * (the window may have run since the first was). */
+void ferry__window_open(ferry__window *win);
+
+/* Whether ferry__window_open was called. */
+int ferry__window_is_open(ferry__window *win);
+
+/* Blocks until open or failed. FERRY_OK once open, else the failure's
+ * code with its message as this thread's error detail. */
 int ferry__window_wait_started(ferry__window *win);
 
 /* ---- counters (any thread) ---- */

@@ -36,6 +36,11 @@ static ferry__window *open_window(const ferry__window_opts *o)
     assert_int_equal(ferry__window_new(&win, o), FERRY_OK);
     assert_int_equal(ferry__window_phase(win), FERRY__PHASE_STARTING);
     assert_int_equal(ferry__window_start(win, N_ITEMS), FERRY_OK);
+    /* Running, so tasks can go out, but not open until the scheduler says
+     * every worker it waits for is ready. */
+    assert_int_equal(ferry__window_phase(win), FERRY__PHASE_RUNNING);
+    assert_false(ferry__window_is_open(win));
+    ferry__window_open(win);
     assert_int_equal(ferry__window_wait_started(win), FERRY_OK);
     return win;
 }

@@ -274,3 +274,28 @@ class FilledStream(IterableDataset):
         w, nw = (info.id, info.num_workers) if info else (0, 1)
         for i in range(w, self.n, nw):
             yield torch.full(self.shape, float(i)), i
+
+
+class WaitsForFirstTask:
+    """Worker 1 finishes opening only once some worker has made an item of
+    a task (item 1 or later: a worker may read item 0 while it opens), or
+    after 20 s; it writes whether it saw that ("1" or "0") to
+    ``marker + ".saw"``."""
+
+    def __init__(self, n, marker):
+        self.n, self.marker = n, marker
+        info = ferry.worker_info()
+        if info is not None and info.id == 1:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.005)  # waiting for another process's file, with a deadline
+            with open(marker + ".saw", "w") as f:
+                f.write(str(int(os.path.exists(marker))))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= 1 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+        return {"x": np.int64(i)}

@@ -14,7 +14,7 @@ import pytest
 
 import ferry
 from conftest import wait_for
-from datasets import Augmented, Items, Missing, Pairs, WrongShape
+from datasets import Augmented, Items, Missing, Pairs, WaitsForFirstTask, WrongShape
 
 SYN = "synthetic:n=1000,dim=8"
 
@@ -22,6 +22,19 @@ SYN = "synthetic:n=1000,dim=8"
 def synthetic_ok(b):
     """Synthetic item i: y == i (the batch's own indices)."""
     return np.array_equal(b["y"], b.indices.astype(np.int64))
+
+
+def test_the_first_batch_is_under_way_before_every_worker_is_ready(tmp_path):
+    # Worker 1 opens its dataset only once an item of a task has been made
+    # (by worker 0, sent tasks from the first READY on); under a loader
+    # that dispatched nothing before every worker was ready, it would wait
+    # out its 20 s and write "0".
+    marker = str(tmp_path / "made")
+    with ferry.Loader(WaitsForFirstTask, dataset_kwargs={"n": 64, "marker": marker},
+                      batch_size=4, workers=2, fork_server=False, epochs=1) as ld:
+        assert sorted(int(x) for b in ld for x in b["x"]) == list(range(64))
+    with open(marker + ".saw") as f:
+        assert f.read() == "1"
 
 
 def test_epochs_len_and_one_epoch_per_for():
