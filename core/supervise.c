@@ -167,7 +167,11 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     death_message(w, was, msg, sizeof msg);
     if (was == FERRY__PEER_READY)
         sched_unready(s, w);
-    if (!s->opened || ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
+    /* Before open, a worker that dies still starting is a failed start; one
+     * that was ready (serving the first tasks while others start) is
+     * replaced as after open. */
+    if ((!s->opened && was != FERRY__PEER_READY) ||
+        ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
         s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
         return;

@@ -280,17 +280,22 @@ class WaitsForFirstTask:
     """Worker 1 finishes opening only once some worker has made an item of
     a task (item 1 or later: a worker may read item 0 while it opens), or
     after 20 s; it writes whether it saw that ("1" or "0") to
-    ``marker + ".saw"``."""
+    ``marker + ".saw"``. With ``die``, the worker that makes that item then
+    kills itself (once: the file ``die`` says it did), and worker 1 waits
+    instead for its replacement to start (``die + ".replaced"``)."""
 
-    def __init__(self, n, marker):
-        self.n, self.marker = n, marker
+    def __init__(self, n, marker, die=None):
+        self.n, self.marker, self.die = n, marker, die
         info = ferry.worker_info()
+        if info is not None and info.id == 0 and die and os.path.exists(die):
+            open(die + ".replaced", "w").close()
         if info is not None and info.id == 1:
+            event = die + ".replaced" if die else marker
             deadline = time.monotonic() + 20
-            while not os.path.exists(marker) and time.monotonic() < deadline:
+            while not os.path.exists(event) and time.monotonic() < deadline:
                 time.sleep(0.005)  # waiting for another process's file, with a deadline
             with open(marker + ".saw", "w") as f:
-                f.write(str(int(os.path.exists(marker))))
+                f.write(str(int(os.path.exists(event))))
 
     def __len__(self):
         return self.n
@@ -298,4 +303,7 @@ class WaitsForFirstTask:
     def __getitem__(self, i):
         if i >= 1 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
+            if self.die and not os.path.exists(self.die):
+                open(self.die, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
         return {"x": np.int64(i)}

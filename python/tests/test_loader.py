@@ -37,6 +37,20 @@ def test_the_first_batch_is_under_way_before_every_worker_is_ready(tmp_path):
         assert f.read() == "1"
 
 
+def test_a_ready_worker_killed_while_others_start_is_replaced_and_loses_nothing(tmp_path):
+    # Worker 0 kills itself on the first task's item 1, and worker 1 is
+    # ready only once worker 0's replacement has started: the loader is
+    # not open yet, but a worker that was ready is replaced as after open
+    # (its task sent again), not a failed start.
+    marker, die = str(tmp_path / "made"), str(tmp_path / "died")
+    with ferry.Loader(WaitsForFirstTask, dataset_kwargs={"n": 64, "marker": marker, "die": die},
+                      batch_size=4, workers=2, fork_server=False, epochs=1) as ld:
+        assert sorted(int(x) for b in ld for x in b["x"]) == list(range(64))
+        assert ld.stats()["restarts"] == 1
+    with open(marker + ".saw") as f:
+        assert f.read() == "1"
+
+
 def test_epochs_len_and_one_epoch_per_for():
     with ferry.Loader(SYN, batch_size=100, workers=2, shuffle=True, seed=3) as ld:
         assert len(ld) == 10 and ld.num_items == 1000
