@@ -446,7 +446,8 @@ def forget_own_object(token):
 # has them already. {"pid": owner, "proc": Popen, "sock": our end}.
 _template = {}
 # Modules worth importing ahead: the heavy ones a dataset's code uses.
-HINT_MODULES = ("numpy", "torch", "torchvision", "PIL.Image", "pandas", "scipy", "cv2")
+HINT_MODULES = ("numpy", "torch", "torchvision", "PIL.Image", "pandas", "scipy", "cv2",
+                "ferry.torch")  # what a ferry.torch loader's pickled dataset needs
 
 
 def prestart():
