@@ -225,8 +225,9 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
 /* The window runs from the first READY (the dataset's length is known
  * then), so the first batch is under way while the other workers start;
  * open returns once every local worker and at least min_workers in all
- * are ready. Until then a worker's death or a start past
- * start_timeout_ms fails the loader, as a failed start. */
+ * are ready. Until then a start past start_timeout_ms, or the death of a
+ * worker still starting, fails the loader, as a failed start (a ready
+ * worker's death is handled as after open: supervise.c). */
 static void maybe_start(ferry__scheduler *s, uint32_t ready)
 {
     if (ferry__window_phase(s->win) == FERRY__PHASE_STARTING &&
