@@ -418,10 +418,11 @@ void ferry__shm_release(void *held)
      * few page-table entries to map again at the next hold. Still held
      * here: no one else can be given the slot meanwhile. */
     int32_t slot = (int32_t)(s - m->slots);
-    if (m->base && !__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED))
+    int keep = __atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED);
+    if (m->base && !keep)
         (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_DONTNEED);
     pthread_mutex_lock(&m->mu);
-    if (m->draining && !__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED)) {
+    if (m->draining && !keep) {
         m->slots[slot].touched = 0;
         punch(m, slot);
     }

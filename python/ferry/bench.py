@@ -761,7 +761,10 @@ def _watch_ready(loader, restarts, workers, out):
     (5 ms) while the trainer's step spins."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        st = loader.stats()
+        try:
+            st = loader.stats()
+        except ValueError:  # the loader closed (the run failed): nothing to see
+            return
         if st["restarts"] > restarts and st["workers"] >= workers:
             out[0] = time.clock_gettime(time.CLOCK_MONOTONIC)
             return

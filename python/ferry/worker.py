@@ -44,6 +44,7 @@ from ._startup import limit_threads
 
 _NAME = "python -m ferry.worker"
 
+
 def _take_option(argv, name):
     """Removes ``name VALUE`` from argv; returns VALUE or None."""
     if name in argv:

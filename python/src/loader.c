@@ -228,6 +228,19 @@ static PyTypeObject SlotHoldType = {
     .tp_doc = "A released batch's slot, given back to the loader when this object goes.",
 };
 
+/* Calls hook(arg) (hook() when arg is NULL) where no exception may
+ * propagate (a destructor, close): a failure is reported as unraisable, as
+ * from __del__. The caller has set aside any exception pending. */
+static void call_hook(PyObject *hook, PyObject *arg)
+{
+    Py_INCREF(hook); /* the call may replace the attribute that holds it */
+    PyObject *r = arg ? PyObject_CallOneArg(hook, arg) : PyObject_CallNoArgs(hook);
+    if (!r)
+        PyErr_WriteUnraisable(hook);
+    Py_XDECREF(r);
+    Py_DECREF(hook);
+}
+
 /* Hands a dying batch in a slot to on_release inside a SlotHold; the slot
  * goes back when that does (at once if the hook keeps nothing, or fails:
  * the failure is reported as unraisable, as from __del__). Returns 0 when
@@ -242,13 +255,8 @@ static int hold_slot(PyObject *on_release, ferry_batch *b)
         return 0;
     }
     h->b = b;
-    Py_INCREF(on_release); /* the call may replace the loader's hook */
-    PyObject *r = PyObject_CallOneArg(on_release, (PyObject *)h);
-    if (!r)
-        PyErr_WriteUnraisable(on_release);
-    Py_XDECREF(r);
+    call_hook(on_release, (PyObject *)h);
     Py_DECREF(h);
-    Py_DECREF(on_release);
     PyErr_Restore(type, value, tb);
     return 1;
 }
@@ -562,12 +570,7 @@ static void close_loader(LoaderObject *self)
     if (hook && hook != Py_None) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        Py_INCREF(hook);
-        PyObject *r = PyObject_CallNoArgs(hook);
-        if (!r)
-            PyErr_WriteUnraisable(hook);
-        Py_XDECREF(r);
-        Py_DECREF(hook);
+        call_hook(hook, NULL);
         PyErr_Restore(type, value, tb);
     }
     Py_BEGIN_ALLOW_THREADS ferry_loader_close(ld);
