@@ -581,6 +581,53 @@ static int take_indices(worker_session *w, const ferry__task *t, zmq_msg_t *task
     return FERRY_OK;
 }
 
+/* Appends text, or the decimal digits of v, to out[*len] within cap. */
+static void note_put(char *out, size_t cap, size_t *len, const char *text)
+{
+    while (*text && *len + 1 < cap)
+        out[(*len)++] = *text++;
+}
+
+static void note_put_u64(char *out, size_t cap, size_t *len, uint64_t v)
+{
+    char digits[21];
+    int n = 0;
+    do
+        digits[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0 && *len + 1 < cap)
+        out[(*len)++] = digits[--n];
+}
+
+size_t ferry__worker_note_format(const ferry__worker_note *n, char *out, size_t cap)
+{
+    size_t len = 0;
+    if (!cap)
+        return 0;
+    switch (n->state) {
+    case FERRY__NOTE_BUILDING:
+        note_put(out, cap, &len, "building batch ");
+        note_put_u64(out, cap, &len, n->seq);
+        note_put(out, cap, &len, " (epoch ");
+        note_put_u64(out, cap, &len, n->epoch);
+        note_put(out, cap, &len, ", batch ");
+        note_put_u64(out, cap, &len, n->batch_in_epoch);
+        note_put(out, cap, &len, ", ");
+        note_put_u64(out, cap, &len, n->count);
+        note_put(out, cap, &len, " items from index ");
+        note_put_u64(out, cap, &len, n->first_index);
+        note_put(out, cap, &len, ")");
+        break;
+    case FERRY__NOTE_IDLE:
+        note_put(out, cap, &len, "idle");
+        break;
+    default:
+        note_put(out, cap, &len, "starting");
+    }
+    out[len] = '\0';
+    return len;
+}
+
 /* Has the dataset fill dst[] with task t's items; the note says meanwhile
  * which batch this worker is on, for a crash handler. */
 static int fill_batch(worker_session *w, const ferry__task *t, void **dst,
@@ -596,18 +643,21 @@ static int fill_batch(worker_session *w, const ferry__task *t, void **dst,
      * reads here which task did it. */
     if (w->o->task_word)
         atomic_store_explicit(w->o->task_word, t->id + 1, memory_order_release);
-    if (w->o->note)
-        snprintf(w->o->note, w->o->note_len,
-                 "building batch %llu (epoch %llu, batch %llu, %u items from index %llu)",
-                 (unsigned long long)t->seq, (unsigned long long)t->epoch,
-                 (unsigned long long)t->batch_in_epoch, t->count,
-                 (unsigned long long)w->indices[0]);
+    ferry__worker_note *note = w->o->note;
+    if (note) {
+        note->seq = t->seq;
+        note->epoch = t->epoch;
+        note->batch_in_epoch = t->batch_in_epoch;
+        note->count = t->count;
+        note->first_index = w->indices[0];
+        note->state = FERRY__NOTE_BUILDING;
+    }
     memset(derr, 0, sizeof *derr);
     int rc = ferry__dataset_get_batch(&w->ds, &req, dst, derr);
     if (w->o->task_word)
         atomic_store_explicit(w->o->task_word, 0, memory_order_release);
-    if (w->o->note)
-        snprintf(w->o->note, w->o->note_len, "idle");
+    if (note)
+        note->state = FERRY__NOTE_IDLE;
     return rc;
 }
 

@@ -28,6 +28,22 @@
  * workers (one cache line each). */
 #define FERRY__TASK_WORD_BYTES 64
 
+/* What a worker is doing, for a crash handler to print: kept up to date
+ * with plain stores around each batch (no formatting on the batch's path);
+ * the handler formats it (ferry__worker_note_format). */
+typedef struct ferry__worker_note {
+    volatile int state; /* FERRY__NOTE_STARTING, _IDLE or _BUILDING */
+    volatile uint64_t seq, epoch, batch_in_epoch, first_index;
+    volatile uint32_t count;
+} ferry__worker_note;
+
+enum { FERRY__NOTE_STARTING = 0, FERRY__NOTE_IDLE, FERRY__NOTE_BUILDING };
+
+/* Writes note n as text ("building batch 7 (epoch 0, batch 7, 16 items
+ * from index 112)", "idle", "starting") into out (cap bytes, NUL-ended,
+ * cut short where it does not fit); returns its length. Async-signal-safe. */
+size_t ferry__worker_note_format(const ferry__worker_note *n, char *out, size_t cap);
+
 typedef struct ferry__worker_opts {
     const char *endpoint;
     int slot;                 /* the loader's index for a local worker, -1 otherwise */
@@ -39,8 +55,7 @@ typedef struct ferry__worker_opts {
     _Atomic uint64_t *task_word; /* if set: the id + 1 of the task being built, 0 between */
     int shm_fd;               /* > 0: the loader's batch slots (memfd), where a TASK names
                                * room in it; 0: every batch goes in a payload frame */
-    char *note;               /* if set, what the worker is doing is written here */
-    size_t note_len;          /* before each batch, for a crash handler to print */
+    ferry__worker_note *note; /* if set, what the worker is doing, before each batch */
     /* Remote workers (tcp://). */
     const char *server_key; /* the loader's CURVE public key (Z85); NULL: plain TCP */
     const char *public_key; /* this worker's key pair (Z85), with server_key */

@@ -53,7 +53,7 @@
 
 /* What the worker is doing, kept up to date by the worker loop so that a
  * crash inside dataset code can say which batch it was on. */
-static char note[256] = "starting";
+static ferry__worker_note note;
 static char head[96]; /* "ferry-worker N (pid P): crashed while ", made at start */
 static atomic_int stop_flag;
 
@@ -66,8 +66,10 @@ static atomic_int stop_flag;
  * crashed (seen as healthy batches given up in place of a poison one). */
 static void on_fatal(int sig)
 {
-    if (write(2, head, strnlen(head, sizeof head)) < 0 ||
-        write(2, note, strnlen(note, sizeof note)) < 0 || write(2, "\n", 1) < 0) {
+    char doing[160];
+    size_t n = ferry__worker_note_format(&note, doing, sizeof doing);
+    if (write(2, head, strnlen(head, sizeof head)) < 0 || write(2, doing, n) < 0 ||
+        write(2, "\n", 1) < 0) {
         /* nothing more can be done */
     }
     struct timespec flush = {0, 100 * 1000000L};
@@ -643,8 +645,7 @@ static int run(int argc, char **argv, char *const *relaunch, unsigned char *drop
                             .keep_plugins = 1,
                             .task_word = task_word(c.task_fd, c.slot),
                             .shm_fd = shm_fd(c.shm_fd, c.slot),
-                            .note = note,
-                            .note_len = sizeof note,
+                            .note = &note,
                             .cancel = &stop_flag,
                             .plugin_dir = c.plugin_dir,
                             .confine_plugins = remote};

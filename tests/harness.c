@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
@@ -93,6 +94,12 @@ int ft_count_fds(void)
 int ft_count_threads(void)
 {
     return ft_count_entries("/proc/self/task");
+}
+
+long ft_minor_faults(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_minflt : -1;
 }
 
 long ft_status_kib(const char *key)

@@ -46,6 +46,9 @@ int ft_count_threads(void);
 /* The value of `key` ("VmHWM", "RssShmem") in /proc/self/status, in KiB;
  * -1 when it is not there. */
 long ft_status_kib(const char *key);
+
+/* This process's minor page faults so far, all threads (getrusage). */
+long ft_minor_faults(void);
 /* Entries in a directory (not . and ..), -1 if it cannot be read. */
 int ft_count_entries(const char *dir);
 /* Writes the entries of `dir` to f, one a line; with `links`, where each

@@ -28,6 +28,7 @@ typedef struct shm_slot {
     uint32_t owner; /* SLOT_GIVEN: the worker it was given to */
     uint8_t state;
     uint8_t touched;  /* given since it was last trimmed: it has memory */
+    uint64_t mapped;  /* bytes from its start the trainer has mapped (under mu) */
     uint64_t free_ms; /* SLOT_FREE: since when */
     uint64_t bytes;   /* SLOT_HELD: the batch's extent in it (0: the whole slot) */
 } shm_slot;
@@ -311,29 +312,43 @@ void *ferry__shm_data(const ferry__shm *m, int32_t slot)
 
 void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes)
 {
-    /* The worker has allocated the batch's memory by writing it; map the
-     * batch's bytes here in one call, so the trainer reading it never
-     * faults on them (its view was dropped when the slot's last batch was
-     * released). Best effort: before Linux 5.14 the trainer's reads fault
-     * the pages in. */
-#ifdef MADV_POPULATE_READ
-    if (bytes)
-        (void)madvise(m->base + (size_t)slot * m->slot_bytes,
-                      bytes < m->slot_bytes ? (size_t)bytes : m->slot_bytes, MADV_POPULATE_READ);
-#else
-    (void)bytes;
-#endif
+    shm_slot *sl = &m->slots[slot];
+    uint64_t extent = bytes && bytes < m->slot_bytes ? bytes : m->slot_bytes;
     pthread_mutex_lock(&m->mu);
-    m->slots[slot].state = SLOT_HELD;
-    m->slots[slot].bytes = bytes < m->slot_bytes ? bytes : 0;
+    uint64_t mapped = sl->mapped;
+    if (extent > mapped)
+        sl->mapped = extent;
+    sl->state = SLOT_HELD;
+    sl->bytes = bytes < m->slot_bytes ? bytes : 0;
     m->held++;
     pthread_mutex_unlock(&m->mu);
-    return &m->slots[slot];
+    /* The worker has allocated the batch's memory by writing it. The part
+     * of the slot this process has not mapped yet (the slot's first batch,
+     * or a batch reaching further than any before, or the first since its
+     * memory was given back) is mapped here in one call, so the trainer
+     * reading it never faults. The rest stays mapped from earlier batches:
+     * a steady stream takes no page fault and no syscall here. Held now,
+     * so nothing punches the slot meanwhile. Best effort: before Linux 5.14
+     * the trainer's first reads fault the pages in. */
+#ifdef MADV_POPULATE_READ
+    if (extent > mapped)
+        (void)madvise(m->base + (size_t)slot * m->slot_bytes + mapped, (size_t)(extent - mapped),
+                      MADV_POPULATE_READ);
+#endif
+    return sl;
 }
 
-/* Gives slot `slot`'s memory back to the system; the caller has marked
- * it untouched, and nobody writes into it meanwhile (m->mu held, or only
- * the caller's thread gives slots). */
+/* Under mu: slot sl's memory is about to be given back (punch). The hole
+ * also unmaps its pages from every process: the next hold maps them again. */
+static void forget(shm_slot *sl)
+{
+    sl->touched = 0;
+    sl->mapped = 0;
+}
+
+/* Gives slot `slot`'s memory back to the system; the caller has forgotten
+ * it, and nobody writes into it meanwhile (m->mu held, or only the
+ * caller's thread gives slots). */
 static void punch(ferry__shm *m, int32_t slot)
 {
     if (m->fd >= 0)
@@ -355,7 +370,7 @@ uint32_t ferry__shm_trim(ferry__shm *m, uint32_t keep, uint64_t idle_ms)
         shm_slot *sl = &m->slots[m->free[i]];
         if (!sl->touched || now - sl->free_ms < idle_ms)
             continue;
-        sl->touched = 0;
+        forget(sl);
         cut[n++] = m->free[i];
     }
     pthread_mutex_unlock(&m->mu);
@@ -388,7 +403,7 @@ void ferry__shm_drain(ferry__shm *m)
         for (uint32_t i = 0; i < m->nfree; i++) {
             shm_slot *sl = &m->slots[m->free[i]];
             if (sl->touched) {
-                sl->touched = 0;
+                forget(sl);
                 punch(m, m->free[i]);
             }
         }
@@ -412,18 +427,18 @@ void ferry__shm_release(void *held)
 {
     shm_slot *s = held;
     ferry__shm *m = s->m;
-    /* The trainer lets go of its view of the slot's pages (they stay in
-     * the memfd, for the worker that writes the next batch there), so
-     * its RSS holds the batches it holds, not every slot it ever read: a
-     * few page-table entries to map again at the next hold. Still held
-     * here: no one else can be given the slot meanwhile. */
+    /* The trainer keeps its view of the slot's pages: the next batch
+     * written there is read through the same page-table entries, with no
+     * fault and no syscall. Those pages are the slot's shared memory,
+     * counted once on the machine (a process's PSS shares them out); an
+     * RSS figure counts them in full in every process that maps them. They
+     * go back to the system when the slot idles (ferry__shm_trim) or the
+     * stream ends (ferry__shm_drain). */
     int32_t slot = (int32_t)(s - m->slots);
     int keep = __atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED);
-    if (m->base && !keep)
-        (void)madvise(m->base + (size_t)slot * m->slot_bytes, m->slot_bytes, MADV_DONTNEED);
     pthread_mutex_lock(&m->mu);
     if (m->draining && !keep) {
-        m->slots[slot].touched = 0;
+        forget(&m->slots[slot]);
         punch(m, slot);
     }
     put_free(m, slot);

@@ -97,7 +97,8 @@ void *ferry__shm_data(const ferry__shm *m, int32_t slot);
 /* Given slot `slot` now backs a batch whose fields end `bytes` into it:
  * returns the context to pass to ferry__shm_release (a
  * ferry__batch_backing's release) when the batch goes. Never fails,
- * allocates nothing; maps those bytes' pages here. Scheduler thread. */
+ * allocates nothing; maps here those of the bytes' pages that are not
+ * mapped yet (none, once a slot is in steady use). Scheduler thread. */
 void *ferry__shm_hold(ferry__shm *m, int32_t slot, uint64_t bytes);
 void ferry__shm_release(void *held);
 
@@ -110,8 +111,8 @@ void ferry__shm_range(const void *held, void **data, size_t *len);
  * ferry__shm_keep). From any thread; once is enough. */
 void ferry__shm_drain(ferry__shm *m);
 
-/* From now on every slot keeps the pages it has: none is trimmed, and a
- * released slot stays mapped here. For slots page-locked by a device
+/* From now on every slot keeps the pages it has: none is trimmed or
+ * drained. For slots page-locked by a device
  * runtime (cudaHostRegister pins the pages a range has when it is
  * registered; a trimmed slot would get new pages the device never sees).
  * The memory then stays at the most that was ever in flight and held at
