@@ -161,10 +161,12 @@ static void *thread_main(void *arg)
                              .zctx = p->o.zctx,
                              .cancel = &p->cancel,
                              .handshake_ms = p->o.start_timeout_ms,
-                             /* The same slots as a process worker's, mapped
-                              * again here: a batch is written into its slot
-                              * and the trainer's batch is a view of it. */
+                             /* The same slots as a process worker's, through
+                              * the loader's own mapping: a batch is written
+                              * into its slot, the trainer's batch is a view
+                              * of it, and the process maps each page once. */
                              .shm_fd = p->o.shm_fd > 0 ? p->o.shm_fd : 0,
+                             .shm = p->o.shm,
                              /* A plugin may have started threads (an OpenMP pool)
                               * that outlive its loader: unloading it would leave
                               * them running unmapped code. */

@@ -34,6 +34,8 @@ typedef struct ferry__pool_opts {
     const char *endpoint;    /* the loader's local endpoint */
     void *zctx;              /* the loader's context (threads share it) */
     int shm_fd;              /* the batch slots' memfd (shm.h), -1: none */
+    struct ferry__shm *shm;  /* the slots themselves: thread workers write through the
+                              * loader's own mapping of them */
     int data_fd;             /* bytes each process worker is given (option dataset_fd), -1 */
     /* Option fork_server: process workers are forked by one clean parent
      * (forkserver.h), started with `dataset` (which it loads once),

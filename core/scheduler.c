@@ -582,6 +582,7 @@ static int setup(ferry__scheduler *s)
                            .endpoint = s->endpoint,
                            .zctx = s->zctx,
                            .shm_fd = s->shm ? ferry__shm_fd(s->shm) : -1,
+                           .shm = s->shm,
                            .data_fd = s->data_fd,
                            .fork_server = (int)s->cfg.fork_server,
                            .fork_from = (int)s->cfg.fork_from,

@@ -45,6 +45,7 @@
 #include "alloc.h"
 #include "endpoint.h"
 #include "error.h"
+#include "shm.h"
 #include "zsock.h"
 
 #define POLL_MS 200
@@ -539,7 +540,16 @@ static unsigned char *shm_room(worker_session *w, const ferry__task *t)
     if (fd <= 0 || t->shm_bytes == 0)
         return NULL;
     uint64_t end = t->shm_offset + t->shm_bytes; /* each below 2^63: no wrap */
-    if (end > w->shm_len) {
+    if (end > w->shm_len && w->o->shm) {
+        /* A thread: the loader's mapping, sized before any task names room
+         * in it (the task came after, through the loader's socket). */
+        size_t len;
+        unsigned char *base = ferry__shm_mapping(w->o->shm, &len);
+        if (!base || len < end)
+            return NULL;
+        w->shm_base = base;
+        w->shm_len = len;
+    } else if (end > w->shm_len) {
         struct stat st;
         if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < end)
             return NULL;
@@ -1049,7 +1059,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
         zmq_ctx_term(own_ctx);
     pthread_cond_destroy(&w->hb_cv);
     pthread_mutex_destroy(&w->sock_mu);
-    if (w->shm_base)
+    if (w->shm_base && !w->o->shm)
         munmap(w->shm_base, w->shm_len);
     free(w->shm_seen);
     free(w->indices);

@@ -55,6 +55,8 @@ typedef struct ferry__worker_opts {
     _Atomic uint64_t *task_word; /* if set: the id + 1 of the task being built, 0 between */
     int shm_fd;               /* > 0: the loader's batch slots (memfd), where a TASK names
                                * room in it; 0: every batch goes in a payload frame */
+    struct ferry__shm *shm;   /* thread workers: the slots, written through the loader's
+                               * own mapping (not a mapping of shm_fd of their own) */
     ferry__worker_note *note; /* if set, what the worker is doing, before each batch */
     /* Remote workers (tcp://). */
     const char *server_key; /* the loader's CURVE public key (Z85); NULL: plain TCP */

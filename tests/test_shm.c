@@ -517,8 +517,15 @@ static void steady_batches_fault_nothing(const char *mode)
     printf("%s workers: %ld minor page faults in the trainer over %d steady batches of %d "
            "pages (sum %u)\n",
            mode, faults, STEADY, BATCH * DIM_BYTES / 4096, sum);
-    /* One page per batch would be 1,000; a remap per batch 128,000. */
-    assert_true(faults < STEADY / 10);
+    /* A fault per page per batch would be 128,000 (8,000 with the kernel's
+     * fault-around); one per batch 1,000. Thread workers are in this
+     * process: a slot given back while idle (a stall on a loaded machine
+     * lets the window reach a slot trimmed a second before) is written
+     * page by page again by a worker thread, a slot's worth each time. */
+    long bound = STEADY / 10;
+    if (!strcmp(mode, "thread"))
+        bound += 2 * BATCH * DIM_BYTES / 4096;
+    assert_true(faults < bound);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
 }
 

@@ -234,6 +234,15 @@ int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots)
     return FERRY_OK;
 }
 
+unsigned char *ferry__shm_mapping(ferry__shm *m, size_t *len)
+{
+    pthread_mutex_lock(&m->mu);
+    unsigned char *base = m->base;
+    *len = m->slot_bytes * m->nslots;
+    pthread_mutex_unlock(&m->mu);
+    return base;
+}
+
 size_t ferry__shm_slot_bytes(const ferry__shm *m)
 {
     return m->slot_bytes;

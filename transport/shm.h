@@ -94,6 +94,12 @@ uint32_t ferry__shm_reclaim(ferry__shm *m, uint32_t owner);
 uint64_t ferry__shm_offset(const ferry__shm *m, int32_t slot);
 void *ferry__shm_data(const ferry__shm *m, int32_t slot);
 
+/* The loader's mapping of every slot and its length, NULL before the pool
+ * is sized. It stays until the pool is destroyed: for thread workers,
+ * which write through it (one set of page-table entries in the process).
+ * From any thread. */
+unsigned char *ferry__shm_mapping(ferry__shm *m, size_t *len);
+
 /* Given slot `slot` now backs a batch whose fields end `bytes` into it:
  * returns the context to pass to ferry__shm_release (a
  * ferry__batch_backing's release) when the batch goes. Never fails,

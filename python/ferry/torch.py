@@ -44,6 +44,7 @@ import os
 import pickle
 import random
 import re
+import sys
 import threading
 import time
 import warnings
@@ -63,6 +64,16 @@ _MAX_DATA_FIELDS = 15    # ferry's 16 fields, less the structure's
 _RESERVE_MAX = 1 << 30   # bytes per item a field of variable shape may reserve
 
 _warned = set()
+
+
+def _notice_once(key, text):
+    """Says text once per process at the ferry logger's warning level: a
+    change of code path a user must see without configuring logging (with
+    no handler set up, Python's logging prints warnings on stderr), though
+    it is not a fault."""
+    if key not in _warned:
+        _warned.add(key)
+        logging.getLogger("ferry").warning("ferry.torch.DataLoader: %s", text)
 
 
 def _warn_once(key, text):
@@ -974,6 +985,13 @@ def _native_imagefolder(dataset):
         return None, None
     if not isinstance(dataset, tvd.DatasetFolder):
         return None, None
+    # C stands in only for code whose result it is known to reproduce:
+    # torchvision's own classes, not a subclass (its __getitem__, loader or
+    # anything else may differ, and would silently not run).
+    if type(dataset) not in (tvd.ImageFolder, tvd.DatasetFolder):
+        return None, "it is %s, a subclass of torchvision's %s: its own code runs" % (
+            type(dataset).__qualname__,
+            "ImageFolder" if isinstance(dataset, tvd.ImageFolder) else "DatasetFolder")
     if getattr(dataset, "loader", None) is not tvd.folder.default_loader:
         return None, "its loader is not torchvision's default_loader"
     if tuple(getattr(dataset, "extensions", None) or ()) != tuple(tvd.folder.IMG_EXTENSIONS):
@@ -984,8 +1002,11 @@ def _native_imagefolder(dataset):
     if classes != sorted(classes or []) or \
             dataset.class_to_idx != {c: i for i, c in enumerate(classes)}:
         return None, "its classes are not the sorted folder names"
+    import torchvision
+    if torchvision.get_image_backend() != "PIL":
+        return None, "torchvision's image backend is not PIL"
     tf = dataset.transform
-    steps = list(tf.transforms) if isinstance(tf, T.Compose) else [tf]
+    steps = list(tf.transforms) if type(tf) is T.Compose else [tf]
     kw = {}
 
     def square(size):
@@ -1041,24 +1062,34 @@ def _native_imagefolder(dataset):
         i += 1
     if i != len(steps):
         return None, "it has a transform ferry does not run in C: %r" % (steps[i],)
-    if not _listing_order(dataset.samples):
-        return None, "its samples are not in the folder's listing order"
+    if not _listing_order(dataset.samples, dataset.root, classes):
+        return None, "its samples are not the folder's images, labels and order"
     root = os.path.abspath(dataset.root)
     if "," in root:
         return None, "its root has a ',' (a spec cannot name it)"
     return "imagefolder:root=%s,%s" % (root, ",".join("%s=%s" % kv for kv in kw.items())), None
 
 
-def _listing_order(samples):
-    """Whether ``samples`` ((path, label), ...) follow make_dataset's order:
-    by label, then folder, then file name. With the count checked against
-    ferry's own listing of the folder, that makes them the same list."""
+def _listing_order(samples, root, classes):
+    """Whether ``samples`` ((path, label), ...) are what make_dataset gives
+    for ``root``: each label the index of the class folder its path lies
+    in, in make_dataset's order (by label, then folder, then file name).
+    With the count checked against ferry's own listing of the folder, that
+    makes them the same list: an edited ``samples`` (labels remapped, files
+    dropped or reordered) runs in Python."""
+    prefixes = [os.path.join(root, c) + os.sep for c in classes]
     prev = None
-    for path, label in samples:
-        key = (label,) + os.path.split(path)
-        if prev is not None and key < prev:
-            return False
-        prev = key
+    try:
+        for path, label in samples:
+            if type(label) is not int or not 0 <= label < len(prefixes) or \
+                    not path.startswith(prefixes[label]):
+                return False
+            key = (label,) + os.path.split(path)
+            if prev is not None and key < prev:
+                return False
+            prev = key
+    except (TypeError, ValueError, AttributeError):
+        return False
     return True
 
 
@@ -1221,12 +1252,13 @@ class DataLoader(_Closes):
                 auto_batch and collate_fn is None and worker_init_fn is None:
             self._native, why = _native_imagefolder(dataset)
             if self._native is not None:
-                logging.getLogger("ferry").info(
-                    "ferry.torch.DataLoader: %s with its transform runs in C (%s); "
-                    "native=False runs it in Python", type(dataset).__name__, self._native)
+                _notice_once("native " + self._native,
+                             "%s with its transform runs in C (%s); native=False runs "
+                             "torchvision's code in Python" % (type(dataset).__name__,
+                                                               self._native))
             elif why:
-                logging.getLogger("ferry").info(
-                    "ferry.torch.DataLoader: %s runs in Python: %s", type(dataset).__name__, why)
+                _notice_once("python " + why, "%s runs in Python: %s" % (
+                    type(dataset).__name__, why))
 
     def _keep_args(self, dataset, num_workers, prefetch_factor, pin_memory, timeout,
                    worker_init_fn, multiprocessing_context, generator, persistent_workers,

@@ -248,6 +248,88 @@ def test_torch_imagefolder_falls_back_to_python(folder, why, caplog):
         dl.close()
 
 
+class _WithIndex(ImageFolder):
+    """A subclass whose __getitem__ adds the index: torchvision's code as a
+    user extends it, which C cannot know."""
+
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return x, y, index
+
+
+class _Refuses(ImageFolder):
+    def __getitem__(self, index):
+        raise ValueError("this subclass refuses item %d" % index)
+
+
+def _torch_batches(ds, **kw):
+    return list(torch.utils.data.DataLoader(ds, num_workers=0, **kw))
+
+
+@pytest.mark.parametrize("how", ["subclass", "subclass_raises", "labels_remapped",
+                                 "compose_subclass"])
+def test_torch_imagefolder_never_replaces_code_c_does_not_reproduce(folder, how, caplog):
+    """The C path stands in only for torchvision's own ImageFolder and
+    Compose: a subclass's __getitem__ (an extra index, a raise), labels
+    remapped in ``samples`` (an order-keeping remap: x2) or a Compose
+    subclass run the user's code in Python workers, give what torch's
+    DataLoader gives on the same data, and say why on stderr without any
+    logging set up (at warning level). They used to be replaced by the C kind silently."""
+    from torchvision import transforms as T
+
+    from ferry.torch import DataLoader
+    steps = [T.Resize(20), T.CenterCrop(16), T.PILToTensor()]
+    tf = T.Compose(steps)
+    if how == "compose_subclass":
+        class Compose2(T.Compose):
+            def __call__(self, img):
+                return super().__call__(img) // 2
+        tf = Compose2(steps)
+    cls = {"subclass": _WithIndex, "subclass_raises": _Refuses}.get(how, ImageFolder)
+    ds = cls(folder, transform=tf)
+    if how == "labels_remapped":
+        ds.samples = [(p, 2 * y) for p, y in ds.samples]
+    dl = DataLoader(ds, batch_size=6, num_workers=1)
+    try:
+        assert dl._native is None
+        if how != "compose_subclass":  # said once per reason and process
+            assert any("runs in Python" in r.getMessage() for r in caplog.records)
+        if how == "subclass_raises":
+            with pytest.raises(ValueError, match="this subclass refuses item"):
+                next(iter(dl))
+            return
+        got, want = list(dl), _torch_batches(ds, batch_size=6)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert len(g) == len(w)
+            for a, b in zip(g, w):
+                assert torch.equal(a, b)
+        if how == "subclass":
+            assert torch.cat([b[2] for b in got]).tolist() == list(range(len(ds)))
+    finally:
+        dl.close()
+
+
+def test_the_c_path_notice_reaches_stderr_without_logging(folder):
+    """A script that configured no logging still sees, once, that its
+    pipeline runs in C (the notice used to be at info level: invisible)."""
+    import subprocess
+    import sys
+    script = (
+        "import sys\n"
+        "from torchvision import transforms as T\n"
+        "from torchvision.datasets import ImageFolder\n"
+        "from ferry.torch import DataLoader\n"
+        "tf = T.Compose([T.Resize(22), T.CenterCrop(14), T.PILToTensor()])\n"
+        "for _ in range(2):\n"
+        "    DataLoader(ImageFolder(sys.argv[1], transform=tf), batch_size=4,\n"
+        "               num_workers=1).close()\n")
+    r = subprocess.run([sys.executable, "-c", script, folder], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("runs in C") == 1, r.stderr
+
+
 # ------------------------------------------------------ WebDataset shards
 
 def write_shards(folder, out, per_shard, member=None):
