@@ -44,9 +44,11 @@ static sched_worker *find_by_ident(ferry__scheduler *s, void *sock, const ferry_
  * with the reason, so the host's operator reads why (the remote slots are
  * all taken, its data differs) where the worker runs: REFUSE, like HELLO,
  * never changes, so every such version decodes it. A version-1 worker,
- * which knows no REFUSE, gets STOP, which before CONFIG means the same. */
+ * which knows no REFUSE, gets STOP, which before CONFIG means the same.
+ * On a sealed data connection the answer is sealed with the session's
+ * seal, as everything there is: the reason names the dataset. */
 static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *id,
-                           uint32_t version, const char *why)
+                           ferry__seal *seal, uint32_t version, const char *why)
 {
     if (version >= FERRY__REFUSE_SINCE) {
         s->out.type = FERRY__MSG_REFUSE;
@@ -55,23 +57,24 @@ static void answer_refusal(ferry__scheduler *s, void *sock, const ferry__ident *
     } else {
         s->out.type = FERRY__MSG_STOP;
     }
-    ferry__zsock_send(sock, id, NULL, &s->out, NULL, ZMQ_DONTWAIT);
+    ferry__zsock_send(sock, id, seal, &s->out, NULL, ZMQ_DONTWAIT);
 }
 
 /* A remote worker refused: counted, said so (rate-limited), and answered
- * (answer_refusal) on sock so it backs off at once. */
+ * (answer_refusal) on sock, sealed with seal where the connection is, so
+ * it backs off at once. */
 static void reject_remote(ferry__scheduler *s, void *sock, const ferry__ident *id,
-                          uint32_t version, const char *why)
+                          ferry__seal *seal, uint32_t version, const char *why)
 {
     ferry__remote_log_refusal(s->remote, ferry__window_count(s->win, FERRY__STAT_REJECTED), why);
     snprintf(s->last_refusal, sizeof s->last_refusal, "%s", why);
     if (id)
-        answer_refusal(s, sock, id, version, why);
+        answer_refusal(s, sock, id, seal, version, why);
 }
 
 void ferry__sched_zap_refused(void *arg, const char *why)
 {
-    reject_remote(arg, NULL, NULL, FERRY_PROTOCOL_VERSION, why);
+    reject_remote(arg, NULL, NULL, NULL, FERRY_PROTOCOL_VERSION, why);
 }
 
 void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w)
@@ -143,7 +146,7 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     const ferry__hello *h = &s->in.u.hello;
     char why[FERRY__ERRMSG_MAX];
     if (!ferry__remote_hello_ok(h, why, sizeof why)) {
-        reject_remote(s, ferry__remote_socket(s->remote), id, h->version, why);
+        reject_remote(s, ferry__remote_socket(s->remote), id, NULL, h->version, why);
         return;
     }
     sched_worker *w = find_by_ident(s, ferry__remote_socket(s->remote), id);
@@ -153,7 +156,7 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     if (!w) {
         snprintf(why, sizeof why, "%s (pid %u): all %lld remote slots are taken (max_remote)",
                  h->host, h->pid, (long long)s->cfg.max_remote);
-        reject_remote(s, ferry__remote_socket(s->remote), id, FERRY_PROTOCOL_VERSION, why);
+        reject_remote(s, ferry__remote_socket(s->remote), id, NULL, FERRY_PROTOCOL_VERSION, why);
         return;
     }
     w->p.sock = ferry__remote_socket(s->remote); /* until its data connection binds it */
@@ -177,7 +180,7 @@ static void refuse_local(ferry__scheduler *s, sched_worker *w, void *sock, const
     sched_describe(s, w, who, sizeof who);
     snprintf(msg, sizeof msg, FERRY__VERSION_MISMATCH ": %s is '%s', from %s (worker_path)",
              h->version, FERRY_PROTOCOL_VERSION, who, h->program, s->worker_path);
-    answer_refusal(s, sock, id, h->version, msg);
+    answer_refusal(s, sock, id, NULL, h->version, msg);
     ferry__window_fail(s->win, FERRY_EVERSION, msg);
 }
 
@@ -387,7 +390,7 @@ static void on_ready(ferry__scheduler *s, sched_worker *w)
         ferry__window_fail(s->win, r->code != 0 ? r->code : FERRY_EMISMATCH, msg);
         return;
     }
-    reject_remote(s, w->p.sock, &w->p.ident, FERRY_PROTOCOL_VERSION, msg);
+    reject_remote(s, w->p.sock, &w->p.ident, sched_seal(s, w), FERRY_PROTOCOL_VERSION, msg);
     ferry__sched_end_remote(s, w);
 }
 

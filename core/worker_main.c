@@ -143,7 +143,10 @@ static int should_stop(const ferry__worker_opts *o)
 /* A remote worker's life: sessions, one loader after another. A session
  * that ran (the dataset opened) is followed by a quick reconnect; one that did not
  * (nobody there, refused, key not allowed) by a backoff that doubles up to
- * 8 s, with jitter so a rack of workers does not knock in step. */
+ * 8 s, with jitter so a rack of workers does not knock in step. A worker
+ * refused after its dataset opened (REFUSE: it sees another number of
+ * items or another schema than the others) backs off too: its data will
+ * not change by asking again at once. */
 static int serve(ferry__worker_opts *o, int once)
 {
     unsigned backoff = 250;
@@ -156,7 +159,7 @@ static int serve(ferry__worker_opts *o, int once)
             break;
         if (rc == FERRY_OK && once)
             return 0;
-        if (configured) {
+        if (configured && rc != FERRY_ECLOSED) {
             if (rc != FERRY_OK)
                 fprintf(stderr, "ferry-worker (pid %d): session ended: %s; reconnecting\n",
                         (int)getpid(), ferry_last_error());

@@ -690,6 +690,91 @@ static void test_curve_session_never_crosses_the_wire_in_the_clear(void **state)
     assert_int_equal(curve.hits, 0);
 }
 
+/* One local worker opens the run over an npy file of N_ITEMS rows; the
+ * file is then replaced by one of half as many, so a daemon behind relays
+ * that watch the wire sees another length and is refused at READY, on its
+ * data connection. What the watch saw of the reason ("others see"), what
+ * the daemon said on stderr, and how many times it was refused in the 3 s
+ * after the first. */
+static void refusal_case(int curve, wire_watch *w, daemon_log *log, uint64_t *refused)
+{
+    remote_case t;
+    case_begin(&t, 60);
+    char dir[] = "/tmp/ferry-refusal-XXXXXX", x[96], tmp[96], spec[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(x, sizeof x, "%s/x.npy", dir);
+    snprintf(tmp, sizeof tmp, "%s/x.tmp", dir);
+    static unsigned char rows[N_ITEMS * DIM];
+    char dict[96];
+    snprintf(dict, sizeof dict, "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
+             N_ITEMS, DIM);
+    ft_write_npy(x, 1, dict, rows, sizeof rows);
+    char via[64];
+    relay_pair relay;
+    relays_up(&t, &relay, via, sizeof via);
+    *w = (wire_watch){.needle = "others see"};
+    bench_relay_tap(relay.hello, watch_wire, w);
+    bench_relay_tap(relay.data, watch_wire, w);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 1, 0);
+    snprintf(spec, sizeof spec, "npy:%s", x);
+    assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", !curve), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "data_port", relay.data_port), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg); /* the local worker fixed the length */
+    snprintf(dict, sizeof dict, "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
+             N_ITEMS / 2, DIM);
+    ft_write_npy(tmp, 1, dict, rows, sizeof rows / 2);
+    assert_int_equal(rename(tmp, x), 0);
+    int pipefd[2];
+    assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+    pid_t d = start_daemon_v(via, &t.k, curve ? t.k.w1 : NULL, NULL, pipefd[1]);
+    close(pipefd[1]);
+    *log = (daemon_log){.fd = pipefd[0]};
+    assert_true(ft_wait_stats(ld, rejected_at_least, 1, 15000) >= 0);
+    uint64_t first = ft_stats(ld).rejected;
+    /* The daemon reads the reason, and says it. */
+    assert_true(log_wait(log, "others see", 10000));
+    uint64_t until = ft_now_ms() + 3000;
+    while (ft_now_ms() < until) {
+        ferry_batch *b;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK); /* the run goes on */
+        ferry_batch_release(b);
+    }
+    *refused = ft_stats(ld).rejected - first;
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d);
+    close(pipefd[0]);
+    relays_down(&relay);
+    unlink(x);
+    rmdir(dir);
+    case_end(&t);
+}
+
+/* Under CURVE a refusal is sealed like everything else on the data
+ * connection: its reason, which names the dataset's path, never crosses
+ * the wire in the clear (on plain TCP, the control, the tap sees it). It
+ * used to go plain: the worker could not open it, never read why, and
+ * redialled in a loop. Now it says the reason and backs off (250 ms,
+ * doubling): at most a few more refusals in the next 3 s. */
+static void test_a_refusal_under_curve_is_sealed_and_read(void **state)
+{
+    (void)state;
+    static wire_watch plain, curve;
+    static daemon_log plain_log, curve_log;
+    uint64_t plain_more, curve_more;
+    refusal_case(0, &plain, &plain_log, &plain_more);
+    refusal_case(1, &curve, &curve_log, &curve_more);
+    printf("'%s' seen on the wire: plain TCP %llu times, CURVE %llu times in %llu bytes; "
+           "refused again within 3 s: %llu (plain), %llu (CURVE)\n",
+           plain.needle, (unsigned long long)plain.hits, (unsigned long long)curve.hits,
+           (unsigned long long)curve.bytes, (unsigned long long)plain_more,
+           (unsigned long long)curve_more);
+    assert_true(plain.hits >= 1);
+    assert_int_equal(curve.hits, 0);
+    assert_non_null(strstr(curve_log.text, "refused this worker"));
+    assert_true(curve_more <= 4 && plain_more <= 4);
+}
+
 /* A remote host 8 ms a batch behind a relay: at first next door, its
  * credits stay the automatic 2; once the link's round trip is 30 ms they
  * rise to cover it (flow control, core/flow.c), stats say why and what
@@ -2548,6 +2633,7 @@ int main(void)
         cmocka_unit_test(test_remote_workers_serve_successive_loaders),
         cmocka_unit_test(test_host_cut_mid_epoch_loses_nothing),
         cmocka_unit_test(test_curve_session_never_crosses_the_wire_in_the_clear),
+        cmocka_unit_test(test_a_refusal_under_curve_is_sealed_and_read),
         cmocka_unit_test(test_worker_joining_mid_run_takes_work),
         cmocka_unit_test(test_credits_rise_when_the_round_trip_does),
         cmocka_unit_test(test_cut_link_under_default_heartbeats),
