@@ -1343,16 +1343,23 @@ class DataLoader(_Closes):
     def __iter__(self):
         """One epoch of batches. A `for` left early (a break, a peek with
         next(iter(loader))) leaves the rest of its epoch behind, as torch's
-        does: the next `for` starts a new epoch."""
+        does: the next `for` starts a new epoch. A batch the dataset failed
+        on raises its error from next(), and the next call goes on with the
+        batches after it, as torch's iterator does."""
+        return _MapEpoch(self)
+
+    def _begin_epoch(self):
+        """The ferry epoch iterator of a new `for`: what a `for` left early
+        left of its epoch is drained first. Returns (iterator, epoch)."""
         ld = self._ferry()
         timeout = self.timeout if self.timeout and self.timeout > 0 else None
         if self._table is not None:  # the sampler's epochs the window may reach
             self._table.fill_to(self._next_epoch + self._table.ahead)
-        if self._mid_epoch:
+        if self._mid_epoch:  # the epoch in progress is _next_epoch
             drain = _Epoch(ld, timeout)
             while True:
                 try:
-                    b = next(drain)
+                    next(drain)
                 except StopIteration:
                     break
                 except BatchError:  # a failed batch of the epoch left behind
@@ -1360,22 +1367,11 @@ class DataLoader(_Closes):
                 except NotReady:
                     raise RuntimeError("DataLoader timed out after %s seconds"
                                        % self.timeout) from None
-                self._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
+            self._next_epoch += 1
             self._mid_epoch = False
             if self._table is not None:
                 self._table.fill_to(self._next_epoch + self._table.ahead)
-        it = _Epoch(ld, timeout)
-        while True:
-            try:
-                b = next(it)
-            except StopIteration:
-                return
-            except NotReady:
-                raise RuntimeError("DataLoader timed out after %s seconds" % self.timeout) \
-                    from None
-            self._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
-            self._mid_epoch = not b.last_in_epoch
-            yield self._structure(b)
+        return _Epoch(ld, timeout), self._next_epoch
 
     def _structure(self, b):
         if self._native is not None:  # default_collate's [images, labels], on the slot
@@ -1659,6 +1655,48 @@ class _IterableDataLoader(DataLoader):
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None
+
+
+class _MapEpoch:
+    """The iterator of one epoch of a map-style DataLoader (what
+    ``iter(loader)`` returns): the loader starts its epoch at the first
+    next(). A failed batch raises its error and leaves the iterator usable:
+    the next call returns the batch after it, as torch's does (a generator
+    would end at the first error, and a loop that skips a bad batch would
+    lose the rest of its epoch silently)."""
+
+    __slots__ = ("_dl", "_it", "_epoch")
+
+    def __init__(self, dl):
+        self._dl = dl
+        self._it = None
+        self._epoch = None
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._dl)
+
+    def __next__(self):
+        dl = self._dl
+        if self._it is None:
+            self._it, self._epoch = dl._begin_epoch()
+        try:
+            b = next(self._it)
+        except NotReady:
+            raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
+        except BatchError:
+            # The failure took a batch's place: the epoch ends there if it
+            # was the last one.
+            done = self._it._done
+            dl._mid_epoch = not done
+            if done:
+                dl._next_epoch = self._epoch + 1
+            raise
+        dl._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
+        dl._mid_epoch = not b.last_in_epoch
+        return dl._structure(b)
 
 
 class _Singles:

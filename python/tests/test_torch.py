@@ -792,6 +792,36 @@ def test_a_datasets_exception_is_caught_as_its_own_type(exc):
         assert "test_torch.py" in e.traceback and "__getitem__" in e.traceback
 
 
+def _skipping_bad_batches(loader):
+    """A loop that skips a batch its dataset failed on and goes on, as
+    training scripts do: [batch or the error's type name, ...]."""
+    out, it = [], iter(loader)
+    while True:
+        try:
+            out.append(next(it).tolist())
+        except StopIteration:
+            return out
+        except ValueError as e:
+            out.append(type(e).__name__)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("bad", [0, 3, 7])
+def test_the_iterator_goes_on_after_a_failed_batch_as_torchs(workers, bad):
+    """next() raises a failed batch's error and the next call returns the
+    batch after it, as torch's iterator does, for a failure first, in the
+    middle and last; the next epoch starts where it should. iter(loader)
+    used to be a generator, which ends at its first exception: a loop
+    that skipped a bad batch lost the rest of its epoch silently."""
+    ds = Failing(bad, ValueError)
+    want = _skipping_bad_batches(TorchLoader(ds, batch_size=2, num_workers=workers))
+    with DataLoader(ds, batch_size=2, num_workers=workers) as dl:
+        assert _skipping_bad_batches(dl) == want
+        assert _skipping_bad_batches(dl) == want  # the next epoch, whole
+        it = iter(dl)
+        assert len(it) == len(dl) == 4
+
+
 def test_a_collate_fn_that_raises_names_its_traceback():
     def bad(items):
         raise RuntimeError("collate says no")
