@@ -167,16 +167,40 @@ def _both(cls, base):
                 "__str__": lambda self: self.detail,
                 "__doc__": "A ferry.%s raised by a dataset's %s." % (cls.__name__,
                                                                       base.__name__)})
-        except TypeError:
+        except Exception:  # noqa: BLE001 - a layout conflict, a base that refuses
             _BOTH[key] = None
     return _BOTH[key]
+
+
+def _as_both(e, cls, base, detail):
+    """`e` (a ferry `cls` made from `detail`) as an instance of the class
+    that is both `cls` and `base`, or None when that class cannot be made or
+    instantiated: MemoryError's __new__ refuses a subclass ("not safe"),
+    ExceptionGroup's needs its exceptions. Never raises."""
+    both = _both(cls, base)
+    if both is None:
+        return None
+    try:
+        out = both.__new__(both, detail)
+        out.__dict__.update(e.__dict__)
+        out.args = (detail,)
+        if isinstance(out, SyntaxError):
+            # The traceback module prints a SyntaxError's msg (never made:
+            # __init__ is not called), not its str(): without it a trainer
+            # dying on the batch would print "<no detail available>".
+            out.msg = detail
+        return out
+    except Exception:  # noqa: BLE001 - the plain ferry error says it all
+        _BOTH[(cls, base)] = None
+        return None
 
 
 def make(code, detail):
     """The exception for C code ``code`` with ``detail``. A batch a Python
     dataset failed with a built-in exception (OSError, KeyError, ...) is
     both a ferry.BatchError and that exception: ``except OSError`` catches
-    it as it would in torch's DataLoader."""
+    it as it would in torch's DataLoader. Where no class can be both
+    (MemoryError, ExceptionGroup), a plain ferry.BatchError."""
     name = _ferry.strerror(code)[0]
     if code == _ferry.FERRY_ENOMEM:
         return MemoryError(detail)
@@ -186,10 +210,8 @@ def make(code, detail):
     base = _BUILTIN.get(e.exc_type) if isinstance(e, BatchError) and e.exc_type else None
     if base is None or isinstance(e, base):
         return e
-    both = _both(cls, base)
-    if both is None:
-        return e
-    out = both.__new__(both, detail)
-    out.__dict__.update(e.__dict__)
-    out.args = (detail,)
-    return out
+    # Where no class can be both, the plain ferry error: its message starts
+    # with the dataset's "Type: message", and it keeps worker, index,
+    # exc_type, exc_message and traceback.
+    out = _as_both(e, cls, base, detail)
+    return e if out is None else out

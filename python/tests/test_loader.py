@@ -784,3 +784,96 @@ def test_torch_of_a_tuple_batch_unpacks_into_tensors():
         x, y = b.torch()
         assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
         assert x.data_ptr() == b[0].__array_interface__["data"][0]
+
+
+def _builtin_exception(cls, msg):
+    """An instance of the built-in exception class `cls` carrying `msg`:
+    made with the message alone where the constructor takes it, otherwise
+    with arguments of the shape it requires, `msg` among them."""
+    if issubclass(cls, UnicodeDecodeError):
+        return cls("utf-8", b"\xff", 0, 1, msg)
+    if issubclass(cls, UnicodeEncodeError):
+        return cls("ascii", "\xe9", 0, 1, msg)
+    if issubclass(cls, UnicodeTranslateError):
+        return cls("\xe9", 0, 1, msg)
+    if issubclass(cls, BaseExceptionGroup):
+        # A group needs its exceptions; one that is not an Exception keeps
+        # BaseExceptionGroup from turning itself into an ExceptionGroup.
+        inner = ValueError("inner") if issubclass(cls, Exception) else GeneratorExit("inner")
+        return cls(msg, [inner])
+    return cls(msg)
+
+
+def _builtin_exception_classes():
+    """Every exception class in builtins, aliases (IOError, EnvironmentError)
+    once, by name. None is left out: whatever a dataset's __getitem__
+    raises, SystemExit, KeyboardInterrupt and GeneratorExit included, is
+    caught by the worker's C code and sent as the batch's failure like any
+    other (a worker that is interrupted or exits for real is a signal or an
+    exit, not an exception raised by the dataset)."""
+    import builtins
+    seen = {}
+    for c in vars(builtins).values():
+        if isinstance(c, type) and issubclass(c, BaseException):
+            seen.setdefault(c, c.__name__)
+    return sorted(seen.values())
+
+
+class RaisesEachBuiltin:
+    """Batches of 2 items; item 4*j + 3 (the second item of odd batch
+    2*j + 1) raises the built-in exception names[j], made by
+    _builtin_exception; even batches are whole."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def __len__(self):
+        return 4 * len(self.names)
+
+    def __getitem__(self, i):
+        if i % 4 == 3:
+            import builtins
+            name = self.names[i // 4]
+            raise _builtin_exception(getattr(builtins, name), "%s raised on item %d" % (name, i))
+        return np.int64(i)
+
+
+def test_every_builtin_exception_a_dataset_raises_is_a_batch_error_and_the_epoch_goes_on():
+    # A batch whose dataset raised a built-in exception is re-raised as a
+    # class that is both a ferry.BatchError and that built-in; for one that
+    # class cannot be made or instantiated (MemoryError: its __new__ is not
+    # safe to call on a subclass; ExceptionGroup: __new__ needs the
+    # exceptions), a plain ferry.BatchError naming the type instead, never
+    # a TypeError from making the exception. Only Exception subclasses are
+    # combined: a failed batch must not be caught as SystemExit or
+    # KeyboardInterrupt.
+    import builtins
+    import traceback
+    cannot_combine = {"MemoryError", "ExceptionGroup"}
+    names = _builtin_exception_classes()
+    assert {"MemoryError", "OSError", "SystemExit", "ExceptionGroup"} <= set(names)
+    with ferry.Loader(RaisesEachBuiltin, dataset_kwargs={"names": names}, batch_size=2,
+                      workers=2, shuffle=False, epochs=1) as ld:
+        it = iter(ld)
+        for j, name in enumerate(names):
+            cls = getattr(builtins, name)
+            b = next(it)
+            assert b.index_in_epoch == 2 * j and b[0].tolist() == [4 * j, 4 * j + 1], name
+            with pytest.raises(ferry.BatchError) as ei:
+                next(it)
+            e = ei.value
+            original = str(_builtin_exception(cls, "%s raised on item %d" % (name, 4 * j + 3)))
+            assert "%s: %s" % (name, original) in str(e), (name, str(e))
+            assert e.exc_type == name and e.exc_message == original, name
+            assert e.index == 4 * j + 3 and e.batch_in_epoch == 2 * j + 1, name
+            assert e.worker in (0, 1) and "__getitem__" in e.traceback, name
+            # What a trainer dying on it prints names the dataset's error too.
+            assert original in "".join(traceback.format_exception_only(type(e), e)), name
+            if issubclass(ferry.BatchError, cls):
+                pass  # BaseException, Exception: every BatchError is one
+            elif issubclass(cls, Exception) and name not in cannot_combine:
+                assert isinstance(e, cls), name
+            elif not issubclass(cls, Exception):
+                assert not isinstance(e, cls), name
+        with pytest.raises(StopIteration):
+            next(it)
