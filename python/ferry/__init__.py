@@ -49,9 +49,9 @@ except ImportError as e:
         % (sys.executable, e, sys.executable), name="ferry._ferry") from e
 from . import _dataset
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
-from ._errors import (BatchError, Closed, DatasetError, Error, IndexOutOfRange, InvalidValue,
-                      LimitError, NotReady, OptionError, SpawnError, StateError, Timeout,
-                      WorkerError)
+from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
+                      InvalidValue, LimitError, NotReady, OptionError, SpawnError, StateError,
+                      Timeout, WorkerError)
 
 __version__ = _ferry.version()
 
@@ -61,7 +61,7 @@ _dataset.prestart()
 
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
-    "DatasetError", "BatchError", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
+    "DatasetError", "BatchError", "BatchLost", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
     "StateError", "Closed", "LimitError", "NotReady", "__version__",
 ]
 

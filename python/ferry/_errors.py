@@ -31,10 +31,11 @@ class InvalidValue(Error, ValueError):
     """An option or argument with a value ferry cannot take."""
 
 
-class DatasetError(Error):
+class DatasetError(Error, RuntimeError):
     """The dataset could not be opened: missing or malformed file, a Python
     dataset that failed to import or build, a module a remote worker does
-    not allow."""
+    not allow. A ``RuntimeError``, as torch's DataLoader raises for a
+    worker that fails to start."""
 
 
 class BatchError(Error):
@@ -81,18 +82,16 @@ class IndexOutOfRange(BatchError, IndexError):
     from a Python dataset, or a C dataset's FERRY_ERANGE)."""
 
 
-class WorkerError(Error):
-    """A worker died and the loader cannot go on (``on_worker_death="fail"``,
-    or one that keeps dying). ``pid``, ``signal`` ("SIGKILL") or
-    ``exit_code``, and ``last_words`` (what it wrote to stderr last) when the
-    message says them."""
+class _Death:
+    """The fields of a worker's death in a message: ``worker``, ``pid``,
+    ``signal`` ("SIGKILL") or ``exit_code``, and ``last_words`` (what it
+    wrote to stderr last), None where the message does not say them."""
 
-    _FORMAT = re.compile(r"worker (?P<worker>\d+) \(pid (?P<pid>\d+)\) (?P<how>[^;]*)")
+    _DEATH = re.compile(r"worker (?P<worker>\d+) \(pid (?P<pid>\d+)\) (?P<how>[^;]*)")
 
-    def __init__(self, detail, code=None):
-        super().__init__(detail, code)
+    def _read_death(self, detail):
         self.worker = self.pid = self.signal = self.exit_code = self.last_words = None
-        m = self._FORMAT.search(detail)
+        m = self._DEATH.search(detail)
         if m:
             self.worker, self.pid = int(m["worker"]), int(m["pid"])
             s = re.search(r"signal (SIG[A-Z0-9]+)", m["how"])
@@ -101,6 +100,47 @@ class WorkerError(Error):
             self.exit_code = int(c[1]) if c else None
         words = detail.partition("; its last words: ")[2]
         self.last_words = words or None
+
+    def torch_sentence(self):
+        """What torch's DataLoader says of this death ("DataLoader worker
+        (pid 42) is killed by signal: Segmentation fault."), for scripts
+        and tests that match it; "" when the message names no pid."""
+        if self.pid is None:
+            return ""
+        if self.signal:
+            import signal as _signal
+            try:
+                what = _signal.strsignal(getattr(_signal, self.signal)) or self.signal
+            except (AttributeError, ValueError):
+                what = self.signal
+            return "DataLoader worker (pid %d) is killed by signal: %s." % (self.pid, what)
+        return "DataLoader worker (pid(s) %d) exited unexpectedly." % self.pid
+
+
+class WorkerError(_Death, Error, RuntimeError):
+    """A worker died and the loader cannot go on (``on_worker_death="fail"``,
+    or one that keeps dying). ``pid``, ``signal`` ("SIGKILL") or
+    ``exit_code``, and ``last_words`` (what it wrote to stderr last) when the
+    message says them. A ``RuntimeError``, as torch's DataLoader raises for
+    a dead worker (``except RuntimeError`` catches both)."""
+
+    def __init__(self, detail, code=None):
+        super().__init__(detail, code)
+        self._read_death(detail)
+
+
+class BatchLost(_Death, BatchError, RuntimeError):
+    """A batch given up after the workers that built it died on it, one
+    after another (a dataset that crashes its process on some item): the
+    loader goes on with the next batch. A ``RuntimeError``, as torch's
+    DataLoader raises for a dead worker; ``worker``, ``pid``, ``signal``,
+    ``exit_code`` and ``last_words`` are the last death's."""
+
+    def __init__(self, detail, code=None):
+        super().__init__(detail, code)
+        index = self.index
+        self._read_death(detail.partition("; the last: ")[2] or detail)
+        self.index = index
 
 
 class SpawnError(Error):
@@ -206,6 +246,8 @@ def make(code, detail):
         return MemoryError(detail)
     cls = _CLASSES.get(name, Error)
     detail = detail or _ferry.strerror(code)[1]
+    if cls is BatchError and re.search(r"was given up after \d+ workers? died", detail):
+        cls = BatchLost
     e = cls(detail, code)
     base = _BUILTIN.get(e.exc_type) if isinstance(e, BatchError) and e.exc_type else None
     if base is None or isinstance(e, base):

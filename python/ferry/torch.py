@@ -55,7 +55,7 @@ import torch.utils.data as tud
 from torch.utils.data._utils import collate as _tcollate
 
 from . import Loader, _Closes, _dataset, _Epoch, _ferry
-from ._errors import BatchError, NotReady
+from ._errors import BatchError, BatchLost, NotReady, WorkerError
 
 __all__ = ["DataLoader", "get_worker_info"]
 
@@ -1657,6 +1657,14 @@ class _IterableDataLoader(DataLoader):
             self._table = None
 
 
+def _say_as_torch(e):
+    """A worker's death (WorkerError, BatchLost) says first what torch's
+    DataLoader says of it, for scripts and tests that match that."""
+    said = e.torch_sentence() if isinstance(e, (WorkerError, BatchLost)) else ""
+    if said and not str(e).startswith(said):
+        e.args = ("%s %s" % (said, e.args[0] if e.args else ""),)
+
+
 class _MapEpoch:
     """The iterator of one epoch of a map-style DataLoader (what
     ``iter(loader)`` returns): the loader starts its epoch at the first
@@ -1686,7 +1694,11 @@ class _MapEpoch:
             b = next(self._it)
         except NotReady:
             raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
-        except BatchError:
+        except WorkerError as e:
+            _say_as_torch(e)
+            raise
+        except BatchError as e:
+            _say_as_torch(e)
             # The failure took a batch's place: the epoch ends there if it
             # was the last one.
             done = self._it._done

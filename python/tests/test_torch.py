@@ -662,12 +662,12 @@ def test_pinned_slots_are_registered_once_and_wait_for_their_copies(monkeypatch)
         first = x.data_ptr()
         assert any(a <= first < a + n for a, (n, _) in fake.registered.items())
         assert {f for _, f in fake.registered.values()} == {1}  # cudaHostRegisterPortable
-        del x
-        next(it)  # the iterator lets go of the first batch as it takes the second
+        del x  # the first batch dies: an event is recorded for its copy
+        (y,) = next(it)
         assert len(fake.events) == 1 and dl.stats()["slots_awaiting_copy"] == 1
         for (x,) in itertools.islice(it, 8):  # its copy has not run: its slot stays out
             assert not (first <= x.data_ptr() < first + dl.stats()["slot_bytes"])
-        del x
+        del x, y
         assert dl.stats()["slots_awaiting_copy"] >= 8
         fake.events[0].done = True
         reused = False
@@ -820,6 +820,41 @@ def test_the_iterator_goes_on_after_a_failed_batch_as_torchs(workers, bad):
         assert _skipping_bad_batches(dl) == want  # the next epoch, whole
         it = iter(dl)
         assert len(it) == len(dl) == 4
+
+
+class Crashing(Dataset):
+    """Item 3 kills its worker with SIGSEGV, as a crashing C extension does."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            import signal
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return i
+
+
+@pytest.mark.parametrize("policy", ["restart", "fail"])
+def test_a_crashed_worker_is_torchs_runtime_error(policy):
+    """A worker killed by a signal is a RuntimeError saying what torch's
+    says ("DataLoader worker (pid N) is killed by signal: Segmentation
+    fault"), whether ferry gives up the batch after replacements (its
+    default) or the whole loader (on_worker_death="fail"); and a dataset
+    that cannot open is one too. `except RuntimeError` used to miss both."""
+    with DataLoader(Crashing(), batch_size=2, num_workers=2, on_worker_death=policy) as dl:
+        it = iter(dl)
+        assert next(it).tolist() == [0, 1]
+        with pytest.raises(RuntimeError,
+                           match=r"DataLoader worker \(pid \d+\) is killed by signal: "
+                                 r"Segmentation fault") as raised:
+            next(it)
+        assert isinstance(raised.value, (ferry.WorkerError, ferry.BatchLost))
+        assert raised.value.signal == "SIGSEGV"
+        if policy == "restart":  # the loader goes on with the next batch
+            assert isinstance(raised.value, ferry.BatchError) and raised.value.batch_in_epoch == 1
+            assert [b.tolist() for b in it] == [[4, 5], [6, 7]]
+    assert issubclass(ferry.DatasetError, RuntimeError)
 
 
 def test_a_collate_fn_that_raises_names_its_traceback():
