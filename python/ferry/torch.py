@@ -47,6 +47,7 @@ import re
 import sys
 import threading
 import time
+import types
 import warnings
 
 import numpy as np
@@ -960,10 +961,39 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
         _warn_once("persist", "persistent_workers=False: ferry's workers always persist "
                               "(they are not restarted each epoch)")
     if multiprocessing_context is not None:
+        _check_mp_context(multiprocessing_context, num_workers)
         _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "
                          "from a clean parent process, never from the trainer")
     if pin_memory_device:
         _warn_once("pmd", "pin_memory_device is ignored: batches are pinned for CUDA")
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    if cpus and num_workers > cpus:
+        warnings.warn("ferry.torch.DataLoader: %d workers on a process allowed %d CPUs: more "
+                      "workers than CPUs only contend for them (and use more memory); %d or "
+                      "fewer is the most this machine runs at once" % (num_workers, cpus, cpus),
+                      UserWarning, stacklevel=3)
+
+
+def _check_mp_context(ctx, num_workers):
+    """torch's checks of multiprocessing_context (ferry does not use it, but
+    a value torch refuses is refused here too, with torch's meaning)."""
+    import multiprocessing
+    import multiprocessing.context
+    if num_workers == 0:
+        raise ValueError("multiprocessing_context can only be used with multi-process "
+                         "loading (num_workers > 0), but got num_workers=0")
+    if isinstance(ctx, str):
+        methods = multiprocessing.get_all_start_methods()
+        if ctx not in methods:
+            raise ValueError("multiprocessing_context option should specify a valid start "
+                             "method in %r, but got multiprocessing_context=%r" % (methods, ctx))
+    elif not isinstance(ctx, multiprocessing.context.BaseContext):
+        raise TypeError("multiprocessing_context option should be a valid context object or a "
+                        "string specifying the start method, but got multiprocessing_context=%r"
+                        % (ctx,))
 
 
 # ------------------------------------------------ torchvision in C (native)
@@ -1104,6 +1134,20 @@ class DataLoader(_Closes):
     the batch size and worker count) or "worker" (once per worker, torch's
     way: base seed + worker id).
     """
+
+    # DataLoader[T] in annotations, as torch's Generic[T_co] class allows.
+    __class_getitem__ = classmethod(types.GenericAlias)
+
+    # Set at construction for good, as torch's: an assignment that seemed to
+    # work but changed nothing would be a trap.
+    _FROZEN = frozenset(("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+                         "persistent_workers"))
+
+    def __setattr__(self, name, value):
+        if name in DataLoader._FROZEN and self.__dict__.get("_initialized"):
+            raise ValueError("%s attribute should not be set after %s is initialized"
+                             % (name, type(self).__name__))
+        super().__setattr__(name, value)
 
     def __new__(cls, dataset=None, *args, **kwargs):
         if cls is DataLoader and isinstance(dataset, tud.IterableDataset):
@@ -1259,6 +1303,7 @@ class DataLoader(_Closes):
             elif why:
                 _notice_once("python " + why, "%s runs in Python: %s" % (
                     type(dataset).__name__, why))
+        self._initialized = True
 
     def _keep_args(self, dataset, num_workers, prefetch_factor, pin_memory, timeout,
                    worker_init_fn, multiprocessing_context, generator, persistent_workers,
@@ -1491,6 +1536,7 @@ class _IterableDataLoader(DataLoader):
         self._ended = set()      # workers whose iterator ended this epoch
         self._future = {}        # epoch -> ([deque per worker], set of ended workers)
         self._turn = 0           # whose batch comes next (round-robin)
+        self._initialized = True
 
     def __len__(self):
         # torch's: the dataset's len() (a TypeError without one) in batches.

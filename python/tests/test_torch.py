@@ -588,6 +588,39 @@ def test_bad_arguments_raise_torchs_errors(kwargs, words):
         DataLoader(tensors(5), **kwargs)
 
 
+def test_the_class_is_generic_and_its_arguments_stay_set():
+    """DataLoader[T] works in annotations (torch's is Generic[T_co]), and the
+    attributes torch freezes after construction raise torch's ValueError
+    when set (an assignment that seemed to work changed nothing)."""
+    import typing
+
+    def f(dl: DataLoader[typing.List[torch.Tensor]]) -> DataLoader[int]:
+        return dl
+    assert DataLoader[int] is not None and f.__annotations__["return"] == DataLoader[int]
+    for cls in (DataLoader, TorchLoader):
+        dl = cls(tensors(8), batch_size=2)
+        for attr in ("batch_size", "sampler", "batch_sampler", "drop_last", "dataset"):
+            with pytest.raises(ValueError, match="%s attribute should not be set" % attr):
+                setattr(dl, attr, getattr(dl, attr))
+        dl.num_workers = 0  # not frozen in torch either
+        if cls is DataLoader:
+            dl.close()
+
+
+@pytest.mark.parametrize("ctx, workers, exc", [("bad", 2, ValueError), (object(), 2, TypeError),
+                                                ("fork", 0, ValueError)])
+def test_a_bad_multiprocessing_context_is_refused_as_torch_refuses_it(ctx, workers, exc):
+    for cls in (DataLoader, TorchLoader):
+        with pytest.raises(exc, match="multiprocessing_context"):
+            cls(tensors(8), num_workers=workers, multiprocessing_context=ctx)
+
+
+def test_more_workers_than_cpus_warns():
+    n = len(os.sched_getaffinity(0)) + 1
+    with pytest.warns(UserWarning, match="more workers than CPUs"):
+        DataLoader(tensors(8), num_workers=n).close()
+
+
 def test_an_unknown_keyword_is_a_type_error():
     with pytest.raises(TypeError, match="no_such_option"):
         DataLoader(tensors(5), no_such_option=1).__iter__().__next__()
