@@ -60,7 +60,9 @@ struct ferry__pool {
     /* Process workers' task words: worker i writes the id (+1) of the task
      * it is building at words[i * WORD_STRIDE], 0 between tasks. Shared
      * memory (a memfd passed to each worker), so the word outlives a dead
-     * worker and says which task killed it. */
+     * worker and says which task killed it. Never inherited by a child the
+     * trainer forks: the mapping is MADV_DONTFORK and the memfd is closed
+     * in the child (forkfds.h) and on exec (see map_task_words). */
     int task_fd;
     _Atomic uint64_t *words;
     size_t words_len;
@@ -77,7 +79,19 @@ struct ferry__pool {
 
 #define WORD_STRIDE (FERRY__TASK_WORD_BYTES / sizeof(uint64_t))
 
-/* The shared task words of process workers (see struct ferry__pool). */
+/* The shared task words of process workers (see struct ferry__pool).
+ * FERRY_OK, or FERRY_ESYS/FERRY_ELIMIT with what is acquired left for
+ * ferry__pool_free.
+ *
+ * A child the trainer forks (plain fork(), a DataLoader of its own, a
+ * subprocess before exec) must keep no writable view of the loader's
+ * memory: it could scribble over live bookkeeping, and it would pin the
+ * pages once the loader has closed (issue 36.2). So the mapping is
+ * MADV_DONTFORK (absent from any child), and the memfd is close-on-exec
+ * and closed in a forked child at once (forkfds.h), so no child can map
+ * it again either. Workers map the words from the fd they are passed;
+ * posix_spawn's child shares this address space until it execs, so
+ * MADV_DONTFORK takes nothing from it. */
 static int map_task_words(ferry__pool *p)
 {
     p->words_len = (size_t)p->o.n * FERRY__TASK_WORD_BYTES;
@@ -91,6 +105,8 @@ static int map_task_words(ferry__pool *p)
     if (m == MAP_FAILED)
         return ferry__syserr(FERRY_ESYS, "mapping the task words", errno);
     p->words = m;
+    if (madvise(m, p->words_len, MADV_DONTFORK) != 0)
+        return ferry__syserr(FERRY_ESYS, "keeping the task words from forked children", errno);
     return FERRY_OK;
 }
 

@@ -11,6 +11,10 @@
  * its pid, wait status and last words; a worker thread stopped, with its
  * error); the pool never touches the prefetch window or the loader.
  *
+ * Fork safety: a child the trainer forks itself inherits none of the
+ * pool's memory or fds: the task words the workers write are mapped
+ * MADV_DONTFORK, and their memfd is closed in the child (forkfds.h).
+ *
  * Thread safety: the scheduler thread does everything, except that
  * ferry__pool_pid may be read from any thread. The pool's threads write
  * only their own result and the wake fd.

@@ -217,10 +217,15 @@ static int wait_msg(worker_session *w, int ms, zmq_msg_t *payload, int *got)
         return should_quit(w) ? ferry__seterr(FERRY_ETIMEDOUT, "worker told to quit") : FERRY_OK;
     /* On a sealed connection, a message that does not open means the
      * stream can no longer be trusted (a task may have been lost): the
-     * session ends, and the loader requeues what it had sent here. */
-    if (rc == FERRY_EPROTO && open)
-        return ferry__seterr(FERRY_EPROTO, "the loader's data connection %s: %s", w->data_ep,
-                             ferry_last_error());
+     * session ends, and the loader requeues what it had sent here. The
+     * detail is copied out first: ferry_last_error() is the very buffer
+     * the new message is written into, so formatting from it in place
+     * wrote the prefix over the detail before reading it (issue 36.4). */
+    if (rc == FERRY_EPROTO && open) {
+        char why[FERRY__ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", ferry_last_error());
+        return ferry__seterr(FERRY_EPROTO, "the loader's data connection %s: %s", w->data_ep, why);
+    }
     if (rc == FERRY_EPROTO) {
         fprintf(stderr, "ferry-worker: dropped a malformed message: %s\n", ferry_last_error());
         return FERRY_OK;

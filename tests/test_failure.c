@@ -8,8 +8,10 @@
  * fd, thread or file left behind.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <omp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1082,6 +1084,103 @@ static void test_open_fails_cleanly_when_any_allocation_fails(void **state)
     }
 }
 
+/* ------------------------------------------------------------------------
+ * A child the trainer forks
+ */
+
+/* What `fd` says until EOF, within ms: into buf (NUL-terminated, at most
+ * cap - 1 bytes); the bytes read, or -1 when the time ran out first. */
+static ssize_t read_within(int fd, char *buf, size_t cap, int ms)
+{
+    uint64_t deadline = ft_now_ms() + (uint64_t)ms;
+    size_t n = 0;
+    buf[0] = '\0';
+    for (;;) {
+        uint64_t now = ft_now_ms();
+        if (now >= deadline)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(deadline - now)) <= 0)
+            continue;
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0 || (n += (size_t)r) == cap - 1) {
+            buf[n] = '\0';
+            return (ssize_t)n;
+        }
+    }
+}
+
+/* The first line of /proc/self/maps that is ferry's memory (a name holding
+ * "ferry": memfd:ferry-task-words, memfd:ferry-slots) mapped writable and
+ * shared, into out; "none" when there is none. */
+static void first_shared_ferry_map(char *out, size_t cap)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512], perms[8];
+    snprintf(out, cap, "%s", f ? "none" : "cannot read /proc/self/maps");
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%*s %7s", perms) == 1 && strstr(line, "ferry") && perms[0] == 'r' &&
+            perms[1] == 'w' && perms[3] == 's') {
+            snprintf(out, cap, "%s", line);
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/* A child forked (plain fork(), as a trainer's own DataLoader or a
+ * subprocess does) while a loader with process workers is open, and holds
+ * a batch, keeps no writable mapping of the loader's memory: not the task
+ * words the workers write (which it could scribble over, and whose page it
+ * pinned after the loader closed), not the batch slots (the held batch
+ * becomes its own private copy). Issue 36.2. */
+static void test_a_forked_child_keeps_no_writable_view_of_the_loader(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    ferry_loader *ld = ft_open_ok(make_cfg(2, 16, "synthetic:n=640,dim=8"));
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    /* The probe sees the loader's shared memory where it is mapped. */
+    char here[512];
+    first_shared_ferry_map(here, sizeof here);
+    assert_string_not_equal(here, "none");
+    int to_parent[2];
+    assert_int_equal(pipe2(to_parent, O_CLOEXEC), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char line[512];
+        first_shared_ferry_map(line, sizeof line);
+        ssize_t ignored = write(to_parent[1], line, strlen(line));
+        (void)ignored;
+        _exit(0);
+    }
+    close(to_parent[1]);
+    char said[512];
+    ssize_t got = read_within(to_parent[0], said, sizeof said, 10000);
+    close(to_parent[0]);
+    int status = -1;
+    if (got < 0)
+        kill(pid, SIGKILL);
+    int reaped = ft_wait_child(pid, 10000, &status);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    if (got < 0)
+        fail_msg("the forked child said nothing within 10 s");
+    print_message("the forked child: %s\n", said);
+    assert_int_equal(reaped, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_string_equal(said, "none");
+    ft_end(&snap);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1110,6 +1209,7 @@ int main(void)
         cmocka_unit_test(test_no_worker_left_to_start_fails_after_the_start_timeout),
         cmocka_unit_test(test_pinned_tasks_fail_when_their_worker_cannot_start),
         cmocka_unit_test(test_open_fails_cleanly_when_any_allocation_fails),
+        cmocka_unit_test(test_a_forked_child_keeps_no_writable_view_of_the_loader),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

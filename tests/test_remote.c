@@ -51,7 +51,9 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "protocol.h"
 #include "relay.h"
 #include "sampler.h"
+#include "seal.h"
 #include "worker.h"
+#include "zap.h"
 #include "zsock.h"
 
 extern char **environ;
@@ -2180,6 +2182,115 @@ static void test_worker_refused_for_its_version_stops_at_once(void **state)
     ft_end(&snap);
 }
 
+/* For the ZAP handler of a stand-in loader: every session token is good. */
+static int take_any_token(void *arg, const char *token)
+{
+    (void)arg;
+    (void)token;
+    return 1;
+}
+
+/* A message on a sealed data connection that does not open (not sealed
+ * with this session's key, or changed on the way) ends the worker's
+ * session with one sentence: where, then why. The detail used to be
+ * formatted out of the very buffer the sentence was being written into,
+ * so the worker said "the loader's data connection tcp://...: the
+ * loader's data connection tcp://...: e way, or not sealed with this
+ * session's key)" (issue 36.4). Here the loader is a stand-in: it admits
+ * the worker with session keys, and answers its first sealed message on
+ * the data connection with bytes sealed by no one. */
+static void test_an_unopenable_message_is_reported_once_and_whole(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    char ep[64], data_ep[64];
+    endpoint_of(free_port(), ep, sizeof ep);
+    int data_port = free_port();
+    endpoint_of(data_port, data_ep, sizeof data_ep);
+    void *ctx = zmq_ctx_new();
+    void *zap = NULL;
+    assert_int_equal(ferry__zap_open(ctx, &zap), FERRY_OK);
+    void *router = zmq_socket(ctx, ZMQ_ROUTER), *data = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0, one = 1;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(data, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_setsockopt(data, ZMQ_PLAIN_SERVER, &one, sizeof one), 0);
+    assert_int_equal(
+        zmq_setsockopt(data, ZMQ_ZAP_DOMAIN, FERRY__ZAP_DOMAIN, strlen(FERRY__ZAP_DOMAIN)), 0);
+    assert_int_equal(zmq_bind(router, ep), 0);
+    assert_int_equal(zmq_bind(data, data_ep), 0);
+
+    worker_run r = {.o = {.endpoint = ep, .slot = -1, .handshake_ms = 30000}};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_run_main, &r), 0);
+    ferry__ident id;
+    static ferry__msg m;
+    zmq_msg_t payload;
+    zmq_pollitem_t it = {.socket = router, .events = ZMQ_POLLIN};
+    assert_true(zmq_poll(&it, 1, 10000) == 1);
+    assert_int_equal(ferry__zsock_recv(router, &id, NULL, &m, &payload, 0), FERRY_OK);
+    zmq_msg_close(&payload);
+    assert_int_equal(m.type, FERRY__MSG_HELLO);
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_CONFIG;
+    ferry__config_msg *c = &m.u.config;
+    snprintf(c->dataset, sizeof c->dataset, "synthetic:n=64,dim=4");
+    c->num_workers = 1;
+    c->credits = 1;
+    c->liveness = 1;
+    c->max_message = FERRY__MIN_MESSAGE;
+    c->data_port = (uint32_t)data_port;
+    assert_int_equal(ferry__random_hex(c->token, FERRY__TOKEN_HEX / 2), FERRY_OK);
+    assert_int_equal(ferry__random_hex(c->seal, 2 * FERRY__SEAL_KEY), FERRY_OK);
+    assert_int_equal(ferry__zsock_send(router, &id, NULL, &m, NULL, 0), FERRY_OK);
+
+    /* The data connection: its handshake asks the ZAP handler; the
+     * worker's first message on it (sealed) names its routing id. */
+    unsigned char who[256];
+    int who_len = -1;
+    uint64_t deadline = ft_now_ms() + 10000;
+    while (who_len < 0 && ft_now_ms() < deadline) {
+        zmq_pollitem_t items[2] = {{.socket = zap, .events = ZMQ_POLLIN},
+                                   {.socket = data, .events = ZMQ_POLLIN}};
+        if (zmq_poll(items, 2, 100) <= 0)
+            continue;
+        if (items[0].revents & ZMQ_POLLIN) {
+            ferry__zap_rules rules = {.take_token = take_any_token};
+            char why[256];
+            ferry__zap_serve(zap, &rules, why, sizeof why);
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            who_len = zmq_recv(data, who, sizeof who, 0);
+            int more = 1;
+            size_t more_len = sizeof more;
+            char drop[64];
+            while (zmq_getsockopt(data, ZMQ_RCVMORE, &more, &more_len) == 0 && more)
+                zmq_recv(data, drop, sizeof drop, 0);
+        }
+    }
+    assert_true(who_len > 0 && who_len <= (int)sizeof who);
+    unsigned char junk[64];
+    memset(junk, 0x5a, sizeof junk);
+    assert_int_equal(zmq_send(data, who, (size_t)who_len, ZMQ_SNDMORE), who_len);
+    assert_int_equal(zmq_send(data, junk, sizeof junk, 0), (int)sizeof junk);
+    pthread_join(th, NULL);
+    printf("worker stopped: %s: %s\n", ferry_err_name(r.rc), r.err);
+
+    assert_int_equal(r.rc, FERRY_EPROTO);
+    char want[sizeof r.err];
+    snprintf(want, sizeof want,
+             "the loader's data connection %s: a sealed header does not authenticate (changed on "
+             "the way, or not sealed with this session's key)",
+             data_ep);
+    assert_string_equal(r.err, want);
+    zmq_close(data);
+    zmq_close(router);
+    zmq_close(zap);
+    zmq_ctx_term(ctx);
+    ft_end(&snap);
+}
+
 /* A worker of this very version refused for another reason (here: all
  * max_remote slots are taken) is told why, in a REFUSE, so its host's
  * operator reads the reason where the worker runs; it used to get a bare
@@ -2647,6 +2758,7 @@ int main(void)
         cmocka_unit_test(test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame),
         cmocka_unit_test(test_hello_flood_is_answered_without_queueing_every_answer),
         cmocka_unit_test(test_worker_refused_for_its_version_stops_at_once),
+        cmocka_unit_test(test_an_unopenable_message_is_reported_once_and_whole),
         cmocka_unit_test(test_a_full_loader_says_so_to_the_worker_it_refuses),
         cmocka_unit_test(test_remote_plugins_only_from_plugin_dir),
         cmocka_unit_test(test_remote_poison_batch_is_given_up),
