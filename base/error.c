@@ -50,18 +50,24 @@ const char *ferry_version(void)
         FERRY_VERSION_PATCH);
 }
 
+/* Formatted apart, then copied: an argument may be ferry_last_error()
+ * itself (a detail wrapped in more context), which a format straight into
+ * last_error would overwrite while reading it. */
 int ferry__seterr(int code, const char *fmt, ...)
 {
+    char text[FERRY__ERRMSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    memcpy(last_error, text, sizeof text);
     return code;
 }
 
 int ferry__seterr_str(int code, const char *msg)
 {
-    snprintf(last_error, sizeof last_error, "%s", msg ? msg : "");
+    if (msg != last_error)
+        snprintf(last_error, sizeof last_error, "%s", msg ? msg : "");
     return code;
 }
 
