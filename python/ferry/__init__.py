@@ -419,6 +419,37 @@ class _Stream:
         return b
 
 
+def _pss_kb(pid):
+    """Process pid's PSS in kB (/proc/PID/smaps_rollup), None if gone."""
+    try:
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _descendants(root):
+    """Pids of the live processes below root."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        kids = [c for c, pp in parent.items() if pp == todo[-1]]
+        todo.pop()
+        out += kids
+        todo += kids
+    return out
+
+
 class _Closes:
     """close() at the end of a ``with`` and when collected."""
 
@@ -658,8 +689,28 @@ class Loader(_Closes):
 
     # -- facts
     def stats(self):
-        """The loader's counters (dict: delivered, failed, restarts, ...)."""
+        """The loader's counters (dict: delivered, failed, restarts, ...).
+        ``slot_memory`` is the bytes the shared batch slots hold: memory
+        the trainer and the workers map, counted once here. For what the
+        processes use, see :meth:`memory` (RSS counts those slots in full
+        in every process that maps them)."""
         return self._live().stats()
+
+    def memory(self):
+        """The memory of this process and of every process below it (the
+        loader's workers and clean parents), by PSS: each shared page
+        (batch slots, a dataset mapped by all, libraries) shared out
+        between the processes that map it, so the sum counts it once.
+        RSS would count it in full in each. A dict of bytes: ``trainer``,
+        ``children`` (their sum) and ``total``, plus ``processes`` (how
+        many children). Reading PSS walks each process's page tables:
+        milliseconds per process, not for every batch."""
+        self._live()
+        trainer = _pss_kb(os.getpid()) or 0
+        kids = [_pss_kb(p) for p in _descendants(os.getpid())]
+        kids = [k for k in kids if k is not None]  # a process gone meanwhile
+        return {"trainer": trainer * 1024, "children": sum(kids) * 1024,
+                "total": (trainer + sum(kids)) * 1024, "processes": len(kids)}
 
     def worker_pid(self, index):
         """The pid of local worker ``index`` (0 while it is being replaced or

@@ -233,24 +233,13 @@ def _descendants(root=None, template=False):
     """Pids of the live processes below ``root`` (default: this one), the
     process-wide clean parent included only with ``template`` (ferry's runs:
     it is the one their clean parent is forked from; torch's never use it)."""
-    root = os.getpid() if root is None else root
+    import ferry
     skip = None if template else _template_pid()
-    parent = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name) as f:
-                parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c != skip]
-        out += kids
-        todo += kids
-    return out
+    out = ferry._descendants(os.getpid() if root is None else root)
+    if skip is None:
+        return out
+    below = set(ferry._descendants(skip))
+    return [p for p in out if p != skip and p not in below]
 
 
 def _reset_peak_rss():

@@ -171,6 +171,33 @@ def test_process_workers_batches_are_views_of_shared_memory_unless_shm_is_off():
     assert all(np.array_equal(a, b) for a, b in zip(got[True], got[False]))
 
 
+def _rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_memory_counts_the_shared_batch_slots_once():
+    """Loader.memory() sums PSS over the trainer and every process below it:
+    the batch slots, mapped by the trainer and by each worker, count once
+    there, where the RSS of each process counts them in full (the figure
+    that misleads). Held batches of 1 MiB make the slots large enough to
+    see it."""
+    with ferry.Loader("synthetic:n=400,dim=32768", batch_size=32, workers=2, seed=1) as ld:
+        held = [next(iter(ld)) for _ in range(4)]
+        for b in held:
+            assert _in_batch_slots(b["x"]) and int(b["x"].sum()) >= 0  # read: mapped here
+        m = ld.memory()
+        assert m["processes"] >= 2 and m["total"] == m["trainer"] + m["children"]
+        assert m["trainer"] > 0 and m["children"] > 0
+        pids = [os.getpid()] + [ld.worker_pid(i) for i in range(2)]
+        rss = sum(_rss_kb(p) for p in pids) * 1024
+        slots = ld.stats()["slot_memory"]
+        # The workers' and the trainer's RSS each count the slots they have
+        # touched; the sum of PSS counts them once.
+        assert rss - m["total"] >= slots // 2, (rss, m, slots)
+        del held
+
+
 def test_a_release_hook_keeps_a_dead_batchs_slot_until_it_lets_go():
     """What pin_memory's slots rest on (ferry.torch): a batch that dies hands
     its slot to Loader.release_hook, and no later batch lands in that slot
