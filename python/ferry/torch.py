@@ -436,6 +436,10 @@ class _Batches:
             raise
 
     def _seed(self, s):
+        # Below 2^63, as torch's own seeds are (its base seed is a random
+        # int64): code that collates torch.initial_seed() into a tensor,
+        # or hands it to an int64 API, must not overflow.
+        s %= 2**63
         torch.manual_seed(s)
         random.seed(s)
         np.random.seed(s % 2**32)
@@ -456,7 +460,7 @@ class _Batches:
         # threads already).
         info = _dataset.worker_info()
         wid = info.id if info is not None else 0
-        seed = (self.base_seed + wid) % 2**64
+        seed = (self.base_seed + wid) % 2**63
         self._seed(seed)
         from torch.utils.data._utils import worker as tworker
         tworker._worker_info = tworker.WorkerInfo(
@@ -950,7 +954,7 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
         raise ValueError("prefetch_factor option should be non-negative")
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
-    if reseed not in ("batch", "sample", "worker"):
+    if reseed not in (None, "batch", "sample", "worker"):
         raise ValueError("ferry.torch.DataLoader: reseed must be 'batch', 'sample' or "
                          "'worker', not %r" % (reseed,))
     if "bind" in ferry_options or "remote" in ferry_options:
@@ -975,6 +979,16 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
                       "workers than CPUs only contend for them (and use more memory); %d or "
                       "fewer is the most this machine runs at once" % (num_workers, cpus, cpus),
                       UserWarning, stacklevel=3)
+
+
+def _default_reseed(reseed, worker_init_fn):
+    """reseed as given, else "batch", or torch's "worker" under a
+    worker_init_fn: code written for torch seeds its generators there
+    (torch.manual_seed(...) in it), and reseeding before each batch would
+    silently overwrite that."""
+    if reseed is not None:
+        return reseed
+    return "worker" if worker_init_fn is not None else "batch"
 
 
 def _check_mp_context(ctx, num_workers):
@@ -1128,11 +1142,12 @@ class DataLoader(_Closes):
     workers. ferry's own options (``seed``, ``state``, ``placement``,
     ``max_held``, ``on_worker_death``, ...) go by keyword; ``reseed``
     chooses how the workers' random generators are seeded: "batch" (the
-    default: before each batch, from the base seed, the epoch and the
-    batch, so runs repeat whichever worker builds which batch), "sample"
-    (before each item: the same augmentation for item i of epoch e whatever
-    the batch size and worker count) or "worker" (once per worker, torch's
-    way: base seed + worker id).
+    default without a worker_init_fn: before each batch, from the base
+    seed, the epoch and the batch, so runs repeat whichever worker builds
+    which batch), "sample" (before each item: the same augmentation for
+    item i of epoch e whatever the batch size and worker count) or "worker"
+    (once per worker, torch's way: base seed + worker id; the default with
+    a worker_init_fn, whose own seeding ferry then never overwrites).
     """
 
     # DataLoader[T] in annotations, as torch's Generic[T_co] class allows.
@@ -1158,12 +1173,13 @@ class DataLoader(_Closes):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
-                 in_order=True, reseed="batch", native=True, **ferry_options):
+                 in_order=True, reseed=None, native=True, **ferry_options):
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError("ferry.torch.DataLoader: the dataset must be map-style (have "
                             "__getitem__ and __len__), not a %s" % type(dataset).__name__)
         _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
                       multiprocessing_context, pin_memory_device, ferry_options)
+        reseed = _default_reseed(reseed, worker_init_fn)
 
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
@@ -1479,7 +1495,7 @@ class _IterableDataLoader(DataLoader):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
-                 in_order=True, reseed="batch", **ferry_options):
+                 in_order=True, reseed=None, **ferry_options):
         # torch's rules for an IterableDataset, with torch's messages.
         if shuffle not in {False, None}:
             raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
@@ -1495,6 +1511,7 @@ class _IterableDataLoader(DataLoader):
                              "exclusive with drop_last")
         _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
                       multiprocessing_context, pin_memory_device, ferry_options)
+        reseed = _default_reseed(reseed, worker_init_fn)
         for key in ("rank", "world", "world_size", "pad_shards", "max_batches", "epochs"):
             if key in ferry_options:
                 raise TypeError("ferry.torch.DataLoader: option %r does not apply to an "

@@ -809,6 +809,40 @@ def test_num_workers_0_draws_from_the_trainers_generator_as_torch_does():
     assert torch.equal(torch.rand(1), expect)
 
 
+class Draws(Dataset):
+    """Each item: a draw from torch's generator and the seed it started from."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return torch.rand(1), torch.initial_seed()
+
+
+def _seed_12345(worker_id):
+    torch.manual_seed(12345)
+
+
+def test_code_written_for_torchs_seeding_behaves_as_with_torch():
+    """A worker_init_fn that seeds torch (torch.manual_seed(12345)) is not
+    overwritten by ferry's per-batch seeding: one worker draws what torch's
+    one worker draws. And every seed a worker sees is below 2^63, as
+    torch's are, so a dataset that collates torch.initial_seed() into a
+    tensor works (seeds past 2^63 made default_collate overflow)."""
+    kw = dict(batch_size=3, num_workers=1, worker_init_fn=_seed_12345)
+    want = [(x, s) for x, s in TorchLoader(Draws(), **kw)]
+    with DataLoader(Draws(), **kw) as dl:
+        got = [(x, s) for x, s in dl]
+    assert len(got) == len(want) == 4
+    for (gx, gs), (wx, ws) in zip(got, want):
+        assert torch.equal(gx, wx)
+        assert gs.tolist() == ws.tolist() == [12345] * 3
+    for reseed in ("batch", "sample"):  # ferry's own seeds, chosen explicitly
+        with DataLoader(Draws(), batch_size=3, num_workers=2, reseed=reseed) as dl:
+            seeds = torch.cat([s for _, s in dl])
+        assert seeds.dtype == torch.int64 and int(seeds.min()) >= 0
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
