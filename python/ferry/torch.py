@@ -36,6 +36,7 @@ docs/python.md for what ferry promises for such a stream.
 import collections
 import contextlib
 import functools
+import hashlib
 import io
 import itertools
 import logging
@@ -1210,18 +1211,25 @@ class DataLoader(_Closes):
         if shuffle is None:
             shuffle = False
         seeded = "seed" in opts
+        # What torch's sampler draws at each iter(), as (generator, n, k):
+        # from the global generator when generator is None; n = 0 for one
+        # int64 (RandomSampler without a generator), n > 0 for k randperm(n)
+        # (torch's RandomSampler makes a second one as its iterator ends).
+        self._sampler_draw = None
         if table_over is not None:
             pass
         elif sampler is None or isinstance(sampler, tud.SequentialSampler):
-            pass
+            if shuffle:  # torch makes RandomSampler(dataset, generator=generator)
+                self._sampler_draw = (generator, 0 if generator is None else len(dataset), 2)
         elif isinstance(sampler, tud.RandomSampler) and not sampler.replacement and \
                 sampler._num_samples is None:
             shuffle = True
-            generator = sampler.generator if sampler.generator is not None else generator
+            g = sampler.generator
+            self._sampler_draw = (g, 0 if g is None else len(sampler.data_source), 2)
         elif isinstance(sampler, tud.SubsetRandomSampler):
             indices = np.asarray(list(sampler.indices), dtype=np.int64)
             shuffle = True
-            generator = sampler.generator if sampler.generator is not None else generator
+            self._sampler_draw = (sampler.generator, len(indices), 1)
         elif isinstance(sampler, tud.distributed.DistributedSampler):
             opts.setdefault("rank", sampler.rank)
             opts.setdefault("world", sampler.num_replicas)
@@ -1252,18 +1260,19 @@ class DataLoader(_Closes):
             if len(indices) == 0:
                 raise ValueError("ferry.torch.DataLoader: the sampler gives no indices")
 
-        # The base seed, drawn as torch draws it: from `generator`, else
-        # from torch's global generator (so torch.manual_seed(s) before the
-        # loader makes runs repeat).
-        # With seed= given, that is the base seed too. A resume state
-        # carries the base seed it was saved with.
-        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        # The base seed, drawn as torch draws it (_torch_draws): from
+        # `generator`, else from torch's global generator, at iter(), not
+        # here (so torch.manual_seed(s) before the loader makes runs
+        # repeat, and a model built after the loader gets the weights it
+        # gets under torch). With seed= given, that is the base seed. A
+        # resume state carries the base seed it was saved with.
+        base_seed = None
         saved = opts.get("state")
         if isinstance(saved, dict) and "base_seed" in saved:
             base_seed = int(saved["base_seed"])
         elif seeded:
             base_seed = int(opts["seed"]) % 2**63
-        if not seeded:
+        if base_seed is not None and not seeded:
             opts["seed"] = base_seed
         self._base_seed = base_seed
 
@@ -1347,6 +1356,9 @@ class DataLoader(_Closes):
     # workers there too)
     def _ferry(self):
         if self._loader is None:
+            if self._base_seed is None:  # asked for before any iter()
+                self._set_base_seed(int(torch.empty((), dtype=torch.int64).random_(
+                    generator=self.generator).item()))
             state = self._opts.get("state")
             if isinstance(state, dict):
                 self._next_epoch = int(state.get("epoch", 0))
@@ -1407,7 +1419,41 @@ class DataLoader(_Closes):
         does: the next `for` starts a new epoch. A batch the dataset failed
         on raises its error from next(), and the next call goes on with the
         batches after it, as torch's iterator does."""
+        self._torch_draws()
         return _MapEpoch(self)
+
+    def _torch_draws(self):
+        """What torch's DataLoader draws from the generators at each iter():
+        its base seed from `generator` (the global one when None), then its
+        sampler's draw (RandomSampler's seed, or a randperm). The first base
+        seed is ferry's, unless seed= or a state fixed it; the others are
+        drawn and dropped, so that the training step's draws after each
+        iter() are the ones it gets under torch. (A sampler of the user's
+        is iterated ahead, when ferry needs its batches: its draws do not
+        fall where torch's do.)"""
+        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+        perm = None
+        if self._sampler_draw is not None:
+            g, n, k = self._sampler_draw
+            if n:
+                perm = torch.randperm(n, generator=g)
+                for _ in range(k - 1):
+                    torch.randperm(n, generator=g)
+            else:
+                torch.empty((), dtype=torch.int64).random_()
+        if self._base_seed is None:
+            if perm is not None and self._sampler_draw[0] is not None and \
+                    "seed" not in self._opts:
+                # A sampler with a generator of its own: the order follows
+                # that generator, as torch's does (one seed from its draw).
+                digest = hashlib.blake2b(perm.numpy().tobytes(), digest_size=8).digest()
+                self._opts["seed"] = int.from_bytes(digest, "little") % 2**63
+            self._set_base_seed(drawn)
+
+    def _set_base_seed(self, seed):
+        self._base_seed = seed
+        self._batches.base_seed = seed
+        self._opts.setdefault("seed", seed)
 
     def _begin_epoch(self):
         """The ferry epoch iterator of a new `for`: what a `for` left early

@@ -843,6 +843,37 @@ def test_code_written_for_torchs_seeding_behaves_as_with_torch():
         assert seeds.dtype == torch.int64 and int(seeds.min()) >= 0
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("how", ["shuffle", "shuffle_generator", "random_sampler_generator",
+                                 "subset", "sequential"])
+def test_the_loader_draws_from_torchs_generators_what_torchs_draws(workers, how):
+    """Building the loader draws nothing, and each iter() draws what torch's
+    DataLoader draws (its base seed, then its sampler's seed or randperm),
+    from the same generators: a model built after the loader, and the
+    training step's draws after each epoch, are the ones the same script
+    gets under torch. ferry used to draw its base seed at construction."""
+    def run(cls):
+        torch.manual_seed(7)
+        g = torch.Generator().manual_seed(3)
+        kw = {"shuffle": dict(shuffle=True),
+              "shuffle_generator": dict(shuffle=True, generator=g),
+              "random_sampler_generator": dict(sampler=RandomSampler(range(20), generator=g)),
+              "subset": dict(sampler=SubsetRandomSampler(list(range(0, 20, 2)))),
+              "sequential": {}}[how]
+        dl = cls(tensors(20), batch_size=4, num_workers=workers, **kw)
+        seen = [torch.rand(2)]  # a model built after the loader
+        for _ in range(2):
+            for _b in dl:
+                pass
+            seen.append(torch.rand(2))  # the step after each epoch
+        seen.append(g.get_state())
+        if cls is DataLoader:
+            dl.close()
+        return seen
+    for a, b in zip(run(DataLoader), run(TorchLoader)):
+        assert torch.equal(a, b)
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
