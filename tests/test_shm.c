@@ -637,6 +637,63 @@ static void test_a_forked_child_keeps_its_own_copy_of_held_batches(void **state)
  * Failures
  */
 
+/* A child forked while the trainer holds batches gets them whole, however
+ * fast the trainer goes on: the trainer releases them the moment fork()
+ * returns and its thread workers write new batches into those slots at
+ * once, while the child is still being set up. The child's copies used to
+ * be made after the fork, in the child, from memory the parent was
+ * already reusing: once in a while a byte of another batch. Thread
+ * workers, 512 KiB batches (a copy long enough to race), 40 forks. */
+static void test_a_fork_racing_slot_reuse_gets_whole_batches(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 120);
+    enum { FORKS = 40, HOLD = 3, DIM16 = 16384 };
+    ferry_config *cfg = shm_cfg(2, 4, "synthetic:n=4096,dim=16384");
+    assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    int bad = 0;
+    for (int f = 0; f < FORKS && !bad; f++) {
+        ferry_batch *held[HOLD];
+        for (int k = 0; k < HOLD; k++)
+            assert_int_equal(ferry_loader_next(ld, &held[k]), FERRY_OK);
+        int to_parent[2];
+        assert_int_equal(pipe(to_parent), 0);
+        fflush(stdout);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            char why[512], said = 'g';
+            for (int k = 0; k < HOLD; k++)
+                if (ft_check_synthetic(held[k], DIM16, why, sizeof why) != 0)
+                    said = 'b';
+            _exit(write(to_parent[1], &said, 1) == 1 ? 0 : 1);
+        }
+        close(to_parent[1]);
+        /* At once: the slots go back and are written again. */
+        for (int k = 0; k < HOLD; k++)
+            ferry_batch_release(held[k]);
+        for (int k = 0; k < 8; k++) {
+            ferry_batch *b;
+            assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+            ferry_batch_release(b);
+        }
+        char said = pipe_wait(to_parent[0]);
+        close(to_parent[0]);
+        int status;
+        assert_int_equal(ft_wait_child(pid, 10000, &status), 0);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (said != 'g') {
+            printf("fork %d: the child's held batches were not whole ('%c')\n", f, said);
+            bad = 1;
+        }
+    }
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    assert_false(bad);
+    end_without_slots(&snap);
+}
+
 /* Workers killed (SIGKILL) while they write batches into slots: their
  * tasks are sent again, and every batch still arrives once, in its place,
  * intact and in a slot; slots the dead held come back (the run would
@@ -854,6 +911,7 @@ int main(void)
         cmocka_unit_test(test_kept_slots_keep_their_pages),
         cmocka_unit_test(test_steady_batches_cost_the_trainer_no_page_fault),
         cmocka_unit_test(test_a_forked_child_keeps_its_own_copy_of_held_batches),
+        cmocka_unit_test(test_a_fork_racing_slot_reuse_gets_whole_batches),
         cmocka_unit_test(test_workers_killed_mid_write_lose_nothing),
         cmocka_unit_test(test_a_batch_that_crashes_mid_write_is_given_up_alone),
         cmocka_unit_test(test_close_leaves_no_slot_memory_once_batches_are_released),

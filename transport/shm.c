@@ -46,6 +46,7 @@ struct ferry__shm {
     int open; /* the loader has not closed it */
     int keep_pages; /* slots keep their pages (ferry__shm_keep) */
     int draining;   /* the stream ended: a slot's memory goes as it comes free */
+    void **staged;  /* per slot: a private copy of its held batch, made for a fork */
     ferry__shm *next_live, *prev_live;
 };
 
@@ -56,69 +57,110 @@ struct ferry__shm {
  * copy: without this a forked child (multiprocessing, a DataLoader with
  * fork workers, os.fork()) and the trainer would write into each other's
  * batches, and once the trainer released one and the slot was reused, the
- * child's array would silently turn into another batch. So in the child,
- * each held slot's range is replaced, at the same address, by a private
- * copy (mremap of a filled anonymous mapping on top of it): the child's
- * views keep their bytes, as they would for memory fork() copies. The cost
- * is a copy of what is held at the fork, in the child. The pools are found
- * through a list of every live one; the prepare handler takes its lock and
- * every pool's, so no pool is mid-change when the child looks.
+ * child's array would silently turn into another batch. So each held
+ * slot's batch is copied into private anonymous memory by the parent,
+ * before the fork, while every pool's lock is held (no held slot can be
+ * released meanwhile, so no worker can be writing into one); the child
+ * moves each copy, at the same address, over its slot (mremap), and the
+ * parent unmaps its own after the fork. The copy must be made before the
+ * fork: made in the child, it read memory the parent was already reusing
+ * (the trainer releases a batch the moment fork() returns, a worker
+ * writes the next one there) and now and then got a byte of another batch.
+ * The cost is a copy of what is held at the fork, in the forking thread.
+ * The pools are found through a list of every live one.
  */
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static ferry__shm *live;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
-static void fork_prepare(void)
+/* The bytes of slot i a child keeps: its held batch's, whole pages; 0 for
+ * a slot that holds none. Under mu. */
+static size_t held_extent(const ferry__shm *m, uint32_t i)
 {
-    pthread_mutex_lock(&live_mu);
-    for (ferry__shm *m = live; m; m = m->next_live)
-        pthread_mutex_lock(&m->mu);
+    if (m->slots[i].state != SLOT_HELD)
+        return 0;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t keep = m->slots[i].bytes ? (size_t)m->slots[i].bytes : m->slot_bytes;
+    keep = (keep + page - 1) / page * page;
+    return keep > m->slot_bytes ? m->slot_bytes : keep;
 }
 
-static void fork_parent(void)
+/* In the parent, before the fork (mu held): each held batch copied into
+ * private memory. A copy that cannot be made is NULL: that slot stays
+ * shared in the child (best effort, as a fork without this would be). */
+static void stage_held(ferry__shm *m)
 {
-    for (ferry__shm *m = live; m; m = m->next_live)
-        pthread_mutex_unlock(&m->mu);
-    pthread_mutex_unlock(&live_mu);
+    for (uint32_t i = 0; m->base && m->staged && i < m->nslots; i++) {
+        m->staged[i] = NULL;
+        size_t keep = held_extent(m, i);
+        if (!keep)
+            continue;
+        void *copy = mmap(NULL, keep, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (copy == MAP_FAILED)
+            continue;
+        memcpy(copy, m->base + (size_t)i * m->slot_bytes, keep);
+        m->staged[i] = copy;
+    }
 }
 
-/* In the child: held slots become private copies of their batch's bytes
- * (best effort: a slot whose copy cannot be made stays shared), the rest
- * of every slot is unmapped and the memfd closed, so the child keeps none
- * of the loader's memory alive once the trainer closes it: only what it
+/* In the parent, after the fork: its copies go (the child has its own). */
+static void unstage(ferry__shm *m)
+{
+    for (uint32_t i = 0; m->staged && i < m->nslots; i++) {
+        if (m->staged[i])
+            munmap(m->staged[i], held_extent(m, i));
+        m->staged[i] = NULL;
+    }
+}
+
+/* In the child: each held slot becomes its private copy, the rest of
+ * every slot is unmapped and the memfd closed, so the child keeps none of
+ * the loader's memory alive once the trainer closes it: only what it
  * holds, as its own. A slot's reserve may be far larger than its batch (a
- * field of variable shape): only the batch is copied. */
+ * field of variable shape): only the batch was copied. */
 static void private_copies(ferry__shm *m)
 {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (uint32_t i = 0; m->base && i < m->nslots; i++) {
         unsigned char *at = m->base + (size_t)i * m->slot_bytes;
-        size_t keep = 0;
-        if (m->slots[i].state == SLOT_HELD) {
-            keep = m->slots[i].bytes ? (size_t)m->slots[i].bytes : m->slot_bytes;
-            keep = (keep + page - 1) / page * page;
-            if (keep > m->slot_bytes)
-                keep = m->slot_bytes;
-        }
+        size_t keep = held_extent(m, i);
+        void *copy = m->staged ? m->staged[i] : NULL;
+        if (m->staged)
+            m->staged[i] = NULL;
         if (keep < m->slot_bytes) /* nothing here refers to the rest */
             (void)munmap(at + keep, m->slot_bytes - keep);
         if (!keep)
             continue;
         /* A range registered with a device runtime may not be in the
-         * child at all (MADV_DONTFORK): nothing to copy then, and the
-         * place is kept (no access), so that no later mapping lands
-         * where the child's views of the batch point. */
+         * child at all (MADV_DONTFORK): the copy is dropped, and the place
+         * is kept (no access), so that no later mapping lands where the
+         * child's views of the batch point. */
         if (madvise(at, keep, MADV_NORMAL) != 0) {
+            if (copy)
+                munmap(copy, keep);
             (void)mmap(at, keep, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
             continue;
         }
-        void *copy = mmap(NULL, keep, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (copy == MAP_FAILED)
-            continue;
-        memcpy(copy, at, keep);
-        if (mremap(copy, keep, keep, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
+        if (copy && mremap(copy, keep, keep, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
             munmap(copy, keep);
     }
+}
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&live_mu);
+    for (ferry__shm *m = live; m; m = m->next_live) {
+        pthread_mutex_lock(&m->mu);
+        stage_held(m);
+    }
+}
+
+static void fork_parent(void)
+{
+    for (ferry__shm *m = live; m; m = m->next_live) {
+        unstage(m);
+        pthread_mutex_unlock(&m->mu);
+    }
+    pthread_mutex_unlock(&live_mu);
 }
 
 static void fork_child(void)
@@ -195,9 +237,11 @@ int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots)
     size_t total = slot_bytes * nslots;
     shm_slot *slots = ferry__calloc(nslots, sizeof *slots);
     int32_t *fr = ferry__calloc(nslots, sizeof *fr);
-    if (!slots || !fr) {
+    void **staged = ferry__calloc(nslots, sizeof *staged); /* no allocation at a fork */
+    if (!slots || !fr || !staged) {
         free(slots);
         free(fr);
+        free(staged);
         return ferry__seterr(FERRY_ENOMEM, "out of memory for %u batch slots", nslots);
     }
     /* Sparse: a slot's memory is allocated by the worker that first writes
@@ -214,6 +258,7 @@ int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots)
     if (e != 0) {
         free(slots);
         free(fr);
+        free(staged);
         int ignored = ftruncate(m->fd, 0);
         (void)ignored;
         return ferry__seterr(FERRY_ESYS, "%u batch slots of %zu bytes in shared memory: %s", nslots,
@@ -225,6 +270,7 @@ int ferry__shm_size(ferry__shm *m, size_t slot_bytes, uint32_t nslots)
     m->nslots = nslots;
     m->slots = slots;
     m->free = fr;
+    m->staged = staged;
     for (uint32_t i = 0; i < nslots; i++) {
         slots[i].m = m;
         fr[i] = (int32_t)(nslots - 1 - i); /* slot 0 on top */
@@ -399,6 +445,7 @@ static void destroy(ferry__shm *m)
     pthread_mutex_destroy(&m->mu);
     free(m->slots);
     free(m->free);
+    free(m->staged);
     free(m);
 }
 
