@@ -486,7 +486,12 @@ class _Batches:
                     leaves = []
                     self._collate([self._item(0)], probe=leaves)
                     for n, (dt, shape) in enumerate(leaves):
-                        if dt is not None and len(fields) < _MAX_DATA_FIELDS:
+                        # An empty leaf (a detection item with no boxes, an
+                        # empty token list) has no bytes to lay out, and
+                        # later items may not be empty: it travels in the
+                        # structure, collated by torch's own functions.
+                        if dt is not None and 0 not in shape and \
+                                len(fields) < _MAX_DATA_FIELDS:
                             self._fixed[n] = (len(fields), dt, shape)
                             fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], shape))
                 else:

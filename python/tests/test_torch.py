@@ -874,6 +874,32 @@ def test_the_loader_draws_from_torchs_generators_what_torchs_draws(workers, how)
         assert torch.equal(a, b)
 
 
+class Boxes(Dataset):
+    """A detection dataset's items: an image and its boxes, item 0 with none
+    (every item's boxes empty with `always_empty`)."""
+
+    def __init__(self, always_empty):
+        self.always_empty = always_empty
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        k = 0 if self.always_empty else i
+        return torch.full((2,), float(i)), torch.arange(4 * k, dtype=torch.float32).reshape(k, 4)
+
+
+@pytest.mark.parametrize("always_empty, batch_size", [(True, 2), (False, 1)])
+def test_an_empty_tensor_in_item_0_collates_as_torchs(always_empty, batch_size):
+    """An item whose tensor has a dimension of size 0 (no boxes, no tokens)
+    collates as torch collates it: (B, 0, 4) for all-empty items, and item 0
+    empty with later items not (batch size 1). Item 0's empty tensor used
+    to fail the workers' start ("field '1' has dim 0 of size 0")."""
+    ds = Boxes(always_empty)
+    with DataLoader(ds, batch_size=batch_size, num_workers=2) as dl:
+        same_batches(dl, TorchLoader(ds, batch_size=batch_size))
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
