@@ -177,6 +177,14 @@ int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len)
     return ferry__window_save(ld->win, buf, cap, len);
 }
 
+int ferry_loader_state_at_epoch(ferry_loader *ld, uint64_t epoch, void *buf, size_t cap,
+                                size_t *len)
+{
+    if (!ld || !len)
+        return ferry__seterr(FERRY_EINVAL, "loader and len must not be NULL");
+    return ferry__window_save_epoch(ld->win, epoch, buf, cap, len);
+}
+
 int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
 {
     if (!ld || !st)

@@ -744,6 +744,19 @@ int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_
     return FERRY_OK;
 }
 
+int ferry__window_save_epoch(ferry__window *win, uint64_t epoch, void *buf, size_t cap,
+                             size_t *len)
+{
+    if (!win->in_order)
+        return ferry__seterr(FERRY_EINVAL, "the stream position is only defined with in_order on");
+    const ferry__sampler *s = &win->sampler;
+    if (epoch > s->end_seq / s->batches_per_epoch ||
+        epoch * s->batches_per_epoch >= s->end_seq)
+        return ferry__seterr(FERRY_ERANGE, "the stream ends before epoch %llu",
+                             (unsigned long long)epoch);
+    return ferry__sampler_save(s, epoch * s->batches_per_epoch, buf, cap, len);
+}
+
 int ferry__window_save(ferry__window *win, void *buf, size_t cap, size_t *len)
 {
     if (!win->in_order)

@@ -220,5 +220,8 @@ int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_
 
 /* The resume blob for the position after the last batch delivered. */
 int ferry__window_save(ferry__window *win, void *buf, size_t cap, size_t *len);
+/* The same position at the start of epoch `epoch` (ferry_loader_state_at_epoch). */
+int ferry__window_save_epoch(ferry__window *win, uint64_t epoch, void *buf, size_t cap,
+                             size_t *len);
 
 #endif

@@ -789,6 +789,54 @@ static void test_resume_after_batch_k_reproduces_the_stream(void **state)
     ft_end(&snap);
 }
 
+/* The state at the start of an epoch (ferry_loader_state_at_epoch), taken
+ * from a loader that has delivered one batch, opens a loader whose first
+ * batch is that epoch's first, the same batch the uninterrupted stream
+ * gives there; an epoch past the stream's end is FERRY_ERANGE. */
+static void test_a_state_at_an_epoch_starts_there(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg("process", 2, 6, 50, "synthetic:n=1000,dim=40,augment=1");
+    ferry_config_set_int(cfg, "seed", 99);
+    ferry_config_set_int(cfg, "epochs", 4);
+    ferry_loader *ld;
+    ferry_batch *b;
+    ferry_batch_info info;
+    uint64_t want_index = 0;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    for (int i = 0; i < 3 * 20 + 1; i++) { /* 20 batches an epoch */
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_get_info(b, &info);
+        if (i == 2 * 20) {
+            assert_int_equal(info.epoch, 2);
+            assert_int_equal(info.batch_in_epoch, 0);
+            want_index = ferry_batch_indices(b)[0];
+        }
+        ferry_batch_release(b);
+    }
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len = 0;
+    assert_int_equal(ferry_loader_state_at_epoch(ld, 2, blob, sizeof blob, &len), FERRY_OK);
+    assert_int_equal(ferry_loader_state_at_epoch(ld, 4, blob, sizeof blob, &len), FERRY_ERANGE);
+    assert_int_equal(ferry_loader_state_at_epoch(ld, UINT64_MAX, blob, sizeof blob, &len),
+                     FERRY_ERANGE);
+    assert_int_equal(ferry_loader_state_at_epoch(ld, 2, blob, sizeof blob, &len), FERRY_OK);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    assert_int_equal(ferry_config_set_state(cfg, blob, len), FERRY_OK);
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_get_info(b, &info);
+    assert_int_equal(info.epoch, 2);
+    assert_int_equal(info.batch_in_epoch, 0);
+    assert_int_equal(ferry_batch_indices(b)[0], want_index);
+    ferry_batch_release(b);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ferry_config_free(cfg);
+    ft_end(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * A hostile peer on the loader's socket
  */
@@ -1008,6 +1056,7 @@ int main(void)
         cmocka_unit_test(test_open_fails_when_worker_program_is_missing),
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),
         cmocka_unit_test(test_resume_after_batch_k_reproduces_the_stream),
+        cmocka_unit_test(test_a_state_at_an_epoch_starts_there),
         cmocka_unit_test(test_malformed_messages_from_a_raw_peer_change_nothing),
         cmocka_unit_test(test_late_hello_of_a_replaced_worker_is_stale),
     };

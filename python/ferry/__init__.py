@@ -678,6 +678,14 @@ class Loader(_Closes):
         """The position after the last batch delivered (needs in_order)."""
         return {"ferry": self._live().state()}
 
+    def state_at_epoch(self, epoch):
+        """The state that starts the stream at the first batch of ``epoch``
+        (what :meth:`state_dict` would say just before it), whatever has
+        been delivered: for scripts that set the epoch themselves."""
+        if not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise InvalidValue("state_at_epoch: epoch must be an int >= 0, not %r" % (epoch,))
+        return {"ferry": self._live().state_at_epoch(int(epoch))}
+
     def load_state_dict(self, state):
         """Goes on from ``state``: the workers are restarted, and the next
         batch is the one after the last delivered when it was saved. A state

@@ -1256,6 +1256,8 @@ class DataLoader(_Closes):
             table_over = (batches, sampler)
         self.sampler = sampler
         self.batch_sampler = batch_sampler
+        self._sampler_epoch0 = int(getattr(sampler, "epoch", 0) or 0)
+        self._follows_set_epoch = False
         if indices is not None:
             n = len(dataset)
             bad = indices[(indices < 0) | (indices >= n)]
@@ -1425,7 +1427,35 @@ class DataLoader(_Closes):
         on raises its error from next(), and the next call goes on with the
         batches after it, as torch's iterator does."""
         self._torch_draws()
+        self._follow_set_epoch()
         return _MapEpoch(self)
+
+    def _follow_set_epoch(self):
+        """A DistributedSampler's set_epoch(e), called by the script before
+        its `for` (as torch's docs ask), decides the epoch that `for` gets,
+        as it does with torch: a script that resumes at epoch 5 gets epoch
+        5's order, not ferry's next. When e is the epoch ferry would give
+        anyway (the usual loop), nothing happens; else the loader starts
+        again at e's first batch (its workers restarted). Until the script
+        first changes the sampler's epoch, ferry's epochs follow on from
+        each other (a script that never calls set_epoch gets a new order
+        each epoch, where torch's repeats the first)."""
+        s = self.sampler
+        if not isinstance(s, tud.distributed.DistributedSampler):
+            return
+        want = int(getattr(s, "epoch", 0))
+        if not self._follows_set_epoch:
+            if want == self._sampler_epoch0:
+                return
+            self._follows_set_epoch = True
+        if want == self._next_epoch and not self._mid_epoch:
+            return
+        ld = self._ferry()
+        state = ld.state_at_epoch(want)
+        state.update(epoch=want, base_seed=self._base_seed)
+        self.load_state_dict(state)
+        self._next_epoch = want
+        self._mid_epoch = False
 
     def _torch_draws(self):
         """What torch's DataLoader draws from the generators at each iter():

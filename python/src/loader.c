@@ -815,6 +815,23 @@ static PyObject *loader_state(LoaderObject *self, PyObject *unused)
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
 }
 
+/* state_at_epoch(epoch) -> the resume blob that starts at that epoch. */
+static PyObject *loader_state_at_epoch(LoaderObject *self, PyObject *arg)
+{
+    ferry_loader *ld = usable(self);
+    char buf[FERRY_STATE_MAX];
+    size_t len = 0;
+    if (!ld)
+        return NULL;
+    unsigned long long epoch = PyLong_AsUnsignedLongLong(arg);
+    if (epoch == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int rc = ferry_loader_state_at_epoch(ld, (uint64_t)epoch, buf, sizeof buf, &len);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+}
+
 /* stats() -> dict of the counters. Safe while another thread waits. */
 static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
 {
@@ -922,6 +939,8 @@ static PyMethodDef loader_methods[] = {
     {"close", (PyCFunction)loader_close, METH_NOARGS, "stop the workers and free everything"},
     {"length", (PyCFunction)loader_length, METH_NOARGS, "(items, batches_per_epoch)"},
     {"state", (PyCFunction)loader_state, METH_NOARGS, "resume blob (bytes)"},
+    {"state_at_epoch", (PyCFunction)loader_state_at_epoch, METH_O,
+     "resume blob (bytes) that starts at the first batch of an epoch"},
     {"schema", (PyCFunction)loader_schema, METH_NOARGS, "[(name, dtype code, item shape)]"},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
     {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},

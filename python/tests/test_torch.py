@@ -900,6 +900,37 @@ def test_an_empty_tensor_in_item_0_collates_as_torchs(always_empty, batch_size):
         same_batches(dl, TorchLoader(ds, batch_size=batch_size))
 
 
+def _epochs_with_set_epoch(epochs, workers=2):
+    """[each epoch's indices] of a DataLoader over a shuffling
+    DistributedSampler whose set_epoch(e) the script calls before each
+    epoch, and whether the loader kept its workers throughout."""
+    ds = TensorDataset(torch.arange(40))
+    s = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=2, rank=1,
+                                                        shuffle=True, seed=3)
+    out = []
+    with DataLoader(ds, batch_size=5, sampler=s, num_workers=workers) as dl:
+        first = None
+        for e in epochs:
+            s.set_epoch(e)
+            out.append(torch.cat([b[0] for b in dl]).tolist())
+            first = first or dl._loader
+        kept = dl._loader is first
+    return out, kept
+
+
+def test_a_samplers_set_epoch_decides_the_epoch_as_in_torch():
+    """The script's own set_epoch(e) on a DistributedSampler decides the
+    epoch its next `for` gets, as with torch: resuming at epoch 5 by
+    set_epoch(5) gives epoch 5's batches (it gave epoch 0's), and the
+    usual loop (set_epoch(0), (1), ...) keeps its workers and prefetch."""
+    run, kept = _epochs_with_set_epoch(range(6))
+    assert kept and len({tuple(e) for e in run}) == 6
+    resumed, _ = _epochs_with_set_epoch([5])
+    assert resumed == [run[5]]
+    again, _ = _epochs_with_set_epoch([3, 3, 1])  # an epoch asked for twice, then back
+    assert again == [run[3], run[3], run[1]]
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
