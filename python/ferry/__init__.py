@@ -33,6 +33,7 @@ from . import _startup
 # when it forks.
 if _startup.is_ferry_process():
     _startup.limit_threads()
+    _startup.leave_ctrl_c_to_the_trainer()
 
 import numpy as np  # noqa: E402 - after the limit above
 

@@ -35,6 +35,23 @@ def is_ferry_process(argv=None):
     return False
 
 
+def leave_ctrl_c_to_the_trainer(argv=None):
+    """In a local process of ferry's (a worker, a clean parent), SIGINT is
+    ignored from the start: Ctrl-C in a terminal goes to the whole process
+    group, the trainer handles it (its loader's close stops these), and a
+    KeyboardInterrupt here would only print a traceback of ferry's own
+    code under the user's. The C worker loop ignores it too, but only once
+    it runs: a clean parent, or a worker still importing, used to print
+    one. A remote worker host (no --slot) keeps it: Ctrl-C stops it."""
+    import signal
+    argv = sys.argv if argv is None else argv
+    local = "--slot" in argv or "--fork-server" in argv or \
+        any(isinstance(a, str) and a.endswith(C_LINE_MARK) for a in
+            (getattr(sys, "orig_argv", None) or []))
+    if local:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def limit_threads():
     """One thread for the numeric libraries' pools in this process and its
     children, as torch's own workers run (``FERRY_WORKER_THREADS`` says

@@ -593,6 +593,42 @@ def test_ctrl_c_in_next_raises_keyboard_interrupt_fast_and_leaves_no_worker(tmp_
             "/proc/%d/status" % pid).read()
 
 
+def test_ctrl_c_at_a_terminal_prints_nothing_of_ferrys_own_processes(tmp_path):
+    """Ctrl-C in a terminal signals the whole process group: the trainer,
+    the clean parents and the workers. Only the trainer's code reacts (here
+    it catches the KeyboardInterrupt and closes); ferry's own processes
+    print no traceback of theirs under it (a clean parent used to)."""
+    p = run_script(tmp_path, """
+        import sys, time, ferry
+        class Slow:
+            def __len__(self): return 1000
+            def __getitem__(self, i):
+                time.sleep(0.02)
+                return i
+        if __name__ == "__main__":
+            ld = ferry.Loader(Slow(), batch_size=2, workers=2)
+            it = iter(ld)
+            next(it)
+            print("ready", flush=True)
+            try:
+                while True:
+                    next(it)
+            except KeyboardInterrupt:
+                ld.close()
+                print("interrupted", flush=True)
+        """, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert out.strip() == "interrupted", (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 @pytest.mark.parametrize("bad", [False, True], ids=["batch", "batch_error"])
 def test_ctrl_c_as_a_batch_arrives_keeps_it_for_the_next_call_and_out_of_the_state(bad):
     # Batch 2 is made only once the trainer waits for it and SIGINT is
