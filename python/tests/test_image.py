@@ -217,6 +217,54 @@ def test_torch_imagefolder_eval_transform_and_uint8_run_in_c(folder):
         dl.close()
 
 
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory):
+    """JPEGs of 360-700 px with sharp edges (rectangles, thin lines), where
+    decoding at a reduced DCT scale differs most from a full decode."""
+    from PIL import ImageDraw
+    root = tmp_path_factory.mktemp("sharp")
+    rng = np.random.default_rng(1)
+    os.makedirs(root / "c")
+    for i in range(8):
+        w, h = (int(v) for v in rng.integers(360, 700, size=2))
+        img = Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(0, 256, 3)))
+        d = ImageDraw.Draw(img)
+        for _ in range(60):
+            x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
+            x1, y1 = x0 + int(rng.integers(2, 120)), y0 + int(rng.integers(2, 120))
+            col = tuple(int(v) for v in rng.integers(0, 256, 3))
+            if rng.random() < 0.5:
+                d.rectangle([x0, y0, x1, y1], fill=col)
+            else:
+                d.line([x0, y0, x1, y1], fill=col, width=int(rng.integers(1, 4)))
+        img.save(root / "c" / ("%02d.jpg" % i), quality=92)
+    return str(root)
+
+
+def test_torch_imagefolder_in_c_gives_torchvisions_pixels_on_sharp_edges(sharp):
+    """Through ferry.torch the C path decodes JPEGs at full scale: on
+    sharp-edged images its pixels are torchvision's within 1 of 255 (at a
+    reduced DCT scale, asked for with dct=1, up to ~60 differ); dct is a
+    keyword of ferry.torch.DataLoader (it was refused as an unknown
+    option), 0 or 1."""
+    from torchvision import transforms as T
+
+    from ferry.torch import DataLoader
+    tf = T.Compose([T.Resize(160), T.CenterCrop(128), T.PILToTensor()])
+    ds = ImageFolder(sharp, transform=tf)
+    want = torch.stack([ds[i][0] for i in range(len(ds))]).int()
+    worst = {}
+    for dct in (0, 1):
+        with DataLoader(ds, batch_size=4, num_workers=1, dct=dct) as dl:
+            assert dl._native is not None and ("dct=%d" % dct) in dl._native
+            got = torch.cat([x for x, _ in dl]).int()
+        worst[dct] = int((got - want).abs().max())
+    print("max |difference| from torchvision: dct=0 %d, dct=1 %d" % (worst[0], worst[1]))
+    assert worst[0] <= 1 and worst[1] >= worst[0]
+    with pytest.raises(ValueError, match="dct must be 0"):
+        DataLoader(ds, batch_size=4, num_workers=1, dct=2)
+
+
 @pytest.mark.parametrize("why", ["jitter", "target_transform", "native_false", "collate"])
 def test_torch_imagefolder_falls_back_to_python(folder, why, caplog):
     """Anything ferry does not run in C (another transform, a
