@@ -59,8 +59,9 @@ static const opt_def options[] = {
     {"start_timeout_ms", OPT_INT, OFF(start_timeout_ms), 1, 86400000, NULL, "open deadline"},
     {"close_grace_ms", OPT_INT, OFF(close_grace_ms), 0, 600000, NULL, "STOP to SIGTERM"},
     {"epoch_barrier", OPT_BOOL, OFF(epoch_barrier), 0, 1, NULL, "no prefetch across epochs"},
-    {"pin_tasks", OPT_BOOL, OFF(pin_tasks), 0, 1, NULL,
-     "batch seq s is made by local worker s % workers only (per-worker streams)"},
+    {"pin_tasks", OPT_BOOL, OFF(pin_tasks), 0, 2, NULL,
+     "1: batch seq s is made by local worker s % workers only (per-worker streams); 2: batch b "
+     "of each epoch by worker b % workers (torch's DataLoader's assignment)"},
     {"max_message", OPT_INT, OFF(max_message), FERRY__MIN_MESSAGE, INT64_MAX, NULL,
      "largest message"},
     {"shm", OPT_BOOL, OFF(shm), 0, 1, NULL,

@@ -54,7 +54,8 @@ struct ferry_config {
     int64_t start_timeout_ms;
     int64_t close_grace_ms;
     int64_t epoch_barrier;
-    int64_t pin_tasks; /* task seq s goes to local worker s % workers only */
+    int64_t pin_tasks; /* 1: task seq s goes to local worker s % workers only; 2: batch b
+                        * of each epoch to worker b % workers (torch's assignment) */
     int64_t max_message;       /* ZMQ_MAXMSGSIZE for the loader's socket */
     int64_t shm;               /* local process workers' batches through shared memory */
     int64_t shm_max_bytes;     /* the most memory for their slots */

@@ -178,12 +178,14 @@ static int another_ready(const ferry__scheduler *s, const sched_worker *w)
     return 0;
 }
 
-/* With pin_tasks, the worker task e belongs to, or NULL while it cannot
- * take one (not ready, or no free credit): e waits, and the tasks behind
- * it with it (they are dispatched in order). */
+/* With pin_tasks, the worker task e belongs to (by its seq, or with 2 by
+ * its batch in the epoch, as torch's DataLoader assigns batches), or NULL
+ * while it cannot take one (not ready, or no free credit): e waits, and
+ * the tasks behind it with it (they are dispatched in order). */
 static sched_worker *pinned_worker(ferry__scheduler *s, const ferry__window_entry *e)
 {
-    sched_worker *w = &s->w[e->t.seq % s->nlocal];
+    uint64_t k = s->cfg.pin_tasks == 2 ? e->t.batch_in_epoch : e->t.seq;
+    sched_worker *w = &s->w[k % s->nlocal];
     if (w->p.state != FERRY__PEER_READY || w->p.unreachable ||
         ferry__window_outstanding(s->win, w->p.index) >= ferry__flow_credits(s->flow, w->p.index))
         return NULL;

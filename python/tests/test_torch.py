@@ -931,6 +931,25 @@ def test_a_samplers_set_epoch_decides_the_epoch_as_in_torch():
     assert again == [run[3], run[3], run[1]]
 
 
+class WhoMadeIt(Dataset):
+    def __len__(self):
+        return 14
+
+    def __getitem__(self, i):
+        return torch.utils.data.get_worker_info().id
+
+
+def test_pin_tasks_2_assigns_batches_to_workers_as_torch_does():
+    """Batch b of each epoch goes to worker b % num_workers with
+    pin_tasks=2, as torch's DataLoader assigns them (code that keeps
+    per-worker files or caches relies on it); by default ferry gives a
+    batch to whichever worker is free."""
+    want = [[int(b[0]) for b in TorchLoader(WhoMadeIt(), batch_size=2, num_workers=2)]
+            for _ in range(3)]
+    with DataLoader(WhoMadeIt(), batch_size=2, num_workers=2, pin_tasks=2) as dl:
+        assert [[int(b[0]) for b in dl] for _ in range(3)] == want
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
