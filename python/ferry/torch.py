@@ -37,6 +37,7 @@ import collections
 import contextlib
 import functools
 import hashlib
+import inspect
 import io
 import itertools
 import logging
@@ -107,6 +108,8 @@ class _Unset:
 
 
 _UNSET = _Unset()
+# torch's own default (2 in torch 1.x, None in 2.x): accepted with num_workers=0.
+_TORCH_PREFETCH_DEFAULT = inspect.signature(tud.DataLoader).parameters["prefetch_factor"].default
 
 
 def get_worker_info():
@@ -952,7 +955,7 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
                          "disable multiprocessing.")
     if timeout < 0:
         raise ValueError("timeout option should be non-negative")
-    if num_workers == 0 and prefetch_factor is not None:
+    if num_workers == 0 and prefetch_factor not in (None, _TORCH_PREFETCH_DEFAULT):
         raise ValueError("prefetch_factor option could only be specified in "
                          "multiprocessing.let num_workers > 0 to enable multiprocessing, "
                          "otherwise set prefetch_factor to None.")
@@ -1571,6 +1574,12 @@ class DataLoader(_Closes):
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None
+
+
+# What inspect.signature() and help() show: torch's own DataLoader's, as
+# the installed torch has it (ferry's extras, in_order, reseed, native, dct
+# and the ferry options, go by keyword: see the class's docstring).
+DataLoader.__signature__ = inspect.signature(tud.DataLoader)
 
 
 class _IterableDataLoader(DataLoader):

@@ -950,6 +950,15 @@ def test_pin_tasks_2_assigns_batches_to_workers_as_torch_does():
         assert [[int(b[0]) for b in dl] for _ in range(3)] == want
 
 
+def test_the_signature_is_torchs():
+    """inspect.signature and help() show torch's DataLoader's parameters and
+    defaults; torch's default prefetch_factor is accepted without workers."""
+    import inspect
+    assert inspect.signature(DataLoader) == inspect.signature(TorchLoader)
+    default = inspect.signature(TorchLoader).parameters["prefetch_factor"].default
+    DataLoader(tensors(4), num_workers=0, prefetch_factor=default).close()
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
