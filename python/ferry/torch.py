@@ -1656,6 +1656,10 @@ class _IterableDataLoader(DataLoader):
         self._initialized = True
 
     def __len__(self):
+        self._len_said = self._len_value()
+        return self._len_said
+
+    def _len_value(self):
         # torch's: the dataset's len() (a TypeError without one) in batches.
         n = len(self.dataset)
         if self.batch_size is None:
@@ -1782,6 +1786,20 @@ class _IterableDataLoader(DataLoader):
             yield _tcollate_pin(out) if self.pin_memory else out
 
     def __iter__(self):
+        """One epoch: every worker's stream to its end. torch's warning when
+        it yields more batches than len(loader) said, once that was asked."""
+        said, n = getattr(self, "_len_said", None), 0
+        for b in self._epoch_batches():
+            n += 1
+            if said is not None and n == said + 1:
+                warnings.warn(
+                    "ferry.torch.DataLoader: the IterableDataset %s reported a length of %d "
+                    "batches (len(loader)), but more have been yielded; with workers, each "
+                    "worker must yield only its share (get_worker_info())"
+                    % (type(self.dataset).__name__, said), UserWarning, stacklevel=2)
+            yield b
+
+    def _epoch_batches(self):
         if not self.num_workers:
             yield from self._sync_epoch()
             return

@@ -959,6 +959,27 @@ def test_the_signature_is_torchs():
     DataLoader(tensors(4), num_workers=0, prefetch_factor=default).close()
 
 
+class Unsharded(IterableDataset):
+    """Every worker yields the whole range: twice len() with two workers."""
+
+    def __len__(self):
+        return 6
+
+    def __iter__(self):
+        return iter(range(6))
+
+
+def test_an_iterable_yielding_more_than_its_len_warns_as_torch_does():
+    with DataLoader(Unsharded(), batch_size=2, num_workers=2) as dl:
+        assert len(dl) == 3
+        with pytest.warns(UserWarning, match="reported a length of 3"):
+            assert len(list(dl)) == 6
+    with DataLoader(Unsharded(), batch_size=2, num_workers=2) as dl:  # len() never asked
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert sum(1 for _ in dl) == 6  # (list() would ask len() for a size hint)
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
