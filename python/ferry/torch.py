@@ -985,9 +985,10 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
         cpus = os.cpu_count() or 0
     if cpus and num_workers > cpus:
         warnings.warn("ferry.torch.DataLoader: %d workers on a process allowed %d CPUs: more "
-                      "workers than CPUs only contend for them (and use more memory); %d or "
-                      "fewer is the most this machine runs at once" % (num_workers, cpus, cpus),
-                      UserWarning, stacklevel=3)
+                      "workers than CPUs only contend for them and use more memory, and such "
+                      "excessive worker creation might get DataLoader running slow or even "
+                      "freeze; %d or fewer is the most this machine runs at once"
+                      % (num_workers, cpus, cpus), UserWarning, stacklevel=3)
 
 
 def _default_reseed(reseed, worker_init_fn):
@@ -1173,6 +1174,12 @@ class DataLoader(_Closes):
                              % (name, type(self).__name__))
         super().__setattr__(name, value)
 
+    @property
+    def _auto_collation(self):
+        """torch's private attribute (read by torch's own tests): batches
+        are collated from batch_size items (batch_size not None)."""
+        return self.batch_size is not None
+
     def __new__(cls, dataset=None, *args, **kwargs):
         if cls is DataLoader and isinstance(dataset, tud.IterableDataset):
             return super().__new__(_IterableDataLoader)
@@ -1202,7 +1209,9 @@ class DataLoader(_Closes):
         opts = dict(ferry_options)
         indices = None
         table_over = None  # a user's (batch) sampler: (batches, sampler) for a _SamplerTable
-        # torch's argument rules, with torch's messages.
+        # torch's argument rules, with torch's messages, in torch's order.
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
@@ -1838,28 +1847,20 @@ class _IterableDataLoader(DataLoader):
             self._table = None
 
 
-def _say_as_torch(e):
-    """A worker's death (WorkerError, BatchLost) says first what torch's
-    DataLoader says of it, for scripts and tests that match that."""
-    said = e.torch_sentence() if isinstance(e, (WorkerError, BatchLost)) else ""
-    if said and not str(e).startswith(said):
-        e.args = ("%s %s" % (said, e.args[0] if e.args else ""),)
-
-
 class _MapEpoch:
     """The iterator of one epoch of a map-style DataLoader (what
-    ``iter(loader)`` returns): the loader starts its epoch at the first
-    next(). A failed batch raises its error and leaves the iterator usable:
-    the next call returns the batch after it, as torch's does (a generator
-    would end at the first error, and a loop that skips a bad batch would
-    lose the rest of its epoch silently)."""
+    ``iter(loader)`` returns). As torch's, it starts the workers when made
+    (the loader's first iter()). A failed batch raises its error and leaves
+    the iterator usable: the next call returns the batch after it, as
+    torch's does (a generator would end at the first error, and a loop that
+    skips a bad batch would lose the rest of its epoch silently)."""
 
     __slots__ = ("_dl", "_it", "_epoch")
 
     def __init__(self, dl):
         self._dl = dl
-        self._it = None
-        self._epoch = None
+        with _as_torch_says(dl):
+            self._it, self._epoch = dl._begin_epoch()
 
     def __iter__(self):
         return self
@@ -1867,19 +1868,22 @@ class _MapEpoch:
     def __len__(self):
         return len(self._dl)
 
+    @property
+    def _workers(self):
+        """torch's private attribute (read by torch's own tests): the worker
+        processes, each with pid, is_alive() and join(timeout)."""
+        ld = self._dl._loader
+        if ld is None or self._dl._sync:
+            return []
+        pids = [ld.worker_pid(i) for i in range(self._dl.num_workers)]
+        return [_WorkerProcess(p) for p in pids if p]
+
     def __next__(self):
         dl = self._dl
-        if self._it is None:
-            self._it, self._epoch = dl._begin_epoch()
         try:
-            b = next(self._it)
-        except NotReady:
-            raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
-        except WorkerError as e:
-            _say_as_torch(e)
-            raise
-        except BatchError as e:
-            _say_as_torch(e)
+            with _as_torch_says(dl):
+                b = next(self._it)
+        except BatchError:
             # The failure took a batch's place: the epoch ends there if it
             # was the last one.
             done = self._it._done
@@ -1890,6 +1894,41 @@ class _MapEpoch:
         dl._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
         dl._mid_epoch = not b.last_in_epoch
         return dl._structure(b)
+
+
+@contextlib.contextmanager
+def _as_torch_says(dl):
+    """ferry's errors as torch's DataLoader raises them: a timeout as its
+    RuntimeError, a worker's death with its sentence first."""
+    try:
+        yield
+    except NotReady:
+        raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
+    except (WorkerError, BatchLost) as e:
+        said = e.torch_sentence()
+        if said and not str(e).startswith(said):
+            e.args = ("%s %s" % (said, e.args[0] if e.args else ""),)
+        raise
+
+
+class _WorkerProcess:
+    """A worker process as torch's tests look at one (multiprocessing's
+    Process API, in part): pid, is_alive(), join(timeout)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def is_alive(self):
+        try:
+            with open("/proc/%d/stat" % self.pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return False
+
+    def join(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.01)  # another process's exit: nothing to wait on but /proc
 
 
 class _Singles:
