@@ -276,6 +276,23 @@ class FilledStream(IterableDataset):
             yield torch.full(self.shape, float(i)), i
 
 
+class SlowInWorkers:
+    """Item `slow` takes `seconds` when a worker builds it for a batch; read
+    for the schema outside a worker (the clean parent: worker_info() is
+    None) it is quick."""
+
+    def __init__(self, n, slow, seconds):
+        self.n, self.slow, self.seconds = n, slow, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.slow and ferry.worker_info() is not None:
+            time.sleep(self.seconds)  # a slow item, not a wait for anything
+        return {"x": np.int64(i)}
+
+
 class WaitsForFirstTask:
     """Worker 1 finishes opening only once some worker has made an item of
     a task (item 1 or later: a worker may read item 0 while it opens), or

@@ -14,7 +14,8 @@ import pytest
 
 import ferry
 from conftest import wait_for
-from datasets import Augmented, Items, Missing, Pairs, WaitsForFirstTask, WrongShape
+from datasets import (Augmented, Items, Missing, Pairs, SlowInWorkers, WaitsForFirstTask,
+                      WrongShape)
 
 SYN = "synthetic:n=1000,dim=8"
 
@@ -687,6 +688,25 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for
                 ld.state_dict()  # the C side has it out of order too
     finally:
         datasets.GATE.set()
+
+
+def test_out_of_order_the_first_epoch_comes_as_made_while_a_worker_builds_a_slow_first_item():
+    # Item 0 takes 1.5 s in a worker (quick when read for the schema).
+    # The first worker ready once took the whole window (4 tasks): the
+    # other worker was given nothing and no batch came until item 0 was
+    # made (issue 36, item 6). Now each holds its share while the others
+    # start, so only the batch queued behind item 0 at its worker waits
+    # with it, and the epoch takes one slow item's time.
+    slow = 1.5
+    with ferry.Loader(SlowInWorkers, dataset_kwargs={"n": 10, "slow": 0, "seconds": slow},
+                      batch_size=1, workers=2, in_order=False) as ld:
+        opened = time.monotonic()
+        came = [(int(b["x"][0]), time.monotonic() - opened) for b in ld]
+    assert sorted(i for i, _ in came) == list(range(10))
+    early = [i for i, t in came if t < slow * 2 / 3]
+    assert 0 not in early and len(early) >= 8, came
+    assert [i for i, _ in came[:len(early)]] == early, came  # before item 0's batch
+    assert came[-1][1] < 2 * slow * 0.8, came
 
 
 def test_the_example_in_help_ferry_runs(tmp_path, monkeypatch):
