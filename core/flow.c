@@ -316,6 +316,11 @@ uint32_t ferry__flow_credits(const ferry__flow *f, uint32_t i)
     return f->w[i].credits;
 }
 
+uint32_t ferry__flow_window(const ferry__flow *f)
+{
+    return f->window;
+}
+
 uint32_t ferry__flow_round_trip_ms(const ferry__flow *f, uint32_t i)
 {
     uint64_t ms = (f->w[i].rtt_ns + MS - 1) / MS;

@@ -96,6 +96,9 @@ int ferry__flow_reply(ferry__flow *f, uint32_t w, uint64_t now_ns, uint64_t make
 
 uint32_t ferry__flow_credits(const ferry__flow *f, uint32_t w);
 
+/* The window flow control has sized now: the most batches in flight. */
+uint32_t ferry__flow_window(const ferry__flow *f);
+
 /* Worker w's round trip as last measured, in ms (rounded up); 0: none. */
 uint32_t ferry__flow_round_trip_ms(const ferry__flow *f, uint32_t w);
 void ferry__flow_summary_get(const ferry__flow *f, ferry__flow_summary *out);

@@ -62,18 +62,48 @@ void ferry__scheduler_wake(void *arg)
  * Dispatch
  */
 
+/* The most tasks one ready worker may hold while local workers are still
+ * starting: its share of the window among the ready and the starting
+ * ones (at least 1); no bound (UINT32_MAX) once none is starting. The
+ * window runs from the first READY so that the first batch is under way
+ * early, but a worker ready a few ms before the others must not take the
+ * whole window: the tasks queued at it wait for its slow one (a first item
+ * that takes seconds), the window stays full, and the workers that come
+ * ready meanwhile are given nothing until it is through (issue 36, item
+ * 6). A share is what each worker holds once all are ready anyway. */
+static uint32_t start_share(const ferry__scheduler *s)
+{
+    uint32_t ready = 0, starting = 0;
+    for (uint32_t i = 0; i < s->nworkers; i++) {
+        const ferry__peer *p = &s->w[i].p;
+        if (p->state == FERRY__PEER_READY && !p->unreachable)
+            ready++;
+        else if (i < s->nlocal &&
+                 (p->state == FERRY__PEER_SPAWNED || p->state == FERRY__PEER_CONFIGURED))
+            starting++;
+    }
+    if (!starting)
+        return UINT32_MAX;
+    uint32_t window = ferry__flow_window(s->flow);
+    uint32_t share = (window + ready + starting - 1) / (ready + starting);
+    return share ? share : 1;
+}
+
 /* The ready worker with a free credit and the fewest tasks, round-robin
- * among equals, other than `skip` (NULL: any). */
+ * among equals, other than `skip` (NULL: any); while workers are still
+ * starting, only one holding less than its share (start_share). */
 static sched_worker *pick_worker(ferry__scheduler *s, const sched_worker *skip)
 {
     sched_worker *best = NULL;
     uint32_t best_n = 0;
+    uint32_t share = start_share(s);
     for (uint32_t k = 0; k < s->nworkers; k++) {
         sched_worker *w = &s->w[(s->rr + k) % s->nworkers];
         if (w == skip || w->p.state != FERRY__PEER_READY || w->p.unreachable)
             continue;
         uint32_t n = ferry__window_outstanding(s->win, w->p.index);
-        if (n < ferry__flow_credits(s->flow, w->p.index) && (!best || n < best_n)) {
+        if (n < ferry__flow_credits(s->flow, w->p.index) && n < share &&
+            (!best || n < best_n)) {
             best = w;
             best_n = n;
         }

@@ -661,6 +661,45 @@ static void test_worker_args_come_before_ferrys_own(void **state)
     ft_end(&snap);
 }
 
+/* Worker 1 starts 0.2 s after worker 0 (a shell in front of it: a slow
+ * import, say), and each batch takes 0.5 s. The window (4) runs from
+ * worker 0's READY, but worker 0 takes only its share of it (2) while
+ * worker 1 starts: the first ready once took all 4, queued behind its
+ * first batch, and worker 1 had nothing to do until they were through
+ * (a slow first item held every batch back; issue 36, item 6). Whichever
+ * worker is ready first, the first four batches are two each. */
+static void test_a_worker_ready_first_takes_only_its_share_of_the_window(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg("process", 2, 4, 1, "synthetic:n=8,dim=40,sleep_us=500000");
+    char args[1024];
+    snprintf(args, sizeof args,
+             "-c\ncase \" $* \" in *\" --slot 1 \"*) sleep 0.2;; esac; exec %s \"$@\"\nsh",
+             FERRY_TEST_WORKER);
+    assert_int_equal(ferry_config_set(cfg, "worker_path", "/bin/sh"), FERRY_OK);
+    assert_int_equal(ferry_config_set(cfg, "worker_args", args), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg); /* frees cfg */
+    uint32_t built[2] = {0, 0};
+    for (int i = 0; i < 8; i++) {
+        ferry_batch *b = NULL;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ft_assert_synthetic(b, DIM);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_true(info.worker < 2);
+        if (i < 4)
+            built[info.worker]++;
+        ferry_batch_release(b);
+    }
+    assert_int_equal(built[0], 2);
+    assert_int_equal(built[1], 2);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ft_end(&snap);
+}
+
 static void test_bad_options_are_rejected_by_name(void **state)
 {
     (void)state;
@@ -1038,6 +1077,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_args_come_before_ferrys_own),
+        cmocka_unit_test(test_a_worker_ready_first_takes_only_its_share_of_the_window),
         cmocka_unit_test(test_schema_is_known_before_the_first_batch),
         cmocka_unit_test(test_batch_says_how_long_it_took_and_waited),
         cmocka_unit_test(test_relative_dataset_paths_are_the_trainers),

@@ -9,7 +9,10 @@ A Python dataset reaches a worker by name, never pickled. The trainer's
 trainer's main script, for a class defined there). The worker (the C loop
 of ``python -m ferry.worker``, or a thread worker in the trainer) calls
 :func:`open_dataset` with the text after ``python:``; this module imports
-the class, builds the dataset, and reads the schema from item 0.
+the class, builds the dataset, and reads the schema from item 0. That
+item is kept (:class:`FirstItem`) and serves the task that asks for it
+first, where it is provably what the task would build: a slow item 0 is
+then built once, not once to learn the schema and again for the batch.
 
 A remote worker (no ``--slot``) takes neither ``path`` nor ``main`` from
 the loader and serves only modules under its ``--allow-module`` prefixes:
@@ -553,6 +556,17 @@ def _load_pickled(opts):
     return pickle.loads(data)
 
 
+def forget_first_items():
+    """In a clean parent that has forked the loader's workers: the item 0
+    each kept from the open goes (they have their copies); a worker forked
+    later, a replacement, builds it again if it is asked for it."""
+    for args, opened in list(_preloaded.items()):
+        _preloaded[args] = opened[:-1] + (None,)
+        forget = getattr(opened[0], "__ferry_forget_first__", None) if opened[2] == 3 else None
+        if callable(forget):  # ferry.torch's form keeps its own (_Batches._probe_item)
+            forget()
+
+
 def has_preloaded():
     """Whether this process is (a fork of) a clean parent that opened its
     dataset already."""
@@ -569,30 +583,108 @@ def preload(args):
         pass
 
 
-def _describe(ds):
-    """(length, layout, fields, get_batch or None) of an opened dataset."""
+# ------------------------------------------------------------ item 0, built once
+
+_info_asked = [0]  # worker_info() calls so far in this process
+
+
+def _global_rngs():
+    """The state of the generators an item could draw from without saying
+    so: random's, numpy's legacy one, torch's (when imported)."""
+    import random
+    legacy = np.random.get_state()
+    states = [random.getstate(), legacy[0], legacy[1].tobytes()] + list(legacy[2:])
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            states.append(bytes(torch.random.get_rng_state().numpy()))
+        except Exception:  # noqa: BLE001 - a torch without it: nothing to compare
+            pass
+    return states
+
+
+class FirstItem:
+    """Item 0 (or ``get_batch([0], 0)``'s result) as the open built it to
+    learn the schema, kept to serve the worker's first batch when that
+    batch starts with index 0 (and is that very call, for get_batch).
+
+    Kept only where the task would build the same thing (see
+    :func:`reusable`): the build drew nothing from the global generators
+    (random, numpy's legacy one, torch's), and either asked nothing of
+    worker_info(), or asked it inside a worker, whose (worker, workers,
+    seed, epoch) the task must then match; nothing else has been built
+    before it in the worker (it serves the first item of the first batch
+    only). Per-sample randomness from ``worker_info().rng(i)`` is a
+    function of (seed, epoch, index), so such an item is the task's.
+    An item that draws fresh entropy (an unseeded Generator, the clock)
+    differs between any two builds; the kept one is one such build.
+
+    ferry.torch's datasets (which fill the batch themselves) keep none:
+    each worker seeds torch's, numpy's and random's generators (seed +
+    worker id) and runs worker_init_fn before its first item, while the
+    fields were probed before any of that, in the clean parent."""
+
+    __slots__ = ("item", "context", "batch")
+
+    def __init__(self, item, context, batch):
+        self.item, self.context, self.batch = item, context, batch
+
+
+def _probe(ds, gb, asked_before):
+    """(sample, FirstItem or None): item 0 built for the schema."""
+    rngs = _global_rngs()
+    sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
+    context = "any"
+    if _info_asked[0] != asked_before:  # the dataset asked who builds it, opening or building
+        context = _ferry.worker_state()  # None outside a worker: a task's differs
+    if context is None or _global_rngs() != rngs:
+        return sample, None
+    return sample, FirstItem(sample, context, gb is not None)
+
+
+def reusable(first, indices, epoch):
+    """The item to serve the worker's first batch (``indices``, ``epoch``)
+    from, or None: first.item when the batch starts with index 0 and
+    nothing it could depend on differs from when it was built. Called by
+    the python dataset kind (pydataset.c) once, at the first batch."""
+    if first is None or len(indices) == 0 or int(indices[0]) != 0:
+        return None
+    if first.batch and (len(indices) != 1 or epoch != 0):
+        return None  # get_batch([0], 0) is what was called
+    if first.context != "any":
+        now = _ferry.worker_state()  # this batch's (worker, workers, seed, epoch)
+        if now is None or tuple(now[:3]) != tuple(first.context[:3]) or \
+                epoch != first.context[3]:
+            return None
+    return first.item
+
+
+def _describe(ds, asked_before):
+    """(length, layout, fields, get_batch or None, FirstItem or None) of an
+    opened dataset; asked_before: _info_asked before it was opened."""
     n = len(ds)
     if n <= 0:
         raise ValueError("the dataset (a %s) has no items (len %d)" % (type(ds).__name__, n))
     fields = getattr(ds, "__ferry_fields__", None)
     if callable(fields):  # ferry.torch's form: it fills the batch itself (layout 3)
-        return n, 3, list(fields()), ds.__ferry_fill__
+        return n, 3, list(fields()), ds.__ferry_fill__, None
     gb = getattr(ds, "get_batch", None)
     gb = gb if callable(gb) else None
-    sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
+    sample, first = _probe(ds, gb, asked_before)
     layout = _layout(sample)
-    return n, layout, _fields(sample, layout, gb is not None), gb
+    return n, layout, _fields(sample, layout, gb is not None), gb, first
 
 
 def open_dataset(args):
     """Opens ``MODULE:QUALNAME [JSON]`` (or a pickled object): (dataset,
-    length, layout, fields, get_batch or None). Raises with a message naming
-    what is wrong."""
+    length, layout, fields, get_batch or None, FirstItem or None). Raises
+    with a message naming what is wrong."""
     if args in _preloaded:
         return _preloaded[args]
+    asked = _info_asked[0]
     if args.startswith(PICKLED):
         ds = _load_pickled(json.loads(args[len(PICKLED):]))
-        return (ds,) + _describe(ds)
+        return (ds,) + _describe(ds, asked)
     m = _SPEC.match(args)
     if not m:
         raise ValueError("a python dataset spec reads 'python:MODULE:NAME [JSON]', got %r"
@@ -607,7 +699,7 @@ def open_dataset(args):
     ds = target(**kwargs) if callable(target) and (isinstance(target, type) or kwargs or
                                                    not hasattr(target, "__getitem__")) \
         else target
-    return (ds,) + _describe(ds)
+    return (ds,) + _describe(ds, asked)
 
 
 # ------------------------------------------------------------ worker_info
@@ -640,5 +732,6 @@ class WorkerInfo:
 def worker_info():
     """The :class:`WorkerInfo` of the worker running this code, or None in
     the trainer."""
+    _info_asked[0] += 1  # an item built meanwhile may depend on the answer (FirstItem)
     st = _ferry.worker_state()
     return WorkerInfo(*st) if st else None

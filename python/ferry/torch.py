@@ -384,7 +384,7 @@ class _Batches:
         state = dict(self.__dict__)
         state["_fields"] = None
         state["table"] = None
-        for k in ("_started", "_fixed", "_var", "_opened"):
+        for k in ("_started", "_fixed", "_var", "_opened", "_kept"):
             state.pop(k, None)
         return state
 
@@ -483,11 +483,12 @@ class _Batches:
         self._fixed = {}   # leaf number -> (field, numpy dtype, item shape)
         self._var = {}     # field -> numpy dtype
         fields = []
-        with _probing(self):
+        with _probing(self) as reads:
             try:
+                item = self._probe_item(reads)
                 if self.collate_fn is None and self.auto_batch and self.table_ref is None:
                     leaves = []
-                    self._collate([self._item(0)], probe=leaves)
+                    self._collate([item], probe=leaves)
                     for n, (dt, shape) in enumerate(leaves):
                         # An empty leaf (a detection item with no boxes, an
                         # empty token list) has no bytes to lay out, and
@@ -499,7 +500,7 @@ class _Batches:
                             fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], shape))
                 else:
                     sizes = []
-                    _walk_arrays(self._user_batch([self._item(0)]), sizes)
+                    _walk_arrays(self._user_batch([item]), sizes)
                     # Bytes per ferry item: a batch sampler's position is a
                     # whole batch (item_scale items).
                     scale = getattr(self, "item_scale", 1)
@@ -513,6 +514,62 @@ class _Batches:
         fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
         self._fields = fields
         return fields
+
+    def _probe_item(self, reads):
+        """Item 0, built to probe the fields, and kept (``_kept``) to be
+        the first item of a worker's first batch when that is position 0
+        of epoch 0 and the worker would build the very same item: a slow
+        item 0 then costs its time once (issue 36, item 6). It is kept
+        when nothing the worker does first can change it: no
+        worker_init_fn; torch's, numpy's and random's generators seeded
+        as that batch seeds them (reseed "batch" or "sample": the seed of
+        (seed, epoch 0, index 0)), or not drawn from at all (reseed
+        "worker": each worker's own seed); torch's get_worker_info()
+        (worker 0's here: `reads` lists what the dataset read of it) read
+        only if worker 0 is the one; ferry.worker_info() not asked (None
+        here); default collation (a collate_fn of the user's could change
+        the items it is given); no sampler of the user's. reads is None
+        where the probe made no worker info (the trainer, a worker's own):
+        nothing is kept there."""
+        self._kept = None
+        if (reads is None or self.worker_init_fn is not None or self.collate_fn is not None
+                or not self.auto_batch or self.table_ref is not None):
+            return self._item(0)
+        asked = _dataset._info_asked[0]
+        saved = _rng_states()
+        try:
+            if self.reseed in ("batch", "sample"):
+                self._seed(_ferry.sample_seed(self.base_seed, 0, 0))
+            before = _dataset._global_rngs()
+            item = self._item(0)
+            drew = _dataset._global_rngs() != before
+            after = _rng_states()  # where the batch's next item goes on drawing from
+        finally:
+            _set_rng_states(saved)  # the process's generators as they were
+        if _dataset._info_asked[0] == asked and (not drew or self.reseed != "worker"):
+            self._kept = (item, bool(reads), after if drew else None)
+        return item
+
+    def __ferry_forget_first__(self):
+        """Called in the clean parent once it has forked the workers: its
+        copy of the kept item goes (a replacement builds item 0 anew)."""
+        self.__dict__.pop("_kept", None)
+
+    def _reuse_first(self, positions, epoch):
+        """The item kept from the probe (see _probe_item) to be the first
+        of this batch, or None; asked at every batch, it answers at most
+        once per process."""
+        kept = self.__dict__.pop("_kept", None)
+        if kept is None or int(epoch) != 0 or len(positions) == 0 or int(positions[0]) != 0:
+            return None
+        item, read_info, after = kept
+        if read_info:
+            info = tud.get_worker_info()
+            if info is None or info.id != 0:
+                return None
+        if after is not None:  # the generators as building it would have left them
+            _set_rng_states(after)
+        return item
 
     def _collate(self, items, probe=None, views=None):
         """default_collate of items, with torch's own functions, except that
@@ -628,6 +685,7 @@ class _Batches:
             self.__ferry_fields__()
         if self.reseed == "batch":  # the batch's first index (or position) names it
             self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(indices[0])))
+        first = self._reuse_first(indices, epoch) if "_kept" in self.__dict__ else None
         indices = self._sampled(indices, epoch)
         count = len(indices)
         nf = len(self._fields)
@@ -639,7 +697,7 @@ class _Batches:
         for k, i in enumerate(indices):
             if self.reseed == "sample":
                 self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(i)))
-            item = self._item(i)
+            item = first if k == 0 and first is not None else self._item(i)
             items.append(self._to_rows(item, k, arrays, outline) if arrays else item)
         if arrays:
             result = self._collate(items, views=arrays)
@@ -666,17 +724,39 @@ def _torch_worker_info(info):
         tworker._worker_info = saved
 
 
+@contextlib.contextmanager
 def _probing(b):
     """While the fields are probed with item 0 outside a worker (the clean
     parent, or the trainer for num_workers=0): torch's get_worker_info()
-    answers as in worker 0 when there are workers, and no generator is
-    seeded, no worker_init_fn called (each worker does that itself)."""
+    answers as in worker 0 when there are workers, and no worker_init_fn
+    is called (each worker does that itself). Yields the list of what the
+    dataset reads of that worker info meanwhile, or None where the probe
+    made none."""
     from torch.utils.data._utils import worker as tworker
-    info = tworker._worker_info
+    info, reads = tworker._worker_info, None
     if os.getpid() != b.trainer_pid and info is None:
-        info = tworker.WorkerInfo(id=0, num_workers=b.num_workers, seed=b.base_seed,
-                                  dataset=b.dataset)
-    return _torch_worker_info(info)
+        reads = []
+
+        class Watched(tworker.WorkerInfo):
+            def __getattribute__(self, name):
+                if name in ("id", "num_workers", "seed", "dataset"):
+                    reads.append(name)
+                return super().__getattribute__(name)
+
+        info = Watched(id=0, num_workers=b.num_workers, seed=b.base_seed, dataset=b.dataset)
+    with _torch_worker_info(info):
+        yield reads
+
+
+def _rng_states():
+    """The generators _Batches._seed seeds, as they are now."""
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+
+
+def _set_rng_states(states):
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])
 
 
 def _walk_arrays(obj, sizes, depth=0):

@@ -216,6 +216,7 @@ def fork_server(argv):
         if req is None:
             return 0
         if req == "idle":
+            _dataset.forget_first_items()
             _release_file_pages()
             settled = True
             continue

@@ -10,6 +10,9 @@
  * (get_batch(indices, epoch) when it has one, else __getitem__ per index)
  * and collates the items straight into the buffers the worker loop hands
  * it, one memcpy per field per item, checking each against the schema.
+ * The item 0 the open built is kept until the first batch, which takes it
+ * instead of building it again where ferry._dataset.reusable says it is
+ * the same (a slow item 0 costs its time once, not twice).
  *
  * The worker loop runs with the GIL released; open takes it
  * (PyGILState_Ensure) and keeps the thread's Python state until close,
@@ -59,6 +62,9 @@ typedef struct pyds {
     ferry_field_spec fields[FERRY_MAX_FIELDS];
     PyObject *keys[FERRY_MAX_FIELDS]; /* LAYOUT_DICT: the item's keys */
     PyObject *keys_tuple;             /* the same, for messages */
+    /* Item 0 as the open built it (a ferry._dataset.FirstItem), until the
+     * first batch; NULL after, or when none was kept. */
+    PyObject *first;
     /* The worker thread's Python state, kept from open to close so that
      * thread-local data (threading.local, contextvars) lives as long as
      * the dataset: a thread worker is a thread Python did not start. */
@@ -202,6 +208,7 @@ static void pyds_free(pyds *d)
     Py_XDECREF(d->get_batch);
     Py_XDECREF(d->fill);
     Py_XDECREF(d->keys_tuple);
+    Py_XDECREF(d->first);
     for (int i = 0; i < FERRY_MAX_FIELDS; i++)
         Py_XDECREF(d->keys[i]);
     PyMem_RawFree(d);
@@ -213,7 +220,7 @@ static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = FERRY_EDATASET;
     pyds *d = PyMem_RawCalloc(1, sizeof *d);
-    PyObject *res = NULL, *fields = NULL, *gb = NULL;
+    PyObject *res = NULL, *fields = NULL, *gb = NULL, *first = NULL;
     if (!d) {
         snprintf(errbuf, errlen, "python dataset: out of memory");
         rc = FERRY_ENOMEM;
@@ -227,13 +234,17 @@ static int py_open(void **handle, const char *args, const ferry_dataset_ctx *ctx
     res = fn ? PyObject_CallFunction(fn, "s", args) : NULL;
     Py_XDECREF(fn);
     unsigned long long length;
-    if (!res || !PyArg_ParseTuple(res, "OKiO!O", &d->obj, &length, &d->layout, &PyList_Type,
-                                  &fields, &gb)) {
+    if (!res || !PyArg_ParseTuple(res, "OKiO!OO", &d->obj, &length, &d->layout, &PyList_Type,
+                                  &fields, &gb, &first)) {
         d->obj = NULL;
         take_exception(errbuf, errlen);
         goto out;
     }
     Py_INCREF(d->obj);
+    if (first != Py_None) {
+        Py_INCREF(first);
+        d->first = first;
+    }
     d->length = length;
     if (gb != Py_None) {
         Py_INCREF(gb);
@@ -484,29 +495,34 @@ static PyObject *indices_obj(const ferry_batch_request *req)
     return idx;
 }
 
-/* get_batch(indices, epoch) with indices a read-only numpy uint64 array. */
+/* get_batch(indices, epoch) with indices a read-only numpy uint64 array;
+ * kept: that call's result kept from the open (borrowed), or NULL. */
 static int whole_batch(pyds *d, const ferry_batch_request *req, void *const dst[],
-                       ferry_dataset_error *err)
+                       ferry_dataset_error *err, PyObject *kept)
 {
     err->index = req->count ? req->indices[0] : 0;
-    PyObject *idx = indices_obj(req);
-    PyObject *res = idx ? PyObject_CallFunction(d->get_batch, "OK", idx,
-                                                (unsigned long long)req->epoch)
-                        : NULL;
+    PyObject *idx = kept ? NULL : indices_obj(req);
+    PyObject *res = kept  ? (Py_INCREF(kept), kept)
+                    : idx ? PyObject_CallFunction(d->get_batch, "OK", idx,
+                                                  (unsigned long long)req->epoch)
+                          : NULL;
     int rc = res ? copy_fields(d, res, (long long)req->count, 0, dst, err) : PYERR;
     Py_XDECREF(res);
     Py_XDECREF(idx);
     return rc;
 }
 
-/* __getitem__ for each index, each item collated into its place. */
+/* __getitem__ for each index, each item collated into its place; kept:
+ * the first item kept from the open (borrowed), or NULL. */
 static int item_by_item(pyds *d, const ferry_batch_request *req, void *const dst[],
-                        ferry_dataset_error *err)
+                        ferry_dataset_error *err, PyObject *kept)
 {
     for (size_t k = 0; k < req->count; k++) {
         err->index = req->indices[k];
-        PyObject *i = PyLong_FromUnsignedLongLong(req->indices[k]);
-        PyObject *item = i ? PyObject_GetItem(d->obj, i) : NULL;
+        PyObject *i = k == 0 && kept ? NULL : PyLong_FromUnsignedLongLong(req->indices[k]);
+        PyObject *item = k == 0 && kept ? (Py_INCREF(kept), kept)
+                         : i            ? PyObject_GetItem(d->obj, i)
+                                        : NULL;
         Py_XDECREF(i);
         if (!item)
             return PYERR;
@@ -625,6 +641,29 @@ static void failed_index(ferry_dataset_error *err)
     PyErr_Restore(type, value, tb);
 }
 
+/* What the first batch takes from the item 0 the open built: a new
+ * reference, or NULL (build it) when ferry._dataset.reusable says no or
+ * cannot say. d->first goes either way. */
+static PyObject *take_first(pyds *d, const ferry_batch_request *req)
+{
+    PyObject *first = d->first;
+    d->first = NULL;
+    static PyObject *reusable;
+    PyObject *fn = cached_attr(&reusable, "ferry._dataset", "reusable");
+    PyObject *idx = fn ? indices_obj(req) : NULL;
+    PyObject *item = idx ? PyObject_CallFunction(fn, "OOK", first, idx,
+                                                 (unsigned long long)req->epoch)
+                         : NULL;
+    Py_XDECREF(idx);
+    Py_DECREF(first);
+    if (!item || item == Py_None) {
+        PyErr_Clear(); /* built again, as without it */
+        Py_XDECREF(item);
+        return NULL;
+    }
+    return item;
+}
+
 static int py_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
                         ferry_dataset_error *err)
 {
@@ -633,9 +672,11 @@ static int py_get_batch(void *handle, const ferry_batch_request *req, void *cons
     set_current(d, req->seed, req->epoch);
     err->message[0] = '\0';
     release_held(d);
+    PyObject *kept = d->first ? take_first(d, req) : NULL;
     int rc = d->fill        ? fill_batch(d, req, dst, err)
-             : d->get_batch ? whole_batch(d, req, dst, err)
-                            : item_by_item(d, req, dst, err);
+             : d->get_batch ? whole_batch(d, req, dst, err, kept)
+                            : item_by_item(d, req, dst, err, kept);
+    Py_XDECREF(kept);
     if (rc == PYERR) {
         rc = raising_index_error() ? FERRY_ERANGE : FERRY_EBATCH;
         if (d->fill)

@@ -276,6 +276,51 @@ class FilledStream(IterableDataset):
             yield torch.full(self.shape, float(i)), i
 
 
+class SlowInWorkers:
+    """Item `slow` takes `seconds` when a worker builds it for a batch; read
+    for the schema outside a worker (the clean parent: worker_info() is
+    None) it is quick, and, having asked, is not kept to serve a batch."""
+
+    def __init__(self, n, slow, seconds):
+        self.n, self.slow, self.seconds = n, slow, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.slow and ferry.worker_info() is not None:
+            time.sleep(self.seconds)  # a slow item, not a wait for anything
+        return {"x": np.int64(i)}
+
+
+class CountsItemZero:
+    """Item 0 appends a line to `log` each time it is built, and takes
+    `seconds`. `draws`: it draws from numpy's global generator; `asks`: it
+    asks ferry.worker_info() (None outside a worker, where ferry reads the
+    schema); `rng`: its value comes from worker_info().rng(i)."""
+
+    def __init__(self, n, log, seconds=0, draws=False, asks=False, rng=False):
+        self.n, self.log, self.seconds = n, log, seconds
+        self.draws, self.asks, self.rng = draws, asks, rng
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        r = float(i)
+        if self.asks:
+            ferry.worker_info()
+        if self.rng:
+            r = ferry.worker_info().rng(i).random()
+        if i == 0:
+            with open(self.log, "a") as f:
+                f.write("%d\n" % os.getpid())
+            if self.draws:
+                r = np.random.random()
+            time.sleep(self.seconds)  # a slow item, not a wait for anything
+        return {"x": np.int64(i), "r": r}
+
+
 class WaitsForFirstTask:
     """Worker 1 finishes opening only once some worker has made an item of
     a task (item 1 or later: a worker may read item 0 while it opens), or

@@ -14,7 +14,8 @@ import pytest
 
 import ferry
 from conftest import wait_for
-from datasets import Augmented, Items, Missing, Pairs, WaitsForFirstTask, WrongShape
+from datasets import (Augmented, CountsItemZero, Items, Missing, Pairs, SlowInWorkers,
+                      WaitsForFirstTask, WrongShape)
 
 SYN = "synthetic:n=1000,dim=8"
 
@@ -750,6 +751,73 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for
                 ld.state_dict()  # the C side has it out of order too
     finally:
         datasets.GATE.set()
+
+
+def test_out_of_order_the_first_epoch_comes_as_made_while_a_worker_builds_a_slow_first_item():
+    # Item 0 takes 1.5 s in a worker (quick when read for the schema).
+    # The first worker ready once took the whole window (4 tasks): the
+    # other worker was given nothing and no batch came until item 0 was
+    # made (issue 36, item 6). Now each holds its share while the others
+    # start, so only the batch queued behind item 0 at its worker waits
+    # with it, and the epoch takes one slow item's time.
+    slow = 1.5
+    with ferry.Loader(SlowInWorkers, dataset_kwargs={"n": 10, "slow": 0, "seconds": slow},
+                      batch_size=1, workers=2, in_order=False) as ld:
+        opened = time.monotonic()
+        came = [(int(b["x"][0]), time.monotonic() - opened) for b in ld]
+    assert sorted(i for i, _ in came) == list(range(10))
+    early = [i for i, t in came if t < slow * 2 / 3]
+    assert 0 not in early and len(early) >= 8, came
+    assert [i for i, _ in came[:len(early)]] == early, came  # before item 0's batch
+    assert came[-1][1] < 2 * slow * 0.8, came
+
+
+def item_zero_builds(log):
+    with open(log) as f:
+        return len(f.read().split())
+
+
+def test_a_slow_item_0_read_for_the_schema_serves_its_batch_not_built_again(tmp_path):
+    # The clean parent reads item 0 to learn the schema (1.5 s); the batch
+    # of index 0 in epoch 0 is that item, not a second 1.5 s (issue 36,
+    # item 6). Epoch 1 builds it afresh: 2 builds in all, not 3.
+    log, slow = str(tmp_path / "item0"), 1.5
+    start = time.monotonic()
+    with ferry.Loader(CountsItemZero, dataset_kwargs={"n": 10, "log": log, "seconds": slow},
+                      batch_size=1, workers=2, in_order=False, epochs=2) as ld:
+        opened = time.monotonic()
+        first = {int(b["x"][0]): float(b["r"][0]) for b in ld}
+        ended = time.monotonic()
+        assert first == {i: float(i) for i in range(10)}
+        assert ended - opened < slow * 2 / 3, "epoch 0 took %.2f s after open" % (ended - opened)
+        assert ended - start < 2 * slow * 0.8
+        assert sorted(int(b["x"][0]) for b in ld) == list(range(10))
+    assert item_zero_builds(log) == 2
+
+
+@pytest.mark.parametrize("how", ["draws", "asks"])
+def test_item_0_is_built_again_for_its_batch_when_the_schemas_may_differ(tmp_path, how):
+    # Drawn from numpy's global generator, or made after asking
+    # worker_info() (None where the schema is read): the task's item 0
+    # may differ from the one read at open, so the batch builds its own.
+    log = str(tmp_path / "item0")
+    with ferry.Loader(CountsItemZero, dataset_kwargs={"n": 4, "log": log, how: True},
+                      batch_size=2, workers=1, epochs=1) as ld:
+        assert [b["x"].tolist() for b in ld] == [[0, 1], [2, 3]]
+    assert item_zero_builds(log) == 2
+
+
+def test_item_0_with_per_sample_randomness_read_in_a_worker_serves_its_first_batch(tmp_path):
+    # worker_info().rng(0) fails outside a worker, so worker 0 reads item 0
+    # itself as it opens, with the seed and epoch 0 its first batch has:
+    # that item is the batch's, the same draw as any build of it.
+    log = str(tmp_path / "item0")
+    with ferry.Loader(CountsItemZero, dataset_kwargs={"n": 4, "log": log, "rng": True},
+                      batch_size=2, workers=1, seed=9, shuffle=False, epochs=1) as ld:
+        b = ld.next()
+    assert b["x"].tolist() == [0, 1]
+    assert b["r"][0] == ferry.WorkerInfo(0, 1, 9, 0).rng(0).random()
+    assert item_zero_builds(log) == 1
 
 
 def test_the_example_in_help_ferry_runs(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import collections
 import itertools
 import os
 import random
+import time
 import warnings
 
 import numpy as np
@@ -1229,6 +1230,72 @@ def test_seed_fixes_the_augmentations_whatever_the_global_generator():
         with DataLoader(Random(), batch_size=4, num_workers=2, seed=5) as dl:
             return list(dl)
     same_batches(run(0), run(1))
+
+
+class SlowItemZero(Dataset):
+    """Item 0 appends a line to `log` as it is built, and takes `seconds`;
+    every item draws from the three global generators, as a random
+    transform does."""
+
+    def __init__(self, log, seconds=0.0):
+        self.log, self.seconds = log, seconds
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 0:
+            with open(self.log, "a") as f:
+                f.write("%d\n" % os.getpid())
+            time.sleep(self.seconds)  # a slow item, not a wait for anything
+        return torch.rand(2), float(np.random.rand()), random.random()
+
+
+def no_init(worker_id):
+    pass
+
+
+def builds_logged(log):
+    with open(log) as f:
+        return len(f.read().split())
+
+
+@pytest.mark.parametrize("reseed", ["batch", "sample"])
+def test_item_0_probed_for_the_fields_is_the_first_batchs_not_built_again(tmp_path, reseed):
+    # ferry.torch builds item 0 once (in the workers' clean parent) to learn
+    # the batch's fields; the first batch takes that item, which was drawn
+    # as the batch draws it: the same batch, one build of a slow item 0
+    # instead of two (issue 36, item 6). With a worker_init_fn (which could
+    # change what the item is) the worker builds it again.
+    def first_batch(init):
+        log = str(tmp_path / ("item0-%s" % (init is not None)))
+        torch.manual_seed(0)
+        with DataLoader(SlowItemZero(log), batch_size=2, num_workers=2, reseed=reseed,
+                        worker_init_fn=init) as dl:
+            return next(iter(dl)), builds_logged(log)
+    kept, builds = first_batch(None)
+    assert builds == 1
+    built, builds = first_batch(no_init)
+    assert builds == 2
+    same(kept, built)
+    assert not torch.equal(kept[0][0], kept[0][1])  # the items drew, and differ
+
+
+def test_out_of_order_a_slow_item_0_costs_its_time_once_in_the_first_epoch(tmp_path):
+    # Item 0 takes 1.5 s: built once, for the fields, and not again for its
+    # batch; the other workers' batches do not wait for it (issue 36, item 6).
+    log, slow = str(tmp_path / "item0"), 1.5
+    with DataLoader(SlowItemZero(log), num_workers=2) as dl:  # torch imported where forks start
+        next(iter(dl))
+    os.unlink(log)
+    with DataLoader(SlowItemZero(log, slow), batch_size=1, num_workers=2,
+                    in_order=False) as dl:
+        start = time.monotonic()
+        it = iter(dl)
+        got = [next(it) for _ in range(len(dl))]
+        took = time.monotonic() - start
+        assert builds_logged(log) <= 2  # the fields' build, and maybe epoch 1's prefetched
+    assert len(got) == 40 and took < 2 * slow * 0.8, took
 
 
 def test_a_batch_samplers_batches_travel_in_shared_memory():
