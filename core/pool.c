@@ -345,7 +345,8 @@ static void forget_process(local_worker *w);
 
 /* The clean parent, if one runs, killed and reaped, and its socket closed:
  * it forks nothing more. */
-static void kill_parent(ferry__pool *p)
+/* The clean parent, if one runs, killed and reaped: it forks nothing more. */
+static void reap_parent(ferry__pool *p)
 {
     local_worker *w = &p->w[p->o.n];
     pid_t pid = atomic_load(&w->pid);
@@ -355,6 +356,11 @@ static void kill_parent(ferry__pool *p)
             ;
         forget_process(w);
     }
+}
+
+static void kill_parent(ferry__pool *p)
+{
+    reap_parent(p);
     if (p->ctl >= 0)
         close(p->ctl);
     p->ctl = -1;
@@ -661,6 +667,14 @@ static int parent_gone(ferry__pool *p, ferry__pool_event *ev)
 
 void ferry__pool_parent_stop(ferry__pool *p)
 {
+    /* Killed and reaped first, so it forks nothing more; then the answers
+     * it sent before dying are read: a worker it forked for a request
+     * (a replacement, say) whose pid was still in the socket would be
+     * known to no one, not stopped with the others, and left running
+     * after close until its handshake timed out. */
+    reap_parent(p);
+    if (p->ctl >= 0)
+        read_parent(p);
     kill_parent(p);
     p->fork = 0; /* closing: nothing is forked any more */
     for (int64_t i; (i = take_asked(p)) >= 0;) {
