@@ -31,6 +31,14 @@
 #include "ferry.h"
 #include "harness.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define FT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FT_SANITIZED 1
+#endif
+#endif
+
 #define N_ITEMS 1000
 #define DIM 40
 #define BATCH 32
@@ -525,7 +533,15 @@ static void steady_batches_fault_nothing(const char *mode)
     long bound = STEADY / 10;
     if (!strcmp(mode, "thread"))
         bound += 2 * BATCH * DIM_BYTES / 4096;
+#ifdef FT_SANITIZED
+    /* AddressSanitizer's allocator keeps freed memory out of use for a
+     * while, so each message's allocations touch fresh pages: faults of
+     * the sanitizer's own, a few per batch. The bound holds in the plain
+     * build, which CI runs too. */
+    (void)bound;
+#else
     assert_true(faults < bound);
+#endif
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
 }
 
