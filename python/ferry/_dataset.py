@@ -561,6 +561,8 @@ def forget_first_items():
     each kept from the open goes (they have their copies); a worker forked
     later, a replacement, builds it again if it is asked for it."""
     for args, opened in list(_preloaded.items()):
+        if isinstance(opened, BaseException):  # a failure kept for the workers
+            continue
         _preloaded[args] = opened[:-1] + (None,)
         forget = getattr(opened[0], "__ferry_forget_first__", None) if opened[2] == 3 else None
         if callable(forget):  # ferry.torch's form keeps its own (_Batches._probe_item)
@@ -576,11 +578,14 @@ def has_preloaded():
 def preload(args):
     """In a clean parent: opens the dataset once, for the workers forked
     from it. A failure is left for each worker to meet and report as its
-    own open error."""
+    own open error, except one that says it is the same for every worker
+    (``_ferry_replay``: ferry.torch's item 0 past the DataLoader's timeout),
+    which each worker raises again at once instead of meeting it anew."""
     try:
         _preloaded[args] = open_dataset(args)
-    except BaseException:  # noqa: BLE001 - reported by the workers
-        pass
+    except BaseException as e:  # noqa: BLE001 - reported by the workers
+        if getattr(e, "_ferry_replay", False):
+            _preloaded[args] = e
 
 
 # ------------------------------------------------------------ item 0, built once
@@ -680,7 +685,10 @@ def open_dataset(args):
     length, layout, fields, get_batch or None, FirstItem or None). Raises
     with a message naming what is wrong."""
     if args in _preloaded:
-        return _preloaded[args]
+        opened = _preloaded[args]
+        if isinstance(opened, BaseException):  # preload's, the same for every worker
+            raise opened
+        return opened
     asked = _info_asked[0]
     if args.startswith(PICKLED):
         ds = _load_pickled(json.loads(args[len(PICKLED):]))

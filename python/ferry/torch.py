@@ -58,7 +58,7 @@ import torch.utils.data as tud
 from torch.utils.data._utils import collate as _tcollate
 
 from . import Loader, _Closes, _dataset, _Epoch, _ferry
-from ._errors import BatchError, BatchLost, NotReady, WorkerError
+from ._errors import BatchError, BatchLost, DatasetError, NotReady, WorkerError
 
 __all__ = ["DataLoader", "get_worker_info"]
 
@@ -483,7 +483,7 @@ class _Batches:
         self._fixed = {}   # leaf number -> (field, numpy dtype, item shape)
         self._var = {}     # field -> numpy dtype
         fields = []
-        with _probing(self) as reads:
+        with _probing(self) as reads, _probe_deadline(self):
             try:
                 item = self._probe_item(reads)
                 if self.collate_fn is None and self.auto_batch and self.table_ref is None:
@@ -746,6 +746,42 @@ def _probing(b):
         info = Watched(id=0, num_workers=b.num_workers, seed=b.base_seed, dataset=b.dataset)
     with _torch_worker_info(info):
         yield reads
+
+
+class _ProbeTimedOut(BaseException):
+    """Item 0, built at the workers' start to learn the batch's fields, took
+    longer than the DataLoader's timeout. A BaseException, so that the
+    probe's own `except Exception` (a failing item 0 is left to its batch)
+    lets it through: the workers' start fails with it, and the trainer
+    raises torch's timeout error (_as_torch_says)."""
+
+    MARK = "ferry.torch: timed out building item 0"
+    _ferry_replay = True  # each worker raises it again at once (_dataset.preload)
+
+
+@contextlib.contextmanager
+def _probe_deadline(b):
+    """torch's `timeout` covers the first batch too: with one set, building
+    item 0 at the workers' start is cut short by SIGALRM once it passes it
+    (in the clean parent or a worker process, whose main thread this is;
+    nowhere else: a thread or the trainer has no alarm to spare)."""
+    timeout = getattr(b, "timeout", 0) or 0
+    if timeout <= 0 or os.getpid() == b.trainer_pid or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import signal
+
+    def expired(signum, frame):
+        raise _ProbeTimedOut("%s (%s s)" % (_ProbeTimedOut.MARK, timeout))
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, float(timeout))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _rng_states():
@@ -1397,6 +1433,7 @@ class DataLoader(_Closes):
         self._mid_epoch = False  # a `for` stopped inside an epoch
         self._batches = _Batches(dataset, indices, collate_fn, auto_batch, base_seed, reseed,
                                  worker_init_fn, self.num_workers, os.getpid(), self._table)
+        self._batches.timeout = timeout  # item 0's build at the workers' start too
         opts.setdefault("shuffle", bool(shuffle))
         opts.setdefault("drop_last", bool(drop_last) if auto_batch else False)
         opts.setdefault("batch_size", batch_size if auto_batch else 1)
@@ -1984,6 +2021,10 @@ def _as_torch_says(dl):
         yield
     except NotReady:
         raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
+    except DatasetError as e:
+        if _ProbeTimedOut.MARK in str(e):  # item 0, at the workers' start (_probe_deadline)
+            raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
+        raise
     except (WorkerError, BatchLost) as e:
         said = e.torch_sentence()
         if said and not str(e).startswith(said):

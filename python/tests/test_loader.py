@@ -190,7 +190,10 @@ def test_memory_counts_the_shared_batch_slots_once():
         m = ld.memory()
         assert m["processes"] >= 2 and m["total"] == m["trainer"] + m["children"]
         assert m["trainer"] > 0 and m["children"] > 0
-        pids = [os.getpid()] + [ld.worker_pid(i) for i in range(2)]
+        # The same processes as memory()'s: this one and every one below it
+        # (the workers, and the clean parent that `import ferry` started).
+        pids = [os.getpid()] + ferry._descendants(os.getpid())
+        assert all(ld.worker_pid(i) in pids for i in range(2))
         rss = sum(_rss_kb(p) for p in pids) * 1024
         # The four held batches (1 MiB each) are in the trainer's RSS and in
         # their writers': the sum of RSS counts them twice, the sum of PSS

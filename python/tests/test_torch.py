@@ -981,6 +981,31 @@ def test_an_iterable_yielding_more_than_its_len_warns_as_torch_does():
             assert sum(1 for _ in dl) == 6  # (list() would ask len() for a size hint)
 
 
+class SlowFirst(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 0:
+            import time
+            time.sleep(6)
+        return i
+
+
+def test_timeout_covers_a_slow_first_batch():
+    """timeout= bounds the wait for the first batch too, as torch's does:
+    item 0 taking 6 s with timeout=1 raises torch's RuntimeError long
+    before the item is done (ferry built item 0 at the workers' start,
+    outside any timeout, and returned the batch after 7 s)."""
+    import time
+    t0 = time.monotonic()
+    with DataLoader(SlowFirst(), batch_size=1, num_workers=2, timeout=1) as dl:
+        with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds"):
+            next(iter(dl))
+    took = time.monotonic() - t0
+    assert took < 5, took
+
+
 # --------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("exc", [OSError, KeyError, ValueError, ZeroDivisionError])
