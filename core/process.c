@@ -168,8 +168,9 @@ static int find_on_path(worker_search *ws, char *out, size_t cap)
     return 0;
 }
 
-/* The order, and why (README.md, "Install"): what the caller named, in
- * code, then in the environment, wins over anything guessed, and a named
+/* The order, and why (docs/install.md, "How a loader finds ferry-worker"):
+ * what the caller named, in code, then in the environment, wins over
+ * anything guessed, and a named
  * program that cannot run is an error, never a reason to guess (a stale
  * FERRY_WORKER of another version is caught at the handshake as
  * FERRY_EVERSION, loudly). Of the guesses, the worker that came with this

@@ -117,11 +117,11 @@ typedef struct ferry_tensor {
     int64_t shape[FERRY_MAX_DIMS];
     const void *data;
     size_t nbytes;
-    uint64_t reserved[4]; /* room to grow (see "ABI" in README.md); zero */
+    uint64_t reserved[4]; /* room to grow (see "ABI" in docs/install.md); zero */
 } ferry_tensor;
 
 /* ----------------------------------------------------------------------------
- * Configuration. Options are set by name; see README.md for the list.
+ * Configuration. Options are set by name; see docs/options.md for the list.
  */
 typedef struct ferry_config ferry_config;
 
@@ -263,7 +263,7 @@ typedef struct ferry_stats {
     uint32_t prefetch_why;
     uint32_t round_trip_us; /* the longest round trip measured to a ready worker (both
                                transfers, not the build); 0: none measured yet */
-    uint64_t reserved[8]; /* room to grow (see "ABI" in README.md); zero */
+    uint64_t reserved[8]; /* room to grow (see "ABI" in docs/install.md); zero */
 } ferry_stats;
 
 /* Why the loader's credits or window are what they are (ferry_stats). */
@@ -338,7 +338,7 @@ typedef struct ferry_batch_info {
     uint64_t ready_ns;  /* from its arrival to its delivery by next(): how long
                            it waited for the trainer (or for batches before
                            it, in order) */
-    uint64_t reserved[8]; /* room to grow (see "ABI" in README.md); zero */
+    uint64_t reserved[8]; /* room to grow (see "ABI" in docs/install.md); zero */
 } ferry_batch_info;
 
 FERRY_API void ferry_batch_get_info(const ferry_batch *b, ferry_batch_info *info);

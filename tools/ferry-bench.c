@@ -453,7 +453,7 @@ static void usage(FILE *f)
             "  --worker-path PATH    the ferry-worker program\n"
             "  --no-shm              local process workers send batches as messages, not\n"
             "                        through shared memory (the loader's option shm=0)\n"
-            "  --set KEY=VALUE       any loader option (README, \"Options\"), set after the\n"
+            "  --set KEY=VALUE       any loader option (docs/options.md), set after the\n"
             "                        others on every side: credits=4, heartbeat_ms=500,\n"
             "                        max_remote=32, data_port=5556, ... (repeatable)\n"
             "  --bind ENDPOINT       also take remote workers at tcp://HOST:PORT\n"

@@ -29,7 +29,7 @@ usage: tools/setup.sh [JOB] [args...]
   fuzz [SECONDS]             libFuzzer on the protocol decoders (default 60 s)
   release                    Release builds with gcc and clang (build-release-CC)
 Environment: BUILD_DIR (default build/ in the repository), FERRY_SANITIZE,
-JOBS, PYTHON. See README.md, "Two commands".
+JOBS, PYTHON. See README.md, "Two commands", and docs/install.md.
 EOF
 }
 

@@ -12,7 +12,7 @@ handed to you as numpy arrays without a copy.
 A dataset written in Python is named, not pickled: ``ferry.Loader(MyDataset,
 dataset_kwargs={...})`` runs ``MyDataset(**dataset_kwargs)`` in each worker
 (``python -m ferry.worker``) and calls ``__getitem__`` (or ``get_batch``).
-See README.md for the whole guide.
+See docs/python.md for the whole guide.
 """
 
 import atexit
@@ -476,8 +476,8 @@ class Loader(_Closes):
     dataset class (or function) defined at the top level of a module or of
     the main script, built in each worker as ``dataset(**dataset_kwargs)``.
 
-    Keyword options are the C library's (README.md lists them, with their
-    defaults): batch_size, workers, prefetch, shuffle, seed, drop_last,
+    Keyword options are the C library's (docs/options.md lists them, with
+    their defaults): batch_size, workers, prefetch, shuffle, seed, drop_last,
     in_order, epochs, max_batches, rank, world (world_size), timeout
     (seconds; or timeout_ms), on_worker_death ("restart" or "fail"),
     placement ("process" or "thread"), bind, curve_key, ... An unknown name

@@ -2,7 +2,7 @@
  * figures.c - what ferry-bench reports, made from the batch records of a
  * run, and the medians and ratios over rounds (see bench.h).
  *
- * The definitions, which the README and --help repeat:
+ * The definitions, which docs/benchmarks.md and --help repeat:
  *  - wait: the time inside ferry_loader_next() for one batch;
  *  - steady waits: every batch but the run's first and each epoch's first;
  *    epoch-start waits: the first batch of epochs 1, 2, ... (the first of
