@@ -79,6 +79,7 @@ struct ferry__scheduler {
     pthread_t thread;
     int thread_live;
     atomic_int stop;
+    atomic_int drain; /* the stream ended, or a slot came free since: give slot memory back */
     int ctx_leaked;
     /* Connections to the remote sockets that closed (the guard's thread
      * counts them); the scheduler probes its remote workers when it moves. */

@@ -58,6 +58,15 @@ void ferry__scheduler_wake(void *arg)
     while (r < 0 && errno == EINTR);
 }
 
+/* The stream has ended (the trainer's thread), or a slot came free since
+ * (any thread): the scheduler gives slot memory back, in its own thread. */
+static void want_drain(void *arg)
+{
+    ferry__scheduler *s = arg;
+    atomic_store(&s->drain, 1);
+    ferry__scheduler_wake(s);
+}
+
 /* ------------------------------------------------------------------------
  * Dispatch
  */
@@ -290,6 +299,8 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
         uint64_t v;
         while (read(s->wake_fd, &v, sizeof v) < 0 && errno == EINTR)
             ;
+        if (s->shm && atomic_exchange(&s->drain, 0))
+            ferry__shm_drain(s->shm);
     }
     if (s->remote) {
         ferry__remote_serve_zap(s->remote, remote_items, ferry__sched_zap_refused, s);
@@ -603,8 +614,11 @@ static int setup(ferry__scheduler *s)
     if (rc == FERRY_OK)
         rc = setup_sockets(s);
     /* Sized at the first READY, once the schema says how big a batch is. */
-    if (rc == FERRY_OK && s->nlocal && s->cfg.shm && s->cfg.shm_max_bytes > 0)
+    if (rc == FERRY_OK && s->nlocal && s->cfg.shm && s->cfg.shm_max_bytes > 0) {
         rc = ferry__shm_new(&s->shm);
+        if (rc == FERRY_OK)
+            ferry__shm_on_free(s->shm, want_drain, s);
+    }
     if (rc != FERRY_OK)
         return rc;
     ferry__pool_opts po = {.n = s->nlocal,
@@ -695,7 +709,7 @@ pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i)
 void ferry__scheduler_stream_ended(ferry__scheduler *s)
 {
     if (s->shm)
-        ferry__shm_drain(s->shm);
+        want_drain(s);
 }
 
 void ferry__scheduler_keep_slots(ferry__scheduler *s)

@@ -47,6 +47,8 @@ struct ferry__shm {
     int keep_pages; /* slots keep their pages (ferry__shm_keep) */
     int draining;   /* the stream ended: a slot's memory goes as it comes free */
     void **staged;  /* per slot: a private copy of its held batch, made for a fork */
+    void (*on_free)(void *); /* while draining: told (under mu) that a slot came free */
+    void *on_free_arg;
     ferry__shm *next_live, *prev_live;
 };
 
@@ -454,16 +456,22 @@ void ferry__shm_drain(ferry__shm *m)
     if (__atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED))
         return;
     pthread_mutex_lock(&m->mu);
-    if (!m->draining) {
-        m->draining = 1;
-        for (uint32_t i = 0; i < m->nfree; i++) {
-            shm_slot *sl = &m->slots[m->free[i]];
-            if (sl->touched) {
-                forget(sl);
-                punch(m, m->free[i]);
-            }
+    m->draining = 1;
+    for (uint32_t i = 0; i < m->nfree; i++) {
+        shm_slot *sl = &m->slots[m->free[i]];
+        if (sl->touched) {
+            forget(sl);
+            punch(m, m->free[i]);
         }
     }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void ferry__shm_on_free(ferry__shm *m, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&m->mu);
+    m->on_free = fn;
+    m->on_free_arg = arg;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -489,15 +497,14 @@ void ferry__shm_release(void *held)
      * counted once on the machine (a process's PSS shares them out); an
      * RSS figure counts them in full in every process that maps them. They
      * go back to the system when the slot idles (ferry__shm_trim) or the
-     * stream ends (ferry__shm_drain). */
+     * stream ends (ferry__shm_drain), in the scheduler's thread: once the
+     * stream has ended, a slot that comes free is said (on_free) and given
+     * back there, never here, on the path every batch takes. */
     int32_t slot = (int32_t)(s - m->slots);
-    int keep = __atomic_load_n(&m->keep_pages, __ATOMIC_RELAXED);
     pthread_mutex_lock(&m->mu);
-    if (m->draining && !keep) {
-        forget(&m->slots[slot]);
-        punch(m, slot);
-    }
     put_free(m, slot);
+    if (m->draining && m->on_free)
+        m->on_free(m->on_free_arg);
     int last = --m->held == 0 && !m->open;
     pthread_mutex_unlock(&m->mu);
     if (last)
@@ -513,6 +520,7 @@ void ferry__shm_close(ferry__shm *m)
         close(m->fd);
     m->fd = -1;
     m->open = 0;
+    m->on_free = NULL; /* the loader goes: a batch released later tells no one */
     int last = m->held == 0;
     pthread_mutex_unlock(&m->mu);
     if (last)

@@ -113,9 +113,15 @@ void ferry__shm_release(void *held);
 void ferry__shm_range(const void *held, void **data, size_t *len);
 
 /* The stream has ended: no slot will be given again, so the free slots'
- * memory goes back now, and each slot's as its batch is released (unless
- * ferry__shm_keep). From any thread; once is enough. */
+ * memory goes back now (unless ferry__shm_keep), and from now on each slot
+ * that comes free is said to on_free, whose owner calls this again. From
+ * the scheduler thread (it punches holes: not for the trainer's). */
 void ferry__shm_drain(ferry__shm *m);
+
+/* fn(arg), called under the pool's lock (it must take no lock of ours:
+ * an eventfd write) whenever a slot comes free once the pool drains; until
+ * ferry__shm_close. */
+void ferry__shm_on_free(ferry__shm *m, void (*fn)(void *), void *arg);
 
 /* From now on every slot keeps the pages it has: none is trimmed or
  * drained. For slots page-locked by a device
