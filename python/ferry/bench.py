@@ -44,12 +44,13 @@ What it measures, per loader (the median over rounds, with min..max):
 - peak RSS (VmHWM, reset before each run) of the trainer, and the sum
   over worker processes (with their PSS at the end, which counts pages
   shared between processes once: torch's workers are forked);
-- imagefolder: the trainer's RSS growth (VmRSS just before the loader is
-  built to the end of the last epoch, the loader still open), the summed
-  PSS of every process below the trainer at that moment (the loader's
-  workers), and memory in all, their sum (which counts shared memory mapped
-  by the trainer and the workers twice: in full in the trainer's RSS, and
-  in part in the workers' PSS), and apart, memory in all by PSS only (the
+- imagefolder: the trainer's RSS growth without shared memory (RssAnon +
+  RssFile just before the loader is built to the end of the last epoch,
+  the loader still open: RSS counts a shared page in full in every process
+  that maps it, and the batch slots stay mapped between batches, so they
+  are counted by PSS instead), the summed PSS of every process below the
+  trainer at that moment (the loader's workers), and memory in all, their
+  sum, and apart, memory in all by PSS only (the
   trainer's PSS growth plus the workers' PSS: each page once); and memory
   while running, the median of one sample an epoch, at its middle batch
   (reading a process's PSS walks its page tables: tens of ms of the
@@ -521,7 +522,7 @@ def run_once(name, a):
     gc.collect()
     reset = _reset_peak_rss()
     pss0 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-    rss0 = _proc_kb("/proc/self/status", "VmRSS")
+    rss0 = _MemorySampler._trainer_kb()  # RSS without shared memory (the slots: PSS)
     memory = _MemorySampler(template=name == "ferry") if a.pipeline != "mnist" else None
     t0 = time.perf_counter()
     new_iter, per_epoch, close, how = OPENERS[name](a)
@@ -529,7 +530,7 @@ def run_once(name, a):
         cpu_first = {}
         waits, t_first, t_last, items, first_items, check = _epochs(
             new_iter, a, t0, name, cpu_first, memory, -(-a.items // a.batch_size) // 2)
-        rss1 = _proc_kb("/proc/self/status", "VmRSS")  # the loader still open
+        rss1 = _MemorySampler._trainer_kb()  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
         # ferry's process-wide clean parent counts as ferry's memory, started
@@ -964,10 +965,11 @@ def table(res):
     else:
         lines += [
             "that has imported its libraries already.",
-            "trainer RSS growth: VmRSS just before the loader is built to the end of the last",
-            "epoch (loader open); PSS: every process below the trainer then; memory in all:",
-            "their sum, which counts shared memory the trainer maps (ferry's batch slots) in",
-            "full in its RSS and again in the workers' PSS; by PSS only: the trainer's PSS",
+            "trainer RSS growth: RSS without shared memory (RssAnon + RssFile) just before the",
+            "loader is built to the end of the last epoch (loader open): the batch slots (and",
+            "torch's shm batches), which RSS counts in full in every process that maps them,",
+            "are in the PSS figures; PSS: every process below the trainer then; memory in all:",
+            "their sum; by PSS only: the trainer's PSS",
             "growth plus the workers' PSS, each page once. A trainer growth under %g MiB"
             % GROWTH_FLOOR_MIB,
             "meets its target whatever torch's (a few pages). Memory while running: median of",
