@@ -1912,17 +1912,19 @@ class _IterableDataLoader(DataLoader):
             yield _tcollate_pin(out) if self.pin_memory else out
 
     def __iter__(self):
-        """One epoch: every worker's stream to its end. torch's warning when
-        it yields more batches than len(loader) said, once that was asked."""
+        """One epoch: every worker's stream to its end. torch's warning, with
+        each batch past what len(loader) said (once it was asked before this
+        epoch began)."""
         said, n = getattr(self, "_len_said", None), 0
         for b in self._epoch_batches():
             n += 1
-            if said is not None and n == said + 1:
+            if said is not None and n > said:
                 warnings.warn(
-                    "ferry.torch.DataLoader: the IterableDataset %s reported a length of %d "
-                    "batches (len(loader)), but more have been yielded; with workers, each "
-                    "worker must yield only its share (get_worker_info())"
-                    % (type(self.dataset).__name__, said), UserWarning, stacklevel=2)
+                    "ferry.torch.DataLoader: length of IterableDataset %s was reported to be "
+                    "%d (when accessing len(dataloader)), but %d samples have been fetched. "
+                    "For multiprocessing data-loading, this is most often each worker yielding "
+                    "the whole dataset: shard it by get_worker_info()"
+                    % (type(self.dataset).__name__, said, n), UserWarning, stacklevel=2)
             yield b
 
     def _epoch_batches(self):

@@ -973,8 +973,9 @@ class Unsharded(IterableDataset):
 def test_an_iterable_yielding_more_than_its_len_warns_as_torch_does():
     with DataLoader(Unsharded(), batch_size=2, num_workers=2) as dl:
         assert len(dl) == 3
-        with pytest.warns(UserWarning, match="reported a length of 3"):
+        with pytest.warns(UserWarning, match="was reported to be 3") as said:
             assert len(list(dl)) == 6
+        assert sum("samples have been fetched" in str(w.message) for w in said) == 3
     with DataLoader(Unsharded(), batch_size=2, num_workers=2) as dl:  # len() never asked
         with warnings.catch_warnings():
             warnings.simplefilter("error")
