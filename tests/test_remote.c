@@ -780,6 +780,64 @@ static void test_a_refusal_under_curve_is_sealed_and_read(void **state)
     assert_true(curve_more <= 4 && plain_more <= 4);
 }
 
+/* A dataset error on a remote host crosses the data connection as FAIL:
+ * under CURVE sealed too. One daemon behind the watching relays serves an
+ * epoch in which one item fails; the loader gets that batch's error and
+ * every other batch, and the watch counts the header key "type" (every
+ * message has it: the FAIL's included). */
+static void failing_wire_case(int curve, wire_watch *w, uint64_t *failed)
+{
+    remote_case t;
+    case_begin(&t, 60);
+    char via[64], spec[96];
+    relay_pair relay;
+    relays_up(&t, &relay, via, sizeof via);
+    *w = (wire_watch){.needle = "\xa4type"};
+    bench_relay_tap(relay.hello, watch_wire, w);
+    bench_relay_tap(relay.data, watch_wire, w);
+    pid_t d = start_daemon(via, &t.k, curve ? t.k.w1 : NULL, NULL, NULL, NULL);
+    ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
+    snprintf(spec, sizeof spec, "synthetic:n=%d,dim=%d,fail_at=37", N_ITEMS, DIM);
+    assert_int_equal(ferry_config_set(cfg, "dataset", spec), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "insecure", !curve), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "data_port", relay.data_port), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    ferry_batch *b;
+    int rc;
+    uint64_t got = 0;
+    while ((rc = ferry_loader_next(ld, &b)) == FERRY_OK || rc == FERRY_EBATCH) {
+        if (rc == FERRY_OK) {
+            ferry_batch_release(b);
+            got++;
+        }
+    }
+    assert_int_equal(rc, FERRY_EOF);
+    *failed = ft_stats(ld).failed;
+    assert_int_equal(got + *failed, PER_EPOCH);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    stop_daemon(d);
+    relays_down(&relay);
+    case_end(&t);
+}
+
+static void test_a_failure_under_curve_crosses_sealed(void **state)
+{
+    (void)state;
+    wire_watch plain, curve;
+    uint64_t plain_failed, curve_failed;
+    failing_wire_case(0, &plain, &plain_failed);
+    failing_wire_case(1, &curve, &curve_failed);
+    printf("a failing batch: the header key 'type' seen on the wire %llu times on plain TCP, "
+           "%llu under CURVE (%llu bytes)\n",
+           (unsigned long long)plain.hits, (unsigned long long)curve.hits,
+           (unsigned long long)curve.bytes);
+    assert_int_equal(plain_failed, 1);
+    assert_int_equal(curve_failed, 1);
+    assert_true(plain.hits >= PER_EPOCH);
+    assert_int_equal(curve.hits, 0);
+}
+
 /* A remote host 8 ms a batch behind a relay: at first next door, its
  * credits stay the automatic 2; once the link's round trip is 30 ms they
  * rise to cover it (flow control, core/flow.c), stats say why and what
@@ -2748,6 +2806,7 @@ int main(void)
         cmocka_unit_test(test_host_cut_mid_epoch_loses_nothing),
         cmocka_unit_test(test_curve_session_never_crosses_the_wire_in_the_clear),
         cmocka_unit_test(test_a_refusal_under_curve_is_sealed_and_read),
+        cmocka_unit_test(test_a_failure_under_curve_crosses_sealed),
         cmocka_unit_test(test_worker_joining_mid_run_takes_work),
         cmocka_unit_test(test_credits_rise_when_the_round_trip_does),
         cmocka_unit_test(test_cut_link_under_default_heartbeats),
