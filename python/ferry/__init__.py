@@ -584,12 +584,10 @@ class Loader(_Closes):
         if threads:
             spec, self._own_token = _dataset.own_object_spec(dataset)
             return spec
-        spec, data = _dataset.pickle_dataset(dataset)
+        spec, stream, buffers = _dataset.pickle_dataset(dataset)
         fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            _dataset.write_payload(fd, stream, buffers)
         except BaseException:
             os.close(fd)
             raise

@@ -408,14 +408,186 @@ def _unpicklable_part(obj, dumps, path="dataset", depth=0, seen=None):
     return None
 
 
+# ------------------------------------------------------------ the handoff
+#
+# A dataset object reaches the local workers through one memfd the trainer
+# writes and the loader hands to the clean parent (option dataset_fd):
+#
+#   "FERRYPK1", u64 stream bytes, u64 buffers, (u64 offset, u64 bytes) per
+#   buffer, the pickle stream, then each buffer at a page boundary.
+#
+# The pickle stream holds the object's structure; the bytes of every large
+# contiguous array or tensor in it go out of band (pickle protocol 5) into
+# the buffers, written once. The clean parent maps them privately (copy on
+# write): the arrays it unpickles are views of that mapping, so its
+# workers, forked from it, share those pages as torch's forked workers
+# share the trainer's, and a worker that writes into its array changes
+# only its own copy of the page. On the machine: the trainer's bytes and
+# the memfd's, whatever the worker count. A memory-mapped numpy array
+# (np.memmap, np.load(mmap_mode=...)) travels as a reference to its file
+# and is mapped again in the clean parent: no byte of the file is read.
+
+_MAGIC = b"FERRYPK1"
+_OUT_OF_BAND_MIN = 64 * 1024  # smaller buffers stay in the stream (a page each is waste)
+
+
+def _tensor_from_array(array):
+    import torch
+    return torch.from_numpy(array)
+
+
+def _memmap_again(path, dtype, shape, offset, order, mode, size, mtime_ns, inode):
+    """A np.memmap of the trainer's, mapped again here from its file; the
+    file must be the one the trainer mapped (same size, time and inode)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValueError("the dataset's memory-mapped file %s is gone: %s" % (path, e)) from None
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != (size, mtime_ns, inode):
+        raise ValueError("the dataset's memory-mapped file %s changed after the loader was "
+                         "built (size %d, was %d): it would not be the trainer's array"
+                         % (path, st.st_size, size))
+    return np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=shape, order=order)
+
+
+def _reduce_shared(obj):
+    """How the handoff pickles obj where it differs from pickle's own way,
+    or NotImplemented: a memmap by reference to its file; a plain CPU torch
+    tensor as its numpy array (whose bytes go out of band)."""
+    if isinstance(obj, np.memmap):
+        import mmap
+        path = getattr(obj, "filename", None)
+        if path and isinstance(obj.base, mmap.mmap) and (obj.flags.c_contiguous or
+                                                         obj.flags.f_contiguous):
+            try:
+                st = os.stat(path)
+            except OSError:
+                return NotImplemented
+            mode = {"w+": "r+"}.get(obj.mode, obj.mode)
+            order = "C" if obj.flags.c_contiguous else "F"
+            return (_memmap_again, (path, obj.dtype, obj.shape, obj.offset, order, mode,
+                                    st.st_size, st.st_mtime_ns, st.st_ino))
+        return NotImplemented
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        try:
+            storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else \
+                obj.storage()  # torch 1.x
+            nbytes = obj.numel() * obj.element_size()
+            # The whole of its storage: no other tensor could share a part
+            # of it that the copy would then not share.
+            if (obj.device.type == "cpu" and not obj.requires_grad and obj.is_contiguous()
+                    and obj.storage_offset() == 0 and obj.layout == torch.strided
+                    and storage.nbytes() == nbytes and nbytes >= _OUT_OF_BAND_MIN):
+                return (_tensor_from_array, (obj.numpy(),))
+        except (RuntimeError, TypeError, AttributeError):  # a dtype numpy has not
+            pass
+    return NotImplemented
+
+
+def _dumps(obj, buffer_callback):
+    """obj pickled (protocol 5) with the handoff's reductions."""
+    import io
+    mod = _pickler()
+    base = getattr(mod, "CloudPickler", None) or mod.Pickler
+
+    class HandoffPickler(base):
+        def reducer_override(self, o):
+            out = _reduce_shared(o)
+            if out is not NotImplemented:
+                return out
+            up = getattr(super(), "reducer_override", None)
+            return up(o) if up is not None else NotImplemented
+
+    f = io.BytesIO()
+    HandoffPickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    return f.getvalue()
+
+
+def write_payload(fd, stream, buffers):
+    """Writes the handoff (header, stream, buffers page-aligned) into fd."""
+    import struct
+    page = os.sysconf("SC_PAGE_SIZE")
+    head = len(_MAGIC) + 16 + 16 * len(buffers)
+    at = -(-(head + len(stream)) // page) * page
+    table = []
+    for b in buffers:
+        table.append((at, b.nbytes))
+        at += -(-b.nbytes // page) * page
+    header = _MAGIC + struct.pack("<QQ", len(stream), len(buffers)) + b"".join(
+        struct.pack("<QQ", off, n) for off, n in table)
+
+    def put(view, off):
+        view = memoryview(view).cast("B")
+        while view:
+            n = os.pwrite(fd, view, off)
+            view, off = view[n:], off + n
+
+    put(header + stream, 0)
+    for (off, _), b in zip(table, buffers):
+        put(b, off)
+    if table:  # the last buffer's page, whole
+        os.ftruncate(fd, max(os.fstat(fd).st_size, at))
+
+
+def read_payload(fd):
+    """(stream, buffers) of the handoff in fd, which is closed: the stream
+    read, the buffers memoryviews of a private (copy-on-write) mapping of
+    fd. No Python object keeps the fd itself: a worker forked later must
+    not find one that closes a number reused by then (the mapping holds
+    the memory, not the fd)."""
+    import struct
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, len(_MAGIC) + 16, 0)
+        if head[:len(_MAGIC)] != _MAGIC:
+            raise ValueError("the dataset's memory does not start as ferry's handoff does")
+        nstream, nbuf = struct.unpack("<QQ", head[len(_MAGIC):])
+        tlen = 16 * nbuf
+        table = [struct.unpack("<QQ", os.pread(fd, tlen, len(head))[16 * i:16 * i + 16])
+                 for i in range(nbuf)] if nbuf else []
+        stream = _pread_all(fd, nstream, len(head) + tlen)
+        buffers = []
+        if table:
+            import mmap
+            m = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            whole = memoryview(m)
+            buffers = [whole[off:off + n] for off, n in table]
+        return stream, buffers
+    finally:
+        os.close(fd)
+
+
+def _pread_all(fd, n, off):
+    parts = []
+    while n > 0:
+        chunk = os.pread(fd, min(n, 1 << 24), off)
+        if not chunk:
+            raise ValueError("the dataset's memory ends before its pickle does")
+        parts.append(chunk)
+        n -= len(chunk)
+        off += len(chunk)
+    return b"".join(parts)
+
+
 def pickle_dataset(obj):
-    """(spec, bytes): a dataset object serialized once, in the trainer, for
-    local workers to load. TypeError naming the part that cannot be
-    pickled."""
+    """(spec, stream, buffers): a dataset object serialized once, in the
+    trainer, for local workers to load (write_payload puts it in their
+    memory). TypeError naming the part that cannot be pickled."""
     import hashlib
     mod = _pickler()
+    buffers = []
+
+    def out_of_band(buf):
+        raw = buf.raw()
+        if raw.nbytes < _OUT_OF_BAND_MIN:
+            return True  # in the stream
+        buffers.append(raw)
+        return False
+
     try:
-        data = mod.dumps(obj, protocol=5)
+        data = _dumps(obj, out_of_band)
     except Exception as e:  # noqa: BLE001 - pickle raises many kinds
         part = _unpicklable_part(obj, mod.dumps)
         hint = "" if mod.__name__ == "cloudpickle" else (
@@ -426,7 +598,7 @@ def pickle_dataset(obj):
                                         part or "", e, hint)) from None
     digest = hashlib.sha256(data).hexdigest()
     opts = {"bytes": len(data), "sha256": digest, "path": _import_path()}
-    return "python:%s %s" % (PICKLED, json.dumps(opts, separators=(",", ":"))), data
+    return "python:%s %s" % (PICKLED, json.dumps(opts, separators=(",", ":"))), data, buffers
 
 
 def own_object_spec(obj):
@@ -530,9 +702,9 @@ def release_template():
         _stop_template()
 
 
-def set_payload(data):
-    """The bytes of a pickled dataset, as this worker was given them."""
-    _payload[0] = data
+def set_payload(payload):
+    """The pickled dataset as this worker was given it (read_payload)."""
+    _payload[0] = payload
 
 
 def _load_pickled(opts):
@@ -543,17 +715,18 @@ def _load_pickled(opts):
     if _policy["remote"]:
         raise PermissionError("a remote worker never unpickles what the network sent: pass the "
                               "dataset by name, ferry.Loader(MyDataset, dataset_kwargs={...})")
-    data, _payload[0] = _payload[0], None  # the bytes go once unpickled
-    if data is None:
+    payload, _payload[0] = _payload[0], None  # the bytes go once unpickled
+    if payload is None:
         raise ValueError("the dataset was pickled by the trainer, but this worker was given no "
                          "bytes (--data-fd)")
+    data, buffers = payload
     import hashlib
     if len(data) != want or hashlib.sha256(data).hexdigest() != digest:
         raise ValueError("the pickled dataset this worker was given (%d bytes) is not the one "
                          "its loader names (%s bytes)" % (len(data), want))
     import pickle
     _extend_path(opts.get("path"))  # where the classes it names are imported from
-    return pickle.loads(data)
+    return pickle.loads(data, buffers=buffers)
 
 
 def forget_first_items():

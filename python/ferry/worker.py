@@ -56,26 +56,6 @@ def _take_option(argv, name):
     return None
 
 
-def _read_fd(fd):
-    """The whole content of fd (from offset 0), then closes it. No Python
-    object keeps the fd: a worker forked later must not find one that
-    closes a number reused by then."""
-    try:
-        size = os.fstat(fd).st_size
-        parts, off = [], 0
-        while off < size:
-            chunk = os.pread(fd, min(size - off, 1 << 24), off)
-            if not chunk:
-                break
-            parts.append(chunk)
-            off += len(chunk)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
-
-
-# ---------------------------------------------------------------- the clean parent
-
 def _threads_running():
     try:
         return len(os.listdir("/proc/self/task"))
@@ -195,7 +175,7 @@ def fork_server(argv):
         _ferry.tie_to_parent(int(parent))
     sock = socket.socket(fileno=ctl)
     if data_fd is not None:
-        _dataset.set_payload(_read_fd(int(data_fd)))
+        _dataset.set_payload(_dataset.read_payload(int(data_fd)))
     if spec and spec.startswith("python:"):
         _dataset.preload(spec[len("python:"):])
     _trim_heap()
@@ -305,7 +285,7 @@ def main(argv=None):
     if data_fd is not None and _dataset.has_preloaded():
         os.close(int(data_fd))  # a fork of the clean parent: the dataset is loaded already
     elif data_fd is not None and not remote:
-        _dataset.set_payload(_read_fd(int(data_fd)))
+        _dataset.set_payload(_dataset.read_payload(int(data_fd)))
     _dataset.configure(remote=remote, allow=allow)
     if not remote:
         _worker_threads()

@@ -352,3 +352,40 @@ class WaitsForFirstTask:
                 open(self.die, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
         return {"x": np.int64(i)}
+
+
+def _mapping_of(address):
+    """The /proc/self/maps line of the mapping holding address ('' if none)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return line.strip()
+    return ""
+
+
+class HoldsArrays:
+    """A dataset holding a large numpy array, a torch tensor and a memmap:
+    item i says where each lives in the worker, its type, and what the
+    worker reads there after writing into its own array."""
+
+    def __init__(self, npy_path=None):
+        self.x = np.arange(8 << 20, dtype=np.uint8)  # 8 MiB
+        import torch
+        self.t = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
+        self.m = np.load(npy_path, mmap_mode="r") if npy_path else None
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import torch
+        self.x[i] = 200  # the worker's own page: never the trainer's
+        out = {"x": _mapping_of(self.x.ctypes.data), "x_value": int(self.x[i]),
+               "x_type": type(self.x).__name__,
+               "t": _mapping_of(self.t.data_ptr()), "t_type": type(self.t).__name__,
+               "t_sum": float(self.t[:4].sum())}
+        if self.m is not None:
+            out.update(m=_mapping_of(self.m.ctypes.data), m_type=type(self.m).__name__,
+                       m_value=int(self.m[i, 0]))
+        return out

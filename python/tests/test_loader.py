@@ -2,6 +2,7 @@
 Python datasets, errors, worker deaths, Ctrl-C."""
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import ferry
 from conftest import wait_for
-from datasets import (Augmented, CountsItemZero, Items, Missing, Pairs, SlowInWorkers,
+from datasets import (Augmented, CountsItemZero, HoldsArrays, Items, Missing, Pairs, SlowInWorkers,
                       WaitsForFirstTask, WrongShape)
 
 SYN = "synthetic:n=1000,dim=8"
@@ -1014,3 +1015,52 @@ def test_every_builtin_exception_a_dataset_raises_is_a_batch_error_and_the_epoch
                 assert not isinstance(e, cls), name
         with pytest.raises(StopIteration):
             next(it)
+
+
+# ---------------------------------------------- the dataset's bytes, shared
+
+def test_arrays_and_tensors_reach_the_workers_in_shared_memory_not_copied(tmp_path):
+    """A dataset object's large numpy array and torch tensor are not copied
+    into the pickle: their bytes go once into the memory the loader hands
+    its workers (memfd:ferry-dataset), mapped privately there, and the
+    workers' array and tensor are views of it, of their own types. A
+    worker's write lands in its own copy of the page, never the trainer's.
+    A memmap travels as a reference to its file, mapped again in the
+    workers: its rows are the file's, and nothing of it is in the pickle."""
+    torch = pytest.importorskip("torch")
+    from ferry.torch import DataLoader
+    rows = np.arange(8 * 4096, dtype=np.uint8).reshape(8, 4096)
+    np.save(tmp_path / "m.npy", rows)
+    ds = HoldsArrays(str(tmp_path / "m.npy"))
+    with DataLoader(ds, batch_size=None, num_workers=2) as dl:
+        items = list(dl)
+        spec = dict(dl._loader._pairs)["dataset"]
+    assert len(items) == 8
+    for i, it in enumerate(items):
+        assert "memfd:ferry-dataset" in it["x"], it["x"]
+        assert "memfd:ferry-dataset" in it["t"], it["t"]
+        assert it["x_type"] == "ndarray" and it["t_type"] == "Tensor"
+        assert it["x_value"] == 200 and it["t_sum"] == 6.0
+        assert str(tmp_path / "m.npy") in it["m"] and it["m_type"] == "memmap"
+        assert it["m_value"] == rows[i, 0]
+    assert (ds.x[:8] == np.arange(8)).all()  # the trainer's array as it was
+    # The pickle is the structure only: 12 MiB of arrays, and the file, out of it.
+    assert json.loads(spec.split(" ", 1)[1])["bytes"] < 64 * 1024
+
+
+def test_a_memmap_whose_file_changed_is_a_clear_error(tmp_path):
+    """A memmap travels as (file, offset, dtype, shape): a file changed
+    after the loader was built is refused naming it, never read as if it
+    were the trainer's array."""
+    from ferry import _dataset
+    path = tmp_path / "m.npy"
+    np.save(path, np.zeros((4, 8), dtype=np.float32))
+    m = np.load(path, mmap_mode="r")
+    fn, args = _dataset._reduce_shared(m)
+    assert np.array_equal(fn(*args), m)
+    np.save(path, np.ones((5, 8), dtype=np.float32))
+    with pytest.raises(ValueError, match="m.npy changed after the loader was built"):
+        fn(*args)
+    os.unlink(path)
+    with pytest.raises(ValueError, match="m.npy is gone"):
+        fn(*args)
