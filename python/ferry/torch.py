@@ -1147,6 +1147,8 @@ def _native_imagefolder(dataset):
     RandomResizedCrop(S) or Resize(R) + CenterCrop(S) (square, bilinear);
     optionally RandomHorizontalFlip(0.5); ToTensor, or PILToTensor with
     optionally ConvertImageDtype(float32); optionally Normalize."""
+    if "torchvision" not in sys.modules:  # then dataset cannot be one of its classes
+        return None, None  # (and importing it would cost ~0.3 s for nothing)
     try:
         from torchvision import datasets as tvd
         from torchvision import transforms as T
