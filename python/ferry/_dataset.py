@@ -544,8 +544,8 @@ def read_payload(fd):
             raise ValueError("the dataset's memory does not start as ferry's handoff does")
         nstream, nbuf = struct.unpack("<QQ", head[len(_MAGIC):])
         tlen = 16 * nbuf
-        table = [struct.unpack("<QQ", os.pread(fd, tlen, len(head))[16 * i:16 * i + 16])
-                 for i in range(nbuf)] if nbuf else []
+        raw = _pread_all(fd, tlen, len(head))
+        table = [struct.unpack_from("<QQ", raw, 16 * i) for i in range(nbuf)]
         stream = _pread_all(fd, nstream, len(head) + tlen)
         buffers = []
         if table:
