@@ -50,6 +50,7 @@ except ImportError as e:
         % (sys.executable, e, sys.executable), name="ferry._ferry") from e
 from . import _dataset
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
+from ._shared import SharedDict, SharedList, shared
 from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
                       InvalidValue, LimitError, NotReady, OptionError, SpawnError, StateError,
                       Timeout, WorkerError)
@@ -63,7 +64,8 @@ _dataset.prestart()
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "BatchLost", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
-    "StateError", "Closed", "LimitError", "NotReady", "__version__",
+    "StateError", "Closed", "LimitError", "NotReady", "SharedList", "SharedDict", "shared",
+    "__version__",
 ]
 
 # Python names for C options (the C names work too).
@@ -494,6 +496,12 @@ class Loader(_Closes):
     stats() and close(). Option ``log_level`` ("debug", "info" (default),
     "warning", "error") drops the ones below it at the source.
 
+    ``share_collections`` (default True): a dataset object's lists and
+    dicts of 100,000 items or more reach process workers in a compact form
+    they share (``ferry.SharedList``, ``ferry.SharedDict``; docs/python.md
+    says which, and what differs) instead of a copy each; False keeps them
+    plain.
+
     ``max_held`` (default 1024; 0: no limit): a batch you keep (or any array
     taken from it) keeps its memory, outside the prefetch window, which goes
     on filling. ``next()`` raises ferry.LimitError while this many batches
@@ -505,7 +513,7 @@ class Loader(_Closes):
     """
 
     def __init__(self, dataset, *, state=None, dataset_kwargs=None, max_held=1024,
-                 log=_to_logging, **options):
+                 log=_to_logging, share_collections=True, **options):
         self._c = None
         self._data_fd = None  # the pickled dataset's memfd (process workers)
         self._own_token = None  # the dataset object thread workers use as it is
@@ -517,6 +525,10 @@ class Loader(_Closes):
         if not isinstance(max_held, numbers.Integral) or max_held < 0:
             raise InvalidValue("ferry.Loader: max_held must be an int >= 0, got %r" % (max_held,))
         self._max_held = int(max_held)
+        if not isinstance(share_collections, bool):
+            raise InvalidValue("ferry.Loader: share_collections must be True or False, got %r"
+                               % (share_collections,))
+        self._share_collections = share_collections
         opts = {}
         for key, value in options.items():
             if key == "timeout":
@@ -584,7 +596,7 @@ class Loader(_Closes):
         if threads:
             spec, self._own_token = _dataset.own_object_spec(dataset)
             return spec
-        spec, stream, buffers = _dataset.pickle_dataset(dataset)
+        spec, stream, buffers = _dataset.pickle_dataset(dataset, self._share_collections)
         fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
         try:
             _dataset.write_payload(fd, stream, buffers)

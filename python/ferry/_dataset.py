@@ -28,7 +28,7 @@ import types
 
 import numpy as np
 
-from . import _ferry
+from . import _ferry, _shared
 from ._startup import C_LINE_MARK, is_ferry_process
 
 # ferry's dtype codes (include/ferry.h), by numpy dtype string.
@@ -485,11 +485,15 @@ def _reduce_shared(obj):
     return NotImplemented
 
 
-def _dumps(obj, buffer_callback):
-    """obj pickled (protocol 5) with the handoff's reductions."""
+def _dumps(obj, buffer_callback, share_collections=True):
+    """obj pickled (protocol 5) with the handoff's reductions; with
+    share_collections, its big lists and dicts in compact form (_shared)."""
     import io
     mod = _pickler()
     base = getattr(mod, "CloudPickler", None) or mod.Pickler
+    big = _shared.AUTO_MIN
+    names = []  # id -> attribute path, found once, for the log
+    done = {}  # id -> persistent id of the lists and dicts met
 
     class HandoffPickler(base):
         def reducer_override(self, o):
@@ -499,9 +503,35 @@ def _dumps(obj, buffer_callback):
             up = getattr(super(), "reducer_override", None)
             return up(o) if up is not None else NotImplemented
 
+        def persistent_id(self, o):
+            t = type(o)
+            if (t is not list and t is not dict) or len(o) < big:
+                return None
+            if id(o) in done:  # one more reference to it: the same id (and object)
+                return done[id(o)]
+            pid = done[id(o)] = _shared.auto_encode(o)
+            if not names:
+                names.append(_shared.find_names(obj))
+            what = "%s (a %s of %d items)" % (names[0].get(id(o), "a part of the dataset"),
+                                               t.__name__, len(o))
+            if pid is None:
+                _note("%s is copied into each worker as its items are read: its items are not "
+                      "plain values (ferry.shared(...) shares it anyway)" % what)
+            else:
+                _note("%s is shared with the workers in compact form (share_collections=False "
+                      "turns this off)" % what)
+            return pid
+
+    if not share_collections:
+        del HandoffPickler.persistent_id
     f = io.BytesIO()
     HandoffPickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
     return f.getvalue()
+
+
+def _note(message):
+    import logging
+    logging.getLogger("ferry").info("ferry: %s", message)
 
 
 def write_payload(fd, stream, buffers):
@@ -571,7 +601,7 @@ def _pread_all(fd, n, off):
     return b"".join(parts)
 
 
-def pickle_dataset(obj):
+def pickle_dataset(obj, share_collections=True):
     """(spec, stream, buffers): a dataset object serialized once, in the
     trainer, for local workers to load (write_payload puts it in their
     memory). TypeError naming the part that cannot be pickled."""
@@ -587,7 +617,7 @@ def pickle_dataset(obj):
         return False
 
     try:
-        data = _dumps(obj, out_of_band)
+        data = _dumps(obj, out_of_band, share_collections)
     except Exception as e:  # noqa: BLE001 - pickle raises many kinds
         part = _unpicklable_part(obj, mod.dumps)
         hint = "" if mod.__name__ == "cloudpickle" else (
@@ -724,9 +754,12 @@ def _load_pickled(opts):
     if len(data) != want or hashlib.sha256(data).hexdigest() != digest:
         raise ValueError("the pickled dataset this worker was given (%d bytes) is not the one "
                          "its loader names (%s bytes)" % (len(data), want))
+    import io
     import pickle
     _extend_path(opts.get("path"))  # where the classes it names are imported from
-    return pickle.loads(data, buffers=buffers)
+    u = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
+    u.persistent_load = _shared.Decoder()  # the big lists and dicts (_dumps)
+    return u.load()
 
 
 def forget_first_items():

@@ -389,3 +389,42 @@ class HoldsArrays:
             out.update(m=_mapping_of(self.m.ctypes.data), m_type=type(self.m).__name__,
                        m_value=int(self.m[i, 0]))
         return out
+
+
+def _private_kb():
+    """This process's private memory (kB): pages it wrote, or copied."""
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f
+                   if line.startswith(("Private_Dirty:", "Private_Clean:", "Anonymous:")) and
+                   not line.startswith("Anonymous:"))
+
+
+class HoldsCollections:
+    """A dataset holding a list of n dicts, a str -> int dict of n words
+    and a list of n (path, label) tuples. Item i reads every one of their
+    items (what an epoch of reads does to a worker's pages) and says what
+    it read and how much private memory reading it cost this process."""
+
+    def __init__(self, n=200_000, items=4):
+        self.samples = [{"path": "/data/img/%08d.jpg" % k, "label": k % 1000} for k in range(n)]
+        self.vocab = {"w%d" % k: k for k in range(n)}
+        self.pairs = [("/x/%d.jpg" % k, k % 7) for k in range(n)]
+        self.same = self.pairs  # one list, twice
+        self.items = items
+
+    def __len__(self):
+        return self.items
+
+    def __getitem__(self, i):
+        before = _private_kb()
+        labels = sum(s["label"] for s in self.samples)
+        paths = sum(len(s["path"]) for s in self.samples)
+        words = sum(self.vocab["w%d" % k] for k in range(0, len(self.vocab), 3))
+        pairs = sum(p[1] for p in self.pairs)
+        grew = _private_kb() - before
+        return {"i": i, "labels": labels, "paths": paths, "words": words, "pairs": pairs,
+                "grew_kb": grew, "types": "%s %s %s" % (type(self.samples).__name__,
+                                                      type(self.vocab).__name__,
+                                                      type(self.pairs).__name__),
+                "same": self.same is self.pairs, "row": repr(self.samples[i]),
+                "missing": self.vocab.get("nope", -1)}

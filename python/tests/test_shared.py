@@ -1,0 +1,152 @@
+"""Big lists and dicts of a dataset object reach process workers in compact
+shared form (ferry._shared): they read as the originals, cost a worker no
+copy as it reads them, and turn into a worker's own copy when it changes
+them."""
+
+import copy
+import logging
+import pickle
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry import _shared
+from ferry.torch import DataLoader
+from datasets import HoldsCollections
+
+
+def _round_trip(obj):
+    """obj through the handoff's pickling (what a clean parent gets)."""
+    from ferry import _dataset
+    import io
+    buffers = []
+    data = _dataset._dumps(obj, lambda b: buffers.append(b.raw()) or False)
+    u = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
+    u.persistent_load = _shared.Decoder()
+    return u.load()
+
+
+def _rows(n):
+    return [{"path": "/d/%d.jpg" % k, "label": k % 10} for k in range(n)]
+
+
+def test_a_big_list_of_dicts_reads_as_the_list():
+    rows = _rows(_shared.AUTO_MIN)
+    s = _round_trip({"rows": rows})["rows"]
+    assert isinstance(s, ferry.SharedList) and len(s) == len(rows)
+    assert s[0] == rows[0] and s[-1] == rows[-1] and s[12345] == rows[12345]
+    assert s[10:20] == rows[10:20] and s[::-25000] == rows[::-25000]
+    assert s == rows and rows == s and not (s != rows)
+    assert list(s) == rows and rows[77] in s and {"x": 1} not in s
+    assert s.index(rows[9]) == 9 and s.count(rows[9]) == 1
+    assert list(reversed(s))[:2] == rows[::-1][:2]
+    with pytest.raises(IndexError):
+        s[len(rows)]
+    with pytest.raises(TypeError):
+        s["a"]
+    with pytest.raises(TypeError):
+        hash(s)
+    assert copy.copy(s) == rows and type(copy.deepcopy(s)) is list
+
+
+def test_a_read_item_is_a_fresh_equal_dict_and_tuples_keep_their_types():
+    pairs = [("p%d" % k, k, float(k) / 3, k % 2 == 0, None, b"\x00\xff" * (k % 3))
+             for k in range(_shared.AUTO_MIN)]
+    uni = ["ünï\udc80%d" % k for k in range(_shared.AUTO_MIN)]  # surrogates kept
+    big = [2**70 + k for k in range(_shared.AUTO_MIN)]  # beyond int64: pickled values
+    got = _round_trip([pairs, uni, big, _rows(_shared.AUTO_MIN)])
+    assert got[0] == pairs and got[1] == uni and got[2] == big
+    assert [type(v) for v in got[0][5]] == [str, int, float, bool, type(None), bytes]
+    a, b = got[3][3], got[3][3]
+    assert a == b and a is not b and type(a) is dict
+
+
+def test_a_big_vocabulary_looks_up_as_the_dict():
+    vocab = {"w%d" % k: k for k in range(_shared.AUTO_MIN)}
+    vocab["ü"] = -1
+    ints = {k * 7919: "v%d" % k for k in range(_shared.AUTO_MIN)}
+    v, i = _round_trip((vocab, ints))
+    assert isinstance(v, ferry.SharedDict) and isinstance(i, ferry.SharedDict)
+    assert len(v) == len(vocab) and v == vocab and vocab == v
+    assert all(v["w%d" % k] == k for k in range(0, _shared.AUTO_MIN, 97))
+    assert v["ü"] == -1 and "w5" in v and "nope" not in v and 5 not in v
+    assert v.get("nope", 7) == 7 and list(v)[:3] == ["w0", "w1", "w2"]
+    assert list(v.items())[-1] == ("ü", -1) and sum(v.values()) == sum(vocab.values())
+    with pytest.raises(KeyError):
+        v["nope"]
+    with pytest.raises(TypeError):
+        v[["unhashable"]]
+    # int keys: whatever number equals one finds it, as in a dict
+    assert i[7919] == "v1" and i[np.int64(7919)] == "v1" and i[7919.0] == "v1"
+    assert i.get(7919.5) is None and i.get("7919") is None
+    assert (v | {"x": 1})["x"] == 1 and ({"x": 1} | v)["w3"] == 3
+
+
+def test_a_change_in_a_worker_makes_its_own_copy_and_says_so(caplog):
+    rows = _rows(_shared.AUTO_MIN)
+    s, v = _round_trip(([*rows], {"w%d" % k: k for k in range(_shared.AUTO_MIN)}))
+    with caplog.at_level(logging.INFO, logger="ferry"):
+        s.append({"path": "new", "label": 1})
+        s[0] = "first"
+        v["w1"] = 100
+        del v["w2"]
+    assert len(s) == len(rows) + 1 and s[0] == "first" and s[-1]["path"] == "new"
+    assert s[1] == rows[1] and v["w1"] == 100 and "w2" not in v and len(v) == _shared.AUTO_MIN - 1
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("changed the dataset's shared list" in m for m in said) == 1
+    assert sum("changed the dataset's shared dict" in m for m in said) == 1
+    s.sort(key=lambda r: str(r))  # a list's own methods, on the copy
+    assert len(s) == len(rows) + 1
+
+
+def test_small_lists_mutable_items_and_subclasses_stay_as_they_are():
+    class Tagged(list):
+        pass
+    small = _rows(10)
+    nested = [{"tags": [k]} for k in range(_shared.AUTO_MIN)]  # a list inside each item
+    sub = Tagged(range(_shared.AUTO_MIN))
+    mixed_keys = {k if k % 2 else str(k): k for k in range(_shared.AUTO_MIN)}
+    got = _round_trip([small, nested, sub, mixed_keys])
+    assert type(got[0]) is list and type(got[1]) is list and type(got[2]) is Tagged
+    assert type(got[3]) is dict and got[1] == nested
+
+
+def test_share_collections_false_and_ferry_shared():
+    from ferry import _dataset
+    rows = _rows(_shared.AUTO_MIN)
+    buffers = []
+    data = _dataset._dumps({"rows": rows}, lambda b: buffers.append(b.raw()) or False,
+                           share_collections=False)
+    assert type(pickle.loads(data, buffers=buffers)["rows"]) is list
+    nested = ferry.shared([{"tags": [k]} for k in range(100)])  # on request: anything
+    assert isinstance(nested, ferry.SharedList) and nested[5] == {"tags": [5]}
+    assert pickle.loads(pickle.dumps(nested))[7] == {"tags": [7]}
+    with pytest.raises(TypeError, match="keys must be all str"):
+        ferry.shared({1: 2, "a": 3})
+
+
+def test_workers_read_every_item_without_copying_the_collections():
+    ds = HoldsCollections(n=200_000, items=4)
+    want = {"labels": sum(s["label"] for s in ds.samples),
+            "paths": sum(len(s["path"]) for s in ds.samples),
+            "words": sum(range(0, 200_000, 3)), "pairs": sum(p[1] for p in ds.pairs)}
+    grew = {}
+    for share in (True, False):
+        with DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                        share_collections=share) as dl:
+            items = list(dl)
+        assert sorted(int(it["i"]) for it in items) == [0, 1, 2, 3]
+        for it in items:
+            for key, value in want.items():
+                assert int(it[key]) == value, (share, key)
+            assert bool(it["same"]) and int(it["missing"]) == -1
+            assert str(it["row"]) == repr(ds.samples[int(it["i"])])
+        grew[share] = max(int(it["grew_kb"]) for it in items)
+        types = {str(it["types"]) for it in items}
+        assert types == ({"SharedList SharedDict SharedList"} if share else {"list dict list"})
+    # Reading 200,000 dicts, words and pairs copies some 50 MiB of pages
+    # into a worker that holds them as objects; the shared form, almost none.
+    assert grew[False] > 30 * 1024, grew
+    assert grew[True] < 8 * 1024, grew
+    assert type(ds.samples) is list and type(ds.vocab) is dict  # the trainer's, untouched
