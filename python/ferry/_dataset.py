@@ -485,15 +485,34 @@ def _reduce_shared(obj):
     return NotImplemented
 
 
-def _dumps(obj, buffer_callback, share_collections=True):
+def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None):
     """obj pickled (protocol 5) with the handoff's reductions; with
-    share_collections, its big lists and dicts in compact form (_shared)."""
+    share_collections, its big lists and dicts in compact form (_shared).
+    persistent_id, when given, decides for those instead."""
     import io
     mod = _pickler()
     base = getattr(mod, "CloudPickler", None) or mod.Pickler
     big = _shared.AUTO_MIN
     names = []  # id -> attribute path, found once, for the log
     done = {}  # id -> persistent id of the lists and dicts met
+
+    def share(o):
+        if id(o) in done:  # one more reference to it: the same id (and object)
+            return done[id(o)]
+        pid = done[id(o)] = _shared.auto_encode(o)
+        if not names:
+            names.append(_shared.find_names(obj))
+        what = "%s (a %s of %d items)" % (names[0].get(id(o), "a part of the dataset"),
+                                           type(o).__name__, len(o))
+        if pid is None:
+            _note("%s is copied into each worker as its items are read: its items are not "
+                  "plain values (ferry.shared(...) shares it anyway)" % what)
+        else:
+            _note("%s is shared with the workers in compact form (share_collections=False "
+                  "turns this off)" % what)
+        return pid
+
+    decide = persistent_id or (share if share_collections else None)
 
     class HandoffPickler(base):
         def reducer_override(self, o):
@@ -504,29 +523,52 @@ def _dumps(obj, buffer_callback, share_collections=True):
             return up(o) if up is not None else NotImplemented
 
         def persistent_id(self, o):
+            # Asked of every object (reducer_override never is of a list or
+            # a dict): a type test and len() for the others.
             t = type(o)
             if (t is not list and t is not dict) or len(o) < big:
                 return None
-            if id(o) in done:  # one more reference to it: the same id (and object)
-                return done[id(o)]
-            pid = done[id(o)] = _shared.auto_encode(o)
-            if not names:
-                names.append(_shared.find_names(obj))
-            what = "%s (a %s of %d items)" % (names[0].get(id(o), "a part of the dataset"),
-                                               t.__name__, len(o))
-            if pid is None:
-                _note("%s is copied into each worker as its items are read: its items are not "
-                      "plain values (ferry.shared(...) shares it anyway)" % what)
-            else:
-                _note("%s is shared with the workers in compact form (share_collections=False "
-                      "turns this off)" % what)
-            return pid
+            return decide(o)
 
-    if not share_collections:
+    if decide is None:
         del HandoffPickler.persistent_id
     f = io.BytesIO()
     HandoffPickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
     return f.getvalue()
+
+
+# Arrays up to this many bytes in all are compared by content each epoch;
+# larger ones by identity (fingerprint).
+PRINT_CONTENT_MAX = 64 << 20
+
+
+def fingerprint(obj):
+    """A digest of obj as the workers would get it now: for a loader whose
+    workers must see the dataset as it is at each epoch's start (torch's
+    non-persistent workers), compared at each iter(), so the workers start
+    again only when it changed. Its structure and small values by content;
+    its arrays by content up to PRINT_CONTENT_MAX bytes in all, larger ones
+    by identity (which array, where, what shape); its lists and dicts of
+    AUTO_MIN items or more by identity and length; a memory-mapped file by
+    its size, time and inode. Hashing a large array each epoch would cost
+    the trainer ~1 s per GB here: an assignment (``dataset.x = new``) is
+    seen, a write into it in place is not (docs/python.md)."""
+    import hashlib
+    buffers = []
+
+    def keep(buf):
+        buffers.append(buf.raw())
+        return False
+
+    stream = _dumps(obj, keep, persistent_id=lambda o: ("id", id(o), len(o)))
+    h = hashlib.blake2b(stream, digest_size=16)
+    whole = sum(b.nbytes for b in buffers) <= PRINT_CONTENT_MAX
+    for b in buffers:
+        where = np.frombuffer(b, dtype=np.uint8).__array_interface__["data"][0] if b.nbytes else 0
+        h.update(b"%d:%d;" % (where, b.nbytes))
+        if whole:
+            h.update(b)
+    return h.digest()
 
 
 def _note(message):

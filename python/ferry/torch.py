@@ -1086,9 +1086,6 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
         raise TypeError("ferry.torch.DataLoader: remote workers serve a dataset by name "
                         "(ferry.Loader(MyDataset, dataset_kwargs=...)); a pickled dataset "
                         "object stays on this host")
-    if persistent_workers is False and num_workers > 0:
-        _warn_once("persist", "persistent_workers=False: ferry's workers always persist "
-                              "(they are not restarted each epoch)")
     if multiprocessing_context is not None:
         _check_mp_context(multiprocessing_context, num_workers)
         _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "
@@ -1532,9 +1529,42 @@ class DataLoader(_Closes):
                     return self._ferry()
                 self._loader = ld
             else:
+                if not self.persistent_workers:
+                    self._dataset_print = self._print()
                 self._loader = Loader(self._batches, **self._opts)
             self._watch_slots()
         return self._loader
+
+    def _print(self):
+        """What the workers were given of the trainer's objects, as a digest."""
+        b = self._batches
+        return _dataset.fingerprint((b.dataset, b.collate_fn, b.worker_init_fn))
+
+    def _follow_dataset(self):
+        """Without persistent_workers, as with torch's workers, each epoch
+        sees the dataset (and collate_fn, worker_init_fn) as it is at its
+        iter(): a change the trainer made since the workers started (a
+        curriculum's ``dataset.max_len = ...``) starts them again with it,
+        at that epoch's first batch. Nothing changed (the usual case): the
+        workers and the batches prefetched across the epoch's start stay."""
+        if self.persistent_workers or self._loader is None or self._sync or \
+                self._native is not None:
+            return
+        now = self._print()
+        if now == self._dataset_print:
+            return
+        want = self._next_epoch + (1 if self._mid_epoch else 0)
+        state = self._loader.state_at_epoch(want)
+        state.update(epoch=want, base_seed=self._base_seed)
+        if self._table is not None:
+            state["sampler"] = self._table.states.get(want)
+        logging.getLogger("ferry").info(
+            "ferry.torch.DataLoader: the dataset changed since the workers started: they start "
+            "again with it at epoch %d (persistent_workers=True keeps the dataset as it was "
+            "when they first started, as with torch)", want)
+        self.load_state_dict(state)
+        self._next_epoch = want
+        self._mid_epoch = False
 
     def _watch_slots(self):
         """pin_memory's slot registrations (_SlotPins) for the loader just made."""
@@ -1569,6 +1599,7 @@ class DataLoader(_Closes):
         batches after it, as torch's iterator does."""
         self._torch_draws()
         self._follow_set_epoch()
+        self._follow_dataset()
         return _MapEpoch(self)
 
     def _follow_set_epoch(self):

@@ -8,6 +8,7 @@ the semantics must match. What is skipped, and why, is at the end."""
 
 import collections
 import itertools
+import logging
 import os
 import random
 import time
@@ -1193,9 +1194,50 @@ def test_arguments_that_mean_nothing_here_warn_once():
             DataLoader(tensors(4), num_workers=1, multiprocessing_context="spawn").close()
         DataLoader(tensors(4), num_workers=1).close()  # torch's defaults: nothing to say
     said = [str(x.message) for x in w]
-    assert sum("persistent_workers" in m for m in said) == 1
     assert sum("multiprocessing_context" in m for m in said) == 1
-    assert len(said) == 2
+    assert len(said) == 1  # persistent_workers=False means what it means with torch
+
+
+class Curriculum(Dataset):
+    """Item i: (i, max_len, table[0]): what the worker's copy holds."""
+
+    def __init__(self):
+        self.max_len = 8
+        self.table = np.zeros(16, dtype=np.int64)
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.tensor([i, self.max_len, int(self.table[0])])
+
+
+def _epoch(dl):
+    it = iter(dl)
+    rows = torch.cat(list(it)).tolist()
+    return sorted(rows), sorted(w.pid for w in it._workers)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_each_epoch_sees_the_dataset_as_it_is_at_iter_unless_workers_persist(persistent, caplog):
+    ds = Curriculum()
+    with caplog.at_level(logging.INFO, logger="ferry"), \
+            DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=persistent) as dl:
+        rows, pids = _epoch(dl)
+        assert rows == [[i, 8, 0] for i in range(6)]
+        assert _epoch(dl) == (rows, pids)  # nothing changed: the same workers
+        ds.max_len = 12  # the curriculum's next step
+        rows, pids2 = _epoch(dl)
+        assert rows == [[i, 8 if persistent else 12, 0] for i in range(6)]
+        ds.table[0] = 5  # in place, in a small array
+        rows, pids3 = _epoch(dl)
+        assert rows == [[i, 8 if persistent else 12, 0 if persistent else 5] for i in range(6)]
+        assert (pids2 == pids) == persistent and (pids3 == pids2) == persistent
+        assert _epoch(dl)[1] == pids3
+        assert dl.state_dict()["epoch"] == 5
+    said = [r.getMessage() for r in caplog.records if "dataset changed" in r.getMessage()]
+    assert len(said) == (0 if persistent else 2)
+    assert ds.max_len == 12 and ds.table[0] == 5  # the trainer's object: as the trainer left it
 
 
 def boxes(items):
