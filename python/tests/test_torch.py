@@ -1152,8 +1152,8 @@ def test_remote_options_are_refused_for_objects():
 #   and skips itself elsewhere; pin_memory_device is ignored, with a warning.
 # - Worker segfault and SIGKILL cases: covered by test_clean_parent.py and
 #   the C suite (a worker killed is replaced; every batch arrives once).
-# - persistent_workers=False re-creating workers each epoch: ferry's workers
-#   always persist (docs/python.md, "Coming from torch").
+# - persistent_workers=False re-creating workers each epoch: ferry's start
+#   again only when the dataset changed (test_each_epoch_sees_the_dataset_...).
 
 
 class Deep(Dataset):
