@@ -53,6 +53,9 @@ static const opt_def options[] = {
     {"credits", OPT_INT, OFF(credits), 0, FERRY__MAX_CREDITS, NULL,
      "tasks queued per worker (0: auto)"},
     {"in_order", OPT_BOOL, OFF(in_order), 0, 1, NULL, "deliver in sampler order"},
+    {"feed_batches", OPT_INT, OFF(feed_batches), 0, INT64_MAX, NULL,
+     "batches per epoch whose indices the trainer feeds (ferry_loader_feed), at most "
+     "batch_size each; 0: the loader's own sampler"},
     {"epochs", OPT_INT, OFF(epochs), 0, INT64_MAX, NULL, "stop after this many epochs"},
     {"max_batches", OPT_INT, OFF(max_batches), 0, INT64_MAX, NULL, "stop after this many batches"},
     {"timeout_ms", OPT_INT, OFF(timeout_ms), 0, 86400000, NULL, "per-batch deadline"},

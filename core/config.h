@@ -48,6 +48,7 @@ struct ferry_config {
     int64_t prefetch;    /* 0: 2 * workers * credits */
     int64_t credits;     /* 0: ferry__config_credits decides */
     int64_t in_order;
+    int64_t feed_batches; /* > 0: the trainer feeds each batch's indices (ferry_loader_feed) */
     int64_t epochs;
     int64_t max_batches;
     int64_t timeout_ms; /* a batch not delivered within this: error; 0 = off */

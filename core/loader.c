@@ -52,6 +52,10 @@ static int check_config(const ferry_config *cfg)
     if (cfg->pin_tasks && (cfg->bind[0] || cfg->workers == 0))
         return ferry__seterr(FERRY_EINVAL, "pin_tasks needs local workers and no bind: each "
                                            "batch is made by one given local worker");
+    if (cfg->feed_batches && (cfg->shuffle > 0 || cfg->world_size > 1 || cfg->drop_last))
+        return ferry__seterr(FERRY_EINVAL, "feed_batches: the trainer's feed decides each batch "
+                                           "and its order; shuffle, world_size and drop_last "
+                                           "are its own to apply");
     if (ferry__config_prefetch(cfg) > FERRY__WINDOW_MAX)
         return ferry__seterr(FERRY_EINVAL, "prefetch %lld is more than %d",
                              (long long)ferry__config_prefetch(cfg), FERRY__WINDOW_MAX);
@@ -60,6 +64,7 @@ static int check_config(const ferry_config *cfg)
 
 static int open_window(ferry__window **win, const ferry_config *cfg)
 {
+    int fed = cfg->feed_batches > 0;
     ferry__window_opts o = {
         .prefetch = (uint32_t)ferry__config_prefetch(cfg),
         .entries = (uint32_t)ferry__config_window_entries(cfg),
@@ -67,9 +72,13 @@ static int open_window(ferry__window **win, const ferry_config *cfg)
         .in_order = (int)cfg->in_order,
         .epoch_barrier = (int)cfg->epoch_barrier,
         .max_attempts = (uint32_t)cfg->max_attempts,
-        .sampler = {.batch_size = (uint64_t)cfg->batch_size,
+        .feed_max = fed ? (uint32_t)cfg->batch_size : 0,
+        .feed_batches = fed ? (uint64_t)cfg->feed_batches : 0,
+        /* Fed: the sampler runs over the epoch's batch positions, one each,
+         * in order; the feed says what each stands for. */
+        .sampler = {.batch_size = fed ? 1 : (uint64_t)cfg->batch_size,
                     .drop_last = (int)cfg->drop_last,
-                    .shuffle = cfg->shuffle < 0 ? (int)cfg->seed_set : (int)cfg->shuffle,
+                    .shuffle = fed ? 0 : cfg->shuffle < 0 ? (int)cfg->seed_set : (int)cfg->shuffle,
                     .seed = (uint64_t)cfg->seed,
                     .rank = (uint32_t)cfg->rank,
                     .world_size = (uint32_t)cfg->world_size,
@@ -175,6 +184,14 @@ int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len)
     if (!ld || !len)
         return ferry__seterr(FERRY_EINVAL, "loader and len must not be NULL");
     return ferry__window_save(ld->win, buf, cap, len);
+}
+
+int ferry_loader_feed(ferry_loader *ld, uint64_t first_seq, uint64_t n, const uint32_t *counts,
+                      const uint64_t *indices)
+{
+    if (!ld || (n && (!counts || !indices)))
+        return ferry__seterr(FERRY_EINVAL, "loader, counts and indices must not be NULL");
+    return ferry__window_feed(ld->win, first_seq, n, counts, indices);
 }
 
 int ferry_loader_state_at_epoch(ferry_loader *ld, uint64_t epoch, void *buf, size_t cap,

@@ -68,6 +68,11 @@ typedef struct ferry__window_opts {
     int epoch_barrier;     /* hold an epoch's first batch until it is asked for */
     uint32_t max_attempts; /* worker deaths a batch may cause before it is given up */
     ferry__sampler_opts sampler;
+    /* feed_max > 0: the sampler runs over feed_batches positions per epoch
+     * (batch_size 1), and a batch's indices, up to feed_max of them, are the
+     * ones ferry__window_feed gave for its seq. */
+    uint32_t feed_max;
+    uint64_t feed_batches;
     const void *state; /* resume blob (copied), or NULL */
     size_t state_len;
 } ferry__window_opts;
@@ -217,6 +222,14 @@ void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge ch
 int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms);
 
 int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_per_epoch);
+
+/* The trainer's feed (feed_max > 0): the indices of batches first_seq ..
+ * first_seq+n-1, counts[k] of them each, one batch after another in
+ * indices[]. Batches are fed in order; a seq fed already, or before the
+ * start, is skipped. The whole feed is checked first (counts in
+ * 1..feed_max, indices < the dataset's length): a bad one keeps nothing. */
+int ferry__window_feed(ferry__window *win, uint64_t first_seq, uint64_t n, const uint32_t *counts,
+                       const uint64_t *indices);
 
 /* The resume blob for the position after the last batch delivered. */
 int ferry__window_save(ferry__window *win, void *buf, size_t cap, size_t *len);

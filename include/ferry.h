@@ -207,6 +207,21 @@ FERRY_API int ferry_loader_length(ferry_loader *ld, uint64_t *items, uint64_t *b
 typedef struct ferry_dataset_schema ferry_dataset_schema;
 FERRY_API int ferry_loader_schema(ferry_loader *ld, ferry_dataset_schema *out);
 
+/* With option feed_batches > 0, the trainer says which indices each batch
+ * holds: the loader runs over feed_batches batches per epoch (batch seq s
+ * is batch s % feed_batches of epoch s / feed_batches), and this gives the
+ * indices of batches first_seq .. first_seq+n-1, counts[k] (1..batch_size)
+ * each, one batch after another in indices[]. Feed in order and ahead of
+ * the prefetch window (the next epochs too, for prefetch across epochs): a
+ * batch not fed yet is not started. A batch fed already, or before a
+ * resume's start, is skipped, so a resumed loader may be fed again from
+ * its epoch's start. Tasks carry the indices: remote workers serve fed
+ * batches as any others. FERRY_EINVAL (not fed in order, a count out of
+ * range, no feed_batches) or FERRY_ERANGE (an index past the dataset's
+ * end), with nothing kept; any thread. */
+FERRY_API int ferry_loader_feed(ferry_loader *ld, uint64_t first_seq, uint64_t n,
+                                const uint32_t *counts, const uint64_t *indices);
+
 /* Saves the stream position after the last batch delivered, as a blob of at
  * most FERRY_STATE_MAX bytes. Only in in_order mode (FERRY_EINVAL otherwise).
  * FERRY_ELIMIT if `cap` is too small (*len says how much is needed). */

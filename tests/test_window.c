@@ -361,6 +361,109 @@ static void test_window_resume_starts_after_the_last_delivered_batch(void **stat
     ferry__window_free(win);
 }
 
+/* A fed window: 3 batches an epoch of at most 4 indices each, 2 epochs. */
+static ferry__window_opts fed_opts(void)
+{
+    ferry__window_opts o = opts(4, 1);
+    o.sampler.batch_size = 1;
+    o.feed_max = 4;
+    o.feed_batches = 3;
+    return o;
+}
+
+/* A batch is not started before the trainer fed it; then it carries
+ * exactly the fed indices, in order, batch counts of any size up to
+ * feed_max, across the epoch boundary; a resend carries them again. */
+static void test_window_fed_batches_carry_the_fed_indices_and_wait_for_them(void **state)
+{
+    (void)state;
+    ferry__window_opts o = fed_opts();
+    ferry__window *win = open_window(&o);
+    assert_null(ferry__window_take(win)); /* nothing fed yet */
+    uint32_t counts[4] = {2, 4, 1, 3};
+    uint64_t idx[10] = {9, 3, 0, 1, 2, 8, 7, 5, 5, 6};
+    assert_int_equal(ferry__window_feed(win, 0, 2, counts, idx), FERRY_OK);
+    ferry__window_entry *a = take_and_send(win, 0), *b = take_and_send(win, 1);
+    assert_null(ferry__window_take(win)); /* batch 2 not fed */
+    assert_int_equal(a->t.count, 2);
+    assert_int_equal(a->indices[0], 9);
+    assert_int_equal(a->indices[1], 3);
+    assert_int_equal(b->t.count, 4);
+    assert_int_equal(b->indices[0], 0);
+    assert_int_equal(b->indices[3], 8);
+    /* Fed again from the start (as after a resume), then on past the epoch. */
+    assert_int_equal(ferry__window_feed(win, 0, 4, counts, idx), FERRY_OK);
+    ferry__window_entry *c = take_and_send(win, 0), *d = take_and_send(win, 1);
+    assert_int_equal(c->t.seq, 2);
+    assert_int_equal(c->t.count, 1);
+    assert_int_equal(c->indices[0], 7);
+    assert_int_equal(d->t.epoch, 1);
+    assert_int_equal(d->t.batch_in_epoch, 0);
+    assert_int_equal(d->t.count, 3);
+    assert_int_equal(d->indices[0], 5);
+    assert_int_equal(d->indices[2], 6);
+    /* Worker 1 dies: its batches go out again with their indices. */
+    ferry__window_requeue(win, 1, FERRY__CHARGE_OLDEST, 0, "worker 1 died");
+    ferry__window_entry *again = take_and_send(win, 0);
+    assert_int_equal(again->t.seq, 1);
+    assert_int_equal(again->indices[0], 0);
+    assert_int_equal(again->t.count, 4);
+    answer(win, a);
+    answer(win, again);
+    assert_int_equal(next_seq(win), 0);
+    assert_int_equal(next_seq(win), 1);
+    ferry__window_free(win);
+}
+
+/* A feed with a gap, a count out of range or an index past the dataset
+ * is refused whole, saying why, and changes nothing. */
+static void test_window_a_bad_feed_is_refused_whole(void **state)
+{
+    (void)state;
+    ferry__window_opts o = fed_opts();
+    ferry__window *win = open_window(&o);
+    uint32_t ok[2] = {1, 1}, zero[2] = {1, 0}, big[1] = {5};
+    uint64_t idx[2] = {1, 2}, past[2] = {1, N_ITEMS};
+    assert_int_equal(ferry__window_feed(win, 1, 1, ok, idx), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "batch 0 is the next to feed"));
+    assert_int_equal(ferry__window_feed(win, 0, 2, zero, idx), FERRY_EINVAL);
+    assert_int_equal(ferry__window_feed(win, 0, 1, big, idx), FERRY_EINVAL);
+    assert_int_equal(ferry__window_feed(win, 0, 2, ok, past), FERRY_ERANGE);
+    assert_non_null(strstr(ferry_last_error(), "index 10, but the dataset has 10 items"));
+    assert_null(ferry__window_take(win));
+    assert_int_equal(ferry__window_feed(win, 0, 2, ok, idx), FERRY_OK);
+    assert_int_equal(take_and_send(win, 0)->indices[0], 1);
+    ferry__window_free(win);
+
+    ferry__window_opts plain = opts(2, 1);
+    win = open_window(&plain);
+    assert_int_equal(ferry__window_feed(win, 0, 2, ok, idx), FERRY_EINVAL);
+    ferry__window_free(win);
+}
+
+/* A long run fed an epoch at a time keeps only what is not taken yet. */
+static void test_window_feed_forgets_what_was_taken(void **state)
+{
+    (void)state;
+    ferry__window_opts o = fed_opts();
+    o.sampler.epochs = 0;
+    ferry__window *win = open_window(&o);
+    uint32_t counts[3] = {4, 4, 4};
+    uint64_t idx[12];
+    for (uint64_t epoch = 0; epoch < 200; epoch++) {
+        for (uint64_t i = 0; i < 12; i++)
+            idx[i] = (epoch + i) % N_ITEMS;
+        assert_int_equal(ferry__window_feed(win, epoch * 3, 3, counts, idx), FERRY_OK);
+        for (int k = 0; k < 3; k++) {
+            ferry__window_entry *e = take_and_send(win, 0);
+            assert_int_equal(e->indices[3], (epoch + (uint64_t)k * 4 + 3) % N_ITEMS);
+            answer(win, e);
+            assert_int_equal(next_seq(win), epoch * 3 + (uint64_t)k);
+        }
+    }
+    ferry__window_free(win);
+}
+
 static void test_window_end_of_stream_and_failure_are_reported(void **state)
 {
     (void)state;
@@ -406,6 +509,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_fills_to_prefetch_and_no_further),
+        cmocka_unit_test(test_window_fed_batches_carry_the_fed_indices_and_wait_for_them),
+        cmocka_unit_test(test_window_a_bad_feed_is_refused_whole),
+        cmocka_unit_test(test_window_feed_forgets_what_was_taken),
         cmocka_unit_test(test_window_wakes_the_scheduler_once_per_quarter_drained),
         cmocka_unit_test(test_window_delivers_in_order_whatever_the_completion_order),
         cmocka_unit_test(test_window_out_of_order_delivers_as_completed),

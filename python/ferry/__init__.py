@@ -689,6 +689,21 @@ class Loader(_Closes):
         """The position after the last batch delivered (needs in_order)."""
         return {"ferry": self._live().state()}
 
+    def feed(self, first_seq, batches):
+        """With option ``feed_batches=B``: the indices of the batches from
+        stream position ``first_seq`` on (batch b of epoch e is position
+        e * B + b), one sequence of indices per batch, at most batch_size
+        each. Feed in order, ahead of the prefetch window (the next epoch's
+        too, for prefetch across epochs); a batch not fed yet waits, and a
+        position fed already (or before a resume's start) is skipped. The
+        indices travel in the tasks, so remote workers serve them as any."""
+        counts = np.fromiter((len(b) for b in batches), dtype=np.uint32)
+        flat = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1) for b in batches]) \
+            if len(counts) else np.zeros(0, np.int64)
+        if (flat < 0).any():
+            raise IndexOutOfRange("feed: index %d is negative" % int(flat[flat < 0][0]))
+        self._live().feed(int(first_seq), counts, flat)
+
     def state_at_epoch(self, epoch):
         """The state that starts the stream at the first batch of ``epoch``
         (what :meth:`state_dict` would say just before it), whatever has

@@ -227,31 +227,31 @@ def _load_structure(raw, fields):
 
 class _SamplerTable:
     """The batches a sampler or batch_sampler of the user's gives, epoch by
-    epoch, for the workers: ferry's loader then runs over batch positions
-    (one position per batch, no shuffle of its own), and a worker reads
-    which indices position p of epoch e stands for here.
+    epoch, fed to the loader (option feed_batches, Loader.feed): the loader
+    runs over the epoch's batch positions, and each task carries the
+    indices its position stands for, so a worker, local or remote, makes
+    it as any other batch.
 
     The trainer iterates the sampler ahead of the workers, `ahead` epochs
-    past the one it is in (enough to cover the prefetch window), into a
-    ring of memfds, one epoch each, that local workers read through
-    /proc/TRAINER/fd/N. An epoch's file: [epoch or -1 while written]
-    [batches n][indices m][offsets, n + 1][indices]. A sampler's
-    set_epoch(e) is called before its epoch e is drawn, and its
-    state_dict() (when it has one) kept, for an exact resume."""
-
-    HEAD = 24
+    past the one it is in (enough to cover the prefetch window), and feeds
+    each epoch as it is drawn. A sampler's set_epoch(e) is called before
+    its epoch e is drawn, and its state_dict() (when it has one) kept, for
+    an exact resume. The loader's batch_size is the longest batch drawn
+    before it started; an epoch with a longer one waits, unfed, until the
+    loader starts again with room for it (fits)."""
 
     def __init__(self, batch_sampler, sampler, nbatches, ahead, dataset_len):
         self.batch_sampler = batch_sampler
         self.sampler = sampler
         self.n = nbatches
         self.ahead = ahead
-        self.ring = ahead + 2
         self.dataset_len = dataset_len
-        self.fds = [os.memfd_create("ferry-sampler", os.MFD_CLOEXEC) for _ in range(self.ring)]
-        self.written = -1   # the last epoch written
+        self.written = -1   # the last epoch drawn
+        self.pending = {}   # epoch -> its batches, drawn, not fed yet
         self.states = {}    # epoch -> the sampler's state_dict() before drawing it
         self.max_len = 1    # the longest batch drawn
+        self.loader = None  # the ferry.Loader fed, and the longest batch it takes
+        self.room = 0
         # How the samplers were built, to draw the epochs again from (the
         # resume of a sampler without state_dict): a copy of them, or else
         # the state of the torch generators they draw from.
@@ -265,9 +265,8 @@ class _SamplerTable:
                 if isinstance(getattr(o, "generator", None), torch.Generator)]
 
     def close(self):
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        self.loader = None
+        self.pending.clear()
 
     def batches_of(self, epoch):
         """Epoch `epoch`'s batches, drawn now (numpy int64 arrays)."""
@@ -286,30 +285,46 @@ class _SamplerTable:
             if len(bad):
                 raise IndexError("ferry.torch.DataLoader: the sampler gives index %d, but the "
                                  "dataset has %d items" % (int(bad[0]), self.dataset_len))
+            if len(b) == 0:
+                raise ValueError("ferry.torch.DataLoader: the batch sampler gave an empty batch "
+                                 "in epoch %d" % epoch)
         return out
 
     def fill_to(self, epoch):
-        """Draws and writes every epoch up to `epoch`."""
+        """Draws every epoch up to `epoch`, and feeds what fits."""
         while self.written < epoch:
             e = self.written + 1
-            batches = self.batches_of(e)
-            offsets = np.zeros(self.n + 1, dtype=np.int64)
-            offsets[1:] = np.cumsum([len(b) for b in batches])
-            flat = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+            batches = self.pending[e] = self.batches_of(e)
             self.max_len = max([self.max_len] + [len(b) for b in batches])
-            fd = self.fds[e % self.ring]
-            os.pwrite(fd, np.int64(-1).tobytes(), 0)  # a reader sees no epoch meanwhile
-            os.pwrite(fd, np.array([self.n, len(flat)], np.int64).tobytes() + offsets.tobytes() +
-                      flat.tobytes(), 8)
-            os.pwrite(fd, np.int64(e).tobytes(), 0)
             self.written = e
-            self.states.pop(e - self.ring, None)
+            self.states.pop(e - self.ahead - 2, None)
+        self._feed()
+
+    def attach(self, loader, room):
+        """Feeds `loader` (which takes batches of up to `room` indices) from
+        now on: the epochs drawn and not fed yet first."""
+        self.loader, self.room = loader, room
+        self._feed()
+
+    def fits(self, epoch):
+        """Whether the loader fed now can take epoch `epoch`'s batches."""
+        batches = self.pending.get(epoch)
+        return batches is None or max(len(b) for b in batches) <= self.room
+
+    def _feed(self):
+        if self.loader is None:
+            return
+        for e in sorted(self.pending):
+            if not self.fits(e):
+                break  # it waits for a loader with room for it
+            self.loader.feed(e * self.n, self.pending.pop(e))
 
     def skip_to(self, epoch, state):
         """Goes on at `epoch` (a resume): from the sampler's saved state
         when there is one, else by drawing the epochs before it again (the
         same draws for a sampler seeded at construction)."""
         self.states.clear()
+        self.pending.clear()
         if state is not None and hasattr(self.sampler, "load_state_dict"):
             self.sampler.load_state_dict(state)
         else:
@@ -327,34 +342,6 @@ class _SamplerTable:
                 self.batches_of(e)
         self.written = epoch - 1
 
-    def ref(self):
-        """What a worker needs to read the table: (trainer pid, fds)."""
-        return (os.getpid(), list(self.fds))
-
-
-def _read_table(ref, opened, epoch, pos, deadline_s=60.0):
-    """In a worker: the indices of batch position `pos` of `epoch`, read
-    from the trainer's table (see _SamplerTable); waits (polling, at most
-    deadline_s) while the trainer has not written that epoch yet."""
-    pid, fds = ref
-    slot = epoch % len(fds)
-    fd = opened.get(slot)
-    if fd is None:
-        fd = opened[slot] = os.open("/proc/%d/fd/%d" % (pid, fds[slot]), os.O_RDONLY | os.O_CLOEXEC)
-    give_up = time.monotonic() + deadline_s
-    head = _SamplerTable.HEAD
-    while True:
-        if np.frombuffer(os.pread(fd, 8, 0), np.int64)[0] == epoch:
-            n, _ = np.frombuffer(os.pread(fd, 16, 8), np.int64)
-            lo, hi = np.frombuffer(os.pread(fd, 16, head + 8 * pos), np.int64)
-            raw = os.pread(fd, int(8 * (hi - lo)), int(head + 8 * (n + 1) + 8 * lo))
-            if np.frombuffer(os.pread(fd, 8, 0), np.int64)[0] == epoch:  # not rewritten meanwhile
-                return np.frombuffer(raw, np.int64)
-        if time.monotonic() > give_up:
-            raise RuntimeError("ferry.torch.DataLoader: the trainer did not give the sampler's "
-                               "epoch %d within %.0f s" % (epoch, deadline_s))
-        time.sleep(0.001)  # the trainer draws it at its next epoch's start
-
 
 class _Batches:
     """What the workers are given: the user's dataset with how to make its
@@ -366,11 +353,10 @@ class _Batches:
                  worker_init_fn, num_workers, trainer_pid, table=None):
         self.dataset = dataset
         self.indices = indices
-        # A sampler of the user's: the positions' indices are in its table
-        # (the table itself in this process, its ref in workers).
+        # A sampler of the user's (its table in this process): the loader
+        # is fed its batches, whose first index is not position 0.
         self.table = table
-        self.table_ref = table.ref() if table is not None else None
-        self.nbatches = table.n if table is not None else None
+        self.fed = table is not None
         self.collate_fn = collate_fn
         self.auto_batch = auto_batch
         self.base_seed = base_seed
@@ -389,15 +375,13 @@ class _Batches:
         return state
 
     def __len__(self):
-        if self.nbatches is not None:
-            return self.nbatches
         return len(self.indices) if self.indices is not None else len(self.dataset)
 
     def build(self, positions, epoch):
         """num_workers=0: the batch at `positions`, made in the caller's
         thread as torch's DataLoader makes it there (nothing seeded, the
         dataset's exceptions raised as they are)."""
-        return self._user_batch([self._item(i) for i in self._sampled(positions, epoch)])
+        return self._user_batch([self._item(i) for i in positions])
 
     def _user_batch(self, items):
         """What the user's loader makes of `items`: their collate_fn's
@@ -411,19 +395,10 @@ class _Batches:
             return fn(one)
 
     def close(self):
-        """Called by ferry when the dataset closes: the table's files this
-        worker opened."""
+        """Called by ferry when the dataset closes: the stream table's file
+        this worker opened (an IterableDataset's, _StreamBatches)."""
         for fd in self.__dict__.pop("_opened", {}).values():
             os.close(fd)
-
-    def _sampled(self, positions, epoch):
-        """The dataset indices of batch positions (a user's sampler), or
-        the positions themselves."""
-        if self.table_ref is None:
-            return positions
-        opened = self.__dict__.setdefault("_opened", {})
-        return np.concatenate([_read_table(self.table_ref, opened, int(epoch), int(p))
-                               for p in positions])
 
     def __getitem__(self, i):
         return self._item(i)
@@ -486,7 +461,7 @@ class _Batches:
         with _probing(self) as reads, _probe_deadline(self):
             try:
                 item = self._probe_item(reads)
-                if self.collate_fn is None and self.auto_batch and self.table_ref is None:
+                if self.collate_fn is None and self.auto_batch:
                     leaves = []
                     self._collate([item], probe=leaves)
                     for n, (dt, shape) in enumerate(leaves):
@@ -501,12 +476,9 @@ class _Batches:
                 else:
                     sizes = []
                     _walk_arrays(self._user_batch([item]), sizes)
-                    # Bytes per ferry item: a batch sampler's position is a
-                    # whole batch (item_scale items).
-                    scale = getattr(self, "item_scale", 1)
                     for dt, nbytes in sizes[:_MAX_DATA_FIELDS]:
                         self._var[len(fields)] = dt
-                        reserve = min(_RESERVE_MAX, max(64, (nbytes + nbytes // 4) * scale))
+                        reserve = min(_RESERVE_MAX, max(64, nbytes + nbytes // 4))
                         fields.append(("%d" % len(fields), _dataset._DTYPES[dt.str], None,
                                        reserve))
             except Exception:  # noqa: BLE001 - each batch meets it and says so
@@ -533,7 +505,7 @@ class _Batches:
         nothing is kept there."""
         self._kept = None
         if (reads is None or self.worker_init_fn is not None or self.collate_fn is not None
-                or not self.auto_batch or self.table_ref is not None):
+                or not self.auto_batch or self.fed):
             return self._item(0)
         asked = _dataset._info_asked[0]
         saved = _rng_states()
@@ -686,7 +658,6 @@ class _Batches:
         if self.reseed == "batch":  # the batch's first index (or position) names it
             self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(indices[0])))
         first = self._reuse_first(indices, epoch) if "_kept" in self.__dict__ else None
-        indices = self._sampled(indices, epoch)
         count = len(indices)
         nf = len(self._fields)
         out = [None] * nf
@@ -1417,7 +1388,7 @@ class DataLoader(_Closes):
 
         self._table = None
         if table_over is not None:
-            # ferry runs over the sampler's batches, one position each.
+            # ferry runs over the sampler's batches, fed their indices.
             nb = len(table_over[0])
             if nb == 0:
                 raise ValueError("ferry.torch.DataLoader: the sampler gives no batches")
@@ -1427,7 +1398,7 @@ class DataLoader(_Closes):
             opts["prefetch"] = window
             self._table = _SamplerTable(table_over[0], table_over[1], nb,
                                         -(-window // nb) + 1, len(dataset))
-            opts["shuffle"], opts["drop_last"], opts["batch_size"] = False, False, 1
+            opts["shuffle"], opts["drop_last"], opts["feed_batches"] = False, False, nb
         self._next_epoch = 0
         self._mid_epoch = False  # a `for` stopped inside an epoch
         self._batches = _Batches(dataset, indices, collate_fn, auto_batch, base_seed, reseed,
@@ -1511,8 +1482,7 @@ class DataLoader(_Closes):
                 if state is not None or self._table.written >= 0:
                     self._table.skip_to(self._next_epoch, (state or {}).get("sampler"))
                 self._table.fill_to(self._next_epoch + self._table.ahead)
-                # A position is a whole batch: what fields reserve scales.
-                self._batches.item_scale = self._table.max_len
+                self._opts["batch_size"] = self._table.max_len  # the longest drawn
             self._mid_epoch = False
             if self._sync:
                 opts = dict(self._opts)
@@ -1529,16 +1499,34 @@ class DataLoader(_Closes):
                     return self._ferry()
                 self._loader = ld
             else:
-                if not self.persistent_workers:
-                    self._dataset_print = self._print()
                 self._loader = Loader(self._batches, **self._opts)
+                if not self.persistent_workers:  # what it was given: no change since
+                    self._dataset_print = self._print()
+            if self._table is not None:
+                self._table.attach(self._loader, self._opts["batch_size"])
             self._watch_slots()
         return self._loader
 
+    def _restart_at(self, epoch, why):
+        """The workers start again at the first batch of `epoch`."""
+        state = self._loader.state_at_epoch(epoch)
+        state.update(epoch=epoch, base_seed=self._base_seed)
+        if self._table is not None:
+            state["sampler"] = self._table.states.get(epoch)
+        logging.getLogger("ferry").info("ferry.torch.DataLoader: %s: the workers start again at "
+                                        "epoch %d", why, epoch)
+        self.load_state_dict(state)
+        self._next_epoch = epoch
+        self._mid_epoch = False
+
     def _print(self):
-        """What the workers were given of the trainer's objects, as a digest."""
+        """What the workers were given of the trainer's objects, as a digest
+        (None when it cannot be pickled now: a new loader then says why)."""
         b = self._batches
-        return _dataset.fingerprint((b.dataset, b.collate_fn, b.worker_init_fn))
+        try:
+            return _dataset.fingerprint((b.dataset, b.collate_fn, b.worker_init_fn))
+        except Exception:  # noqa: BLE001 - pickling fails in many ways
+            return None
 
     def _follow_dataset(self):
         """Without persistent_workers, as with torch's workers, each epoch
@@ -1551,20 +1539,11 @@ class DataLoader(_Closes):
                 self._native is not None:
             return
         now = self._print()
-        if now == self._dataset_print:
+        if now is not None and now == self._dataset_print:
             return
-        want = self._next_epoch + (1 if self._mid_epoch else 0)
-        state = self._loader.state_at_epoch(want)
-        state.update(epoch=want, base_seed=self._base_seed)
-        if self._table is not None:
-            state["sampler"] = self._table.states.get(want)
-        logging.getLogger("ferry").info(
-            "ferry.torch.DataLoader: the dataset changed since the workers started: they start "
-            "again with it at epoch %d (persistent_workers=True keeps the dataset as it was "
-            "when they first started, as with torch)", want)
-        self.load_state_dict(state)
-        self._next_epoch = want
-        self._mid_epoch = False
+        self._restart_at(self._next_epoch + (1 if self._mid_epoch else 0),
+                         "the dataset changed since the workers started (persistent_workers="
+                         "True keeps it as it was when they first started, as with torch)")
 
     def _watch_slots(self):
         """pin_memory's slot registrations (_SlotPins) for the loader just made."""
@@ -1581,6 +1560,8 @@ class DataLoader(_Closes):
     def __len__(self):
         if self._loader is not None:
             return len(self._loader)
+        if self._table is not None:  # the sampler's batches
+            return self._table.n
         n = len(self._batches)
         world = int(self._opts.get("world", self._opts.get("world_size", 1)) or 1)
         if world > 1:  # each rank's share: padded up (pad_shards) or cut down
@@ -1665,6 +1646,12 @@ class DataLoader(_Closes):
     def _begin_epoch(self):
         """The ferry epoch iterator of a new `for`: what a `for` left early
         left of its epoch is drained first. Returns (iterator, epoch)."""
+        if self._table is not None and self._loader is not None:
+            want = self._next_epoch + (1 if self._mid_epoch else 0)
+            self._table.fill_to(want + self._table.ahead)
+            if not self._table.fits(want):
+                self._restart_at(want, "the sampler gave a batch of %d indices, longer than "
+                                       "any before" % self._table.max_len)
         ld = self._ferry()
         timeout = self.timeout if self.timeout and self.timeout > 0 else None
         if self._table is not None:  # the sampler's epochs the window may reach
@@ -1724,6 +1711,8 @@ class DataLoader(_Closes):
             self._loader.close()
             self._loader = None
             self._pins = None
+            if getattr(self, "_table", None) is not None:
+                self._table.loader = None  # what it drew for this one is drawn again
 
     def close(self):
         """Stops the workers (also done at exit and when collected)."""

@@ -832,6 +832,41 @@ static PyObject *loader_state_at_epoch(LoaderObject *self, PyObject *arg)
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
 }
 
+/* feed(first_seq, counts, indices): ferry_loader_feed, from two
+ * C-contiguous buffers (uint32 counts, 64-bit indices), read without a copy. */
+static PyObject *loader_feed(LoaderObject *self, PyObject *args)
+{
+    ferry_loader *ld = usable(self);
+    unsigned long long first = 0;
+    Py_buffer counts = {0}, indices = {0};
+    if (!ld || !PyArg_ParseTuple(args, "Ky*y*:feed", &first, &counts, &indices))
+        return NULL;
+    PyObject *out = NULL;
+    if (counts.itemsize != 4 || indices.itemsize != 8 || counts.len % 4 || indices.len % 8) {
+        PyErr_SetString(PyExc_TypeError, "feed: counts must be uint32 and indices 64-bit "
+                                         "integers");
+        goto done;
+    }
+    uint64_t n = (uint64_t)counts.len / 4, total = 0;
+    const uint32_t *c = counts.buf;
+    for (uint64_t k = 0; k < n; k++)
+        total += c[k];
+    if (total != (uint64_t)indices.len / 8) {
+        PyErr_Format(PyExc_ValueError, "feed: the counts add up to %llu indices, but %zd were "
+                                       "given", (unsigned long long)total, indices.len / 8);
+        goto done;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_loader_feed(ld, (uint64_t)first, n, c, indices.buf);
+    Py_END_ALLOW_THREADS
+    out = rc == FERRY_OK ? Py_NewRef(Py_None) : ferry_py_raise(rc, ferry_last_error());
+done:
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&indices);
+    return out;
+}
+
 /* stats() -> dict of the counters. Safe while another thread waits. */
 static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
 {
@@ -939,6 +974,9 @@ static PyMethodDef loader_methods[] = {
     {"close", (PyCFunction)loader_close, METH_NOARGS, "stop the workers and free everything"},
     {"length", (PyCFunction)loader_length, METH_NOARGS, "(items, batches_per_epoch)"},
     {"state", (PyCFunction)loader_state, METH_NOARGS, "resume blob (bytes)"},
+    {"feed", (PyCFunction)loader_feed, METH_VARARGS,
+     "feed(first_seq, counts, indices): the indices of the batches from first_seq on "
+     "(option feed_batches)"},
     {"state_at_epoch", (PyCFunction)loader_state_at_epoch, METH_O,
      "resume blob (bytes) that starts at the first batch of an epoch"},
     {"schema", (PyCFunction)loader_schema, METH_NOARGS, "[(name, dtype code, item shape)]"},

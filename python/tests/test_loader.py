@@ -1064,3 +1064,36 @@ def test_a_memmap_whose_file_changed_is_a_clear_error(tmp_path):
     os.unlink(path)
     with pytest.raises(ValueError, match="m.npy is gone"):
         fn(*args)
+
+
+def test_a_fed_sampler_loses_and_repeats_nothing_when_a_worker_is_killed(tmp_path):
+    # Index 13 kills its worker once, mid-epoch: its batch goes out again
+    # with the same fed indices, and every batch arrives once, in order.
+    rng = np.random.default_rng(5)
+    epochs = [[list(b) for b in np.array_split(rng.permutation(40), 12)] for _ in range(2)]
+    flag = str(tmp_path / "died")
+    with ferry.Loader(Items, dataset_kwargs={"n": 40, "die": 13, "flag": flag}, workers=2,
+                      batch_size=4, feed_batches=12, epochs=2) as ld:
+        ld.feed(0, epochs[0])
+        first = [b.indices.tolist() for b in ld]
+        ld.feed(12, epochs[1])
+        second = [b.indices.tolist() for b in ld]
+        assert ld.stats()["restarts"] == 1
+    assert os.path.exists(flag)
+    assert first == [[int(i) for i in b] for b in epochs[0]]
+    assert second == [[int(i) for i in b] for b in epochs[1]]
+
+
+def test_a_bad_feed_is_refused_and_loses_nothing():
+    with ferry.Loader(Items, dataset_kwargs={"n": 10}, workers=1, batch_size=3,
+                      feed_batches=2, epochs=1) as ld:
+        with pytest.raises(ferry.InvalidValue, match="batch 0 is the next to feed"):
+            ld.feed(1, [[1]])
+        with pytest.raises(ferry.InvalidValue, match="has 4 indices, not 1..3"):
+            ld.feed(0, [[1, 2, 3, 4]])
+        with pytest.raises(ferry.IndexOutOfRange, match="index 10, but the dataset has 10"):
+            ld.feed(0, [[1], [10]])
+        ld.feed(0, [[3, 1], [2]])
+        assert [b.indices.tolist() for b in ld] == [[3, 1], [2]]
+    with pytest.raises(ferry.InvalidValue, match="shuffle, world_size and drop_last"):
+        ferry.Loader(SYN, batch_size=2, feed_batches=3, shuffle=True)

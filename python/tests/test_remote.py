@@ -86,3 +86,21 @@ def test_remote_worker_without_allow_list_serves_no_python_dataset():
         # C kinds are still served.
         with open_remote(port, "synthetic:n=10,dim=4", epochs=1) as ld:
             assert sum(b.size for b in ld) == 10
+
+
+def test_a_fed_sampler_s_batches_are_served_by_a_remote_worker_as_fed():
+    # The trainer's own sampler (option feed_batches): each task carries
+    # its indices, so a remote worker holding the named dataset makes
+    # exactly the batches fed, of any length up to batch_size, in order.
+    epochs = [[[7, 1, 3], [0, 2, 4, 5], [9]], [[19, 18], [6], [8, 10, 11, 12]]]
+    port = free_port()
+    with RemoteWorker(port, ["datasets"]) as w:
+        with ferry.Loader(Items, dataset_kwargs={"n": 20}, workers=0, insecure=True,
+                          bind="tcp://127.0.0.1:%d" % port, batch_size=4, feed_batches=3,
+                          epochs=2, shuffle=False) as ld:
+            assert len(ld) == 3
+            ld.feed(0, epochs[0] + epochs[1])
+            got = [(b.epoch, b.indices.tolist(), b["y"].tolist()) for e in range(2) for b in ld]
+    want = [(e, b, [i * i for i in b]) for e in range(2) for b in epochs[e]]
+    assert got == want
+    assert w.p.returncode == 0, w.stderr
