@@ -370,7 +370,7 @@ class _Batches:
         state = dict(self.__dict__)
         state["_fields"] = None
         state["table"] = None
-        for k in ("_started", "_fixed", "_var", "_opened", "_kept"):
+        for k in ("_started", "_fixed", "_var", "_kept"):
             state.pop(k, None)
         return state
 
@@ -393,12 +393,6 @@ class _Batches:
         fn = _tcollate.default_collate if self.auto_batch else _tcollate.default_convert
         with _torch_worker_info(None):  # torch would put each tensor in shm of its own
             return fn(one)
-
-    def close(self):
-        """Called by ferry when the dataset closes: the stream table's file
-        this worker opened (an IterableDataset's, _StreamBatches)."""
-        for fd in self.__dict__.pop("_opened", {}).values():
-            os.close(fd)
 
     def __getitem__(self, i):
         return self._item(i)
@@ -865,46 +859,30 @@ def _unrow(batch, views):
 class _StreamTable:
     """For an IterableDataset: which batch of whose iterator each task
     stands for. Task seq s is made by worker w = s % W (the loader's
-    pin_tasks), as its k = s // W-th task; the trainer writes, per worker, a
-    ring of entries [k + 1, epoch, batch in epoch (-1: idle)] in a memfd
-    that the worker reads through /proc/TRAINER/fd/N. The trainer decides
-    the epochs: a worker's tasks stand for its next batches until its
-    iterator ends, then for its next epoch's (at most AHEAD of them while
-    the trainer is still in the epoch before; then idle tasks, answered at
-    once)."""
+    pin_tasks), and the trainer feeds it (option feed_batches) one index
+    that is its tag: (epoch << 32) | (batch in epoch + 1), 0 in the low
+    half for an idle task. The trainer decides the epochs: a worker's
+    tasks stand for its next batches until its iterator ends, then for
+    its next epoch's (at most AHEAD of them while the trainer is still in
+    the epoch before; then idle tasks, answered at once)."""
 
-    ENTRY = 24
-    RING = 4096
     AHEAD = 2
 
     def __init__(self, workers):
         self.workers = workers
-        self.fds = [os.memfd_create("ferry-stream", os.MFD_CLOEXEC) for _ in range(workers)]
-        for fd in self.fds:
-            os.ftruncate(fd, self.ENTRY * self.RING)
-        self.written = 0              # entries written: seqs 0 .. written-1
+        self.written = 0              # entries decided: seqs 0 .. written-1
+        self.fed = 0                  # and fed to the loader: seqs 0 .. fed-1
         self.entries = {}             # seq -> (epoch, batch in epoch or -1), until read back
         self.epoch = [0] * workers    # the epoch each worker's next entries stand for
         self.next_k = [0] * workers   # and the batch in it
         self.trainer_epoch = 0        # the epoch the trainer hands out
-
-    def ref(self):
-        return (os.getpid(), list(self.fds))
-
-    def close(self):
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        self.loader = None
 
     def write_to(self, end):
-        """Entries for every seq below `end`."""
+        """Entries for every seq below `end`, fed to the loader attached."""
         while self.written < end:
             s = self.written
-            w, k = s % self.workers, s // self.workers
-            # Entries are read back in seq order: the oldest unread is
-            # written - len(entries); its ring place must not come round.
-            if s - self.workers * self.RING >= self.written - len(self.entries):
-                raise RuntimeError("ferry.torch.DataLoader: the stream table is full")
+            w = s % self.workers
             e = self.epoch[w]
             if e > self.trainer_epoch + 1 or \
                     (e == self.trainer_epoch + 1 and self.next_k[w] >= self.AHEAD):
@@ -913,9 +891,22 @@ class _StreamTable:
                 kin = self.next_k[w]
                 self.next_k[w] += 1
             self.entries[s] = (e, kin)
-            os.pwrite(self.fds[w], np.array([k + 1, e, kin], np.int64).tobytes(),
-                      (k % self.RING) * self.ENTRY)
             self.written += 1
+        self._feed()
+
+    def attach(self, loader):
+        self.loader = loader
+        self._feed()
+
+    def close(self):
+        self.loader = None
+
+    def _feed(self):
+        if self.loader is None or self.fed == self.written:
+            return
+        tags = [_stream_tag(*self.entries[s]) for s in range(self.fed, self.written)]
+        self.loader.feed(self.fed, [[t] for t in tags])
+        self.fed = self.written
 
     def ended(self, w, epoch):
         """Worker w's iterator has no more batches in `epoch`: its next
@@ -925,23 +916,9 @@ class _StreamTable:
             self.next_k[w] = 0
 
 
-def _read_stream(ref, opened, w, k, deadline_s=60.0):
-    """In worker w: (epoch, batch in epoch or -1) of its k-th task, from the
-    trainer's _StreamTable; waits (polling) while it is not written."""
-    pid, fds = ref
-    fd = opened.get(w)
-    if fd is None:
-        fd = opened[w] = os.open("/proc/%d/fd/%d" % (pid, fds[w]), os.O_RDONLY | os.O_CLOEXEC)
-    give_up = time.monotonic() + deadline_s
-    at = (k % _StreamTable.RING) * _StreamTable.ENTRY
-    while True:
-        tag, e, kin = np.frombuffer(os.pread(fd, _StreamTable.ENTRY, at), np.int64)
-        if tag == k + 1:
-            return int(e), int(kin)
-        if time.monotonic() > give_up:
-            raise RuntimeError("ferry.torch.DataLoader: the trainer did not say what task %d of "
-                               "worker %d stands for within %.0f s" % (k, w, deadline_s))
-        time.sleep(0.001)  # written ahead of the window: only at the very start
+def _stream_tag(epoch, kin):
+    """The one index a stream's task is fed (see _StreamTable)."""
+    return (int(epoch) << 32) | (int(kin) + 1)
 
 
 class _StreamBatches(_Batches):
@@ -954,7 +931,8 @@ class _StreamBatches(_Batches):
     (the same items for the same seed, worker and epoch) loses and repeats
     nothing."""
 
-    LENGTH = 2**40  # the index stream is endless: epochs are the iterators'
+    LENGTH = 2**62  # what a tag may be (_StreamTable); epochs are the iterators'
+    TASKS = 2**40   # the loader's endless stream of tasks (feed_batches)
 
     def __len__(self):
         return self.LENGTH
@@ -1020,9 +998,9 @@ class _StreamBatches(_Batches):
         self._start()
         if self._fields is None:
             self.__ferry_fields__()
-        p = int(indices[0])
-        w, k = p % self.num_workers, p // self.num_workers
-        e, kin = _read_stream(self.table_ref, self.__dict__.setdefault("_opened", {}), w, k)
+        tag = int(indices[0])
+        e, kin = tag >> 32, (tag & 0xFFFFFFFF) - 1
+        w = _ferry.worker_state()[0]  # this worker's id: s % W made it the one for seq s
         result = ("idle", e, kin) if kin < 0 else self._next_batch(w, e, kin)
         buf = io.BytesIO()
         out = [None, None]
@@ -1717,8 +1695,6 @@ class DataLoader(_Closes):
     def close(self):
         """Stops the workers (also done at exit and when collected)."""
         self.close_workers()
-        if getattr(self, "_batches", None) is not None:
-            self._batches.close()  # the table files num_workers=0 opened here
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None
@@ -1787,10 +1763,10 @@ class _IterableDataLoader(DataLoader):
                                        base_seed, reseed, worker_init_fn, w, os.getpid())
         self._batches.batch_size = batch_size
         self._batches.drop_last = bool(drop_last)
-        self._batches.table_ref = self._table.ref() if self._table else None
         self._window = max(w, int(prefetch_factor if prefetch_factor is not None else 2) * w)
         opts.update(workers=w, pin_tasks=True, batch_size=1, shuffle=False, drop_last=False,
-                    epochs=0, in_order=True, seed=base_seed, prefetch=max(1, self._window))
+                    epochs=0, in_order=True, seed=base_seed, prefetch=max(1, self._window),
+                    feed_batches=_StreamBatches.TASKS)
         self._opts = opts
         self._loader = None
         self._pins = None  # pin_memory's registered slots (_SlotPins)
@@ -1821,21 +1797,19 @@ class _IterableDataLoader(DataLoader):
             # Every task the window can send has its entry before any is sent.
             self._table.write_to(self._window + self.num_workers)
             self._loader = Loader(self._batches, **self._opts)
+            self._table.attach(self._loader)
             self._watch_slots()
         return self._loader
 
     def _fresh_stream(self):
         """A new loader's stream (after close_workers() or close()): task 0
         again, the workers' iterators started afresh at the next epoch."""
-        if self._table is not None:
-            self._table.close()
         if self._mid_epoch:
             self._mid_epoch = False
             self._epoch += 1
         t = self._table = _StreamTable(self.num_workers)
         t.trainer_epoch = self._epoch
         t.epoch = [self._epoch] * self.num_workers
-        self._batches.table_ref = t.ref()
         self._seq = 0
         self._queues = [collections.deque() for _ in range(self.num_workers)]
         self._ended, self._future, self._turn = set(), {}, 0
