@@ -389,3 +389,23 @@ class HoldsArrays:
             out.update(m=_mapping_of(self.m.ctypes.data), m_type=type(self.m).__name__,
                        m_value=int(self.m[i, 0]))
         return out
+
+
+_LEAKED = []  # Leaky's: what its worker keeps, for good
+
+
+class Leaky:
+    """Item i: {"x": int64 i}; building it keeps `leak_kb` KiB more of
+    written memory in its worker's module-level list, never given back (a
+    leaky third-party decoder)."""
+
+    def __init__(self, n=100, leak_kb=1024):
+        self.n, self.leak_kb = n, leak_kb
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.leak_kb:
+            _LEAKED.append(bytearray(b"\x5a") * (self.leak_kb * 1024))
+        return {"x": np.int64(i)}
