@@ -66,8 +66,7 @@ int ferry__private_rss(int fd, uint64_t *bytes)
 ferry__retire_reason ferry__retire_after_task(ferry__retire *r)
 {
     r->batches++;
-    if (r->max_rss && ferry__private_rss(r->statm_fd, &r->rss) == FERRY_OK &&
-        r->rss > r->max_rss)
+    if (r->max_rss && ferry__private_rss(r->statm_fd, &r->rss) == FERRY_OK && r->rss > r->max_rss)
         return FERRY__RETIRE_MEMORY;
     if (r->max_batches && r->batches >= r->max_batches)
         return FERRY__RETIRE_BATCHES;

@@ -129,8 +129,7 @@ static void test_memory_budget_retires_leaking_workers_within_one_batch(void **s
     ferry_config *cfg = make_cfg(2, 4, "synthetic:n=400,dim=24,leak_kb=256");
     assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
     assert_int_equal(ferry_config_set_int(cfg, "epochs", 2), FERRY_OK);
-    assert_int_equal(ferry_config_set_int(cfg, "worker_max_rss_bytes", (int64_t)budget),
-                     FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "worker_max_rss_bytes", (int64_t)budget), FERRY_OK);
     ferry_loader *ld = ft_open_ok(cfg);
     uint64_t peak = 0;
     assert_int_equal(consume(ld, 0, 2, &peak), 2 * 100);
@@ -150,8 +149,9 @@ static void test_memory_budget_retires_leaking_workers_within_one_batch(void **s
     for (int i = 0; i < cap.n; i++)
         print_message("[%s] %s\n", ferry_log_level_name(cap.level[i]), cap.line[i]);
     assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, ""), 0);
-    assert_true(ft_count_log(&cap, FERRY_LOG_INFO, "MiB of private memory (worker_max_rss_bytes "
-                                                   "24.0 MiB); starting a replacement") >= 5);
+    assert_true(ft_count_log(&cap, FERRY_LOG_INFO,
+                             "MiB of private memory (worker_max_rss_bytes "
+                             "24.0 MiB); starting a replacement") >= 5);
     ft_end(&snap);
 }
 

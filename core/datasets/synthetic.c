@@ -50,7 +50,16 @@ typedef struct synthetic {
     void *leaked; /* leak_kb's blocks, each starting with a pointer to the one before */
 } synthetic;
 
-enum { SYN_N, SYN_DIM, SYN_COST_US, SYN_SLEEP_US, SYN_FAIL_AT, SYN_AUGMENT, SYN_LEAK_KB, SYN_NKEYS };
+enum {
+    SYN_N,
+    SYN_DIM,
+    SYN_COST_US,
+    SYN_SLEEP_US,
+    SYN_FAIL_AT,
+    SYN_AUGMENT,
+    SYN_LEAK_KB,
+    SYN_NKEYS
+};
 
 static const struct synthetic_key {
     const char *name;
@@ -149,8 +158,7 @@ static int synthetic_option(synthetic *s, unsigned seen[], const char *tok, size
             errbuf, errlen, FERRY_EDATASET,
             "synthetic: unknown key '%.*s' (expected n, dim, cost_us, sleep_us, fail_at, augment, "
             "leak_kb)",
-            (int)klen,
-            tok);
+            (int)klen, tok);
     if (eq == NULL)
         return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                   "synthetic: option '%s' has no value (expected %s=VALUE)",
