@@ -107,6 +107,7 @@ struct ferry__scheduler {
     int slots_out;          /* the last task found no free batch slot */
     int send_errno;         /* why the last task could not be sent */
     uint64_t slots_warned_ms; /* when that was last logged */
+    uint64_t early_retirements; /* workers that retired over memory after one batch */
     ferry__msg in, out;     /* message scratch, too big for the stack */
 };
 

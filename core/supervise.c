@@ -166,7 +166,8 @@ void ferry__sched_on_retire(ferry__scheduler *s, sched_worker *w)
     w->retire_by_ms = ferry__now_ms() + (uint64_t)s->cfg.close_grace_ms + 500;
 }
 
-/* "2.1 GiB", "312.4 MiB", "900 KiB". */
+/* "2.10 GiB", "312.43 MiB", "900 KiB": two decimals, so a figure just past
+ * the budget does not read as the budget. */
 static const char *human_bytes(uint64_t b, char *buf, size_t cap)
 {
     static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -176,12 +177,12 @@ static const char *human_bytes(uint64_t b, char *buf, size_t cap)
         v /= 1024;
         u++;
     }
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
     return buf;
 }
 
 /* What retired worker w did and why: "worker 3 (pid 77) retired after 812
- * batches at 2.1 GiB of private memory (worker_max_rss_bytes 2.0 GiB)". A
+ * batches at 2.10 GiB of private memory (worker_max_rss_bytes 2.00 GiB)". A
  * process the pool had to kill, or that did not end cleanly after its
  * BYE, is said so. */
 static void retirement_message(const ferry__scheduler *s, const sched_worker *w, char *msg,
@@ -206,8 +207,8 @@ static void retirement_message(const ferry__scheduler *s, const sched_worker *w,
         ferry__describe_status(ev->status, st, sizeof st);
         snprintf(how, sizeof how, "; then it %s", st);
     }
-    snprintf(msg, cap, "worker %u (pid %d) retired after %" PRIu64 " batches%s%s", w->p.index,
-             (int)ev->pid, r->batches, why, how);
+    snprintf(msg, cap, "worker %u (pid %d) retired after %" PRIu64 " batch%s%s%s", w->p.index,
+             (int)ev->pid, r->batches, r->batches == 1 ? "" : "es", why, how);
 }
 
 /* The settled exit of local worker w, which had retired: what it had been
@@ -218,12 +219,22 @@ static void replace_retired(ferry__scheduler *s, sched_worker *w)
 {
     char msg[FERRY__ERRMSG_MAX];
     retirement_message(s, w, msg, sizeof msg);
-    w->retired = (ferry__bye){0};
     w->retire_by_ms = 0;
     /* Counted before the requeue, as a restart is (handle_death). */
     ferry__window_count(s->win, FERRY__STAT_RETIREMENTS);
     ferry__window_requeue(s->win, w->p.index, FERRY__CHARGE_NONE, 0, msg);
-    ferry__logf(&s->log, FERRY_LOG_INFO, "%s; starting a replacement", msg);
+    /* Over budget after its first batch: a fresh worker holds about that
+     * much already, and every batch would cost a process. */
+    int early = w->retired.retired == FERRY__RETIRE_MEMORY && w->retired.batches <= 1;
+    if (early && ferry__log_nth(++s->early_retirements, 1))
+        ferry__logf(&s->log, FERRY_LOG_WARN,
+                    "%s; a fresh worker holds about that much already, so each batch "
+                    "costs a new process: raise worker_max_rss_bytes (%llu such retirements so "
+                    "far)",
+                    msg, (unsigned long long)s->early_retirements);
+    else
+        ferry__logf(&s->log, FERRY_LOG_INFO, "%s; starting a replacement", msg);
+    w->retired = (ferry__bye){0};
     w->p.delivered_any = 0;
     w->p.failed_starts = 0;
     w->p.ident.len = 0;

@@ -151,7 +151,7 @@ static void test_memory_budget_retires_leaking_workers_within_one_batch(void **s
     assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, ""), 0);
     assert_true(ft_count_log(&cap, FERRY_LOG_INFO,
                              "MiB of private memory (worker_max_rss_bytes "
-                             "24.0 MiB); starting a replacement") >= 5);
+                             "24.00 MiB); starting a replacement") >= 5);
     ft_end(&snap);
 }
 
@@ -194,6 +194,34 @@ static void test_state_saved_between_retirements_resumes_exactly(void **state)
     ft_end(&snap);
 }
 
+/* A budget below what a fresh worker holds retires each worker after its
+ * first batch: the stream is still whole and in order, and a warning
+ * (the first such retirement, then at powers of two) says to raise it. */
+static void test_a_budget_below_a_fresh_worker_says_to_raise_it(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    static ft_log_capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    cap.n = 0;
+    ferry_config *cfg = make_cfg(2, 8, "synthetic:n=64,dim=24");
+    assert_int_equal(ferry_config_set_log(cfg, ft_capture_log, &cap), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "epochs", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "worker_max_rss_bytes", 4096), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    assert_int_equal(consume(ld, 0, 2, NULL), 8);
+    ferry_stats st = ft_stats(ld);
+    assert_true(st.retirements >= 6);
+    assert_int_equal(st.restarts, 0);
+    ft_close_within(ld, 5000);
+    for (int i = 0; i < cap.n && i < 4; i++)
+        print_message("[%s] %s\n", ferry_log_level_name(cap.level[i]), cap.line[i]);
+    int warned = ft_count_log(&cap, FERRY_LOG_WARN, "raise worker_max_rss_bytes");
+    assert_true(warned >= 1 && warned <= 5);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "after 1 batch at "), warned);
+    ft_end(&snap);
+}
+
 /* Thread workers are the trainer's own threads: nothing can replace them,
  * and open says so, naming the option. */
 static void test_thread_workers_refuse_the_retirement_options(void **state)
@@ -221,6 +249,7 @@ int main(void)
         cmocka_unit_test(test_max_batches_per_worker_replaces_workers_losing_nothing),
         cmocka_unit_test(test_memory_budget_retires_leaking_workers_within_one_batch),
         cmocka_unit_test(test_state_saved_between_retirements_resumes_exactly),
+        cmocka_unit_test(test_a_budget_below_a_fresh_worker_says_to_raise_it),
         cmocka_unit_test(test_thread_workers_refuse_the_retirement_options),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
