@@ -73,6 +73,11 @@ static const opt_def options[] = {
      "most shared memory for batch slots"},
     {"on_worker_failure", OPT_ENUM, OFF(on_worker_failure), 0, 0, failure_names, "restart or fail"},
     {"max_attempts", OPT_INT, OFF(max_attempts), 1, 100, NULL, "tries of a batch that kills"},
+    {"worker_max_rss_bytes", OPT_INT, OFF(worker_max_rss_bytes), 0, INT64_MAX, NULL,
+     "a local worker process past this private resident memory is replaced after its batch "
+     "(0: never)"},
+    {"max_batches_per_worker", OPT_INT, OFF(max_batches_per_worker), 0, INT64_MAX, NULL,
+     "a local worker process is replaced after this many batches (0: never)"},
     {"worker_path", OPT_STR, OFF(worker_path), 0, PATH_MAX, NULL, "ferry-worker program"},
     {"worker_args", OPT_STR, OFF(worker_args), 0, FERRY__WORKER_ARGS_MAX, NULL,
      "arguments before ferry's own, one per line"},

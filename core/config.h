@@ -62,6 +62,9 @@ struct ferry_config {
     int64_t shm_max_bytes;     /* the most memory for their slots */
     int64_t on_worker_failure; /* ferry__on_failure */
     int64_t max_attempts;      /* workers a batch may take down before it is given up */
+    int64_t worker_max_rss_bytes;   /* a local process worker retires past this private
+                                     * memory (retire.h); 0: never */
+    int64_t max_batches_per_worker; /* ... or after answering this many tasks; 0: never */
     char worker_path[PATH_MAX];
     char worker_args[FERRY__WORKER_ARGS_MAX]; /* newline-separated, before ferry's own */
     int64_t fork_server;     /* local processes are forked by one clean parent (pool.h) */

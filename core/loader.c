@@ -56,6 +56,14 @@ static int check_config(const ferry_config *cfg)
         return ferry__seterr(FERRY_EINVAL, "feed_batches: the trainer's feed decides each batch "
                                            "and its order; shuffle, world_size and drop_last "
                                            "are its own to apply");
+    if ((cfg->worker_max_rss_bytes || cfg->max_batches_per_worker) &&
+        cfg->worker_mode == FERRY__PLACE_THREAD)
+        return ferry__seterr(FERRY_EINVAL,
+                             "option '%s' replaces worker processes, and thread workers "
+                             "(worker_mode thread) cannot be: their memory is the trainer's. "
+                             "Use worker_mode process, or leave the option 0",
+                             cfg->worker_max_rss_bytes ? "worker_max_rss_bytes"
+                                                       : "max_batches_per_worker");
     if (ferry__config_prefetch(cfg) > FERRY__WINDOW_MAX)
         return ferry__seterr(FERRY_EINVAL, "prefetch %lld is more than %d",
                              (long long)ferry__config_prefetch(cfg), FERRY__WINDOW_MAX);

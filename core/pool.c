@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/pidfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -665,13 +666,33 @@ static int parent_gone(ferry__pool *p, ferry__pool_event *ev)
     return 0;
 }
 
+/* The most a clean parent told to stop gets to finish the forks it was
+ * asked for and leave before it is killed. */
+#define PARENT_STOP_MS 200
+
 void ferry__pool_parent_stop(ferry__pool *p)
 {
-    /* Killed and reaped first, so it forks nothing more; then the answers
-     * it sent before dying are read: a worker it forked for a request
-     * (a replacement, say) whose pid was still in the socket would be
-     * known to no one, not stopped with the others, and left running
-     * after close until its handshake timed out. */
+    /* Told first, killed only if it does not go: with our side of the
+     * socket shut for writing it reads the end of its requests, so it
+     * answers the forks it was asked for and exits. A SIGKILL at once
+     * could land between a fork and its "P" answer, and leave a worker
+     * that no one knows of running after close until its handshake timed
+     * out (seen at the close that follows a retirement, whose replacement
+     * is asked for as the last batches come). */
+    local_worker *pw = &p->w[p->o.n];
+    if (atomic_load(&pw->pid) && p->ctl >= 0 && shutdown(p->ctl, SHUT_WR) == 0) {
+        struct pollfd pf = {.fd = pw->pidfd, .events = POLLIN};
+        uint64_t deadline = ferry__now_ms() + PARENT_STOP_MS;
+        for (uint64_t now; (now = ferry__now_ms()) < deadline;) {
+            if (poll(&pf, 1, (int)(deadline - now)) >= 0 || errno != EINTR)
+                break;
+        }
+    }
+    /* Reaped, so it forks nothing more; then the answers it sent before
+     * going are read: a worker it forked for a request (a replacement,
+     * say) whose pid was still in the socket would be known to no one,
+     * not stopped with the others, and left running after close until its
+     * handshake timed out. */
     reap_parent(p);
     if (p->ctl >= 0)
         read_parent(p);

@@ -5,8 +5,9 @@
  * once enough workers are ready and fixes the dataset's length and schema
  * (and so the size of the shared batch slots), BATCH and FAIL are filed in
  * the window as the answer to their task (a batch in a slot as a view of
- * it; a slot the answer did not use is free again), BYE
- * ends a session. Anything else, or anything from a worker that may not
+ * it; a slot the answer did not use is free again), BYE ends a session
+ * (a local worker's that says it retires is replaced as planned:
+ * supervise.c). Anything else, or anything from a worker that may not
  * send it now, is counted as malformed or stale and dropped; a BATCH that
  * is not what its task asked for (count, schema) is counted as malformed
  * and charged to its worker: nothing a peer sends can crash the loader or
@@ -108,6 +109,13 @@ static void configure_worker(ferry__scheduler *s, sched_worker *w)
     c->heartbeat_ms = w->p.remote ? (uint32_t)s->cfg.heartbeat_ms : 0;
     c->liveness = (uint32_t)s->cfg.heartbeat_liveness;
     c->max_message = (uint64_t)s->cfg.max_message;
+    /* Only the loader's own worker processes retire: a remote host's
+     * memory is its own to bound (docs/options.md), and a worker that
+     * predates these keys would take the CONFIG for malformed. */
+    if (!w->p.remote && s->cfg.worker_mode == FERRY__PLACE_PROCESS) {
+        c->retire_rss = (uint64_t)s->cfg.worker_max_rss_bytes;
+        c->retire_batches = (uint64_t)s->cfg.max_batches_per_worker;
+    }
     if (w->p.remote) {
         c->data_port = ferry__remote_data_port(s->remote);
         if (ferry__remote_token_issue(s->remote, w->p.index - s->nlocal, c->token, c->seal) !=
@@ -674,6 +682,9 @@ static void on_message(ferry__scheduler *s, void *sock, const ferry__ident *id, 
     case FERRY__MSG_BYE:
         if (w->p.remote && !s->closing)
             ferry__sched_lose_remote(s, w, "it said BYE", FERRY__CHARGE_NONE, 0);
+        else if (s->in.u.bye.retired && !w->p.remote && !s->closing &&
+                 w->p.state == FERRY__PEER_READY)
+            ferry__sched_on_retire(s, w);
         else
             w->p.state = FERRY__PEER_GONE;
         break;

@@ -51,6 +51,11 @@ typedef struct sched_worker {
     uint32_t restart_tries;
     int restart_rc;        /* the last try's error code */
     char restart_err[256]; /* and why it failed */
+    /* Local: it retired (its BYE said why, with its figures; retired 0:
+     * not retiring). Its death is then replaced as planned, not charged
+     * to anything; one not gone by retire_by_ms is killed. */
+    ferry__bye retired;
+    uint64_t retire_by_ms;
 } sched_worker;
 
 struct ferry__scheduler {
@@ -102,6 +107,7 @@ struct ferry__scheduler {
     int slots_out;          /* the last task found no free batch slot */
     int send_errno;         /* why the last task could not be sent */
     uint64_t slots_warned_ms; /* when that was last logged */
+    uint64_t early_retirements; /* workers that retired over memory after one batch */
     ferry__msg in, out;     /* message scratch, too big for the stack */
 };
 
@@ -177,6 +183,10 @@ void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev);
  * started (the workers it forked go on: they are the loader's children);
  * under fail, the loader fails saying so. */
 void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *ev);
+
+/* Local worker w said BYE retiring (s->in.u.bye): no task goes to it any
+ * more, and its exit is replaced as planned (supervise.c). */
+void ferry__sched_on_retire(ferry__scheduler *s, sched_worker *w);
 
 /* Remote worker w's connection is gone (a send to it failed): it is given
  * up, charged, once its last replies are in. */

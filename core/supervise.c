@@ -5,11 +5,15 @@
  * under the restart policy; a remote worker gone silent is given up and its
  * slot freed; a worker past timeout_ms is killed (local) or given up
  * (remote); a loader that cannot start, or is left with no worker, fails
- * with a sentence that says why.
+ * with a sentence that says why. A local worker that retired (retire.h)
+ * goes the same way as a dead one, but as planned: nothing is charged or
+ * counted against it, under either policy, and it is said at info level.
  */
 #include <errno.h>
 #include <string.h>
 #include <sys/wait.h>
+
+#include <inttypes.h>
 
 #include "alloc.h"
 #include "clock.h"
@@ -149,6 +153,97 @@ static void try_restart(ferry__scheduler *s, sched_worker *w, uint64_t now)
                     ferry__window_add_workers(s->win, 0));
 }
 
+/* ------------------------------------------------------------------------
+ * Retirement: a worker that leaves on purpose (retire.h)
+ */
+
+void ferry__sched_on_retire(ferry__scheduler *s, sched_worker *w)
+{
+    w->retired = s->in.u.bye;
+    w->p.unreachable = 1; /* it takes no task more: it is on its way out */
+    /* Its dataset closes and its sockets flush (200 ms at most): a process
+     * still there after close_grace_ms is stuck in teardown. */
+    w->retire_by_ms = ferry__now_ms() + (uint64_t)s->cfg.close_grace_ms + 500;
+}
+
+/* "2.10 GiB", "312.43 MiB", "900 KiB": two decimals, so a figure just past
+ * the budget does not read as the budget. */
+static const char *human_bytes(uint64_t b, char *buf, size_t cap)
+{
+    static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 3) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    return buf;
+}
+
+/* What retired worker w did and why: "worker 3 (pid 77) retired after 812
+ * batches at 2.10 GiB of private memory (worker_max_rss_bytes 2.00 GiB)". A
+ * process the pool had to kill, or that did not end cleanly after its
+ * BYE, is said so. */
+static void retirement_message(const ferry__scheduler *s, const sched_worker *w, char *msg,
+                               size_t cap)
+{
+    const ferry__bye *r = &w->retired;
+    const ferry__pool_event *ev = &w->death;
+    char rss[32], budget[32], why[96], how[300] = "";
+    if (r->retired == FERRY__RETIRE_MEMORY)
+        snprintf(why, sizeof why, " at %s of private memory (worker_max_rss_bytes %s)",
+                 human_bytes(r->rss, rss, sizeof rss),
+                 human_bytes((uint64_t)s->cfg.worker_max_rss_bytes, budget, sizeof budget));
+    else if (r->rss)
+        snprintf(why, sizeof why, " (max_batches_per_worker), at %s of private memory",
+                 human_bytes(r->rss, rss, sizeof rss));
+    else
+        snprintf(why, sizeof why, " (max_batches_per_worker)");
+    if (ev->kill_reason[0])
+        snprintf(how, sizeof how, "; it was killed because %s", ev->kill_reason);
+    else if (ev->status != -1 && !(WIFEXITED(ev->status) && WEXITSTATUS(ev->status) == 0)) {
+        char st[256];
+        ferry__describe_status(ev->status, st, sizeof st);
+        snprintf(how, sizeof how, "; then it %s", st);
+    }
+    snprintf(msg, cap, "worker %u (pid %d) retired after %" PRIu64 " batch%s%s%s", w->p.index,
+             (int)ev->pid, r->batches, r->batches == 1 ? "" : "es", why, how);
+}
+
+/* The settled exit of local worker w, which had retired: what it had been
+ * sent and not answered (tasks queued behind its last batch, never
+ * started) goes back to the window uncharged, and the slot is started
+ * again, whatever the failure policy: nothing failed. */
+static void replace_retired(ferry__scheduler *s, sched_worker *w)
+{
+    char msg[FERRY__ERRMSG_MAX];
+    retirement_message(s, w, msg, sizeof msg);
+    w->retire_by_ms = 0;
+    /* Counted before the requeue, as a restart is (handle_death). */
+    ferry__window_count(s->win, FERRY__STAT_RETIREMENTS);
+    ferry__window_requeue(s->win, w->p.index, FERRY__CHARGE_NONE, 0, msg);
+    /* Over budget after its first batch: a fresh worker holds about that
+     * much already, and every batch would cost a process. */
+    int early = w->retired.retired == FERRY__RETIRE_MEMORY && w->retired.batches <= 1;
+    if (early && ferry__log_nth(++s->early_retirements, 1))
+        ferry__logf(&s->log, FERRY_LOG_WARN,
+                    "%s; a fresh worker holds about that much already, so each batch "
+                    "costs a new process: raise worker_max_rss_bytes (%llu such retirements so "
+                    "far)",
+                    msg, (unsigned long long)s->early_retirements);
+    else
+        ferry__logf(&s->log, FERRY_LOG_INFO, "%s; starting a replacement", msg);
+    w->retired = (ferry__bye){0};
+    w->p.delivered_any = 0;
+    w->p.failed_starts = 0;
+    w->p.ident.len = 0;
+    w->p.unreachable = 0;
+    w->restart_tries = 0;
+    w->restart_delay_ms = 0;
+    try_restart(s, w, ferry__now_ms());
+}
+
 /* The settled death of local worker w: its tasks go back to the window
  * (the one it was on charged), and under the restart policy the slot is
  * started again, unless it keeps dying without delivering anything. */
@@ -167,6 +262,11 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     death_message(w, was, msg, sizeof msg);
     if (was == FERRY__PEER_READY)
         sched_unready(s, w);
+    if (w->retired.retired) {
+        if (ferry__window_phase(s->win) == FERRY__PHASE_RUNNING)
+            replace_retired(s, w);
+        return;
+    }
     /* Before open, a worker that dies still starting is a failed start; one
      * that was ready (serving the first tasks while others start) is
      * replaced as after open. */
@@ -374,6 +474,21 @@ static void check_restarts(ferry__scheduler *s, uint64_t now)
     }
 }
 
+/* A worker that retired and has not exited by retire_by_ms (stuck closing
+ * its dataset, say) is killed; its death is still a retirement. */
+static void check_retiring(ferry__scheduler *s, uint64_t now)
+{
+    for (uint32_t i = 0; i < s->nlocal; i++) {
+        sched_worker *w = &s->w[i];
+        if (!w->retired.retired || w->settling || now < w->retire_by_ms)
+            continue;
+        char why[128];
+        snprintf(why, sizeof why, "it retired but had not exited %lld ms later",
+                 (long long)s->cfg.close_grace_ms + 500);
+        ferry__pool_kill(s->pool, i, why);
+    }
+}
+
 /* A replacement that does not get ready (stopped, stuck opening the
  * dataset) is killed; its death counts as a failed start. */
 static void check_replacements(ferry__scheduler *s, uint64_t now)
@@ -473,6 +588,7 @@ void ferry__sched_check_deadlines(ferry__scheduler *s)
         check_idle(s, now);
         check_restarts(s, now);
         check_replacements(s, now);
+        check_retiring(s, now);
         if (s->cfg.timeout_ms > 0 && s->opened) /* before: a start that failed */
             check_timeouts(s, now);
     }

@@ -360,6 +360,8 @@ static uint64_t *counter(ferry_stats *st, ferry__stat s)
         return &st->joined;
     case FERRY__STAT_LOST:
         return &st->lost;
+    case FERRY__STAT_RETIREMENTS:
+        return &st->retirements;
     case FERRY__STAT_REJECTED:
         break;
     }

@@ -58,6 +58,7 @@ typedef enum ferry__stat {
     FERRY__STAT_JOINED,
     FERRY__STAT_LOST,
     FERRY__STAT_REJECTED,
+    FERRY__STAT_RETIREMENTS,
 } ferry__stat;
 
 typedef struct ferry__window_opts {

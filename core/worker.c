@@ -45,6 +45,7 @@
 #include "alloc.h"
 #include "endpoint.h"
 #include "error.h"
+#include "retire.h"
 #include "shm.h"
 #include "zsock.h"
 
@@ -89,6 +90,8 @@ typedef struct worker_session {
     size_t shm_nseen;
     ferry_var_field var[FERRY_MAX_FIELDS]; /* what the dataset gave fields of variable shape */
     int has_var;                           /* the schema has such fields */
+    ferry__retire retire;                  /* when to leave on its own (retire.h) */
+    ferry__retire_reason retiring;         /* decided after the last task: leave now */
     ferry__msg out; /* replies are built here: keeps the 4 KiB+ struct off the stack */
     ferry__msg in;
 } worker_session;
@@ -281,12 +284,15 @@ static int on_config(worker_session *w)
     char err[FERRY__TEXT_MAX] = "";
     w->seed = c->seed;
     w->max_message = c->max_message;
+    int rc = ferry__retire_set(&w->retire, c->retire_rss, c->retire_batches);
+    if (rc != FERRY_OK)
+        return rc;
 
     if (w->ds_open) {
         ferry__dataset_close(&w->ds);
         w->ds_open = 0;
     }
-    int rc = start_heartbeats(w, c->heartbeat_ms, c->liveness);
+    rc = start_heartbeats(w, c->heartbeat_ms, c->liveness);
     if (rc != FERRY_OK)
         return rc;
     char spec[FERRY__SPEC_MAX + PATH_MAX];
@@ -821,16 +827,22 @@ static int setup_hello_socket(worker_session *w)
     return FERRY_OK;
 }
 
-/* BYE, with a short, bounded linger so it is not dropped at close. Should
- * the linger not take, the BYE may be lost at close: the loader then finds
- * this worker gone by its pidfd or heartbeats, as it would a crash, so the
- * session ends either way. */
+/* BYE, with a short, bounded linger so it is not dropped at close (nor
+ * the BATCH sent just before it). Should the linger not take, the BYE may
+ * be lost at close: the loader then finds this worker gone by its pidfd
+ * or heartbeats, as it would a crash, so the session ends either way. A
+ * retiring worker's BYE says why (w->retiring) with its figures. */
 static void say_bye(worker_session *w)
 {
     pthread_mutex_lock(&w->sock_mu);
     if (ferry__sockopt_int(w->sock, ZMQ_LINGER, 200, "ZMQ_LINGER") != FERRY_OK)
         fprintf(stderr, "ferry-worker: %s; BYE may be lost\n", ferry_last_error());
     pthread_mutex_unlock(&w->sock_mu);
+    w->out.u.bye = (ferry__bye){0};
+    if (w->retiring)
+        w->out.u.bye = (ferry__bye){.retired = (uint32_t)w->retiring,
+                                    .rss = w->retire.rss,
+                                    .batches = w->retire.batches};
     send_simple(w, FERRY__MSG_BYE);
 }
 
@@ -952,6 +964,8 @@ static int on_message(worker_session *w, zmq_msg_t *payload, int *configured, in
         int rc = on_task(w, payload);
         w->task_ms = ferry__now_ms();
         w->trimmed = 0;
+        if (rc == FERRY_OK)
+            w->retiring = ferry__retire_after_task(&w->retire);
         return rc;
     }
     case FERRY__MSG_HEARTBEAT:
@@ -992,6 +1006,12 @@ static int serve(worker_session *w)
             zmq_msg_close(&payload);
             if (stopped)
                 return rc;
+        }
+        if (rc == FERRY_OK && w->retiring) {
+            /* Its last batch is sent; the tasks queued behind it were
+             * never started, and go to the others (retire.h). */
+            say_bye(w);
+            return FERRY_OK;
         }
         if (rc == FERRY_OK)
             rc = heartbeat_if_due(w);
@@ -1034,6 +1054,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
     if (!w)
         return ferry__seterr(FERRY_ENOMEM, "worker state");
     w->o = o;
+    ferry__retire_init(&w->retire);
     pthread_mutex_init(&w->sock_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1055,6 +1076,7 @@ int ferry__worker_run(const ferry__worker_opts *o)
         rc = serve(w);
 
     stop_heartbeats(w);
+    ferry__retire_close(&w->retire);
     if (w->ds_open)
         ferry__dataset_close(&w->ds);
     if (w->sock)

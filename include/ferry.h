@@ -278,7 +278,10 @@ typedef struct ferry_stats {
     uint32_t prefetch_why;
     uint32_t round_trip_us; /* the longest round trip measured to a ready worker (both
                                transfers, not the build); 0: none measured yet */
-    uint64_t reserved[8]; /* room to grow (see "ABI" in docs/install.md); zero */
+    uint64_t retirements; /* local workers replaced on purpose, between batches: past
+                             worker_max_rss_bytes or max_batches_per_worker (not in
+                             restarts: nothing failed) */
+    uint64_t reserved[7]; /* room to grow (see "ABI" in docs/install.md); zero */
 } ferry_stats;
 
 /* Why the loader's credits or window are what they are (ferry_stats). */

@@ -166,6 +166,7 @@ static int serve(script *sc)
         zmq_msg_close(&p);
         if (type == FERRY__MSG_STOP) {
             sc->out.type = FERRY__MSG_BYE;
+            sc->out.u.bye = (ferry__bye){0}; /* a plain BYE */
             send_out(sc, NULL);
             return 0;
         }

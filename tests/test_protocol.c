@@ -94,6 +94,8 @@ static size_t defined_bytes(const ferry__msg *m)
         return sizeof m->u.fail;
     case FERRY__MSG_REFUSE:
         return sizeof m->u.refuse;
+    case FERRY__MSG_BYE:
+        return sizeof m->u.bye;
     default:
         return 0;
     }
@@ -280,9 +282,14 @@ static void sample(ferry__msg *m, ferry__msg_type type, int variant)
         else
             strcpy(m->u.refuse.reason, "protocol version 4 worker, version 3 loader");
         break;
+    case FERRY__MSG_BYE: /* typical: the plain BYE; extreme: a retirement's */
+        if (ext)
+            m->u.bye = (ferry__bye){.retired = FERRY__RETIRE_BATCHES,
+                                    .rss = UINT64_MAX,
+                                    .batches = UINT64_MAX};
+        break;
     case FERRY__MSG_HEARTBEAT:
     case FERRY__MSG_STOP:
-    case FERRY__MSG_BYE:
         break;
     }
 }
@@ -1869,11 +1876,47 @@ static void test_config_keys_need_a_data_connection(void **state)
     assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
 }
 
+/* The retirement keys (CONFIG's retire_rss and retire_batches, BYE's
+ * retired, rss and batches) are optional: sent only when set, so a CONFIG
+ * or BYE without them is byte for byte what it was before them; a BYE
+ * carries figures only with a reason, and a reason is 1 or 2. */
+static void test_retirement_keys_are_optional_and_sent_only_when_set(void **state)
+{
+    (void)state;
+    ferry__msg m, out;
+    char buf[FERRY__HDR_MAX];
+    sample(&m, FERRY__MSG_CONFIG, TYPICAL);
+    size_t len = encode_ok(&m, buf, sizeof buf);
+    assert_null(memmem(buf, len, "retire", 6));
+    m.u.config.retire_rss = (uint64_t)2 << 30;
+    roundtrip_msg(&m);
+    len = encode_ok(&m, buf, sizeof buf);
+    assert_non_null(memmem(buf, len, "retire_rss", 10));
+    assert_null(memmem(buf, len, "retire_batches", 14));
+    m.u.config.retire_batches = 1000;
+    roundtrip_msg(&m);
+
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_BYE;
+    len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(len, 7); /* {"type": 9}: fixmap 1, fixstr 4, "type", 9 */
+    assert_int_equal(decode_exact(buf, len, &out), FERRY_OK);
+    assert_int_equal(out.u.bye.retired, 0);
+    m.u.bye = (ferry__bye){.retired = FERRY__RETIRE_MEMORY, .rss = 3 << 20, .batches = 7};
+    roundtrip_msg(&m);
+    m.u.bye.retired = 3;
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
+    m.u.bye.retired = FERRY__RETIRE_NONE; /* figures without a reason */
+    assert_int_equal(ferry__msg_encode(&m, buf, sizeof buf, &len), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "without 'retired'"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_names_are_numpys),
         cmocka_unit_test(test_fields_of_variable_shape),
+        cmocka_unit_test(test_retirement_keys_are_optional_and_sent_only_when_set),
         cmocka_unit_test(test_every_message_type_round_trips_typical_values),
         cmocka_unit_test(test_every_message_type_round_trips_extreme_values_within_hdr_max),
         cmocka_unit_test(test_ready_with_error_and_slot_minus_one_round_trip),

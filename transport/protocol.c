@@ -130,6 +130,8 @@ static const key_spec config_keys[] = {
     {KEY_UINT(ferry__config_msg, data_port, 0, 65535)},
     {KEY_STR(ferry__config_msg, token, 0)},
     {KEY_STR(ferry__config_msg, seal, 0)},
+    {KEY_UINT_OPT(ferry__config_msg, retire_rss, 0, UINT64_MAX)},
+    {KEY_UINT_OPT(ferry__config_msg, retire_batches, 0, UINT64_MAX)},
 };
 
 static int check_item_field(const void *elem, const void *parent, const char *where);
@@ -187,6 +189,13 @@ static const key_spec fail_keys[] = {
     {KEY_STR(ferry__fail, message, 0)},
 };
 
+/* All optional: a plain BYE is {"type": 9}, as it always was. */
+static const key_spec bye_keys[] = {
+    {KEY_UINT_OPT(ferry__bye, retired, 0, FERRY__RETIRE_BATCHES)},
+    {KEY_UINT_OPT(ferry__bye, rss, 0, UINT64_MAX)},
+    {KEY_UINT_OPT(ferry__bye, batches, 0, UINT64_MAX)},
+};
+
 /* Never to change, like HELLO: see docs/protocol.md section 7. */
 static const key_spec refuse_keys[] = {
     {KEY_UINT(ferry__refuse, version, 0, UINT32_MAX)},
@@ -196,6 +205,7 @@ static const key_spec refuse_keys[] = {
 static int check_config(const void *body);
 static int check_ready(const void *body);
 static int check_task(const void *body);
+static int check_bye(const void *body);
 
 typedef struct msg_spec {
     const char *name;
@@ -220,7 +230,7 @@ static const msg_spec msg_specs[] = {
     [FERRY__MSG_FAIL] = {"FAIL", fail_keys, COUNT_OF(fail_keys), NULL, 0, sizeof(ferry__fail)},
     [FERRY__MSG_HEARTBEAT] = {"HEARTBEAT", NULL, 0, NULL, 0, 0},
     [FERRY__MSG_STOP] = {"STOP", NULL, 0, NULL, 0, 0},
-    [FERRY__MSG_BYE] = {"BYE", NULL, 0, NULL, 0, 0},
+    [FERRY__MSG_BYE] = {"BYE", bye_keys, COUNT_OF(bye_keys), check_bye, 0, sizeof(ferry__bye)},
     [FERRY__MSG_REFUSE] = {"REFUSE", refuse_keys, COUNT_OF(refuse_keys), NULL, 0,
                            sizeof(ferry__refuse)},
 };
@@ -399,6 +409,15 @@ static int check_task(const void *body)
         return ferry__seterr(FERRY_EPROTO,
                              "TASK: key 'shm_offset' is %" PRIu64 " with 'shm_bytes' 0",
                              t->shm_offset);
+    return FERRY_OK;
+}
+
+/* A retirement's figures come with its reason, and only with one. */
+static int check_bye(const void *body)
+{
+    const ferry__bye *b = body;
+    if (!b->retired && (b->rss || b->batches))
+        return ferry__seterr(FERRY_EPROTO, "BYE: keys 'rss' and 'batches' without 'retired'");
     return FERRY_OK;
 }
 

@@ -100,6 +100,13 @@ typedef struct ferry__config_msg {
     /* Under CURVE: the session's two keys (seal.h), which seal everything
      * on the data connection; "" on plain TCP. */
     char seal[FERRY__SEAL_KEYS_HEX + 1];
+    /* Optional (sent only when set, so a peer that predates them sees the
+     * CONFIG it knows): a worker the loader started itself retires, after
+     * the batch it is on, once its private resident memory passes
+     * retire_rss bytes or it has answered retire_batches tasks; 0: never
+     * (options worker_max_rss_bytes, max_batches_per_worker). */
+    uint64_t retire_rss;
+    uint64_t retire_batches;
 } ferry__config_msg;
 
 /* One field of a dataset's schema: its name, dtype and the shape of one
@@ -174,6 +181,24 @@ typedef struct ferry__fail {
     char message[FERRY__TEXT_MAX];
 } ferry__fail;
 
+/* Why a worker ended its own session (BYE's `retired`): it is done, not
+ * broken, and wants replacing. */
+typedef enum ferry__retire_reason {
+    FERRY__RETIRE_NONE = 0,    /* a plain BYE: the answer to STOP, or told to quit */
+    FERRY__RETIRE_MEMORY = 1,  /* its private resident memory passed CONFIG.retire_rss */
+    FERRY__RETIRE_BATCHES = 2, /* it answered CONFIG.retire_batches tasks */
+} ferry__retire_reason;
+
+/* worker -> loader, the session's end. Every key is optional: a plain BYE
+ * carries only its type. A worker that retires (ferry__retire_reason)
+ * says why, with its private resident memory then and the tasks it
+ * answered, after its last BATCH and before it exits. */
+typedef struct ferry__bye {
+    uint32_t retired; /* ferry__retire_reason */
+    uint64_t rss;     /* bytes */
+    uint64_t batches;
+} ferry__bye;
+
 /* loader -> worker, instead of CONFIG: the worker speaks another protocol
  * version and is to stop now. Frozen like HELLO, so every version from
  * FERRY__REFUSE_SINCE on decodes it. */
@@ -192,7 +217,8 @@ typedef struct ferry__msg {
         ferry__batch_hdr batch;
         ferry__fail fail;
         ferry__refuse refuse;
-    } u; /* HEARTBEAT, STOP and BYE carry nothing */
+        ferry__bye bye;
+    } u; /* HEARTBEAT and STOP carry nothing */
 } ferry__msg;
 
 /* Encodes m's header into buf (cap bytes; FERRY__HDR_MAX always suffices).

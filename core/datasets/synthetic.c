@@ -13,13 +13,17 @@
  *                host of its own, simulated on one machine)
  *   fail_at=I    get_batch fails on index I (< n); up to 8 times
  *   augment=0|1  XOR x with a per-sample stream
+ *   leak_kb=K    keeps K KiB of fresh, written heap per item built, until
+ *                the dataset is closed: memory that only grows, as under a
+ *                leaky decoder (for option worker_max_rss_bytes), 0..65536
  * Field "x" (u8, [dim]) is ferry__synthetic_byte(i, j), optionally XORed with
  * a stream seeded by ferry_sample_seed(seed, epoch, i): the augmentation then
  * depends on (seed, epoch, index) only, never on which worker builds it.
  * Field "y" (i64 scalar) is the item's index.
  *
- * Threads: the handle is read-only after open and there is no global state,
- * so each worker (thread or process) may open its own.
+ * Threads: there is no global state, and the handle is read-only after
+ * open but for leak_kb's list, which only its worker's calls touch, so each
+ * worker (thread or process) may open its own.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -42,9 +46,20 @@ typedef struct synthetic {
     uint64_t augment;
     uint64_t fail_at[SYNTHETIC_MAX_FAILS];
     uint64_t nfail;
+    uint64_t leak_kb;
+    void *leaked; /* leak_kb's blocks, each starting with a pointer to the one before */
 } synthetic;
 
-enum { SYN_N, SYN_DIM, SYN_COST_US, SYN_SLEEP_US, SYN_FAIL_AT, SYN_AUGMENT, SYN_NKEYS };
+enum {
+    SYN_N,
+    SYN_DIM,
+    SYN_COST_US,
+    SYN_SLEEP_US,
+    SYN_FAIL_AT,
+    SYN_AUGMENT,
+    SYN_LEAK_KB,
+    SYN_NKEYS
+};
 
 static const struct synthetic_key {
     const char *name;
@@ -59,6 +74,7 @@ static const struct synthetic_key {
     [SYN_SLEEP_US] = {"sleep_us", offsetof(synthetic, sleep_us), 0, 60000000, 1},
     [SYN_FAIL_AT] = {"fail_at", offsetof(synthetic, fail_at), 0, UINT64_MAX, SYNTHETIC_MAX_FAILS},
     [SYN_AUGMENT] = {"augment", offsetof(synthetic, augment), 0, 1, 1},
+    [SYN_LEAK_KB] = {"leak_kb", offsetof(synthetic, leak_kb), 0, 65536, 1},
 };
 
 /* Word w (bytes 8w..8w+7, little-endian) of item i's x. */
@@ -140,8 +156,9 @@ static int synthetic_option(synthetic *s, unsigned seen[], const char *tok, size
     if (k == NULL)
         return ferry__dataset_err(
             errbuf, errlen, FERRY_EDATASET,
-            "synthetic: unknown key '%.*s' (expected n, dim, cost_us, sleep_us, fail_at, augment)", (int)klen,
-            tok);
+            "synthetic: unknown key '%.*s' (expected n, dim, cost_us, sleep_us, fail_at, augment, "
+            "leak_kb)",
+            (int)klen, tok);
     if (eq == NULL)
         return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                                   "synthetic: option '%s' has no value (expected %s=VALUE)",
@@ -204,10 +221,27 @@ static uint64_t synthetic_length(void *handle)
     return ((const synthetic *)handle)->n;
 }
 
+/* leak_kb: one more block, written through so it is resident, kept on
+ * the handle's list. 0, or FERRY_ENOMEM with err filled. */
+static int synthetic_leak(synthetic *s, uint64_t i, ferry_dataset_error *err)
+{
+    size_t bytes = (size_t)s->leak_kb * 1024;
+    void **block = malloc(bytes < sizeof(void *) ? sizeof(void *) : bytes);
+    if (block == NULL) {
+        err->index = i;
+        snprintf(err->message, sizeof err->message, "synthetic: out of memory for leak_kb");
+        return FERRY_ENOMEM;
+    }
+    memset(block, 0xA5, bytes);
+    *block = s->leaked;
+    s->leaked = block;
+    return FERRY_OK;
+}
+
 static int synthetic_get_batch(void *handle, const ferry_batch_request *req, void *const dst[],
                                ferry_dataset_error *err)
 {
-    const synthetic *s = handle;
+    synthetic *s = handle;
     uint8_t *x = dst[0], *y = dst[1];
 
     if (s->sleep_us) {
@@ -228,6 +262,8 @@ static int synthetic_get_batch(void *handle, const ferry_batch_request *req, voi
             }
         }
         burn_cpu(s->cost_us);
+        if (s->leak_kb && synthetic_leak(s, i, err) != FERRY_OK)
+            return FERRY_ENOMEM;
         synthetic_fill(x + k * s->dim, s->dim, i, s->augment != 0,
                        ferry_sample_seed(req->seed, req->epoch, i));
         memcpy(y + k * sizeof label, &label, sizeof label);
@@ -237,7 +273,13 @@ static int synthetic_get_batch(void *handle, const ferry_batch_request *req, voi
 
 static void synthetic_close(void *handle)
 {
-    free(handle);
+    synthetic *s = handle;
+    while (s->leaked) {
+        void *before = *(void **)s->leaked;
+        free(s->leaked);
+        s->leaked = before;
+    }
+    free(s);
 }
 
 static const ferry_dataset_ops synthetic_ops = {

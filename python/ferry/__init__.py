@@ -483,7 +483,10 @@ class Loader(_Closes):
     in_order, epochs, max_batches, rank, world (world_size), timeout
     (seconds; or timeout_ms), on_worker_death ("restart" or "fail"),
     placement ("process" or "thread"), bind, curve_key, ... An unknown name
-    raises TypeError, a bad value ValueError.
+    raises TypeError, a bad value ValueError. For datasets whose memory
+    only grows (a leaky decoder): worker_max_rss_bytes (a worker process
+    past this much private memory is replaced after its batch) and
+    max_batches_per_worker; nothing is lost or served twice.
 
     ``state``: a :meth:`state_dict` to resume from: the first batch is the
     one after the last delivered when it was saved.
@@ -723,7 +726,11 @@ class Loader(_Closes):
 
     # -- facts
     def stats(self):
-        """The loader's counters (dict: delivered, failed, restarts, ...).
+        """The loader's counters (dict: delivered, failed, restarts,
+        retirements, ...). ``restarts`` counts workers replaced after they
+        died or timed out; ``retirements`` those replaced on purpose,
+        between batches (options ``worker_max_rss_bytes``,
+        ``max_batches_per_worker``).
         ``slot_memory`` is the bytes the shared batch slots hold: memory
         the trainer and the workers map, counted once here. For what the
         processes use, see :meth:`memory` (RSS counts those slots in full

@@ -1035,6 +1035,11 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
         raise TypeError("ferry.torch.DataLoader: remote workers serve a dataset by name "
                         "(ferry.Loader(MyDataset, dataset_kwargs=...)); a pickled dataset "
                         "object stays on this host")
+    for key in ("worker_max_rss_bytes", "max_batches_per_worker"):
+        if num_workers == 0 and ferry_options.get(key):
+            raise ValueError("ferry.torch.DataLoader: %s replaces worker processes; with "
+                             "num_workers=0 batches are made in this process, which nothing "
+                             "can replace: set num_workers > 0" % key)
     if multiprocessing_context is not None:
         _check_mp_context(multiprocessing_context, num_workers)
         _warn_once("mp", "multiprocessing_context is ignored: ferry's workers are forked "

@@ -881,7 +881,7 @@ static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
     if (rc != FERRY_OK)
         return ferry_py_raise(rc, ferry_last_error());
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsIsIsIsKsKsIsIsKsIsIsIsssssI}", "dispatched",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsIsIsIsIsKsKsIsIsKsIsIsIsssssIsK}", "dispatched",
         (unsigned long long)st.dispatched,
         "completed", (unsigned long long)st.completed, "delivered",
         (unsigned long long)st.delivered, "failed", (unsigned long long)st.failed, "realigned",
@@ -895,7 +895,8 @@ static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
         (unsigned long long)st.slot_memory, "remote_connections", st.remote_connections,
         "connections_turned_away", st.connections_turned_away, "credits_min", st.credits_min,
         "credits_why", ferry_sized_name((int)st.credits_why), "prefetch_why",
-        ferry_sized_name((int)st.prefetch_why), "round_trip_us", st.round_trip_us);
+        ferry_sized_name((int)st.prefetch_why), "round_trip_us", st.round_trip_us,
+        "retirements", (unsigned long long)st.retirements);
 }
 
 static PyObject *loader_worker_pid(LoaderObject *self, PyObject *args)

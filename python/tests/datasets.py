@@ -428,3 +428,23 @@ class HoldsCollections:
                                                       type(self.pairs).__name__),
                 "same": self.same is self.pairs, "row": repr(self.samples[i]),
                 "missing": self.vocab.get("nope", -1)}
+
+
+_LEAKED = []  # Leaky's: what its worker keeps, for good
+
+
+class Leaky:
+    """Item i: {"x": int64 i}; building it keeps `leak_kb` KiB more of
+    written memory in its worker's module-level list, never given back (a
+    leaky third-party decoder)."""
+
+    def __init__(self, n=100, leak_kb=1024):
+        self.n, self.leak_kb = n, leak_kb
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.leak_kb:
+            _LEAKED.append(bytearray(b"\x5a") * (self.leak_kb * 1024))
+        return {"x": np.int64(i)}

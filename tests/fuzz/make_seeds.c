@@ -108,6 +108,13 @@ static int plain_seeds(const char *dir)
     /* CURVE's: the session's keys too. */
     memset(m.u.config.seal, 'b', FERRY__SEAL_KEYS_HEX);
     rc |= write_seed(dir, "config_sealed", &m, NULL, 0);
+    /* A local worker's, with the retirement keys. */
+    memset(m.u.config.seal, 0, sizeof m.u.config.seal);
+    memset(m.u.config.token, 0, sizeof m.u.config.token);
+    m.u.config.data_port = 0;
+    m.u.config.retire_rss = UINT64_C(1) << 31;
+    m.u.config.retire_batches = 1000;
+    rc |= write_seed(dir, "config_retire", &m, NULL, 0);
 
     memset(&m, 0, sizeof m);
     m.type = FERRY__MSG_READY;
@@ -146,6 +153,10 @@ static int plain_seeds(const char *dir)
         m.type = empty[i].type;
         rc |= write_seed(dir, empty[i].name, &m, NULL, 0);
     }
+    memset(&m, 0, sizeof m);
+    m.type = FERRY__MSG_BYE;
+    m.u.bye = (ferry__bye){.retired = FERRY__RETIRE_MEMORY, .rss = UINT64_C(3) << 30, .batches = 812};
+    rc |= write_seed(dir, "bye_retired", &m, NULL, 0);
     return rc;
 }
 
