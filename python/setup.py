@@ -70,7 +70,7 @@ setup(
     description="A data loader for machine-learning training: persistent workers, "
                 "prefetch across epochs, zero-copy numpy batches",
     license="MIT",
-    packages=["ferry"],
+    packages=["ferry", "ferry.torch"],
     ext_modules=[ext],
     python_requires=">=3.9",
     install_requires=["numpy"],
