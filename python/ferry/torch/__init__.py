@@ -38,7 +38,10 @@ over _utils/worker.py, collate.py and pin_memory.py, is the map):
   _dataloader  the map-style DataLoader: its arguments, its epochs, its
                ferry.Loader (the API)
   _iterable    an IterableDataset's DataLoader and its workers' stream
-  _args        torch's argument rules
+  _args        torch's arguments translated: ferry's options, where the
+               indices come from, the mode (a pure function)
+  _modes       the three ways batches are made: in the caller's thread
+               (num_workers=0), in C, in Python workers
   _sampler     a sampler of the user's, fed to the loader
   _native      torchvision's ImageFolder recognized, to run in C
   _worker      what a map-style loader's workers are given: seeding,

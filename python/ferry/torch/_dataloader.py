@@ -1,11 +1,11 @@
 """The map-style DataLoader: torch's arguments and attributes, the epochs
 a `for` sees, and the ferry.Loader underneath.
 
-DataLoader is the API (as torch's dataloader.py is torch's): it checks
-torch's arguments (_args), translates them into ferry's options and the
-object its workers are given (_worker._Batches), starts a ferry.Loader
-at the first iter(), and hands out one epoch per `for` (_MapEpoch),
-with torch's errors (_as_torch_says). What torch's DataLoader draws from
+DataLoader is the API (as torch's dataloader.py is torch's): torch's
+arguments are translated once (_args.translate: ferry's options, where
+each epoch's indices come from, the mode), the mode chosen there makes
+the batches (_modes), a ferry.Loader starts at the first iter(), and each
+`for` gets one epoch (_MapEpoch), with torch's errors (_as_torch_says). What torch's DataLoader draws from
 the generators at each iter() is drawn here too, so that a training
 step's draws are those it gets under torch. The IterableDataset
 subclass is _iterable's.
@@ -21,18 +21,16 @@ import os
 import time
 import types
 
-import numpy as np
 import torch
 import torch.utils.data as tud
 
-from .. import Loader, _Closes, _dataset, _Epoch
+from .. import _Closes, _Epoch
 from .._errors import BatchError, BatchLost, DatasetError, NotReady, WorkerError
-from ._args import _UNSET, _check_common, _default_reseed
-from ._native import _native_imagefolder
+from ._args import _UNSET, translate
+from ._modes import _InC, _InProcess, _InWorkers
 from ._once import _notice_once, _warn_once
 from ._pin import _SlotPins, _tcollate_pin
-from ._sampler import _native_sampler, _Singles, _SamplerTable
-from ._structure import _load_structure
+from ._sampler import _SamplerTable
 from ._worker import _Batches, _ProbeTimedOut
 
 
@@ -84,175 +82,60 @@ class DataLoader(_Closes):
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed=None, native=True, **ferry_options):
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise TypeError("ferry.torch.DataLoader: the dataset must be map-style (have "
-                            "__getitem__ and __len__), not a %s" % type(dataset).__name__)
-        dct = ferry_options.pop("dct", 0)
-        if dct not in (0, 1, False, True):
-            raise ValueError("ferry.torch.DataLoader: dct must be 0 (JPEGs decoded at full "
-                             "scale, the default) or 1 (reduced DCT scales), not %r" % (dct,))
-        dct = int(dct)
-        _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
-                      multiprocessing_context, pin_memory_device, ferry_options)
-        reseed = _default_reseed(reseed, worker_init_fn)
-
+        pin_slots = ferry_options.pop("pin_slots", True)
+        plan = translate(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                         collate_fn, drop_last, timeout, worker_init_fn,
+                         multiprocessing_context, generator, prefetch_factor,
+                         persistent_workers, pin_memory_device, in_order, reseed, native,
+                         ferry_options)
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
-                        in_order, collate_fn, ferry_options.pop("pin_slots", True))
-
-        opts = dict(ferry_options)
-        indices = None
-        table_over = None  # a user's (batch) sampler: (batches, sampler) for a _SamplerTable
-        # torch's argument rules, with torch's messages, in torch's order.
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
-                                 "shuffle, sampler, and drop_last")
-            if isinstance(batch_sampler, tud.BatchSampler) and _native_sampler(batch_sampler.sampler):
-                batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
-                sampler = batch_sampler.sampler
-            else:
-                table_over = (batch_sampler, getattr(batch_sampler, "sampler", batch_sampler))
-                batch_size = getattr(batch_sampler, "batch_size", None) or 1
-        elif batch_size is None and drop_last:
-            raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                             "exclusive with drop_last")
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        auto_batch = batch_size is not None
-        if shuffle is None:
-            shuffle = False
-        seeded = "seed" in opts
-        # What torch's sampler draws at each iter(), as (generator, n, k):
-        # from the global generator when generator is None; n = 0 for one
-        # int64 (RandomSampler without a generator), n > 0 for k randperm(n)
-        # (torch's RandomSampler makes a second one as its iterator ends).
-        self._sampler_draw = None
-        if table_over is not None:
-            pass
-        elif sampler is None or isinstance(sampler, tud.SequentialSampler):
-            if shuffle:  # torch makes RandomSampler(dataset, generator=generator)
-                self._sampler_draw = (generator, 0 if generator is None else len(dataset), 2)
-        elif isinstance(sampler, tud.RandomSampler) and not sampler.replacement and \
-                sampler._num_samples is None:
-            shuffle = True
-            g = sampler.generator
-            self._sampler_draw = (g, 0 if g is None else len(sampler.data_source), 2)
-        elif isinstance(sampler, tud.SubsetRandomSampler):
-            indices = np.asarray(list(sampler.indices), dtype=np.int64)
-            shuffle = True
-            self._sampler_draw = (sampler.generator, len(indices), 1)
-        elif isinstance(sampler, tud.distributed.DistributedSampler):
-            opts.setdefault("rank", sampler.rank)
-            opts.setdefault("world", sampler.num_replicas)
-            shuffle = sampler.shuffle
-            if not seeded:
-                opts["seed"] = sampler.seed
-                seeded = True
-            # Its drop_last trims the shards to n // world (ferry's shards
-            # without padding); padded, as by default, like ferry's.
-            opts.setdefault("pad_shards", not sampler.drop_last)
-        elif isinstance(sampler, (list, tuple, range, np.ndarray)):
-            indices = np.asarray(sampler, dtype=np.int64).reshape(-1)
-        elif table_over is None:
-            if not hasattr(sampler, "__iter__") or not hasattr(sampler, "__len__"):
-                raise TypeError("ferry.torch.DataLoader: a sampler must be iterable and have "
-                                "len(), not a %s" % type(sampler).__name__)
-            batches = (tud.BatchSampler(sampler, batch_size, drop_last) if auto_batch
-                       else _Singles(sampler))
-            table_over = (batches, sampler)
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self._sampler_epoch0 = int(getattr(sampler, "epoch", 0) or 0)
+                        in_order, collate_fn, pin_slots)
+        self.batch_size, self.drop_last = plan.batch_size, plan.drop_last
+        self.sampler, self.batch_sampler = plan.sampler, plan.batch_sampler
+        self._opts = plan.opts
+        # What torch's sampler draws at each iter() (_torch_draws).
+        self._sampler_draw = plan.draw
+        self._sampler_epoch0 = int(getattr(self.sampler, "epoch", 0) or 0)
         self._follows_set_epoch = False
-        if indices is not None:
-            n = len(dataset)
-            bad = indices[(indices < 0) | (indices >= n)]
-            if len(bad):
-                raise IndexError("ferry.torch.DataLoader: the sampler gives index %d, but the "
-                                 "dataset has %d items" % (int(bad[0]), n))
-            if len(indices) == 0:
-                raise ValueError("ferry.torch.DataLoader: the sampler gives no indices")
-
         # The base seed, drawn as torch draws it (_torch_draws): from
         # `generator`, else from torch's global generator, at iter(), not
         # here (so torch.manual_seed(s) before the loader makes runs
         # repeat, and a model built after the loader gets the weights it
-        # gets under torch). With seed= given, that is the base seed. A
-        # resume state carries the base seed it was saved with.
-        base_seed = None
-        saved = opts.get("state")
-        if isinstance(saved, dict) and "base_seed" in saved:
-            base_seed = int(saved["base_seed"])
-        elif seeded:
-            base_seed = int(opts["seed"]) % 2**63
-        if base_seed is not None and not seeded:
-            opts["seed"] = base_seed
-        self._base_seed = base_seed
-
-        self._table = None
-        if table_over is not None:
-            # ferry runs over the sampler's batches, fed their indices.
-            nb = len(table_over[0])
-            if nb == 0:
-                raise ValueError("ferry.torch.DataLoader: the sampler gives no batches")
-            # The window, set here: the table is drawn far enough ahead for it.
-            window = int(opts.get("prefetch") or
-                         max(2, 2 * max(1, self.num_workers) * (prefetch_factor or 1)))
-            opts["prefetch"] = window
-            self._table = _SamplerTable(table_over[0], table_over[1], nb,
-                                        -(-window // nb) + 1, len(dataset))
-            opts["shuffle"], opts["drop_last"], opts["feed_batches"] = False, False, nb
+        # gets under torch), unless seed= or a resume state fixed it.
+        self._base_seed = plan.base_seed
+        self._table = None  # a sampler of the user's: its batches, fed
+        if plan.feed is not None:
+            self._table = _SamplerTable(plan.feed.batch_sampler, plan.feed.sampler,
+                                        plan.feed.nbatches, plan.feed.ahead, len(dataset))
         self._next_epoch = 0
         self._mid_epoch = False  # a `for` stopped inside an epoch
-        self._batches = _Batches(dataset, indices, collate_fn, auto_batch, base_seed, reseed,
-                                 worker_init_fn, self.num_workers, os.getpid(), self._table)
+        self._batches = _Batches(dataset, plan.indices, collate_fn, plan.auto_batch,
+                                 plan.base_seed, plan.reseed, worker_init_fn, self.num_workers,
+                                 os.getpid(), self._table)
         self._batches.timeout = timeout  # item 0's build at the workers' start too
-        opts.setdefault("shuffle", bool(shuffle))
-        opts.setdefault("drop_last", bool(drop_last) if auto_batch else False)
-        opts.setdefault("batch_size", batch_size if auto_batch else 1)
-        # num_workers=0: the batches are made in the caller's thread when
-        # asked for, as torch's are; a ferry loader over a stand-in dataset
-        # of the same length gives the indices (the same order, epochs and
-        # resume state as with workers). placement="thread" asks for ferry's
-        # thread worker instead (it prefetches).
-        self._sync = self.num_workers == 0 and "placement" not in opts and \
-            "worker_mode" not in opts
-        if self.num_workers == 0:
-            opts.setdefault("placement", "thread")
-            opts.setdefault("workers", 1)
-        else:
-            opts.setdefault("workers", self.num_workers)
-            if prefetch_factor is not None:
-                opts.setdefault("prefetch", max(1, int(prefetch_factor) * self.num_workers))
-        opts.setdefault("in_order", bool(in_order))
-        self._opts = opts
         self._loader = None
         self._pins = None  # pin_memory's registered slots (_SlotPins)
-        # torchvision's ImageFolder with a transform ferry has in C: the
-        # workers decode and crop in C, no Python at all.
-        self._native = None
-        if native and not self._sync and self._table is None and indices is None and \
-                auto_batch and collate_fn is None and worker_init_fn is None:
-            self._native, why = _native_imagefolder(dataset)
-            if self._native is not None:
-                # Full-scale JPEG decoding: torchvision's pixels within 1 of
-                # 255. The reduced DCT scales (dct=1, ferry's own imagefolder
-                # default) differ by up to ~60 on sharp edges: asked for only.
-                self._native += ",dct=%d" % dct
-            if self._native is not None:
-                _notice_once("native " + self._native,
-                             "%s with its transform runs in C (%s); native=False runs "
-                             "torchvision's code in Python" % (type(dataset).__name__,
-                                                               self._native))
-            elif why:
-                _notice_once("python " + why, "%s runs in Python: %s" % (
-                    type(dataset).__name__, why))
+        # How the batches are made, chosen once (_modes).
+        in_workers = _InWorkers(self._batches, follow=not self.persistent_workers)
+        if plan.mode == "sync":
+            self._mode = _InProcess(self._batches)
+        elif plan.mode == "native":
+            self._mode = _InC(plan.native, dataset, in_workers)
+            _notice_once("native " + plan.native,
+                         "%s with its transform runs in C (%s); native=False runs "
+                         "torchvision's code in Python" % (type(dataset).__name__, plan.native))
+        else:
+            self._mode = in_workers
+            if plan.native_why:
+                _notice_once("python " + plan.native_why, "%s runs in Python: %s" % (
+                    type(dataset).__name__, plan.native_why))
         self._initialized = True
+
+    @property
+    def _native(self):
+        """The imagefolder spec the batches are made from in C, or None."""
+        return self._mode.native
 
     def _keep_args(self, dataset, num_workers, prefetch_factor, pin_memory, timeout,
                    worker_init_fn, multiprocessing_context, generator, persistent_workers,
@@ -292,27 +175,10 @@ class DataLoader(_Closes):
                 self._table.fill_to(self._next_epoch + self._table.ahead)
                 self._opts["batch_size"] = self._table.max_len  # the longest drawn
             self._mid_epoch = False
-            if self._sync:
-                opts = dict(self._opts)
-                opts["prefetch"] = 1
-                self._loader = Loader("synthetic:n=%d,dim=1" % len(self._batches), **opts)
-            elif self._native is not None:
-                ld = Loader(self._native, **self._opts)
-                if ld.num_items != len(self.dataset):  # its samples were changed
-                    ld.close()
-                    logging.getLogger("ferry").info(
-                        "ferry.torch.DataLoader: the folder holds %d images, the dataset %d: "
-                        "it runs in Python", ld.num_items, len(self.dataset))
-                    self._native = None
-                    return self._ferry()
-                self._loader = ld
-            else:
-                self._loader = Loader(self._batches, **self._opts)
-                if not self.persistent_workers:  # what it was given: no change since
-                    self._dataset_print = self._print()
+            self._loader, self._mode = self._mode.open(self._opts)
             if self._table is not None:
                 self._table.attach(self._loader, self._opts["batch_size"])
-            self._watch_slots()
+            self._watch_slots(self._mode.workers)
         return self._loader
 
     def _restart_at(self, epoch, why):
@@ -327,15 +193,6 @@ class DataLoader(_Closes):
         self._next_epoch = epoch
         self._mid_epoch = False
 
-    def _print(self):
-        """What the workers were given of the trainer's objects, as a digest
-        (None when it cannot be pickled now: a new loader then says why)."""
-        b = self._batches
-        try:
-            return _dataset.fingerprint((b.dataset, b.collate_fn, b.worker_init_fn))
-        except Exception:  # noqa: BLE001 - pickling fails in many ways
-            return None
-
     def _follow_dataset(self):
         """Without persistent_workers, as with torch's workers, each epoch
         sees the dataset (and collate_fn, worker_init_fn) as it is at its
@@ -343,19 +200,16 @@ class DataLoader(_Closes):
         curriculum's ``dataset.max_len = ...``) starts them again with it,
         at that epoch's first batch. Nothing changed (the usual case): the
         workers and the batches prefetched across the epoch's start stay."""
-        if self.persistent_workers or self._loader is None or self._sync or \
-                self._native is not None:
-            return
-        now = self._print()
-        if now is not None and now == self._dataset_print:
+        if self._loader is None or not self._mode.changed():
             return
         self._restart_at(self._next_epoch + (1 if self._mid_epoch else 0),
                          "the dataset changed since the workers started (persistent_workers="
                          "True keeps it as it was when they first started, as with torch)")
 
-    def _watch_slots(self):
-        """pin_memory's slot registrations (_SlotPins) for the loader just made."""
-        pin = self.pin_memory and self._pin_slots and not getattr(self, "_sync", False)
+    def _watch_slots(self, in_slots):
+        """pin_memory's slot registrations (_SlotPins) for the loader just
+        made, whose batches come in its slots (in_slots) or not."""
+        pin = self.pin_memory and self._pin_slots and in_slots
         self._pins = _SlotPins(self._loader) if pin else None
 
     def _pinned(self, b, out):
@@ -483,13 +337,8 @@ class DataLoader(_Closes):
         return _Epoch(ld, timeout), self._next_epoch
 
     def _structure(self, b):
-        if self._native is not None:  # default_collate's [images, labels], on the slot
-            out = [torch.from_numpy(b["image"]), torch.from_numpy(b["label"])]
-        elif self._sync:  # b holds indices only: the batch is made here, now
-            out = self._batches.build(b.indices.astype(np.int64), b.epoch)
-        else:
-            fields = [b._arrays[n] for n in b._names]
-            out = _load_structure(fields[-1], fields)
+        """The user's batch of ferry batch b."""
+        out = self._mode.structure(b)
         return self._pinned(b, out) if self.pin_memory else out
 
     # -- ferry's extras
@@ -562,7 +411,7 @@ class _MapEpoch:
         """torch's private attribute (read by torch's own tests): the worker
         processes, each with pid, is_alive() and join(timeout)."""
         ld = self._dl._loader
-        if ld is None or self._dl._sync:
+        if ld is None or not self._dl._mode.workers:
             return []
         pids = [ld.worker_pid(i) for i in range(self._dl.num_workers)]
         return [_WorkerProcess(p) for p in pids if p]

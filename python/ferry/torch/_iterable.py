@@ -24,7 +24,7 @@ import torch
 
 from .. import Loader, _dataset, _ferry
 from .._errors import BatchError, NotReady
-from ._args import _UNSET, _check_common, _default_reseed
+from ._args import _UNSET, translate_iterable
 from ._dataloader import DataLoader
 from ._pin import _tcollate_pin
 from ._structure import _SKELETON, _load_structure, _Pickler
@@ -200,54 +200,30 @@ class _IterableDataLoader(DataLoader):
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed=None, **ferry_options):
-        # torch's rules for an IterableDataset, with torch's messages.
-        if shuffle not in {False, None}:
-            raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
-                             "option, but got shuffle=%s" % (shuffle,))
-        if sampler is not None:
-            raise ValueError("DataLoader with IterableDataset: expected unspecified sampler "
-                             "option, but got sampler=%s" % (sampler,))
-        if batch_sampler is not None:
-            raise ValueError("DataLoader with IterableDataset: expected unspecified "
-                             "batch_sampler option, but got batch_sampler=%s" % (batch_sampler,))
-        if batch_size is None and drop_last:
-            raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                             "exclusive with drop_last")
-        _check_common(num_workers, timeout, prefetch_factor, persistent_workers, reseed,
-                      multiprocessing_context, pin_memory_device, ferry_options)
-        reseed = _default_reseed(reseed, worker_init_fn)
-        for key in ("rank", "world", "world_size", "pad_shards", "max_batches", "epochs"):
-            if key in ferry_options:
-                raise TypeError("ferry.torch.DataLoader: option %r does not apply to an "
-                                "IterableDataset, which shards itself (get_worker_info()) "
-                                "and ends its epochs itself" % key)
-        if "state" in ferry_options:
-            raise NotImplementedError("ferry.torch.DataLoader: an IterableDataset's stream "
-                                      "cannot be resumed (ferry does not know where a user's "
-                                      "iterator stands); resume needs a map-style dataset")
+        pin_slots = ferry_options.pop("pin_slots", True)
+        plan = translate_iterable(dataset, batch_size, shuffle, sampler, batch_sampler,
+                                  num_workers, drop_last, timeout, worker_init_fn,
+                                  multiprocessing_context, prefetch_factor, persistent_workers,
+                                  pin_memory_device, reseed, ferry_options)
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
-                        in_order, collate_fn, ferry_options.pop("pin_slots", True))
+                        in_order, collate_fn, pin_slots)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = self.batch_sampler = None
-        opts = dict(ferry_options)
-        if "seed" in opts:
-            base_seed = int(opts["seed"]) % 2**63
-        else:
+        base_seed = plan.base_seed
+        if base_seed is None:
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         self._base_seed = base_seed
         w = self.num_workers
         self._table = _StreamTable(w) if w else None
-        self._batches = _StreamBatches(dataset, None, collate_fn, batch_size is not None,
-                                       base_seed, reseed, worker_init_fn, w, os.getpid())
+        self._batches = _StreamBatches(dataset, None, collate_fn, plan.auto_batch,
+                                       base_seed, plan.reseed, worker_init_fn, w, os.getpid())
         self._batches.batch_size = batch_size
         self._batches.drop_last = bool(drop_last)
-        self._window = max(w, int(prefetch_factor if prefetch_factor is not None else 2) * w)
-        opts.update(workers=w, pin_tasks=True, batch_size=1, shuffle=False, drop_last=False,
-                    epochs=0, in_order=True, seed=base_seed, prefetch=max(1, self._window),
-                    feed_batches=_StreamBatches.TASKS)
-        self._opts = opts
+        self._opts = plan.opts
+        self._opts.update(seed=base_seed, feed_batches=_StreamBatches.TASKS)
+        self._window = self._opts["prefetch"] if w else 0  # tasks sent ahead
         self._loader = None
         self._pins = None  # pin_memory's registered slots (_SlotPins)
         self._seq = 0            # the next task's seq: delivered in order
@@ -278,7 +254,7 @@ class _IterableDataLoader(DataLoader):
             self._table.write_to(self._window + self.num_workers)
             self._loader = Loader(self._batches, **self._opts)
             self._table.attach(self._loader)
-            self._watch_slots()
+            self._watch_slots(True)
         return self._loader
 
     def _fresh_stream(self):
