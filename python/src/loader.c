@@ -26,7 +26,7 @@
  * default) whenever it is in here anyway: after open, between next()'s
  * slices, in stats() and after close.
  */
-#include "module.h"
+#include "loader.h"
 
 #include <pthread.h>
 #include <structmember.h>
