@@ -27,10 +27,13 @@ tells it to go, and samples in a background thread, every ~50 ms, the
 memory of the trainer's tree: the PSS (/proc/PID/smaps_rollup) of the
 trainer and of every process below it, found by walking /proc (the
 workers, ferry's clean parents, and the process-wide clean parent that
-``import ferry`` starts: it is ferry's memory too), plus the bytes of any
-shared-memory file (memfd, /dev/shm) a process of the tree holds open but
-none maps, which no PSS shows. PSS splits each shared page between the
-processes that map it, so the sum counts it once. The trainer builds
+``import ferry`` starts: it is ferry's memory too). PSS splits each
+shared page between the processes that map it, so the sum counts it
+once; but it shows of a shared-memory file (memfd, /dev/shm, a shared
+anonymous mapping) only the pages some process has touched through a
+mapping, so those files count apart instead, whole (their allocated
+bytes) and once, wherever they are held open or mapped in the tree. The
+baseline is the trainer's memory by the same sum. The trainer builds
 ``DataLoader(dataset, batch_size, shuffle=True, num_workers,
 persistent_workers=True, generator)`` (torch's, or ferry.torch's with the
 same arguments) and runs one epoch of at most ``--batches`` batches.
@@ -270,61 +273,73 @@ def tree(roots):
     return out
 
 
-def pss_kb(pid):
-    """pid's PSS in kB, or None once it is gone."""
+def _rollup_kb(pid):
+    """(Pss, Pss_Shmem) of pid in kB, or (None, None) once it is gone."""
+    found = {}
     try:
         with open("/proc/%d/smaps_rollup" % pid) as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                key = line.split(":", 1)[0]
+                if key in ("Pss", "Pss_Shmem"):
+                    found[key] = int(line.split()[1])
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None, None
+    return found.get("Pss"), found.get("Pss_Shmem", 0)
 
 
-def _dev_key(text):
-    """(major, minor) of /proc/PID/maps's "fd:01"."""
-    major, minor = text.split(":")
-    return int(major, 16), int(minor, 16)
+# The names shared memory goes by in /proc/PID/fd and /proc/PID/maps:
+# memfds, POSIX shm, shared anonymous mappings, System V segments.
+_SHM_NAMES = ("/memfd:", "/dev/shm/", "/dev/zero", "/SYSV")
 
 
-def unmapped_shm_kb(pids):
-    """kB of the shared-memory files (memfd, /dev/shm) that the processes
-    hold open and none of them maps: memory no PSS shows."""
-    held, mapped = {}, set()
-    for pid in pids:
+def _shm_files(pid, found):
+    """Adds to found, {(device, inode): kB allocated}, every shared-memory
+    file pid holds open or maps."""
+    def add(path):
         try:
-            fds = os.listdir("/proc/%d/fd" % pid)
+            st = os.stat(path)
+        except OSError:
+            return  # closed or unmapped meanwhile
+        found[(st.st_dev, st.st_ino)] = st.st_blocks * 512 // 1024
+
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return
+    for fd in fds:
+        path = "/proc/%d/fd/%s" % (pid, fd)
+        try:
+            if os.readlink(path).startswith(_SHM_NAMES):
+                add(path)
         except OSError:
             continue
-        for fd in fds:
-            path = "/proc/%d/fd/%s" % (pid, fd)
-            try:
-                link = os.readlink(path)
-                if link.startswith("/memfd:") or link.startswith("/dev/shm/"):
-                    st = os.stat(path)
-                    held[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = \
-                        st.st_blocks * 512 // 1024
-            except OSError:
-                continue
-        if not held:
-            continue
-        try:
-            with open("/proc/%d/maps" % pid) as f:
-                for line in f:
-                    fields = line.split(None, 5)
-                    if len(fields) >= 5 and fields[4] != "0":
-                        mapped.add(_dev_key(fields[3]) + (int(fields[4]),))
-        except (OSError, ValueError):
-            continue
-    return sum(kb for key, kb in held.items() if key not in mapped)
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith(_SHM_NAMES):
+                    add("/proc/%d/map_files/%s" % (pid, fields[0]))
+    except OSError:
+        pass
 
 
-def memory_kb(roots):
-    """(kB of the roots' trees: summed PSS plus unmapped shared memory,
-    the pids counted)."""
-    pids = tree(roots)
-    return sum(pss_kb(p) or 0 for p in pids) + unmapped_shm_kb(pids), pids
+def memory_kb(roots, below=True):
+    """(kB of the processes roots, with every process below them unless
+    not below; the pids counted): their PSS without shared memory, plus
+    each shared-memory file one of them holds open or maps, whole and
+    once. PSS would count only the pages of such a file some process
+    has touched through a mapping (a memfd written by write() and
+    mapped lazily shows nothing until read), and none of one only held
+    open; what it has allocated is in memory, once."""
+    pids = tree(roots) if below else list(roots)
+    kb, shm = 0, {}
+    for pid in pids:
+        pss, pss_shm = _rollup_kb(pid)
+        if pss is None:
+            continue  # gone meanwhile
+        kb += pss - pss_shm
+        _shm_files(pid, shm)
+    return kb + sum(shm.values()), pids
 
 
 class Sampler(threading.Thread):
@@ -427,7 +442,7 @@ def run_group(cfgs, timeout):
             trainers.append(Trainer(cfg, deadline))
         ready = [t.read() for t in trainers]
         roots = [t.proc.pid for t in trainers]
-        base = sum(pss_kb(p) or 0 for p in roots)
+        base, _ = memory_kb(roots, below=False)
         at_start, pids_start = memory_kb(roots)
         sampler = Sampler(roots)
         sampler.start()
@@ -636,9 +651,10 @@ def table(res):
         "",
         "added, peak: the largest sample (every ~50 ms, from the constructor call to the end of",
         "the epoch) of the summed PSS of the trainer and every process below it (workers, clean",
-        "parents, ferry's process-wide one), plus shared memory they hold open but none maps,",
-        "less the trainer's PSS just before the loader was built; at end: after the last",
-        "batch, the loader open; growth: at end less the first sample after the first batch.",
+        "parents, ferry's process-wide one), shared-memory files (memfd, /dev/shm) counted",
+        "whole and once in place of their PSS, less the trainer's just before the loader was",
+        "built; at end: after the last batch, the loader open; growth: at end less the first",
+        "sample after the first batch.",
         "1st batch: constructor call to the first batch in hand; epoch: to the last batch.",
         "Ratios f/t: ferry's median over torch's (peak memory added, first batch).",
     ]
