@@ -78,16 +78,6 @@ void ferry__sched_zap_refused(void *arg, const char *why)
     reject_remote(arg, NULL, NULL, NULL, FERRY_PROTOCOL_VERSION, why);
 }
 
-void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w)
-{
-    free(w->held_ready);
-    w->held_ready = NULL;
-    w->fails_retried = 0;
-    w->p.state = FERRY__PEER_EMPTY;
-    w->p.ident.len = 0;
-    ferry__remote_token_revoke(s->remote, w->p.index - s->nlocal);
-}
-
 /* Sends CONFIG (or, while closing, STOP) to a worker that said HELLO. */
 static void configure_worker(ferry__scheduler *s, sched_worker *w)
 {

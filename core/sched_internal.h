@@ -170,11 +170,11 @@ void ferry__sched_drain(ferry__scheduler *s, void *sock, int budget);
 /* The ZAP handler refused a key (remote.h's refused callback). */
 void ferry__sched_zap_refused(void *s, const char *why);
 
+/* ---- supervise.c ---- */
+
 /* Remote slot w's session is over: the slot is free again and its session
  * token no longer opens anything. */
 void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w);
-
-/* ---- supervise.c ---- */
 
 /* A local process worker died (a pool event); handled once it settles. */
 void ferry__sched_on_death(ferry__scheduler *s, const ferry__pool_event *ev);

@@ -10,6 +10,7 @@
  * counted against it, under either policy, and it is said at info level.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -324,6 +325,16 @@ void ferry__sched_settle(ferry__scheduler *s)
 {
     for (uint32_t i = 0; s->settling && i < s->nworkers; i++)
         settle_one(s, &s->w[i]);
+}
+
+void ferry__sched_end_remote(ferry__scheduler *s, sched_worker *w)
+{
+    free(w->held_ready);
+    w->held_ready = NULL;
+    w->fails_retried = 0;
+    w->p.state = FERRY__PEER_EMPTY;
+    w->p.ident.len = 0;
+    ferry__remote_token_revoke(s->remote, w->p.index - s->nlocal);
 }
 
 /* A remote worker is given up: gone silent past heartbeat_ms x liveness (a

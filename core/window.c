@@ -16,6 +16,7 @@
 #include "batch.h"
 #include "clock.h"
 #include "error.h"
+#include "feed.h"
 
 #define SLOT_BITS 10 /* FERRY__WINDOW_MAX == 1 << SLOT_BITS */
 #define NONE (-1)
@@ -70,14 +71,7 @@ struct ferry__window {
     uint32_t in_flight;
     wlist free, done;
     ferry_stats st;
-    /* The feed (feed_max > 0): the batches of seqs fed_base .. fed_end-1,
-     * fed_count[k] indices each from fed_off[k] in fed_idx. Taking a batch
-     * moves fed_base on; ferry__window_feed drops what was taken. */
-    uint64_t fed_base, fed_end;
-    uint32_t *fed_count;
-    uint64_t *fed_off, *fed_idx;
-    uint64_t fed_cap, fed_idx_len, fed_idx_cap;
-    uint64_t fed_first; /* fed_count[0]'s seq: at most fed_base */
+    ferry__feed feed; /* feed_max > 0: what the trainer fed (feed.h) */
     /* Out of order: the epoch whose batches are handed out now, and how
      * many of them are still to come. A later epoch's batches wait until
      * then, so epochs never interleave and last_in_epoch marks the last
@@ -217,9 +211,7 @@ void ferry__window_free(ferry__window *win)
         free(win->e[i].errmsg);
     }
     free(win->indices);
-    free(win->fed_count);
-    free(win->fed_off);
-    free(win->fed_idx);
+    ferry__feed_free(&win->feed);
     pthread_mutex_destroy(&win->mu);
     pthread_cond_destroy(&win->cv);
     free(win->e);
@@ -279,7 +271,7 @@ int ferry__window_start(ferry__window *win, uint64_t n)
     } else if (win->phase == FERRY__PHASE_STARTING) {
         win->n = n;
         win->next_seq = win->start_seq;
-        win->fed_first = win->fed_base = win->fed_end = win->start_seq;
+        ferry__feed_init(&win->feed, win->feed_max, n, win->start_seq);
         deliver_from_locked(win, win->start_seq);
         win->phase = FERRY__PHASE_RUNNING;
         pthread_cond_broadcast(&win->cv);
@@ -453,7 +445,7 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
     }
     if (win->in_flight >= win->prefetch ||
         ferry__sampler_at(&win->sampler, win->next_seq, &t) != FERRY_OK ||
-        barrier_holds_locked(win, &t) || (win->feed_max && t.seq >= win->fed_end))
+        barrier_holds_locked(win, &t) || (win->feed_max && !ferry__feed_has(&win->feed, t.seq)))
         goto out;
     e = claim_locked(win, t.seq);
     e->state = E_PENDING;
@@ -467,10 +459,7 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
     win->next_seq++;
     win->st.dispatched++;
     if (win->feed_max) { /* under the lock: a feed may move the arrays */
-        uint64_t k = t.seq - win->fed_first;
-        e->t.count = win->fed_count[k];
-        memcpy(e->indices, win->fed_idx + win->fed_off[k], e->t.count * sizeof(uint64_t));
-        win->fed_base = t.seq + 1;
+        e->t.count = ferry__feed_take(&win->feed, t.seq, e->indices);
         pthread_mutex_unlock(&win->mu);
         return e;
     }
@@ -801,39 +790,6 @@ int ferry__window_save(ferry__window *win, void *buf, size_t cap, size_t *len)
  * The feed
  */
 
-/* Drops the batches taken already (below fed_base) from the front. */
-static void feed_compact_locked(ferry__window *win)
-{
-    uint64_t gone = win->fed_base - win->fed_first;
-    if (gone == 0)
-        return;
-    uint64_t keep = win->fed_end - win->fed_base;
-    uint64_t idx_from = keep ? win->fed_off[gone] : win->fed_idx_len;
-    memmove(win->fed_count, win->fed_count + gone, keep * sizeof *win->fed_count);
-    for (uint64_t k = 0; k < keep; k++)
-        win->fed_off[k] = win->fed_off[gone + k] - idx_from;
-    memmove(win->fed_idx, win->fed_idx + idx_from,
-            (win->fed_idx_len - idx_from) * sizeof *win->fed_idx);
-    win->fed_idx_len -= idx_from;
-    win->fed_first = win->fed_base;
-}
-
-/* *p with room for `need` items of `size` bytes (doubling); -1: no memory. */
-static int grow(void *p, uint64_t *cap, uint64_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    uint64_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*(void **)p, (size_t)(c * size));
-    if (!q)
-        return -1;
-    *(void **)p = q;
-    *cap = c;
-    return 0;
-}
-
 int ferry__window_feed(ferry__window *win, uint64_t first_seq, uint64_t n, const uint32_t *counts,
                        const uint64_t *indices)
 {
@@ -843,67 +799,9 @@ int ferry__window_feed(ferry__window *win, uint64_t first_seq, uint64_t n, const
     pthread_mutex_lock(&win->mu);
     if (win->phase == FERRY__PHASE_FAILED)
         return report_failure_locked(win);
-    int rc = FERRY_OK;
-    if (win->phase != FERRY__PHASE_RUNNING) {
-        rc = ferry__seterr(FERRY_EINVAL, "the loader is not open yet");
-        goto out;
-    }
-    if (first_seq > win->fed_end) {
-        rc = ferry__seterr(FERRY_EINVAL, "fed batch %llu, but batch %llu is the next to feed "
-                                         "(batches are fed in order, none left out)",
-                           (unsigned long long)first_seq, (unsigned long long)win->fed_end);
-        goto out;
-    }
-    /* Checked whole before any of it is kept: a bad feed changes nothing. */
-    uint64_t total = 0;
-    for (uint64_t k = 0; k < n; k++) {
-        if (counts[k] == 0 || counts[k] > win->feed_max) {
-            rc = ferry__seterr(FERRY_EINVAL, "fed batch %llu has %u indices, not 1..%u "
-                                             "(batch_size)",
-                               (unsigned long long)(first_seq + k), counts[k], win->feed_max);
-            goto out;
-        }
-        total += counts[k];
-    }
-    for (uint64_t i = 0; i < total; i++) {
-        if (indices[i] >= win->n) {
-            rc = ferry__seterr(FERRY_ERANGE, "a fed batch has index %llu, but the dataset has "
-                                             "%llu items",
-                               (unsigned long long)indices[i], (unsigned long long)win->n);
-            goto out;
-        }
-    }
-    /* What was fed already (or lies before a resume's start) is skipped,
-     * and what lies past the stream's end is not needed. */
-    uint64_t from = win->fed_end - first_seq;
-    uint64_t to = win->sampler.end_seq - first_seq < n ? win->sampler.end_seq - first_seq : n;
-    if (win->sampler.end_seq <= first_seq)
-        to = 0;
-    if (from >= to)
-        goto out;
-    uint64_t skip_idx = 0, add_idx = 0;
-    for (uint64_t k = 0; k < to; k++)
-        *(k < from ? &skip_idx : &add_idx) += counts[k];
-    feed_compact_locked(win);
-    uint64_t rows = win->fed_end - win->fed_first + (to - from);
-    uint64_t rows_cap = win->fed_cap;
-    if (grow(&win->fed_count, &rows_cap, rows, sizeof *win->fed_count) ||
-        grow(&win->fed_off, &win->fed_cap, rows, sizeof *win->fed_off) ||
-        grow(&win->fed_idx, &win->fed_idx_cap, win->fed_idx_len + add_idx, sizeof *win->fed_idx)) {
-        rc = ferry__seterr(FERRY_ENOMEM, "out of memory keeping %llu fed batches",
-                           (unsigned long long)rows);
-        goto out;
-    }
-    for (uint64_t k = from; k < to; k++) {
-        uint64_t row = win->fed_end - win->fed_first;
-        win->fed_count[row] = counts[k];
-        win->fed_off[row] = win->fed_idx_len;
-        win->fed_idx_len += counts[k];
-        win->fed_end++;
-    }
-    memcpy(win->fed_idx + win->fed_idx_len - add_idx, indices + skip_idx,
-           add_idx * sizeof *win->fed_idx);
-out:
+    int rc = win->phase == FERRY__PHASE_RUNNING
+                 ? ferry__feed_add(&win->feed, first_seq, n, counts, indices, win->sampler.end_seq)
+                 : ferry__seterr(FERRY_EINVAL, "the loader is not open yet");
     pthread_mutex_unlock(&win->mu);
     if (rc == FERRY_OK && win->wake)
         win->wake(win->wake_arg); /* the scheduler may have waited for these */

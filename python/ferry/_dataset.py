@@ -31,12 +31,10 @@ import numpy as np
 from . import _ferry, _shared
 from ._startup import C_LINE_MARK, is_ferry_process
 
-# ferry's dtype codes (include/ferry.h), by numpy dtype string.
-_DTYPES = {
-    "|u1": 1, "|i1": 2, "<u2": 3, "<i2": 4, "<u4": 5, "<i4": 6, "<u8": 7, "<i8": 8,
-    "<f2": 9, "<f4": 10, "<f8": 11, "|b1": 12,
-}
-DTYPE_NAMES = {v: np.dtype(k).name for k, v in _DTYPES.items()}
+# ferry's dtype codes (include/ferry.h, as the extension gives them), by
+# numpy dtype string, and their names.
+DTYPE_NAMES = dict(_ferry.DTYPE_NAMES)
+_DTYPES = {np.dtype(name).str: code for code, name in DTYPE_NAMES.items()}
 
 _SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*):([A-Za-z_][\w.]*)\s*(.*)$", re.S)
 
@@ -326,12 +324,12 @@ def _as_field_array(v):
 def _fields(sample, layout, lead):
     """[(name, dtype code, item shape)] of one item (lead=False) or of a
     get_batch result of one item (lead=True)."""
-    if layout == 2:
+    if layout == _ferry.LAYOUT_DICT:
         named = [(k, sample[k]) for k in sample]
         for k, _ in named:
             if not isinstance(k, str):
                 raise TypeError("item keys must be str, got %r" % (k,))
-    elif layout == 1:
+    elif layout == _ferry.LAYOUT_TUPLE:
         named = [(str(i), v) for i, v in enumerate(sample)]
     else:
         named = [("0", sample)]
@@ -358,10 +356,10 @@ def _fields(sample, layout, lead):
 def _layout(sample):
     from collections.abc import Mapping
     if isinstance(sample, Mapping):
-        return 2
+        return _ferry.LAYOUT_DICT
     if isinstance(sample, (tuple, list)):
-        return 1
-    return 0
+        return _ferry.LAYOUT_TUPLE
+    return _ferry.LAYOUT_SINGLE
 
 
 # ------------------------------------------------------------ datasets as objects
@@ -812,7 +810,8 @@ def forget_first_items():
         if isinstance(opened, BaseException):  # a failure kept for the workers
             continue
         _preloaded[args] = opened[:-1] + (None,)
-        forget = getattr(opened[0], "__ferry_forget_first__", None) if opened[2] == 3 else None
+        fills = opened[2] == _ferry.LAYOUT_FILL
+        forget = getattr(opened[0], "__ferry_forget_first__", None) if fills else None
         if callable(forget):  # ferry.torch's form keeps its own (_Batches._probe_item)
             forget()
 
@@ -920,7 +919,7 @@ def _describe(ds, asked_before):
         raise ValueError("the dataset (a %s) has no items (len %d)" % (type(ds).__name__, n))
     fields = getattr(ds, "__ferry_fields__", None)
     if callable(fields):  # ferry.torch's form: it fills the batch itself (layout 3)
-        return n, 3, list(fields()), ds.__ferry_fill__, None
+        return n, _ferry.LAYOUT_FILL, list(fields()), ds.__ferry_fill__, None
     gb = getattr(ds, "get_batch", None)
     gb = gb if callable(gb) else None
     sample, first = _probe(ds, gb, asked_before)

@@ -1058,11 +1058,14 @@ def parse_args(argv=None):
                     "files with the usual training transform (--pipeline imagefolder), or "
                     "the same JPEGs decoded and cropped in C by ferry's built-in imagefolder "
                     "dataset against torchvision's uint8 pipeline (--pipeline jpeg). "
-                    "Defaults are given as mnist/imagefolder.")
+                    "Defaults are given as mnist/imagefolder. --pipeline dataset-memory "
+                    "measures the memory each adds for datasets that hold their data: its "
+                    "own options, see --pipeline dataset-memory --help.")
     from ferry import __version__  # loaded already: this module is inside the package
     p.add_argument("--version", action="version",
                    version="python -m ferry.bench %s" % __version__)
-    p.add_argument("--pipeline", choices=tuple(DEFAULTS), default="mnist",
+    p.add_argument("--pipeline", choices=tuple(DEFAULTS) + ("dataset-memory",),
+                   default="mnist",
                    help="the dataset and its loading (mnist)")
     p.add_argument("--workers", type=int,
                    help="worker processes (2; jpeg: the cores but one, at most 8)")
@@ -1115,6 +1118,12 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--pipeline")
+    if pre.parse_known_args(argv)[0].pipeline == "dataset-memory":  # a module of its own
+        from . import bench_memory
+        return bench_memory.main(argv)
     a = parse_args(argv)
     # Now, outside every timing: what the trainer (and torch's forked workers) use.
     need = ["torch"] if a.only != "ferry" else []

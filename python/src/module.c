@@ -1,39 +1,12 @@
 /*
- * module.c - the _ferry extension module: its init, and the two helpers
- * its files share (raising ferry errors, importing on first use).
+ * module.c - the _ferry extension module: its init, and the tables C owns
+ * that the package reads from here instead of copying them (dtype codes
+ * and names, the layout codes of a Python dataset's items, error codes).
  */
-#include "module.h"
-
-#include <string.h>
+#include "loader.h"
+#include "pydataset.h"
 
 #include "ferry.h"
-
-PyObject *ferry_py_import_attr(const char *module, const char *name)
-{
-    PyObject *m = PyImport_ImportModule(module);
-    if (!m)
-        return NULL;
-    PyObject *a = PyObject_GetAttrString(m, name);
-    Py_DECREF(m);
-    return a;
-}
-
-PyObject *ferry_py_raise(int code, const char *msg)
-{
-    /* The C text may be cut inside a UTF-8 character: never let that turn
-     * the error into a UnicodeDecodeError. */
-    msg = msg ? msg : "";
-    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
-    PyObject *make = text ? ferry_py_import_attr("ferry._errors", "make") : NULL;
-    PyObject *exc = make ? PyObject_CallFunction(make, "iO", code, text) : NULL;
-    Py_XDECREF(make);
-    Py_XDECREF(text);
-    if (exc) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-    return NULL;
-}
 
 static PyObject *strerror_py(PyObject *self, PyObject *args)
 {
@@ -62,6 +35,35 @@ static struct PyModuleDef module_def = {
     .m_methods = module_methods,
 };
 
+/* DTYPE_NAMES: {code: numpy's name} of every dtype a field may have;
+ * LAYOUT_SINGLE/TUPLE/DICT/FILL: pydataset.h's codes. */
+static int add_tables(PyObject *m)
+{
+    PyObject *names = PyDict_New();
+    if (!names)
+        return -1;
+    for (int code = 1; ferry_dtype_name(code); code++) {
+        PyObject *k = PyLong_FromLong(code), *v = PyUnicode_FromString(ferry_dtype_name(code));
+        int rc = k && v ? PyDict_SetItem(names, k, v) : -1;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) {
+            Py_DECREF(names);
+            return -1;
+        }
+    }
+    if (PyModule_AddObject(m, "DTYPE_NAMES", names) < 0) {
+        Py_DECREF(names);
+        return -1;
+    }
+    if (PyModule_AddIntConstant(m, "LAYOUT_SINGLE", LAYOUT_SINGLE) < 0 ||
+        PyModule_AddIntConstant(m, "LAYOUT_TUPLE", LAYOUT_TUPLE) < 0 ||
+        PyModule_AddIntConstant(m, "LAYOUT_DICT", LAYOUT_DICT) < 0 ||
+        PyModule_AddIntConstant(m, "LAYOUT_FILL", LAYOUT_FILL) < 0)
+        return -1;
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__ferry(void)
 {
     PyObject *m = PyModule_Create(&module_def);
@@ -75,5 +77,9 @@ PyMODINIT_FUNC PyInit__ferry(void)
 #define ADD_CODE(name, value, msg) PyModule_AddIntConstant(m, "FERRY_" #name, value);
     FERRY_ERRNO_MAP(ADD_CODE)
 #undef ADD_CODE
+    if (add_tables(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

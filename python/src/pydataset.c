@@ -24,7 +24,7 @@
  * index, the seed, the epoch being built) is kept per thread, since thread
  * workers share the process.
  */
-#include "module.h"
+#include "pydataset.h"
 
 #include <malloc.h>
 #include <sched.h>
@@ -37,10 +37,6 @@
 #include <unistd.h>
 
 #include "ferry_dataset.h"
-
-/* How items are laid out (LAYOUT_FILL: the dataset fills the batch itself,
- * its __ferry_fill__ is what open_dataset gives as get_batch). */
-enum layout { LAYOUT_SINGLE = 0, LAYOUT_TUPLE = 1, LAYOUT_DICT = 2, LAYOUT_FILL = 3 };
 
 /* The collating functions return FERRY_OK, FERRY_EBATCH (a mismatch, with
  * the message written), or PYERR: a Python exception is set. */

@@ -154,3 +154,28 @@ def test_bench_jpeg_compares_the_c_decoder_with_torchvision(tmp_path):
         assert run["images_per_core_s"] > 0 and run["workers_cpu_s"] > 0
     assert "images_per_core_s" in res["ratios_ferry_over_torch"]
     assert set(res["targets"]) == {"images_per_core_s"}
+
+
+def test_bench_dataset_memory_measures_every_dataset_for_both_loaders():
+    """--pipeline dataset-memory --quick: a row per dataset with both
+    loaders, memory added and the first batch above zero, targets for
+    ferry, and no process of any run left behind."""
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, "-m", "ferry.bench", "--pipeline", "dataset-memory",
+                        "--quick", "--json"], capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    assert "left processes behind" not in p.stderr, p.stderr
+    res = json.loads(p.stdout)
+    assert [(r["dataset"], r["workers"]) for r in res["rows"]] == [
+        (d, 2) for d in ("array", "tensor", "memmap", "records", "vocab")]
+    for row in res["rows"]:
+        assert set(row["loaders"]) == {"torch", "ferry"}
+        for name, ld in row["loaders"].items():
+            (run,) = ld["rounds"]
+            assert run["leftover_pids"] == []
+            assert run["batches"] == 20 and run["samples"] >= 1
+            assert run["added_peak_mib"] > 0 and run["added_peak_mib"] >= run["added_end_mib"]
+            assert 0 < run["first_batch_s"] <= run["epoch_s"]
+            assert run["processes_at_end"] >= 3  # the trainer and its 2 workers at least
+        assert {"added_peak_mib", "first_batch_s"} <= set(row["ratios_ferry_over_torch"])
+        assert row["targets"] and all(isinstance(t["met"], bool) for t in row["targets"].values())
