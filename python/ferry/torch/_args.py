@@ -6,8 +6,9 @@ options, the source of each epoch's indices and the mode the batches are
 made in.
 
 Pure: nothing is started, drawn from a generator or iterated (a sampler's
-len() is asked); the trainer calls it as a DataLoader is made, and the
-tests call it alone (test_torch_args.py).
+len() is asked, and what means nothing here is warned about); the trainer
+calls it as a DataLoader is made, and the tests call it alone
+(test_torch_args.py).
 """
 
 import collections
@@ -84,7 +85,8 @@ def _check_common(num_workers, timeout, prefetch_factor, persistent_workers, res
                       "workers than CPUs only contend for them and use more memory, and such "
                       "excessive worker creation might get DataLoader running slow or even "
                       "freeze; %d or fewer is the most this machine runs at once"
-                      % (num_workers, cpus, cpus), UserWarning, stacklevel=4)  # the DataLoader(...) call
+                      % (num_workers, cpus, cpus), UserWarning,
+                      stacklevel=4)  # at the DataLoader(...) call, through translate()
 
 
 def _default_reseed(reseed, worker_init_fn):

@@ -5,10 +5,10 @@ DataLoader is the API (as torch's dataloader.py is torch's): torch's
 arguments are translated once (_args.translate: ferry's options, where
 each epoch's indices come from, the mode), the mode chosen there makes
 the batches (_modes), a ferry.Loader starts at the first iter(), and each
-`for` gets one epoch (_MapEpoch), with torch's errors (_as_torch_says). What torch's DataLoader draws from
-the generators at each iter() is drawn here too, so that a training
-step's draws are those it gets under torch. The IterableDataset
-subclass is _iterable's.
+`for` gets one epoch (_MapEpoch), with torch's errors (_as_torch_says).
+What torch's DataLoader draws from the generators at each iter() is
+drawn here too, so that a training step's draws are those it gets under
+torch. The IterableDataset subclass is _iterable's.
 
 Trainer only: one DataLoader is iterated from one thread at a time.
 """
@@ -83,11 +83,14 @@ class DataLoader(_Closes):
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed=None, native=True, **ferry_options):
         pin_slots = ferry_options.pop("pin_slots", True)
-        plan = translate(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
-                         collate_fn, drop_last, timeout, worker_init_fn,
-                         multiprocessing_context, generator, prefetch_factor,
-                         persistent_workers, pin_memory_device, in_order, reseed, native,
-                         ferry_options)
+        plan = translate(
+            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+            batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+            drop_last=drop_last, timeout=timeout, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context, generator=generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order, reseed=reseed,
+            native=native, ferry_options=ferry_options)
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
                         in_order, collate_fn, pin_slots)

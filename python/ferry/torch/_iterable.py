@@ -201,10 +201,13 @@ class _IterableDataLoader(DataLoader):
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed=None, **ferry_options):
         pin_slots = ferry_options.pop("pin_slots", True)
-        plan = translate_iterable(dataset, batch_size, shuffle, sampler, batch_sampler,
-                                  num_workers, drop_last, timeout, worker_init_fn,
-                                  multiprocessing_context, prefetch_factor, persistent_workers,
-                                  pin_memory_device, reseed, ferry_options)
+        plan = translate_iterable(
+            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+            batch_sampler=batch_sampler, num_workers=num_workers, drop_last=drop_last,
+            timeout=timeout, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
+            reseed=reseed, ferry_options=ferry_options)
         self._keep_args(dataset, num_workers, prefetch_factor, pin_memory, timeout,
                         worker_init_fn, multiprocessing_context, generator, persistent_workers,
                         in_order, collate_fn, pin_slots)
