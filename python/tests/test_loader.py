@@ -725,13 +725,17 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for
     # runs on): out of order, the for hands out epoch 0's batches as they
     # come and waits for its last; those of epoch 1 are kept (in the C
     # loader's window) for the next for, as torch's in_order=False does.
+    # One task queued per worker (credits=1): a task queued behind the
+    # gated one at its worker would wait with it, and which tasks the
+    # gated worker had queued would decide whether epoch 1's first three
+    # could all be made (the test failed 1 run in 8 under load so).
     import threading
     import datasets
     datasets.GATE.clear()
     try:
         with ferry.Loader(datasets.Gated, dataset_kwargs={"n": 4, "at": 3}, batch_size=1,
-                          shuffle=False, workers=2, prefetch=8, worker_mode="thread",
-                          in_order=off) as ld:
+                          shuffle=False, workers=2, prefetch=8, credits=1,
+                          worker_mode="thread", in_order=off) as ld:
             got, kept = [], []
 
             def open_once_kept():
