@@ -68,8 +68,9 @@ __all__ = [
     "__version__",
 ]
 
-# Python names for C options (the C names work too).
-_ALIASES = {
+# Old names of options, accepted until the next release with a warning
+# that names the one name each option has now (the C library's).
+_RENAMED = {
     "world": "world_size",
     "placement": "worker_mode",
     "on_worker_death": "on_worker_failure",
@@ -480,9 +481,9 @@ class Loader(_Closes):
 
     Keyword options are the C library's (docs/options.md lists them, with
     their defaults): batch_size, workers, prefetch, shuffle, seed, drop_last,
-    in_order, epochs, max_batches, rank, world (world_size), timeout
-    (seconds; or timeout_ms), on_worker_death ("restart" or "fail"),
-    placement ("process" or "thread"), bind, curve_key, ... An unknown name
+    in_order, epochs, max_batches, rank, world_size, timeout (seconds; or
+    timeout_ms), on_worker_failure ("restart" or "fail"), worker_mode
+    ("process" or "thread"), bind, curve_key, ... An unknown name
     raises TypeError, a bad value ValueError. For datasets whose memory
     only grows (a leaky decoder): worker_max_rss_bytes (a worker process
     past this much private memory is replaced after its batch) and
@@ -537,7 +538,11 @@ class Loader(_Closes):
             if key == "timeout":
                 ms = None if value is None else _seconds("ferry.Loader: timeout", value)
                 key, value = "timeout_ms", 0 if ms is None else ms
-            name = _ALIASES.get(key, key)
+            name = _RENAMED.get(key, key)
+            if name != key:
+                import warnings
+                warnings.warn("ferry.Loader: option %s is now called %s; the old name goes in "
+                              "the next release" % (key, name), FutureWarning, stacklevel=2)
             if name in opts:
                 raise TypeError("ferry.Loader: option %s is given twice (as %s)" % (name, key))
             opts[name] = value

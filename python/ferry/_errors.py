@@ -118,7 +118,7 @@ class _Death:
 
 
 class WorkerError(_Death, Error, RuntimeError):
-    """A worker died and the loader cannot go on (``on_worker_death="fail"``,
+    """A worker died and the loader cannot go on (``on_worker_failure="fail"``,
     or one that keeps dying). ``pid``, ``signal`` ("SIGKILL") or
     ``exit_code``, and ``last_words`` (what it wrote to stderr last) when the
     message says them. A ``RuntimeError``, as torch's DataLoader raises for
@@ -149,7 +149,7 @@ class SpawnError(Error):
 
 class Timeout(Error, TimeoutError):
     """A deadline passed: a batch past ``timeout`` (under
-    ``on_worker_death="fail"``, or with thread workers, which cannot be
+    ``on_worker_failure="fail"``, or with thread workers, which cannot be
     killed: the loader cannot go on), or workers not ready by
     ``start_timeout_ms``."""
 

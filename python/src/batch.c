@@ -282,16 +282,9 @@ PyTypeObject ferry_py_BatchType = {
 
 int ferry_py_batch_init(PyObject *m)
 {
-    PyTypeObject *types[] = {&ferry_py_BatchType, &ViewType, &SlotHoldType};
-    const char *names[] = {"Batch", "View", "SlotHold"};
-    for (int i = 0; i < 3; i++) {
-        if (PyType_Ready(types[i]) < 0)
-            return -1;
-        Py_INCREF(types[i]);
-        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
-            Py_DECREF(types[i]);
-            return -1;
-        }
-    }
+    if (ferry_py_add_type(m, "Batch", &ferry_py_BatchType) < 0 ||
+        ferry_py_add_type(m, "View", &ViewType) < 0 ||
+        ferry_py_add_type(m, "SlotHold", &SlotHoldType) < 0)
+        return -1;
     return 0;
 }

@@ -754,12 +754,7 @@ static PyTypeObject LoaderType = {
 
 int ferry_py_loader_init(PyObject *m)
 {
-    if (ferry_py_batch_init(m) < 0 || PyType_Ready(&LoaderType) < 0)
+    if (ferry_py_batch_init(m) < 0 || ferry_py_add_type(m, "Loader", &LoaderType) < 0)
         return -1;
-    Py_INCREF(&LoaderType);
-    if (PyModule_AddObject(m, "Loader", (PyObject *)&LoaderType) < 0) {
-        Py_DECREF(&LoaderType);
-        return -1;
-    }
     return 0;
 }

@@ -7,6 +7,7 @@
 #include "pydataset.h"
 
 #include "ferry.h"
+#include "sampler.h"
 
 static PyObject *strerror_py(PyObject *self, PyObject *args)
 {
@@ -21,7 +22,30 @@ static PyObject *version_py(PyObject *self, PyObject *unused)
     return PyUnicode_FromString(ferry_version());
 }
 
+/* epoch_batches(n, batch_size, drop_last=False, rank=0, world_size=1,
+ * pad_shards=True) -> the batches a rank gets per epoch, by the sampler's
+ * own arithmetic (sampler.c): what len() of a loader is before it opens. */
+static PyObject *epoch_batches_py(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"n", "batch_size", "drop_last", "rank", "world_size", "pad_shards", NULL};
+    unsigned long long n, bs;
+    int drop_last = 0, pad = 1;
+    unsigned int rank = 0, world = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KK|pIIp:epoch_batches", kw, &n, &bs, &drop_last,
+                                     &rank, &world, &pad))
+        return NULL;
+    ferry__sampler_opts o = {.batch_size = bs, .drop_last = drop_last, .rank = rank,
+                             .world_size = world, .pad_shards = pad};
+    ferry__sampler s;
+    int rc = ferry__sampler_init(&s, n, &o);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return PyLong_FromUnsignedLongLong(s.batches_per_epoch);
+}
+
 static PyMethodDef module_methods[] = {
+    {"epoch_batches", (PyCFunction)(void (*)(void))epoch_batches_py, METH_VARARGS | METH_KEYWORDS,
+     "epoch_batches(n, batch_size, drop_last=False, rank=0, world_size=1, pad_shards=True)"},
     {"strerror", strerror_py, METH_VARARGS, "strerror(code) -> (name, description)"},
     {"version", version_py, METH_NOARGS, "the C library's version"},
     {0},

@@ -16,6 +16,18 @@ PyObject *ferry_py_import_attr(const char *module, const char *name)
     return a;
 }
 
+int ferry_py_add_type(PyObject *m, const char *name, PyTypeObject *t)
+{
+    if (PyType_Ready(t) < 0)
+        return -1;
+    Py_INCREF(t);
+    if (PyModule_AddObject(m, name, (PyObject *)t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *ferry_py_raise(int code, const char *msg)
 {
     /* The C text may be cut inside a UTF-8 character: never let that turn

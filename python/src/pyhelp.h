@@ -28,4 +28,8 @@ PyObject *ferry_py_raise(int code, const char *msg);
  * first use; NULL with an exception set. */
 PyObject *ferry_py_import_attr(const char *module, const char *name);
 
+/* Readies type t and adds it to module m as `name`: 0, or -1 with an
+ * exception set. */
+int ferry_py_add_type(PyObject *m, const char *name, PyTypeObject *t);
+
 #endif

@@ -138,7 +138,7 @@ GATE = __import__("threading").Event()  # set by a test; for thread workers only
 
 class Gated:
     """Item `at` waits (at most 60 s) for GATE, set by the test in the same
-    process (placement="thread" only), then raises if `bad`."""
+    process (worker_mode="thread" only), then raises if `bad`."""
 
     def __init__(self, n=16, at=2, bad=False):
         self.n, self.at, self.bad = n, at, bad

@@ -144,7 +144,7 @@ def test_the_clean_parent_killed_is_replaced_and_nothing_is_lost():
 
 
 def test_the_clean_parent_killed_under_fail_policy_raises():
-    ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_death="fail")
+    ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_failure="fail")
     try:
         it = ld.stream()
         next(it)
@@ -269,7 +269,7 @@ def test_objects_of_every_kind_are_datasets():
              ([(a[i], np.int64(i)) for i in range(10)], 1, list(range(10))))
     for ds, field, want in cases:
         for placement in ("process", "thread"):
-            with ferry.Loader(ds, batch_size=5, workers=2, epochs=1, placement=placement) as ld:
+            with ferry.Loader(ds, batch_size=5, workers=2, epochs=1, worker_mode=placement) as ld:
                 assert sorted(int(v) for b in ld for v in b[field]) == want
     lam = [(lambda i: i * 3)]  # a lambda inside: pickled by value (cloudpickle)
     pytest.importorskip("cloudpickle")
@@ -387,7 +387,7 @@ def test_an_object_loader_resumes_again_and_again_and_lets_the_object_go(placeme
     from datasets import ArrayBacked
     ds = ArrayBacked(np.arange(100, dtype=np.int64))
     gone = weakref.ref(ds)
-    with ferry.Loader(ds, batch_size=10, workers=2, placement=placement) as ld:
+    with ferry.Loader(ds, batch_size=10, workers=2, worker_mode=placement) as ld:
         del ds
         first = next(iter(ld))["x"].tolist()
         state = ld.state_dict()

@@ -406,7 +406,7 @@ def test_worker_killed_mid_epoch_restart_delivers_every_batch(tmp_path):
     # (and the worker dies) in epoch 0, not in an epoch-1 batch prefetched
     # ahead, whose death epoch 0's loop need not see.
     with ferry.Loader(Items, dataset_kwargs={"n": 80, "die": 42, "flag": flag},
-                      batch_size=8, workers=2, prefetch=4, on_worker_death="restart") as ld:
+                      batch_size=8, workers=2, prefetch=4, on_worker_failure="restart") as ld:
         seen, attempts = [], {}
         for b in ld:
             seen += b.indices.tolist()
@@ -452,7 +452,7 @@ def test_a_worker_death_is_one_log_message(caplog):
 
 def test_worker_killed_under_fail_policy_raises_worker_error():
     with ferry.Loader(Items, dataset_kwargs={"n": 80, "die": 42}, batch_size=8, workers=2,
-                      on_worker_death="fail") as ld:
+                      on_worker_failure="fail") as ld:
         with pytest.raises(ferry.WorkerError) as ei:
             for _ in ld:
                 pass
@@ -469,7 +469,7 @@ def test_bad_options_raise_type_and_value_errors_naming_them():
     with pytest.raises(ValueError, match="batch_size"):
         ferry.Loader(SYN, batch_size=0)
     with pytest.raises(ValueError, match="worker_mode"):
-        ferry.Loader(SYN, placement="fiber")
+        ferry.Loader(SYN, worker_mode="fiber")
     with pytest.raises(TypeError, match="workers"):
         ferry.Loader(SYN, workers=2.5)
     with pytest.raises(TypeError, match="top level"):
@@ -491,7 +491,7 @@ def test_npy_fields_and_thread_placement(tmp_path):
     np.save(tmp_path / "train_y.npy", np.arange(200, dtype=np.int64))
     spec = "npy:x=%s,y=%s" % (tmp_path / "train_x.npy", tmp_path / "train_y.npy")
     for placement in ("process", "thread"):
-        with ferry.Loader(spec, batch_size=32, workers=2, placement=placement) as ld:
+        with ferry.Loader(spec, batch_size=32, workers=2, worker_mode=placement) as ld:
             b = ld.next()
             assert set(b) == {"x", "y"}
             assert np.array_equal(b["x"][:, 0], b["y"].astype(np.float32) * 4)
@@ -499,7 +499,7 @@ def test_npy_fields_and_thread_placement(tmp_path):
 
 def test_python_dataset_in_thread_placement():
     with ferry.Loader(Items, dataset_kwargs={"n": 40}, batch_size=10, workers=2,
-                      placement="thread", epochs=1) as ld:
+                      worker_mode="thread", epochs=1) as ld:
         assert sorted(i for b in ld for i in b.indices.tolist()) == list(range(40))
 
 
@@ -658,7 +658,7 @@ def test_ctrl_c_as_a_batch_arrives_keeps_it_for_the_next_call_and_out_of_the_sta
         datasets.GATE.set()
 
     opts = dict(dataset_kwargs={"n": 16, "at": 2, "bad": bad}, batch_size=1, shuffle=False,
-                workers=1, placement="thread")
+                workers=1, worker_mode="thread")
     old = signal.signal(signal.SIGINT, on_sigint)
     try:
         with ferry.Loader(datasets.Gated, **opts) as ld:
@@ -725,13 +725,17 @@ def test_in_order_off_in_any_spelling_the_c_options_take_gives_one_epoch_per_for
     # runs on): out of order, the for hands out epoch 0's batches as they
     # come and waits for its last; those of epoch 1 are kept (in the C
     # loader's window) for the next for, as torch's in_order=False does.
+    # One task queued per worker (credits=1): a task queued behind the
+    # gated one at its worker would wait with it, and which tasks the
+    # gated worker had queued would decide whether epoch 1's first three
+    # could all be made (the test failed 1 run in 8 under load so).
     import threading
     import datasets
     datasets.GATE.clear()
     try:
         with ferry.Loader(datasets.Gated, dataset_kwargs={"n": 4, "at": 3}, batch_size=1,
-                          shuffle=False, workers=2, prefetch=8, placement="thread",
-                          in_order=off) as ld:
+                          shuffle=False, workers=2, prefetch=8, credits=1,
+                          worker_mode="thread", in_order=off) as ld:
             got, kept = [], []
 
             def open_once_kept():

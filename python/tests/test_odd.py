@@ -149,7 +149,7 @@ def test_import_without_the_built_extension_says_what_to_build(tmp_path):
 
 
 def test_thread_workers_keep_their_thread_local_data():
-    with ferry.Loader(PerThread, batch_size=4, workers=2, placement="thread", epochs=3) as ld:
+    with ferry.Loader(PerThread, batch_size=4, workers=2, worker_mode="thread", epochs=3) as ld:
         handles = {int(h) for b in ld.stream() for h in b[0]}
     assert len(handles) <= 2  # one per worker thread, not one per batch
 
@@ -193,8 +193,8 @@ def test_state_calls_after_close_and_a_bad_state_keep_the_loader():
 
 
 def test_options_are_checked_before_anything_starts():
-    with pytest.raises(TypeError, match="given twice"):
-        ferry.Loader(SYN, world=2, world_size=2)
+    with pytest.raises(TypeError, match="given twice"), pytest.warns(FutureWarning):
+        ferry.Loader(SYN, world_size=2, world=2)
     with pytest.raises(ValueError, match="timeout"):
         ferry.Loader(SYN, timeout=float("nan"))
     with pytest.raises(TypeError, match="timeout"):
@@ -233,7 +233,7 @@ def test_main_script_gets_the_trainers_argv_and_thread_placement_runs_it_once(tm
         if __name__ == "__main__":
             for placement in ("process", "thread"):
                 with ferry.Loader(Scaled, batch_size=4, workers=2, epochs=1,
-                                  placement=placement) as ld:
+                                  worker_mode=placement) as ld:
                     print(sorted(int(v) for b in ld for v in b[0]))
         """}, ["train.py", "--k", "3"])
     assert p.returncode == 0, p.stderr
@@ -282,3 +282,11 @@ def test_remote_worker_refuses_methods_of_module_level_objects():
             open_remote(port, "python:datasets:DEFAULT", start_timeout_ms=3000)
         with pytest.raises(ferry.Timeout, match="private parts"):
             open_remote(port, "python:datasets:Items.__init__", start_timeout_ms=3000)
+
+
+def test_an_option_s_old_name_works_and_names_the_new_one():
+    for old, new, value in (("placement", "worker_mode", "thread"), ("world", "world_size", 1),
+                            ("on_worker_death", "on_worker_failure", "fail")):
+        with pytest.warns(FutureWarning, match="option %s is now called %s" % (old, new)):
+            with ferry.Loader(SYN, batch_size=10, workers=1, epochs=1, **{old: value}) as ld:
+                assert sum(1 for _ in ld) == 10

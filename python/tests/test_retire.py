@@ -91,7 +91,7 @@ def test_a_leaking_python_dataset_stays_within_its_budget_and_loses_nothing():
 
 def test_max_batches_per_worker_replaces_python_workers_between_batches():
     with ferry.Loader(Leaky, dataset_kwargs={"n": 96, "leak_kb": 0}, batch_size=4,
-                      workers=2, max_batches_per_worker=5, on_worker_death="fail",
+                      workers=2, max_batches_per_worker=5, on_worker_failure="fail",
                       max_attempts=1) as ld:
         _, pids = serve_epochs(ld, 2, 96, 2)
         st = ld.stats()
@@ -122,9 +122,9 @@ def test_state_dict_saved_between_retirements_resumes_exactly():
 
 def test_thread_workers_refuse_the_retirement_options():
     with pytest.raises(ferry.InvalidValue, match="worker_max_rss_bytes.*thread"):
-        ferry.Loader(Leaky, placement="thread", worker_max_rss_bytes=1 << 30)
+        ferry.Loader(Leaky, worker_mode="thread", worker_max_rss_bytes=1 << 30)
     with pytest.raises(ferry.InvalidValue, match="max_batches_per_worker.*thread"):
-        ferry.Loader("synthetic:n=64,dim=8", placement="thread", max_batches_per_worker=10)
+        ferry.Loader("synthetic:n=64,dim=8", worker_mode="thread", max_batches_per_worker=10)
 
 
 @pytest.mark.skipif(ferry_torch is None, reason="torch is not installed")

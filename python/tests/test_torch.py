@@ -1072,9 +1072,9 @@ def test_a_crashed_worker_is_torchs_runtime_error(policy):
     """A worker killed by a signal is a RuntimeError saying what torch's
     says ("DataLoader worker (pid N) is killed by signal: Segmentation
     fault"), whether ferry gives up the batch after replacements (its
-    default) or the whole loader (on_worker_death="fail"); and a dataset
+    default) or the whole loader (on_worker_failure="fail"); and a dataset
     that cannot open is one too. `except RuntimeError` used to miss both."""
-    with DataLoader(Crashing(), batch_size=2, num_workers=2, on_worker_death=policy) as dl:
+    with DataLoader(Crashing(), batch_size=2, num_workers=2, on_worker_failure=policy) as dl:
         it = iter(dl)
         assert next(it).tolist() == [0, 1]
         with pytest.raises(RuntimeError,
