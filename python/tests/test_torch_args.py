@@ -58,12 +58,15 @@ def test_a_distributed_sampler_is_rank_world_seed_and_padding():
     s = tud.distributed.DistributedSampler(ds(), num_replicas=4, rank=1, shuffle=False, seed=7,
                                            drop_last=True)
     plan = translate(ds(), sampler=s, batch_size=2)
-    assert {k: plan.opts[k] for k in ("rank", "world", "seed", "pad_shards", "shuffle")} == \
-        {"rank": 1, "world": 4, "seed": 7, "pad_shards": False, "shuffle": False}
+    assert {k: plan.opts[k] for k in ("rank", "world_size", "seed", "pad_shards", "shuffle")} == \
+        {"rank": 1, "world_size": 4, "seed": 7, "pad_shards": False, "shuffle": False}
     assert plan.base_seed == 7 and plan.feed is None
     # ferry's own options win over the sampler's
     plan = translate(ds(), sampler=s, ferry_options={"seed": 3, "rank": 0})
     assert (plan.opts["seed"], plan.opts["rank"], plan.base_seed) == (3, 0, 3)
+    # under either of the option's names
+    plan = translate(ds(), sampler=s, ferry_options={"world": 2})
+    assert plan.opts["world"] == 2 and "world_size" not in plan.opts
 
 
 def test_a_list_sampler_is_the_indices_an_epoch_runs_over():
@@ -105,9 +108,12 @@ def test_a_sampler_of_the_users_is_fed_in_batches():
 def test_num_workers_0_is_the_synchronous_mode():
     plan = translate(ds(), num_workers=0)
     assert plan.mode == "sync"
-    assert (plan.opts["placement"], plan.opts["workers"]) == ("thread", 1)
-    # ferry's thread worker asked for by name: ferry makes the batches
-    assert translate(ds(), ferry_options={"placement": "thread"}).mode == "workers"
+    assert (plan.opts["worker_mode"], plan.opts["workers"]) == ("thread", 1)
+    # ferry's thread worker asked for by name (either name): ferry makes the batches
+    for name in ("worker_mode", "placement"):
+        plan = translate(ds(), ferry_options={name: "thread"})
+        assert plan.mode == "workers" and plan.opts == dict(plan.opts, **{name: "thread"})
+        assert len({"worker_mode", "placement"} & set(plan.opts)) == 1
     plan = translate(ds(), num_workers=2, prefetch_factor=3)
     assert plan.mode == "workers" and plan.opts["prefetch"] == 6
 

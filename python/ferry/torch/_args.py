@@ -175,7 +175,7 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
     torch's samplers become ferry's own index stream where it does the
     same: RandomSampler (also inside a BatchSampler) is ferry's shuffle,
     SubsetRandomSampler shuffled indices, a DistributedSampler ferry's
-    rank, world, seed and pad_shards, a list (or range, array) of indices
+    rank, world_size, seed and pad_shards, a list (or range, array) of indices
     the indices. Any other sampler or batch sampler is the user's, fed
     (a Feed)."""
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
@@ -235,7 +235,8 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
         plan.draw = (sampler.generator, len(indices), 1)
     elif isinstance(sampler, tud.distributed.DistributedSampler):
         opts.setdefault("rank", sampler.rank)
-        opts.setdefault("world", sampler.num_replicas)
+        if "world" not in opts:  # (its old name)
+            opts.setdefault("world_size", sampler.num_replicas)
         shuffle = sampler.shuffle
         if not seeded:
             opts["seed"] = sampler.seed
@@ -290,11 +291,12 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
     # num_workers=0: the batches are made in the caller's thread when asked
     # for, as torch's are (a ferry loader over a stand-in dataset of the
     # same length gives the indices: the same order, epochs and resume
-    # state as with workers). placement="thread" asks for ferry's thread
+    # state as with workers). worker_mode="thread" asks for ferry's thread
     # worker instead (it prefetches).
     sync = num_workers == 0 and "placement" not in opts and "worker_mode" not in opts
     if num_workers == 0:
-        opts.setdefault("placement", "thread")
+        if sync:
+            opts["worker_mode"] = "thread"
         opts.setdefault("workers", 1)
     else:
         opts.setdefault("workers", num_workers)

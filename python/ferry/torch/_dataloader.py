@@ -36,8 +36,8 @@ from ._worker import _Batches, _ProbeTimedOut
 
 class DataLoader(_Closes):
     """torch.utils.data.DataLoader's arguments and defaults, on ferry's
-    workers. ferry's own options (``seed``, ``state``, ``placement``,
-    ``max_held``, ``on_worker_death``, ...) go by keyword; ``reseed``
+    workers. ferry's own options (``seed``, ``state``, ``worker_mode``,
+    ``max_held``, ``on_worker_failure``, ...) go by keyword; ``reseed``
     chooses how the workers' random generators are seeded: "batch" (the
     default without a worker_init_fn: before each batch, from the base
     seed, the epoch and the batch, so runs repeat whichever worker builds
@@ -228,7 +228,7 @@ class DataLoader(_Closes):
         if self._table is not None:  # the sampler's batches
             return self._table.n
         n = len(self._batches)
-        world = int(self._opts.get("world", self._opts.get("world_size", 1)) or 1)
+        world = int(self._opts.get("world_size", self._opts.get("world", 1)) or 1)
         if world > 1:  # each rank's share: padded up (pad_shards) or cut down
             pad = self._opts.get("pad_shards", True) and not self._opts.get("drop_last")
             n = -(-n // world) if pad else n // world
