@@ -24,8 +24,9 @@ import types
 import torch
 import torch.utils.data as tud
 
-from .. import _Closes, _Epoch
-from .._errors import BatchError, BatchLost, DatasetError, NotReady, WorkerError
+from .. import _Closes, _Epoch, _ferry
+from .._errors import (BatchError, BatchLost, DatasetError, InvalidValue, NotReady,
+                       WorkerError)
 from ._args import _UNSET, translate
 from ._modes import _InC, _InProcess, _InWorkers
 from ._once import _notice_once, _warn_once
@@ -227,15 +228,16 @@ class DataLoader(_Closes):
             return len(self._loader)
         if self._table is not None:  # the sampler's batches
             return self._table.n
-        n = len(self._batches)
-        world = int(self._opts.get("world_size", self._opts.get("world", 1)) or 1)
-        if world > 1:  # each rank's share: padded up (pad_shards) or cut down
-            pad = self._opts.get("pad_shards", True) and not self._opts.get("drop_last")
-            n = -(-n // world) if pad else n // world
-        if self.batch_size is None:
-            return n
-        bs = self._opts["batch_size"]
-        return n // bs if self._opts["drop_last"] else -(-n // bs)
+        # The sampler's own arithmetic (sharding, padding, drop_last), from C.
+        o = self._opts
+        try:
+            return _ferry.epoch_batches(
+                len(self._batches), o["batch_size"] if self.batch_size is not None else 1,
+                drop_last=bool(o["drop_last"]), rank=int(o.get("rank", 0) or 0),
+                world_size=int(o.get("world_size", o.get("world", 1)) or 1),
+                pad_shards=bool(o.get("pad_shards", True)))
+        except InvalidValue:  # no batch at all (an empty dataset, drop_last): torch says 0
+            return 0
 
     def __iter__(self):
         """One epoch of batches. A `for` left early (a break, a peek with
