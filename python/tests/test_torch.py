@@ -1400,3 +1400,54 @@ def test_num_workers_0_makes_batches_in_the_callers_thread_as_torch():
         assert not isinstance(raised.value, ferry.BatchError)
     with DataLoader(tensors(30), batch_size=4, sampler=weighted()) as dl:
         same_batches(dl, TorchLoader(tensors(30), batch_size=4, sampler=weighted()))
+
+
+class Bulk(Dataset):
+    """Indexed with a whole key (a list of indices): one tensor of them."""
+
+    def __len__(self):
+        return 35
+
+    def __getitem__(self, key):
+        assert isinstance(key, list), type(key)
+        return torch.as_tensor(key)
+
+
+class BulkSampler(torch.utils.data.Sampler):
+    """Keys that are lists of 4 indices (the last shorter), shuffled."""
+
+    def __iter__(self):
+        for x in torch.randperm(35).split(4):
+            yield x.tolist()
+
+    def __len__(self):
+        return 9
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_size_none_indexes_the_dataset_with_each_key_as_the_sampler_gave_it(workers):
+    # torch passes a bulk-loading sampler's key (a list) to __getitem__ as
+    # it is; ferry used to take it for 4 keys and give the first item only.
+    with DataLoader(Bulk(), batch_size=None, sampler=BulkSampler(None),
+                    num_workers=workers) as dl:
+        assert not dl._auto_collation
+        got = list(dl)
+    assert len(got) == 9 and sorted(len(x) for x in got) == [3] + [4] * 8
+    assert sorted(torch.cat(got).tolist()) == list(range(35))
+
+
+def test_a_batch_size_none_sampler_of_mixed_or_odd_keys_is_refused_clearly():
+    class Odd(torch.utils.data.Sampler):
+        def __init__(self, keys):
+            super().__init__(None)
+            self.keys = keys
+
+        def __iter__(self):
+            return iter(self.keys)
+
+        def __len__(self):
+            return len(self.keys)
+    for keys, said in (([1, [2, 3]], "a list key after int keys"),
+                       ((["a"]), "the key 'a'")):
+        with pytest.raises(TypeError, match=said):
+            list(DataLoader(Bulk(), batch_size=None, sampler=Odd(keys), num_workers=1))

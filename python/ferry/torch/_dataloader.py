@@ -178,6 +178,8 @@ class DataLoader(_Closes):
                     self._table.skip_to(self._next_epoch, (state or {}).get("sampler"))
                 self._table.fill_to(self._next_epoch + self._table.ahead)
                 self._opts["batch_size"] = self._table.max_len  # the longest drawn
+                kind = getattr(self._table.batch_sampler, "key_kind", None)
+                self._batches.key_kind = None if kind in (None, "int") else kind
             self._mid_epoch = False
             self._loader, self._mode = self._mode.open(self._opts)
             if self._table is not None:

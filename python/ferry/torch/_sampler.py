@@ -134,16 +134,60 @@ class _SamplerTable:
 
 
 class _Singles:
-    """A sampler's indices as batches of one (batch_size=None)."""
+    """A sampler's keys as batches of one (batch_size=None): each key is
+    what the dataset is indexed with, an int or (a bulk-loading sampler's)
+    a sequence of ints. key_kind says which, the same for every key:
+    "int", or the sequence's type ("list", "tuple", "tensor", "ndarray"),
+    so that the worker indexes the dataset with the very key the sampler
+    gave (torch passes it as it is)."""
 
     def __init__(self, sampler):
         self.sampler = sampler
+        self.key_kind = None
 
     def __iter__(self):
-        return ([i] for i in self.sampler)
+        for key in self.sampler:
+            kind, indices = _key_of(key)
+            if self.key_kind is None:
+                self.key_kind = kind
+            elif kind != self.key_kind:
+                raise TypeError("ferry.torch.DataLoader: the sampler gave a %s key after %s keys: "
+                                "with batch_size=None ferry carries one kind of key, int "
+                                "indices or sequences of them" % (kind, self.key_kind))
+            yield indices
 
     def __len__(self):
         return len(self.sampler)
+
+
+def _key_of(key):
+    """(kind, indices) of a batch_size=None sampler's key (see _Singles)."""
+    if isinstance(key, torch.Tensor) and key.dim() == 0:
+        key = key.item()
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return "int", [int(key)]
+    kind = {list: "list", tuple: "tuple", np.ndarray: "ndarray"}.get(type(key))
+    if isinstance(key, torch.Tensor):
+        kind = "tensor"
+    if kind is not None:
+        indices = np.asarray(key.tolist() if kind == "tensor" else key)
+        if indices.ndim == 1 and indices.size and indices.dtype.kind in "iu":
+            return kind, indices
+    raise TypeError("ferry.torch.DataLoader: with batch_size=None the sampler gave the key %r: "
+                    "ferry carries int indices, or non-empty 1-D sequences of them (a list, "
+                    "tuple, tensor or array), which the dataset is indexed with as they are"
+                    % (key,))
+
+
+def key_from(kind, indices):
+    """The key a worker indexes the dataset with (see _Singles)."""
+    if kind == "list":
+        return [int(i) for i in indices]
+    if kind == "tuple":
+        return tuple(int(i) for i in indices)
+    if kind == "tensor":
+        return torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    return np.array(indices, dtype=np.int64)
 
 
 def _native_sampler(sampler):

@@ -38,6 +38,7 @@ from torch.utils.data._utils import collate as _tcollate
 
 from .. import _dataset, _ferry
 from ._collate import _collate, _to_rows, _torch_worker_info, _walk_arrays
+from ._sampler import key_from
 from ._structure import _SKELETON, _Pickler
 
 _MAX_DATA_FIELDS = 15    # ferry's 16 fields, less the structure's
@@ -58,6 +59,10 @@ class _Batches:
         # is fed its batches, whose first index is not position 0.
         self.table = table
         self.fed = table is not None
+        # batch_size=None with a sampler whose keys are sequences of
+        # indices (a bulk-loading sampler): the dataset is indexed with the
+        # key itself, one call a batch (_sampler._Singles); None: int keys.
+        self.key_kind = None
         self.collate_fn = collate_fn
         self.auto_batch = auto_batch
         self.base_seed = base_seed
@@ -82,6 +87,8 @@ class _Batches:
         """num_workers=0: the batch at `positions`, made in the caller's
         thread as torch's DataLoader makes it there (nothing seeded, the
         dataset's exceptions raised as they are)."""
+        if self.key_kind is not None:
+            return self._user_batch([self._bulk(positions)])
         return self._user_batch([self._item(i) for i in positions])
 
     def _user_batch(self, items):
@@ -99,6 +106,17 @@ class _Batches:
         return self._item(i)
 
     # -- worker side
+    def _bulk(self, indices):
+        """The item of a bulk-loading sampler's key (see key_kind)."""
+        try:
+            return self.dataset[key_from(self.key_kind, indices)]
+        except BaseException as e:
+            try:
+                e._ferry_index = int(indices[0])
+            except (AttributeError, TypeError):
+                pass
+            raise
+
     def _item(self, i):
         try:
             return self.dataset[int(self.indices[i]) if self.indices is not None else int(i)]
@@ -155,6 +173,8 @@ class _Batches:
         fields = []
         with _probing(self) as reads, _probe_deadline(self):
             try:
+                if self.key_kind is not None:  # no item 0 to ask for: the structure only
+                    raise LookupError
                 item = self._probe_item(reads)
                 if self.collate_fn is None and self.auto_batch:
                     leaves = []
@@ -253,6 +273,9 @@ class _Batches:
         for f, dt, shape in self._fixed.values():
             arrays[f] = np.frombuffer(views[f], dtype=dt).reshape((count,) + shape)
         items, outline = [], [None]  # the batch's first item's, for _to_rows
+        if self.key_kind is not None:  # one key, the dataset indexed with it as it is
+            items.append(self._bulk(indices))
+            indices = ()
         for k, i in enumerate(indices):
             if self.reseed == "sample":
                 self._seed(_ferry.sample_seed(self.base_seed, int(epoch), int(i)))
