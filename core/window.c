@@ -266,11 +266,6 @@ int ferry__window_start(ferry__window *win, uint64_t n)
                                  &win->sampler_opts);
     if (rc == FERRY_OK && win->state_len)
         rc = ferry__sampler_restore(&win->sampler, win->state, win->state_len, &win->start_seq);
-    /* The trainer feeds each seq's indices: a re-cut epoch would change
-     * what its seqs mean. */
-    if (rc == FERRY_OK && win->feed_max && win->sampler.reshaped)
-        rc = ferry__seterr(FERRY_ESTATE, "a fed loader (feed_batches) resumes only with the "
-                                         "world_size its state was saved with");
     if (rc != FERRY_OK) {
         fail_locked(win, rc, NULL);
     } else if (win->phase == FERRY__PHASE_STARTING) {

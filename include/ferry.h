@@ -168,8 +168,7 @@ FERRY_API const char *ferry_log_level_name(int level);
  * ..., cut into its batches, with its padding rule at the epoch's end; the
  * epochs after are a fresh run's (docs/c-api.md, "Saving and resuming the
  * position"). The blob is copied. Checked at open: FERRY_ESTATE when it is
- * malformed or of another order (dataset length, seed, shuffle), or the
- * loader feeds its indices (feed_batches) and world_size differs. */
+ * malformed or of another order (dataset length, seed, shuffle). */
 FERRY_API int ferry_config_set_state(ferry_config *cfg, const void *state, size_t len);
 
 /* Whether the states of several ranks (count blobs, lens[i] bytes each) may

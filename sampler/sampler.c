@@ -474,7 +474,6 @@ int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint6
                              (unsigned long long)st.epoch);
     t = *s;
     set_head(&t, st.epoch, st.pos);
-    t.reshaped = st.world_size != s->o.world_size || st.batch_size != s->o.batch_size;
     *s = t;
     *next_seq = ferry__sampler_start(s);
     return FERRY_OK;

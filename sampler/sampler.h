@@ -72,7 +72,6 @@ typedef struct ferry__sampler {
     uint64_t head_pos;
     uint64_t head_first;
     uint64_t head_per_rank;
-    int reshaped; /* restored from a blob saved with another world_size or batch_size */
 } ferry__sampler;
 
 /* One batch's place in the stream. */
