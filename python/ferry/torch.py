@@ -1323,7 +1323,7 @@ class DataLoader(_Closes):
             self._sampler_draw = (sampler.generator, len(indices), 1)
         elif isinstance(sampler, tud.distributed.DistributedSampler):
             opts.setdefault("rank", sampler.rank)
-            opts.setdefault("world", sampler.num_replicas)
+            opts.setdefault("world_size", sampler.num_replicas)
             shuffle = sampler.shuffle
             if not seeded:
                 opts["seed"] = sampler.seed
@@ -1393,12 +1393,13 @@ class DataLoader(_Closes):
         # num_workers=0: the batches are made in the caller's thread when
         # asked for, as torch's are; a ferry loader over a stand-in dataset
         # of the same length gives the indices (the same order, epochs and
-        # resume state as with workers). placement="thread" asks for ferry's
+        # resume state as with workers). worker_mode="thread" asks for ferry's
         # thread worker instead (it prefetches).
         self._sync = self.num_workers == 0 and "placement" not in opts and \
             "worker_mode" not in opts
         if self.num_workers == 0:
-            opts.setdefault("placement", "thread")
+            if "placement" not in opts:  # (its old name, still taken with a warning)
+                opts.setdefault("worker_mode", "thread")
             opts.setdefault("workers", 1)
         else:
             opts.setdefault("workers", self.num_workers)
@@ -1546,7 +1547,7 @@ class DataLoader(_Closes):
         if self._table is not None:  # the sampler's batches
             return self._table.n
         n = len(self._batches)
-        world = int(self._opts.get("world", self._opts.get("world_size", 1)) or 1)
+        world = int(self._opts.get("world_size", self._opts.get("world", 1)) or 1)
         if world > 1:  # each rank's share: padded up (pad_shards) or cut down
             pad = self._opts.get("pad_shards", True) and not self._opts.get("drop_last")
             n = -(-n // world) if pad else n // world
