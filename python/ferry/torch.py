@@ -749,6 +749,12 @@ def _probe_deadline(b):
         signal.signal(signal.SIGALRM, old)
 
 
+def _one_state(state):
+    """One rank's state of ``state=``, which may be the list of every rank's
+    (ferry.Loader checks that they agree, and any one then does)."""
+    return state[0] if isinstance(state, (list, tuple)) and state else state
+
+
 def _rng_states():
     """The generators _Batches._seed seeds, as they are now."""
     return random.getstate(), np.random.get_state(), torch.random.get_rng_state()
@@ -1360,7 +1366,7 @@ class DataLoader(_Closes):
         # gets under torch). With seed= given, that is the base seed. A
         # resume state carries the base seed it was saved with.
         base_seed = None
-        saved = opts.get("state")
+        saved = _one_state(opts.get("state"))
         if isinstance(saved, dict) and "base_seed" in saved:
             base_seed = int(saved["base_seed"])
         elif seeded:
@@ -1459,7 +1465,7 @@ class DataLoader(_Closes):
             if self._base_seed is None:  # asked for before any iter()
                 self._set_base_seed(int(torch.empty((), dtype=torch.int64).random_(
                     generator=self.generator).item()))
-            state = self._opts.get("state")
+            state = _one_state(self._opts.get("state"))
             if isinstance(state, dict):
                 self._next_epoch = int(state.get("epoch", 0))
             if self._table is not None:

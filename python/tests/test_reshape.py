@@ -161,3 +161,56 @@ def test_a_state_goes_through_json_pickle_and_torch_save(tmp_path):
     for form in forms:
         with ferry.Loader(SPEC, state=form, **opts) as ld:
             assert np.array_equal(ld.next().indices, want)
+
+
+def test_torch_dataloader_with_distributed_sampler_resumes_on_6_ranks_from_8():
+    torch = pytest.importorskip("torch")
+    import ferry.torch as ft
+    from torch.utils.data import Dataset, DistributedSampler
+
+    class Items(Dataset):
+        def __len__(self):
+            return N
+
+        def __getitem__(self, i):
+            return i
+
+    ds = Items()
+
+    def loader(world, rank, **kw):
+        s = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
+        return s, ft.DataLoader(ds, batch_size=16, sampler=s, num_workers=1, **kw)
+
+    consumed, states = [], []
+    for r in range(8):  # 3 batches of epoch 0 on each of 8 ranks
+        _, dl = loader(8, r)
+        it = iter(dl)
+        consumed += [int(x) for _ in range(3) for x in next(it)]
+        states.append(dl.state_dict())
+        dl.close()
+    states = torch.load(_saved(torch, states))  # a checkpoint's round trip
+    rest, fresh_next, next_epochs = [], [], []
+    for r in range(6):
+        s, dl = loader(6, r, state=states)  # the list of every rank's
+        s.set_epoch(0)
+        rest += [int(x) for b in dl for x in b]
+        s.set_epoch(1)
+        next_epochs.append([b.tolist() for b in dl])
+        dl.close()
+        s, fresh = loader(6, r)
+        s.set_epoch(1)
+        fresh_next.append([b.tolist() for b in fresh])
+        fresh.close()
+    assert len(consumed) == len(set(consumed)) == 3 * 16 * 8
+    left = set(range(N)) - set(consumed)
+    assert set(rest) >= left and len(rest) == 6 * -(-len(left) // 6)  # padded: 104 each
+    assert len(rest) - len(set(rest)) == 0 and len(set(rest) - left) == len(rest) - len(left)
+    assert next_epochs == fresh_next  # then a fresh 6-rank run's epochs
+
+
+def _saved(torch, obj):
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
