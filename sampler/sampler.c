@@ -322,8 +322,8 @@ static uint32_t sampler_flags(const ferry__sampler *s)
 
 /* A blob, read: what the job had consumed, of which order, saved in what shape. */
 typedef struct saved_state {
-    uint64_t epoch, pos;      /* the job's position */
-    uint64_t n, seed;         /* the order (and shuffle in flags) */
+    uint64_t epoch, pos; /* the job's position */
+    uint64_t n, seed;    /* the order (and shuffle in flags) */
     uint64_t batch_size, batch;
     uint32_t rank, world_size, flags;
 } saved_state;
@@ -374,8 +374,9 @@ static int read_v1(const unsigned char *p, saved_state *st)
     st->world_size = get_u32(p + 44);
     st->flags = get_u32(p + 48);
     if (st->batch_size == 0 || st->world_size == 0 || st->n < st->world_size)
-        return ferry__seterr(FERRY_ESTATE, "the version 1 sampler state has an impossible shape "
-                                           "(n %llu, batch_size %llu, world_size %lu)",
+        return ferry__seterr(FERRY_ESTATE,
+                             "the version 1 sampler state has an impossible shape "
+                             "(n %llu, batch_size %llu, world_size %lu)",
                              (unsigned long long)st->n, (unsigned long long)st->batch_size,
                              (unsigned long)st->world_size);
     per = st->n / st->world_size + (uint64_t)((st->flags & FLAG_PADDED) != 0);
@@ -482,8 +483,7 @@ int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint6
 /* Names what differs between blob i and blob 0 (a and b), or FERRY_OK. */
 static int compare_states(size_t i, const saved_state *a, const saved_state *b)
 {
-    if (a->n != b->n || a->seed != b->seed ||
-        ((a->flags ^ b->flags) & FLAG_SHUFFLE) != 0)
+    if (a->n != b->n || a->seed != b->seed || ((a->flags ^ b->flags) & FLAG_SHUFFLE) != 0)
         return ferry__seterr(FERRY_ESTATE,
                              "state %zu (rank %lu) is of another order than state 0 (rank %lu): "
                              "dataset of %llu items, seed %llu, shuffle %s against %llu, %llu, %s",
@@ -545,8 +545,9 @@ int ferry__sampler_states_agree(const void *const *bufs, const size_t *lens, siz
         qsort(ranks, count, sizeof *ranks, by_rank);
         for (i = 1; i < count && rc == FERRY_OK; i++)
             if (ranks[i] == ranks[i - 1])
-                rc = ferry__seterr(FERRY_ESTATE, "two of the states are rank %lu's: the same "
-                                                 "state twice, or states of two jobs",
+                rc = ferry__seterr(FERRY_ESTATE,
+                                   "two of the states are rank %lu's: the same "
+                                   "state twice, or states of two jobs",
                                    (unsigned long)ranks[i]);
     }
     free(ranks);

@@ -144,8 +144,8 @@ static void check_served(const served *sv, shape sh, uint64_t pos)
     for (uint64_t p = 0; p < N_ITEMS; p++) {
         uint32_t want = (p >= pos) + (p < repeats);
         if (sv->count[p] != want)
-            fail_msg("position %llu of the order served %u times, want %u",
-                     (unsigned long long)p, sv->count[p], want);
+            fail_msg("position %llu of the order served %u times, want %u", (unsigned long long)p,
+                     sv->count[p], want);
     }
 }
 
