@@ -89,7 +89,9 @@ typedef struct ferry__sampler_task {
  * batch. *s is untouched on failure. */
 int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts *o);
 
-/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq.
+/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq. Seqs
+ * below ferry__sampler_start() are not part of a resumed stream (those of
+ * the head's epoch give the plain stream's tasks; nothing asks for them).
  * (Named _at, not _task: ferry__sampler_task is the struct's typedef.) */
 int ferry__sampler_at(const ferry__sampler *s, uint64_t seq, ferry__sampler_task *t);
 
