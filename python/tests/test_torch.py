@@ -413,7 +413,7 @@ def test_iterable_dataset_iterator_going_on_after_an_error_loses_nothing_after_i
                 break
         assert seen == got == [[0, 1], [2, 3]]
     # and a replacement catching up past the error makes what the original did
-    from ferry.torch import _StreamBatches
+    from ferry.torch._iterable import _StreamBatches
     def maker():
         sb = _StreamBatches(datasets.Flaky(), None, None, True, 7, "batch", None, 1, -1)
         sb.batch_size, sb.drop_last = 2, False
@@ -631,8 +631,8 @@ def test_an_unknown_keyword_is_a_type_error():
 def test_pin_memory_without_cuda_warns_once():
     if torch.cuda.is_available():
         pytest.skip("CUDA is here: pin_memory pins")
-    import ferry.torch as ft
-    ft._warned.discard("pin")
+    from ferry.torch import _once
+    _once._warned.discard("pin")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         with DataLoader(tensors(6), batch_size=3, pin_memory=True) as dl:
@@ -647,7 +647,7 @@ class FakeCuda:
     test says so."""
 
     def __init__(self, monkeypatch, fail=False):
-        import ferry.torch as ft
+        from ferry.torch import _dataloader
         self.registered, self.unregistered, self.events, self.fail = {}, [], [], fail
         fake = self
 
@@ -681,7 +681,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
         monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-        monkeypatch.setattr(ft, "_tcollate_pin", lambda obj: obj)  # no CUDA to copy with
+        monkeypatch.setattr(_dataloader, "_tcollate_pin", lambda obj: obj)  # no CUDA to copy with
 
 
 def test_pinned_slots_are_registered_once_and_wait_for_their_copies(monkeypatch):
@@ -717,8 +717,8 @@ def test_pinned_slots_are_registered_once_and_wait_for_their_copies(monkeypatch)
 
 
 def test_a_slot_that_cannot_be_registered_warns_and_copies(monkeypatch):
-    import ferry.torch as ft
-    ft._warned.discard("pin-slots")
+    from ferry.torch import _once
+    _once._warned.discard("pin-slots")
     fake = FakeCuda(monkeypatch, fail=True)
     data = TensorDataset(torch.arange(64, dtype=torch.float32).reshape(16, 4))
     with warnings.catch_warnings(record=True) as w:
@@ -1184,9 +1184,9 @@ def test_the_whole_traceback_arrives():
 
 
 def test_arguments_that_mean_nothing_here_warn_once():
-    import ferry.torch as ft
+    from ferry.torch import _once
     for key in ("persist", "mp"):
-        ft._warned.discard(key)
+        _once._warned.discard(key)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for _ in range(2):
