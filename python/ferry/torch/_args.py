@@ -36,6 +36,12 @@ class _Unset:
         return "False"
 
 
+def _one_state(state):
+    """One rank's state of ``state=``, which may be the list of every rank's
+    (ferry.Loader checks that they agree, and any one then does)."""
+    return state[0] if isinstance(state, (list, tuple)) and state else state
+
+
 _UNSET = _Unset()
 # torch's own default (2 in torch 1.x, None in 2.x): accepted with num_workers=0.
 _TORCH_PREFETCH_DEFAULT = inspect.signature(tud.DataLoader).parameters["prefetch_factor"].default
@@ -266,7 +272,7 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
     # The base seed when the options fix it: a resume state carries the
     # one it was saved with; else seed= is it. Otherwise it is drawn at
     # the first iter(), as torch draws it.
-    saved = opts.get("state")
+    saved = _one_state(opts.get("state"))
     if isinstance(saved, dict) and "base_seed" in saved:
         plan.base_seed = int(saved["base_seed"])
     elif seeded:

@@ -27,7 +27,7 @@ import torch.utils.data as tud
 from .. import _Closes, _Epoch, _ferry
 from .._errors import (BatchError, BatchLost, DatasetError, InvalidValue, NotReady,
                        WorkerError)
-from ._args import _UNSET, translate
+from ._args import _UNSET, _one_state, translate
 from ._modes import _InC, _InProcess, _InWorkers
 from ._once import _notice_once, _warn_once
 from ._pin import _SlotPins, _tcollate_pin
@@ -170,7 +170,7 @@ class DataLoader(_Closes):
             if self._base_seed is None:  # asked for before any iter()
                 self._set_base_seed(int(torch.empty((), dtype=torch.int64).random_(
                     generator=self.generator).item()))
-            state = self._opts.get("state")
+            state = _one_state(self._opts.get("state"))
             if isinstance(state, dict):
                 self._next_epoch = int(state.get("epoch", 0))
             if self._table is not None:
