@@ -222,12 +222,11 @@ def _proc_kb(path, key):
 
 
 def _template_pid():
-    """The process-wide clean parent ``import ferry`` started (it outlives
-    each loader, so neither loader's run is waited for until it goes), or
-    None."""
-    from ferry import _dataset
-    proc = _dataset._template.get("proc")
-    return proc.pid if proc is not None and proc.poll() is None else None
+    """A process of ferry's that outlives each loader, left out of the
+    other loader's figures: none now (``import ferry`` starts nothing;
+    a loader's clean parent and the fork of the trainer it comes from
+    are the loader's own, counted with it, and gone when it closes)."""
+    return None
 
 
 def _descendants(root=None, template=False):
@@ -1087,6 +1086,10 @@ def parse_args(argv=None):
                    help="imagefolder: the folder, made there when missing or empty, reused "
                         "when there (default: a temporary one, removed at exit)")
     p.add_argument("--only", choices=LOADERS, help="run one loader only")
+    p.add_argument("--model", default="resnet18",
+                   help="imagefolder, jpeg: a torchvision model (random weights) the trainer "
+                        "builds before the loaders, as a training script does; none: no model "
+                        "(resnet18)")
     p.add_argument("--no-native", dest="native_off", action="store_true",
                    help="imagefolder: ferry.torch.DataLoader(native=False), torchvision's "
                         "transform in ferry's Python workers (by default it runs in C, as a "
@@ -1114,6 +1117,14 @@ def parse_args(argv=None):
     return a
 
 
+def _model(name):
+    """torchvision's model ``name`` (random weights), or None for "none"."""
+    if name == "none":
+        return None
+    import torchvision
+    return getattr(torchvision.models, name)()
+
+
 def main(argv=None):
     a = parse_args(argv)
     # Now, outside every timing: what the trainer (and torch's forked workers) use.
@@ -1128,11 +1139,13 @@ def main(argv=None):
                 mod, e, "; run with --only ferry" if a.pipeline == "mnist" else ""),
                 file=sys.stderr)
             return 2
-    # As for a trainer that imports torch before ferry: the process-wide
-    # clean parent (started when ferry.bench imported ferry) hears of them
-    # now, and imports them while the benchmark makes its data.
-    from . import _dataset
-    _dataset.hint_modules()
+    # As a training script has it: ferry.torch imported at the top, and a
+    # model built before the loader (what the trainer holds, and what
+    # forked workers then share with it).
+    model = None
+    if a.pipeline != "mnist":
+        import ferry.torch  # noqa: F401
+        model = _model(a.model)
     if a.plot and importlib.util.find_spec("matplotlib") is None:
         _pyplot()  # fails now, saying what to install, not after the runs
 
@@ -1148,6 +1161,7 @@ def main(argv=None):
             print("ferry.bench: imagefolder %s (%s), %d images"
                   % (a.root, a.root_how, a.items), file=sys.stderr)
         res, last = bench(a, on_run=progress)
+        del model
         if a.kills:
             res["replacements"] = kill_workers(a)
     finally:

@@ -103,7 +103,10 @@ def _child(sock, args, fds):
     a loader's clean parent) run; never returns."""
     rc = 1
     try:
+        from . import _dataset
+        _dataset.set_name("ferry-worker")  # a clean parent renames itself (fork_server)
         os.close(sock.detach())  # the parent's control socket: not the child's
+        _dataset.after_fork_in_child()
         os.dup2(fds[0], 2)
         os.close(fds[0])
         # The fds arrive at whatever numbers recvmsg gave; the request names
@@ -173,6 +176,8 @@ def fork_server(argv):
     parent = _take_option(argv, "--parent")
     if parent is not None:
         _ferry.tie_to_parent(int(parent))
+    if spec is not None:  # a loader's (a template names itself)
+        _dataset.set_name("ferry-parent")
     sock = socket.socket(fileno=ctl)
     if data_fd is not None:
         _dataset.set_payload(_dataset.read_payload(int(data_fd)))

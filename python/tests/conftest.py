@@ -16,12 +16,7 @@ sys.path.insert(0, HERE)  # the test datasets (datasets.py), importable by worke
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [HERE, os.environ.get("PYTHONPATH", "")] if p)
 
-import ferry  # noqa: E402 - its clean parent starts at import: before any test's snapshot
-
-# The tests of one process share that clean parent: a test's loader of a C
-# kind must not release it for the rest (test_clean_parent checks the
-# release in a process of its own).
-ferry._dataset._template["used"] = True
+import ferry  # noqa: E402,F401 - imported before any test's snapshot (it starts no process)
 
 TEST_LIMIT_S = 90
 
