@@ -12,7 +12,10 @@ handed to you as numpy arrays without a copy.
 A dataset written in Python is named, not pickled: ``ferry.Loader(MyDataset,
 dataset_kwargs={...})`` runs ``MyDataset(**dataset_kwargs)`` in each worker
 (``python -m ferry.worker``) and calls ``__getitem__`` (or ``get_batch``).
-See docs/python.md for the whole guide.
+A dataset object is pickled once for them. Importing ferry starts no
+process: a loader with Python workers forks the trainer as it is built,
+and its workers are forks of that fork (docs/python.md, "Workers: the
+clean parent"). See docs/python.md for the whole guide.
 """
 
 import atexit

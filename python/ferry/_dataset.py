@@ -14,6 +14,13 @@ item is kept (:class:`FirstItem`) and serves the task that asks for it
 first, where it is provably what the task would build: a slow item 0 is
 then built once, not once to learn the schema and again for the batch.
 
+A dataset object is pickled once in the trainer instead (the handoff,
+below) and unpickled once by the loader's clean parent, which is a fork of
+the trainer made as the loader is built (fork_template, "the clean
+parent's origin"): what only a fork can share, such as a multiprocessing
+Value or Lock, travels as a token to the object the fork inherited
+("shared by inheritance").
+
 A remote worker (no ``--slot``) takes neither ``path`` nor ``main`` from
 the loader and serves only modules under its ``--allow-module`` prefixes:
 a loader cannot make it import and call anything else.
@@ -517,8 +524,8 @@ def _inherited_kind(obj):
         if type(wrapper).__module__ == "multiprocessing.heap":
             return "a multiprocessing RawValue or RawArray"
     torch = sys.modules.get("torch")
-    if torch is not None and type(obj) is torch.Tensor:
-        try:
+    if torch is not None and type(obj) is torch.Tensor and not clean_parent_spawned():
+        try:  # (spawned, it travels as a copy, as any tensor does)
             if obj.device.type == "cpu" and obj.is_shared():
                 return "a tensor in shared memory"
         except (RuntimeError, AttributeError):
@@ -803,21 +810,60 @@ def fork_template():
     threads = threads_running()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     trainer = os.getpid()
-    try:
+
+    def fork():
         pid = os.fork()
+        if pid == 0:  # on whichever thread forked: the child's only one
+            ours.close()
+            _run_template(theirs, trainer)  # never returns
+        return pid
+    try:
+        pid = _on_a_lasting_thread(fork)
     except OSError:
         ours.close()
         theirs.close()
         return None
-    if pid == 0:
-        ours.close()
-        _run_template(theirs, trainer)  # never returns
     theirs.close()
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
         pidfd = None
     return Template(pid, pidfd, ours, threads)
+
+
+_forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread
+
+
+def _on_a_lasting_thread(fn):
+    """fn() run on this process's main thread (when called there) or on a
+    daemon thread of ferry's that lasts as long as the process: a fork's
+    PR_SET_PDEATHSIG fires when the *thread* that forked it ends, and a
+    loader built on a short-lived thread (a helper, a thread pool) must not
+    lose its template, its clean parent and its workers with it."""
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    if _forker.get("pid") != os.getpid():
+        import queue
+
+        def serve(jobs):
+            while True:
+                job, box, done = jobs.get()
+                try:
+                    box.append((True, job()))
+                except BaseException as e:  # noqa: BLE001 - raised in the caller
+                    box.append((False, e))
+                done.set()
+        jobs = queue.SimpleQueue()
+        threading.Thread(target=serve, args=(jobs,), name="ferry-fork", daemon=True).start()
+        _forker.update(pid=os.getpid(), queue=jobs)
+    box, done = [], threading.Event()
+    _forker["queue"].put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 def _run_template(sock, trainer):

@@ -230,9 +230,9 @@ def _template_pid():
 
 
 def _descendants(root=None, template=False):
-    """Pids of the live processes below ``root`` (default: this one), the
-    process-wide clean parent included only with ``template`` (ferry's runs:
-    it is the one their clean parent is forked from; torch's never use it)."""
+    """Pids of the live processes below ``root`` (default: this one), a
+    process of ferry's that outlives each loader (_template_pid: none now)
+    included only with ``template``."""
     import ferry
     skip = None if template else _template_pid()
     out = ferry._descendants(os.getpid() if root is None else root)
@@ -532,9 +532,8 @@ def run_once(name, a):
         rss1 = _MemorySampler._trainer_kb()  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-        # ferry's process-wide clean parent counts as ferry's memory, started
-        # at `import ferry` whether or not this loader forks from it; not as
-        # its workers' CPU.
+        # ferry's template and clean parent (the loader's own children)
+        # count as its memory, and as its workers' CPU.
         workers_hwm, workers_pss, nworkers = _workers_memory(template=name == "ferry")
         workers_cpu = _workers_cpu(template=False) - cpu_first.get("s", 0)
     finally:

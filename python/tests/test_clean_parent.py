@@ -569,3 +569,19 @@ def test_a_killed_trainer_leaves_no_template_clean_parent_or_worker():
         except OSError:
             return True
     wait_for(lambda: all(gone(q) for q in pids), 10, "processes left: %s" % pids)
+
+
+def test_a_loader_built_on_a_thread_that_ends_keeps_its_processes():
+    # PR_SET_PDEATHSIG fires when the thread that forked a process ends:
+    # the template is forked on a thread that lasts, not on this one.
+    import threading
+    made = []
+    t = threading.Thread(target=lambda: made.append(
+        ferry.Loader(Items(40), batch_size=4, workers=2, epochs=2)))
+    t.start()
+    t.join()
+    with made[0] as ld:
+        ys = sorted(int(v) for b in ld.stream() for v in b["y"])
+        assert ys == sorted([i * i for i in range(40)] * 2)
+        assert ld.stats()["restarts"] == 0
+        assert comm(template_pid(ld)) == "ferry-template"
