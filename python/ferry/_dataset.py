@@ -507,6 +507,7 @@ def _reduce_shared(obj):
 
 _inherited = {}          # token -> the trainer's object, for its forks
 _inherited_count = [0]   # tokens made so far in this process
+_inherited_used = [False]  # a dataset unpickled here holds one (holds_inherited)
 
 
 def _inherited_kind(obj):
@@ -549,13 +550,23 @@ def _reduce_inherited(obj):
 def _inherited_object(token, kind):
     """In a clean parent: the trainer's object under token."""
     try:
-        return _inherited[token]
+        obj = _inherited[token]
+        _inherited_used[0] = True
+        return obj
     except KeyError:
         raise ValueError(
             "the dataset holds %s shared with the trainer, which only a fork of the trainer "
             "made after it can share, and this clean parent is none (it was spawned: "
             "FERRY_CLEAN_PARENT=spawn or option fork_from=-1, or the trainer's fork that "
             "starts clean parents was gone)" % kind) from None
+
+
+def holds_inherited():
+    """Whether the dataset unpickled in this process (a clean parent, or a
+    fork of it) holds an object it shares with the trainer by inheritance:
+    such a dataset may count on its items being built in workers only, as
+    torch's are (a Barrier of num_workers, a counter of items built)."""
+    return _inherited_used[0]
 
 
 def inherited_mark():

@@ -18,6 +18,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 import ferry  # noqa: E402,F401 - imported before any test's snapshot (it starts no process)
 
+
+def _warm_mp_heap():
+    """multiprocessing's heap keeps its first arena (an fd on an unlinked
+    file) for the process's life: made here, before any test counts fds
+    (tests share mp.Value and mp.Array with their workers)."""
+    import multiprocessing as mp
+    mp.Array("d", 4096)
+
+
+_warm_mp_heap()
+
 TEST_LIMIT_S = 90
 
 

@@ -394,15 +394,6 @@ def test_an_object_loader_resumes_again_and_again_and_lets_the_object_go(placeme
 
 # ------------------------------------------------- shared by inheritance
 
-def _warm_mp_heap():
-    """multiprocessing's heap keeps its first arena (an fd on an unlinked
-    file) for the process's life: made here, before any test counts fds."""
-    import multiprocessing as mp
-    mp.Array("d", 4096)
-
-
-_warm_mp_heap()
-
 class Counted:
     """Counts the items built in an mp.Value (under its lock) and writes
     each index's square into an mp.Array: the trainer's own, if the
