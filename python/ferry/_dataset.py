@@ -823,6 +823,14 @@ def fork_template():
     trainer = os.getpid()
 
     def fork():
+        # What the trainer printed and has not flushed yet would be in the
+        # fork's buffers too, and said twice (as multiprocessing's fork
+        # start, torch's workers', flushes first).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
         pid = os.fork()
         if pid == 0:  # on whichever thread forked: the child's only one
             ours.close()

@@ -576,3 +576,27 @@ def test_a_loader_built_on_a_thread_that_ends_keeps_its_processes():
         assert ys == sorted([i * i for i in range(40)] * 2)
         assert ld.stats()["restarts"] == 0
         assert comm(template_pid(ld)) == "ferry-template"
+
+
+UNFLUSHED = r"""
+import sys, numpy as np, ferry
+class Flushing:
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        sys.stdout.flush()  # a worker's: what its buffer holds goes out
+        return np.int64(i)
+if __name__ == "__main__":
+    print("said once")  # to a pipe: in the buffer until flushed
+    with ferry.Loader(Flushing(), batch_size=4, workers=2, epochs=1) as ld:
+        n = sum(len(b[0]) for b in ld)
+    print(n)
+"""
+
+
+def test_what_the_trainer_has_not_flushed_is_said_once(tmp_path):
+    (tmp_path / "unflushed.py").write_text(UNFLUSHED)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    p = subprocess.run([sys.executable, "unflushed.py"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=str(tmp_path))
+    assert p.returncode == 0 and p.stdout == "said once\n8\n", (p.stdout, p.stderr)
