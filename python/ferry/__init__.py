@@ -565,7 +565,9 @@ class Loader(_Closes):
             workers = opts.get("workers", 2)
             if "prefetch" not in opts and isinstance(workers, numbers.Integral) and workers > 0:
                 opts["prefetch"] = min(1024, 2 * int(workers))
-            if "fork_from" not in opts and _flag(opts["fork_server"]):
+            # (no local worker, only remote ones: no clean parent to fork)
+            if "fork_from" not in opts and _flag(opts["fork_server"]) and \
+                    not (isinstance(workers, numbers.Integral) and workers <= 0):
                 self._fork_template()
                 if self._template is not None:
                     opts["fork_from"] = self._template.fileno()
