@@ -26,8 +26,8 @@ process (the coordinator) reads the trainer's PSS then (the baseline),
 tells it to go, and samples in a background thread, every ~50 ms, the
 memory of the trainer's tree: the PSS (/proc/PID/smaps_rollup) of the
 trainer and of every process below it, found by walking /proc (the
-workers, ferry's clean parents, and the process-wide clean parent that
-``import ferry`` starts: it is ferry's memory too). PSS splits each
+workers, and ferry's template and clean parent, forks of the trainer:
+ferry's memory too). PSS splits each
 shared page between the processes that map it, so the sum counts it
 once; but it shows of a shared-memory file (memfd, /dev/shm, a shared
 anonymous mapping) only the pages some process has touched through a
@@ -38,9 +38,9 @@ baseline is the trainer's memory by the same sum. The trainer builds
 persistent_workers=True, generator)`` (torch's, or ferry.torch's with the
 same arguments) and runs one epoch of at most ``--batches`` batches.
 Sampling from outside the trainer keeps the sampler's memory and CPU out
-of the trainer's figures; both loaders are measured the same way. torch's
-trainers run with FERRY_PRESTART=0: ferry is imported there (this module
-is in its package) but starts no process.
+of the trainer's figures; both loaders are measured the same way. ferry
+is imported in torch's trainers too (this module is in its package); it
+starts no process until a loader of its own is built.
 
 Per (dataset, workers, loader), medians over ``--rounds`` rounds (the two
 loaders alternate within each round):
@@ -373,8 +373,6 @@ class Trainer:
 
     def __init__(self, cfg, deadline):
         env = dict(os.environ)
-        if cfg["loader"] == "torch":
-            env["FERRY_PRESTART"] = "0"  # no ferry process in torch's tree
         self.deadline = deadline
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ferry.bench_memory", "--trainer", json.dumps(cfg)],
@@ -648,7 +646,7 @@ def table(res):
         "",
         "added, peak: the largest sample (every ~50 ms, from the constructor call to the end of",
         "the epoch) of the summed PSS of the trainer and every process below it (workers, clean",
-        "parents, ferry's process-wide one), shared-memory files (memfd, /dev/shm) counted",
+        "parents and the template they are forked from), shared-memory files (memfd, /dev/shm) counted",
         "whole and once in place of their PSS, less the trainer's just before the loader was",
         "built; at end: after the last batch, the loader open; growth: at end less the first",
         "sample after the first batch.",
