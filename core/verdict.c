@@ -14,7 +14,8 @@
  *  5. the workers busy most of the time: input-bound, and how many workers
  *     would make a batch per step (make / step);
  *  6. the window or credits held down by memory or the hard limit;
- *  7. the workers idle and the flight longer than the build: network-bound;
+ *  7. the workers idle and the flight longer than the build: network-bound
+ *     (for local workers the "network" is the hand-off between processes);
  *  8. otherwise input-bound, cause unknown.
  */
 #include <math.h>
@@ -258,9 +259,10 @@ int ferry_profile_verdict(const ferry_profile *all, const ferry_profile *per_wor
     if (transit_ms > make_ms) {
         out->kind = FERRY_VERDICT_NETWORK;
         snprintf(out->text, sizeof out->text,
-                 "Network-bound: a batch spends %.3f ms queued and in transit for %.3f ms of "
-                 "building, the workers are idle %.0f%% of the time and the trainer waits "
-                 "%.0f%% of its; move the workers closer or send smaller batches.",
+                 "Network-bound: a batch spends %.3f ms queued and in transit (the network, or "
+                 "the hand-off between processes) for %.3f ms of building, the workers are idle "
+                 "%.0f%% of the time and the trainer waits %.0f%% of its; bigger batches spread "
+                 "the hand-off, nearer hosts shorten the network.",
                  transit_ms, make_ms, (1 - busy) * 100, share * 100);
         return FERRY_OK;
     }

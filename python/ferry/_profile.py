@@ -53,7 +53,7 @@ def report(loader, since):
 def format_report(rep):
     """The report as lines of text: the verdict, then a table of stages."""
     lines = [rep["verdict"], "",
-             "%d batches in %.1f s; per batch (ms):" % (rep["batches"], rep["seconds"]),
+             "%d batches in %.2f s; per batch (ms):" % (rep["batches"], rep["seconds"]),
              "  %-8s %9s %9s %9s %9s" % ("stage", "mean", "p50", "p90", "p99")]
     for name, s in rep["stages"].items():
         lines.append("  %-8s %9.3f %9.3f %9.3f %9.3f" % (name, s["mean"] * 1e3, s["p50"] * 1e3,
