@@ -3,7 +3,7 @@
  * the trace of the last ones.
  *
  * Per batch, on the trainer's thread inside next(): one clock read when a
- * wait begins, one when it ends, six stages of three additions each into
+ * wait begins (its end is the window's delivery time), six stages of three additions each into
  * the batch's worker's block, nothing allocated. Readers on other threads
  * copy a worker's block between two reads of a sequence counter and
  * retry if the writer went by; every shared word is read and written with
@@ -163,9 +163,11 @@ static void trace_add(ferry__profile *p, const ferry_batch *b, uint64_t order, u
 
 void ferry__profile_delivered(ferry__profile *p, const ferry_batch *b)
 {
-    uint64_t now = ferry__now_ns();
-    uint64_t begin = p->waiting_since ? p->waiting_since : now;
     const ferry_batch_info *in = &b->info;
+    /* The window read the clock as it handed the batch out: its ready_ns
+     * ends then. */
+    uint64_t now = b->arrived_ns + in->ready_ns;
+    uint64_t begin = p->waiting_since && p->waiting_since <= now ? p->waiting_since : now;
     uint64_t order = 0;
     if (b->arrived_ns < begin) {
         order = p->waited - waited_until(p, b->arrived_ns);
