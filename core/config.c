@@ -19,6 +19,7 @@
 #include "alloc.h"
 #include "error.h"
 #include "protocol.h"
+#include "sampler.h"
 
 typedef enum opt_kind { OPT_INT, OPT_BOOL, OPT_STR, OPT_ENUM } opt_kind;
 
@@ -350,4 +351,9 @@ int ferry_config_set_state(ferry_config *cfg, const void *state, size_t len)
         memcpy(cfg->state, state, len);
     cfg->state_len = len;
     return FERRY_OK;
+}
+
+int ferry_state_check(const void *const *states, const size_t *lens, size_t count)
+{
+    return ferry__sampler_states_agree(states, lens, count);
 }

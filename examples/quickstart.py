@@ -1,6 +1,8 @@
 """ferry from Python: a loader over .npy files, then one over a dataset
 class written in Python. Run it from any directory: it writes two small
 .npy files there first."""
+import json
+
 import numpy as np
 
 import ferry
@@ -45,7 +47,7 @@ def main():
                 x = batch["x"]
             print(f"batch {batch.index_in_epoch} from worker {batch.worker}: "
                   f"{tuple(x.shape)}, y[:3] = {batch['y'][:3].tolist()}")
-    print("resume state:", len(state["ferry"]), "bytes")
+    print("resume state, as JSON:", json.dumps(state))  # a checkpoint keeps it so
 
 
 if __name__ == "__main__":

@@ -157,11 +157,28 @@ FERRY_API int ferry_config_set_log(ferry_config *cfg, ferry_log_fn fn, void *use
  * NULL for another level. */
 FERRY_API const char *ferry_log_level_name(int level);
 
-/* Resume from a blob saved by ferry_loader_state(): the loader then starts
- * with the batch after the last one delivered when the state was saved. The
- * blob is copied. Checked against the dataset and options at open
- * (FERRY_ESTATE on mismatch). */
+/* Resume from a blob saved by ferry_loader_state(). The blob names a place
+ * in one epoch's global order (the order of every rank together): the
+ * samples the whole job had consumed, which in synchronous training are the
+ * same whichever rank saved it. The loader starts at the next sample of
+ * that order. In the shape the state was saved in, that is the batch after
+ * the last one delivered. In another shape (world_size, rank, batch_size,
+ * drop_last, pad_shards may all differ) the rest of that epoch is dealt out
+ * over this loader's ranks as rank r takes positions P+r, P+r+world_size,
+ * ..., cut into its batches, with its padding rule at the epoch's end; the
+ * epochs after are a fresh run's (docs/c-api.md, "Saving and resuming the
+ * position"). The blob is copied. Checked at open: FERRY_ESTATE when it is
+ * malformed or of another order (dataset length, seed, shuffle). */
 FERRY_API int ferry_config_set_state(ferry_config *cfg, const void *state, size_t len);
+
+/* Whether the states of several ranks (count blobs, lens[i] bytes each) may
+ * stand for one job: FERRY_OK when each is valid and all were saved by one
+ * job (order, world_size, batch_size) at one step (the same epoch and
+ * batch), by distinct ranks; then any one of them resumes the job.
+ * FERRY_ESTATE naming the first that differs and how (a rank that stopped a
+ * batch early or late, one of another job, a corrupted one); FERRY_EINVAL
+ * for count 0. Needs no loader. */
+FERRY_API int ferry_state_check(const void *const *states, const size_t *lens, size_t count);
 
 /* ----------------------------------------------------------------------------
  * The loader.
@@ -223,8 +240,10 @@ FERRY_API int ferry_loader_feed(ferry_loader *ld, uint64_t first_seq, uint64_t n
                                 const uint32_t *counts, const uint64_t *indices);
 
 /* Saves the stream position after the last batch delivered, as a blob of at
- * most FERRY_STATE_MAX bytes. Only in in_order mode (FERRY_EINVAL otherwise).
- * FERRY_ELIMIT if `cap` is too small (*len says how much is needed). */
+ * most FERRY_STATE_MAX bytes (version 2: 80 bytes; version 1 blobs, from
+ * ferry before resume into another shape, are still read). Only in in_order
+ * mode (FERRY_EINVAL otherwise). FERRY_ELIMIT if `cap` is too small (*len
+ * says how much is needed). */
 #define FERRY_STATE_MAX 128
 FERRY_API int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t *len);
 

@@ -4,7 +4,7 @@
 
 Builds the ferry package with Debian's setuptools: the _ferry extension
 from python/src plus the C core (the same files CMake builds, read from
-../CMakeLists.txt), linked against libzmq, msgpack-c, libcrypto,
+CMakeLists.txt and ../CMakeLists.txt), linked against libzmq, msgpack-c, libcrypto,
 libjpeg-turbo and libpng found with pkg-config. Needs: build-essential pkg-config
 libzmq3-dev libmsgpack-dev libssl-dev libjpeg-dev libpng-dev python3-dev python3-numpy (tools/setup.sh build installs them). Nothing
 is fetched from PyPI.
@@ -28,6 +28,16 @@ def core_sources():
     if not m:
         raise SystemExit("setup.py: FERRY_SOURCES not found in ../CMakeLists.txt")
     return [os.path.relpath(os.path.join(ROOT, s), HERE) for s in m.group(1).split()]
+
+
+def extension_sources():
+    """The _ferry extension's own sources, from python/CMakeLists.txt."""
+    with open(os.path.join(HERE, "CMakeLists.txt")) as f:
+        text = f.read()
+    m = re.search(r"Python3_add_library\(_ferry MODULE\s+(.*?)\)", text, re.S)
+    if not m:
+        raise SystemExit("setup.py: the _ferry sources not found in CMakeLists.txt")
+    return m.group(1).split()
 
 
 def pkg_config(*args):
@@ -54,7 +64,7 @@ flags = pkg_config("--cflags")
 libs = pkg_config("--libs")
 ext = Extension(
     "ferry._ferry",
-    sources=["src/module.c", "src/loader.c", "src/pydataset.c"] + core_sources(),
+    sources=extension_sources() + core_sources(),
     include_dirs=[os.path.relpath(os.path.join(ROOT, d), HERE)
                   for d in ("include", "base", "core", "transport", "sampler")],
     define_macros=[("_GNU_SOURCE", None), ("FERRY_BUILDING", None)],
@@ -70,7 +80,7 @@ setup(
     description="A data loader for machine-learning training: persistent workers, "
                 "prefetch across epochs, zero-copy numpy batches",
     license="MIT",
-    packages=["ferry"],
+    packages=["ferry", "ferry.torch"],
     ext_modules=[ext],
     python_requires=">=3.9",
     install_requires=["numpy"],

@@ -22,8 +22,11 @@
 #include "sampler.h"
 
 #include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "error.h"
 #include "ferry_dataset.h"
 
@@ -102,22 +105,57 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
     t.batches_per_epoch = bpe;
     t.end_seq = end;
     t.half_bits = h;
+    t.pad = o->pad_shards && !o->drop_last;
+    t.head_per_rank = per_rank; /* the head of a fresh stream: all of epoch 0 */
     *s = t;
     return FERRY_OK;
+}
+
+/* Makes epoch `epoch` start at position pos (< n) of its order: the rest is
+ * re-sharded over this shape (sampler.h). Never more batches than a whole
+ * epoch: the rest per rank is at most per_rank. */
+static void set_head(ferry__sampler *s, uint64_t epoch, uint64_t pos)
+{
+    const uint64_t w = s->o.world_size, bs = s->o.batch_size;
+    uint64_t rest = s->n - pos, per, batches;
+
+    per = rest / w + (uint64_t)(s->pad && rest % w != 0);
+    batches = s->o.drop_last ? per / bs : per / bs + (per % bs != 0);
+    assert(per <= s->per_rank && batches <= s->batches_per_epoch);
+    s->head_epoch = epoch;
+    s->head_pos = pos;
+    s->head_first = s->batches_per_epoch - batches;
+    s->head_per_rank = per;
+}
+
+uint64_t ferry__sampler_start(const ferry__sampler *s)
+{
+    return s->head_epoch * s->batches_per_epoch + s->head_first;
+}
+
+/* Whether (epoch, batch b) is one of the head's batches. */
+static int in_head(const ferry__sampler *s, uint64_t epoch, uint64_t b)
+{
+    return epoch == s->head_epoch && b >= s->head_first;
 }
 
 /* One division per batch, never per index. FERRY_EOF is the normal end of
  * the stream, not a failure: no error detail is recorded and *t is untouched. */
 int ferry__sampler_at(const ferry__sampler *s, uint64_t seq, ferry__sampler_task *t)
 {
-    uint64_t b, left;
+    uint64_t b, epoch, left;
 
     if (seq >= s->end_seq)
         return FERRY_EOF;
     b = seq % s->batches_per_epoch;
-    left = s->per_rank - b * s->o.batch_size; /* > 0: b < bpe */
+    epoch = seq / s->batches_per_epoch;
+    /* > 0: b < bpe, and a head's batches cover its per-rank items */
+    if (in_head(s, epoch, b))
+        left = s->head_per_rank - (b - s->head_first) * s->o.batch_size;
+    else
+        left = s->per_rank - b * s->o.batch_size;
     t->seq = seq;
-    t->epoch = seq / s->batches_per_epoch;
+    t->epoch = epoch;
     t->batch_in_epoch = b;
     t->count = (uint32_t)(left < s->o.batch_size ? left : s->o.batch_size);
     t->last_in_epoch = b + 1 == s->batches_per_epoch;
@@ -174,11 +212,14 @@ uint64_t ferry__sampler_permute(const ferry__sampler *s, uint64_t epoch, uint64_
 }
 
 /* Position p of this rank's part of the epoch is position p*w + rank of the
- * epoch's order. The keys are made once per batch, not once per index. */
+ * epoch's order (after head_pos, in the head). The keys are made once per
+ * batch, not once per index. */
 void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *t, uint64_t *out)
 {
-    const uint64_t w = s->o.world_size;
-    uint64_t pos = t->batch_in_epoch * s->o.batch_size * w + s->o.rank;
+    const uint64_t w = s->o.world_size, step = s->o.batch_size * w;
+    uint64_t pos = in_head(s, t->epoch, t->batch_in_epoch)
+                       ? s->head_pos + (t->batch_in_epoch - s->head_first) * step + s->o.rank
+                       : t->batch_in_epoch * step + s->o.rank;
     uint64_t k[SAMPLER_ROUNDS];
     uint32_t j;
 
@@ -186,7 +227,8 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
     if (s->o.shuffle)
         round_keys(s, t->epoch, k);
     for (j = 0; j < t->count; j++, pos += w) {
-        /* A padded shard's last positions (< n + w <= 2n) repeat the order's start. */
+        /* A padded shard's last positions (< n + w <= 2n) repeat the order's
+         * start: a head's too, so its repeats were served earlier that epoch. */
         uint64_t p = pos < s->n ? pos : pos - s->n;
         out[j] = s->o.shuffle ? feistel_walk(k, s->half_bits, s->n, p) : p;
     }
@@ -195,22 +237,33 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
 /* ------------------------------------------------------------------------
  * Position blobs
  *
- * Version 1 layout, little-endian, 64 bytes:
- *    0  "FRYS"            4  u32 version
- *    8  u64 next_seq     16  u64 n
- *   24  u64 batch_size   32  u64 seed
- *   40  u32 rank         44  u32 world_size
- *   48  u32 flags (bit 0 drop_last, bit 1 shuffle)
- *   52  u32 reserved, 0  56  u64 checksum of bytes 0..55
+ * Version 2 layout, little-endian, 80 bytes:
+ *    0  "FRYS"            4  u32 version (2)
+ *    8  u64 epoch        16  u64 position: of epoch's global order, how many
+ *                            positions the whole job has consumed (P)
+ *   24  u64 n            32  u64 seed
+ *   40  u64 batch_size   48  u64 batch: the saver's next batch_in_epoch
+ *   56  u32 rank         60  u32 world_size
+ *   64  u32 flags (bit 0 drop_last, bit 1 shuffle, bit 2 padded)
+ *   68  u32 reserved, 0  72  u64 checksum of bytes 0..71
+ * The order is (n, seed, shuffle); epoch and position say where in it the
+ * job stands. The rest is the saver's shape, kept to check that the ranks
+ * of one job agree and to explain a refusal; a restore does not need it.
+ *
+ * Version 1 (64 bytes, read still): "FRYS", 1, next_seq, n, batch_size,
+ * seed, rank, world_size, flags, reserved, checksum of bytes 0..55. Its
+ * next_seq is the saver's own seq; with its shape it gives the same
+ * (epoch, position) a version 2 blob holds.
  */
 
 #define STATE_MAGIC "FRYS"
-#define STATE_VERSION 1u
-#define STATE_LEN 64
-#define STATE_SUMMED 56
+#define STATE_VERSION 2u
+#define STATE_LEN 80
+#define STATE_V1_LEN 64
 #define FLAG_DROP_LAST 1u
 #define FLAG_SHUFFLE 2u
 #define FLAG_PADDED 4u /* pad_shards in effect (world_size > 1, n % world_size != 0) */
+#define FLAGS_KNOWN (FLAG_DROP_LAST | FLAG_SHUFFLE | FLAG_PADDED)
 
 static void put_u32(unsigned char *p, uint32_t v)
 {
@@ -248,15 +301,15 @@ static uint64_t get_u64(const unsigned char *p)
     return v;
 }
 
-/* A chain of ferry_mix64 over the 8-byte words. mix64 is a bijection, so any
- * change confined to one word always changes the sum; it guards against
- * truncation and bit rot, not against forgery. */
-static uint64_t state_checksum(const unsigned char *p)
+/* A chain of ferry_mix64 over the 8-byte words of p[0..summed). mix64 is a
+ * bijection, so any change confined to one word always changes the sum; it
+ * guards against truncation and bit rot, not against forgery. */
+static uint64_t state_checksum(const unsigned char *p, size_t summed)
 {
     uint64_t h = 0x46525953u; /* "FRYS" */
-    int i;
+    size_t i;
 
-    for (i = 0; i < STATE_SUMMED; i += 8)
+    for (i = 0; i < summed; i += 8)
         h = ferry_mix64(h ^ get_u64(p + i));
     return h;
 }
@@ -267,30 +320,125 @@ static uint32_t sampler_flags(const ferry__sampler *s)
            (s->o.pad_shards ? FLAG_PADDED : 0);
 }
 
+/* A blob, read: what the job had consumed, of which order, saved in what shape. */
+typedef struct saved_state {
+    uint64_t epoch, pos; /* the job's position */
+    uint64_t n, seed;    /* the order (and shuffle in flags) */
+    uint64_t batch_size, batch;
+    uint32_t rank, world_size, flags;
+} saved_state;
+
 /* Writes the blob for `next_seq` (the first task not yet delivered) into buf.
  * FERRY_ELIMIT when cap is too small; *len is set to the size needed either
  * way, so a caller may ask with cap 0 first. buf is untouched on failure. */
 int ferry__sampler_save(const ferry__sampler *s, uint64_t next_seq, void *buf, size_t cap,
                         size_t *len)
 {
-    unsigned char b[STATE_LEN];
+    const uint64_t bpe = s->batches_per_epoch, step = s->o.batch_size * s->o.world_size;
+    uint64_t epoch = next_seq / bpe, b = next_seq % bpe, pos;
+    unsigned char p[STATE_LEN];
 
     *len = STATE_LEN;
     if (cap < STATE_LEN)
         return ferry__seterr(FERRY_ELIMIT, "the sampler state needs %d bytes, the buffer has %zu",
                              STATE_LEN, cap);
-    memcpy(b, STATE_MAGIC, 4);
-    put_u32(b + 4, STATE_VERSION);
-    put_u64(b + 8, next_seq);
-    put_u64(b + 16, s->n);
-    put_u64(b + 24, s->o.batch_size);
-    put_u64(b + 32, s->o.seed);
-    put_u32(b + 40, s->o.rank);
-    put_u32(b + 44, s->o.world_size);
-    put_u32(b + 48, sampler_flags(s));
-    put_u32(b + 52, 0);
-    put_u64(b + 56, state_checksum(b));
-    memcpy(buf, b, STATE_LEN);
+    /* Every rank has taken the same batches (of full size: a short one is
+     * an epoch's last), so the job's prefix is b whole strides. */
+    pos = in_head(s, epoch, b) ? s->head_pos + (b - s->head_first) * step : b * step;
+    memcpy(p, STATE_MAGIC, 4);
+    put_u32(p + 4, STATE_VERSION);
+    put_u64(p + 8, epoch);
+    put_u64(p + 16, pos);
+    put_u64(p + 24, s->n);
+    put_u64(p + 32, s->o.seed);
+    put_u64(p + 40, s->o.batch_size);
+    put_u64(p + 48, b);
+    put_u32(p + 56, s->o.rank);
+    put_u32(p + 60, s->o.world_size);
+    put_u32(p + 64, sampler_flags(s));
+    put_u32(p + 68, 0);
+    put_u64(p + 72, state_checksum(p, 72));
+    memcpy(buf, p, STATE_LEN);
+    return FERRY_OK;
+}
+
+/* Version 1's next_seq as (epoch, position), by the saver's own shape. */
+static int read_v1(const unsigned char *p, saved_state *st)
+{
+    uint64_t per, bpe, next = get_u64(p + 8);
+
+    st->n = get_u64(p + 16);
+    st->batch_size = get_u64(p + 24);
+    st->seed = get_u64(p + 32);
+    st->rank = get_u32(p + 40);
+    st->world_size = get_u32(p + 44);
+    st->flags = get_u32(p + 48);
+    if (st->batch_size == 0 || st->world_size == 0 || st->n < st->world_size)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the version 1 sampler state has an impossible shape "
+                             "(n %llu, batch_size %llu, world_size %lu)",
+                             (unsigned long long)st->n, (unsigned long long)st->batch_size,
+                             (unsigned long)st->world_size);
+    per = st->n / st->world_size + (uint64_t)((st->flags & FLAG_PADDED) != 0);
+    bpe = (st->flags & FLAG_DROP_LAST) ? per / st->batch_size
+                                       : per / st->batch_size + (per % st->batch_size != 0);
+    if (bpe == 0)
+        return ferry__seterr(FERRY_ESTATE, "the version 1 sampler state has no batch per epoch");
+    st->epoch = next / bpe;
+    st->batch = next % bpe;
+    st->pos = st->batch * st->batch_size * st->world_size;
+    return FERRY_OK;
+}
+
+/* Checks the blob's form (magic, version, length, checksum, reserved bits),
+ * so a field is only read once the bytes are known to be intact, and reads
+ * it into *st. FERRY_ESTATE with a detail. */
+static int read_state(const void *buf, size_t len, saved_state *st)
+{
+    const unsigned char *p = buf;
+    uint32_t version;
+    size_t want;
+
+    if (p == NULL || len < 8)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state is %zu bytes, too short to be a ferry state", len);
+    if (memcmp(p, STATE_MAGIC, 4) != 0)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state does not start with \"FRYS\": not a ferry state");
+    version = get_u32(p + 4);
+    if (version != 1 && version != STATE_VERSION)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state has version %lu, this ferry reads versions 1 "
+                             "and %u",
+                             (unsigned long)version, STATE_VERSION);
+    want = version == 1 ? STATE_V1_LEN : STATE_LEN;
+    if (len != want)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state is %zu bytes, a version %lu state is %zu bytes",
+                             len, (unsigned long)version, want);
+    if (get_u64(p + want - 8) != state_checksum(p, want - 8))
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state's checksum does not match: the blob is corrupted");
+    if (get_u32(p + want - 12) != 0 || (get_u32(p + want - 16) & ~FLAGS_KNOWN) != 0)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state has unknown flags 0x%lx or reserved bits set",
+                             (unsigned long)get_u32(p + want - 16));
+    memset(st, 0, sizeof *st);
+    if (version == 1)
+        return read_v1(p, st);
+    st->epoch = get_u64(p + 8);
+    st->pos = get_u64(p + 16);
+    st->n = get_u64(p + 24);
+    st->seed = get_u64(p + 32);
+    st->batch_size = get_u64(p + 40);
+    st->batch = get_u64(p + 48);
+    st->rank = get_u32(p + 56);
+    st->world_size = get_u32(p + 60);
+    st->flags = get_u32(p + 64);
+    if (st->pos >= st->n && st->pos != 0)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the sampler state's position %llu is past the dataset's %llu items",
+                             (unsigned long long)st->pos, (unsigned long long)st->n);
     return FERRY_OK;
 }
 
@@ -299,71 +447,109 @@ static const char *on_off(uint32_t flags, uint32_t bit)
     return (flags & bit) ? "on" : "off";
 }
 
-/* Checks the blob's form first (magic, version, length, checksum), so a
- * fingerprint field is only compared once the bytes are known to be intact;
- * then compares every field that shapes the stream. The seed is compared even
- * with shuffle off: it also seeds per-sample augmentation, so a different
- * seed gives different batches. */
-int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len, uint64_t *next_seq)
+/* Compares the order only: n, shuffle, seed. The seed is compared even with
+ * shuffle off: it also seeds per-sample augmentation, so a different seed
+ * gives different batches. The shape (world_size, rank, batch_size,
+ * drop_last, pad_shards) may differ: the rest of the epoch is re-cut. */
+int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint64_t *next_seq)
 {
-    const unsigned char *b = buf;
-    uint32_t version, flags, mine;
-    uint64_t v;
+    const uint64_t bpe = s->batches_per_epoch;
+    saved_state st;
+    ferry__sampler t;
+    int rc = read_state(buf, len, &st);
 
-    if (b == NULL || len < 8)
-        return ferry__seterr(FERRY_ESTATE,
-                             "the sampler state is %zu bytes, too short to be a ferry state", len);
-    if (memcmp(b, STATE_MAGIC, 4) != 0)
-        return ferry__seterr(FERRY_ESTATE,
-                             "the sampler state does not start with \"FRYS\": not a ferry state");
-    version = get_u32(b + 4);
-    if (version != STATE_VERSION)
-        return ferry__seterr(FERRY_ESTATE,
-                             "the sampler state has version %lu, this ferry reads version %u",
-                             (unsigned long)version, STATE_VERSION);
-    if (len != STATE_LEN)
-        return ferry__seterr(FERRY_ESTATE,
-                             "the sampler state is %zu bytes, a version %u state is %d bytes", len,
-                             STATE_VERSION, STATE_LEN);
-    if (get_u64(b + 56) != state_checksum(b))
-        return ferry__seterr(FERRY_ESTATE,
-                             "the sampler state's checksum does not match: the blob is corrupted");
-    flags = get_u32(b + 48);
-    if ((flags & ~(FLAG_DROP_LAST | FLAG_SHUFFLE | FLAG_PADDED)) != 0 || get_u32(b + 52) != 0)
-        return ferry__seterr(FERRY_ESTATE,
-                             "the sampler state has unknown flags 0x%lx or reserved bits set",
-                             (unsigned long)flags);
-
-    if ((v = get_u64(b + 16)) != s->n)
+    if (rc != FERRY_OK)
+        return rc;
+    if (st.n != s->n)
         return ferry__seterr(FERRY_ESTATE,
                              "state was saved for a dataset of %llu items, this one has %llu",
-                             (unsigned long long)v, (unsigned long long)s->n);
-    if ((v = get_u64(b + 24)) != s->o.batch_size)
-        return ferry__seterr(FERRY_ESTATE, "state was saved with batch_size %llu, loader has %llu",
-                             (unsigned long long)v, (unsigned long long)s->o.batch_size);
-    mine = sampler_flags(s);
-    if ((flags ^ mine) & FLAG_DROP_LAST)
-        return ferry__seterr(FERRY_ESTATE, "state was saved with drop_last %s, loader has it %s",
-                             on_off(flags, FLAG_DROP_LAST), on_off(mine, FLAG_DROP_LAST));
-    if ((flags ^ mine) & FLAG_SHUFFLE)
+                             (unsigned long long)st.n, (unsigned long long)s->n);
+    if ((st.flags & FLAG_SHUFFLE) != (s->o.shuffle ? FLAG_SHUFFLE : 0))
         return ferry__seterr(FERRY_ESTATE, "state was saved with shuffle %s, loader has it %s",
-                             on_off(flags, FLAG_SHUFFLE), on_off(mine, FLAG_SHUFFLE));
-    if ((flags ^ mine) & FLAG_PADDED)
-        return ferry__seterr(FERRY_ESTATE,
-                             "state was saved with the shards %s, this loader has them %s "
-                             "(option pad_shards)",
-                             flags & FLAG_PADDED ? "padded" : "not padded",
-                             mine & FLAG_PADDED ? "padded" : "not padded");
-    if ((v = get_u64(b + 32)) != s->o.seed)
+                             on_off(st.flags, FLAG_SHUFFLE), s->o.shuffle ? "on" : "off");
+    if (st.seed != s->o.seed)
         return ferry__seterr(FERRY_ESTATE, "state was saved with seed %llu, loader has %llu",
-                             (unsigned long long)v, (unsigned long long)s->o.seed);
-    if ((v = get_u32(b + 40)) != s->o.rank)
-        return ferry__seterr(FERRY_ESTATE, "state was saved with rank %llu, loader has %lu",
-                             (unsigned long long)v, (unsigned long)s->o.rank);
-    if ((v = get_u32(b + 44)) != s->o.world_size)
-        return ferry__seterr(FERRY_ESTATE, "state was saved with world_size %llu, loader has %lu",
-                             (unsigned long long)v, (unsigned long)s->o.world_size);
-
-    *next_seq = get_u64(b + 8);
+                             (unsigned long long)st.seed, (unsigned long long)s->o.seed);
+    if (st.epoch > (UINT64_MAX - bpe) / bpe)
+        return ferry__seterr(FERRY_ESTATE, "state's epoch %llu is past the end of any stream",
+                             (unsigned long long)st.epoch);
+    t = *s;
+    set_head(&t, st.epoch, st.pos);
+    *s = t;
+    *next_seq = ferry__sampler_start(s);
     return FERRY_OK;
+}
+
+/* Names what differs between blob i and blob 0 (a and b), or FERRY_OK. */
+static int compare_states(size_t i, const saved_state *a, const saved_state *b)
+{
+    if (a->n != b->n || a->seed != b->seed || ((a->flags ^ b->flags) & FLAG_SHUFFLE) != 0)
+        return ferry__seterr(FERRY_ESTATE,
+                             "state %zu (rank %lu) is of another order than state 0 (rank %lu): "
+                             "dataset of %llu items, seed %llu, shuffle %s against %llu, %llu, %s",
+                             i, (unsigned long)a->rank, (unsigned long)b->rank,
+                             (unsigned long long)a->n, (unsigned long long)a->seed,
+                             on_off(a->flags, FLAG_SHUFFLE), (unsigned long long)b->n,
+                             (unsigned long long)b->seed, on_off(b->flags, FLAG_SHUFFLE));
+    if (a->world_size != b->world_size || a->batch_size != b->batch_size)
+        return ferry__seterr(FERRY_ESTATE,
+                             "state %zu (rank %lu) was saved with world_size %lu, batch_size %llu; "
+                             "state 0 (rank %lu) with world_size %lu, batch_size %llu: not one job",
+                             i, (unsigned long)a->rank, (unsigned long)a->world_size,
+                             (unsigned long long)a->batch_size, (unsigned long)b->rank,
+                             (unsigned long)b->world_size, (unsigned long long)b->batch_size);
+    if (a->epoch != b->epoch || a->pos != b->pos)
+        return ferry__seterr(FERRY_ESTATE,
+                             "the ranks did not stop at the same batch: state %zu (rank %lu) is "
+                             "before batch %llu of epoch %llu, state 0 (rank %lu) before batch "
+                             "%llu of epoch %llu; save every rank's state after the same step",
+                             i, (unsigned long)a->rank, (unsigned long long)a->batch,
+                             (unsigned long long)a->epoch, (unsigned long)b->rank,
+                             (unsigned long long)b->batch, (unsigned long long)b->epoch);
+    return FERRY_OK;
+}
+
+static int by_rank(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+    return (x > y) - (x < y);
+}
+
+int ferry__sampler_states_agree(const void *const *bufs, const size_t *lens, size_t count)
+{
+    char why[FERRY__ERRMSG_MAX];
+    saved_state first, st;
+    uint32_t *ranks;
+    size_t i;
+    int rc = FERRY_OK;
+
+    if (count == 0 || bufs == NULL || lens == NULL)
+        return ferry__seterr(FERRY_EINVAL, "no states to compare");
+    ranks = ferry__malloc(count * sizeof *ranks);
+    if (ranks == NULL)
+        return ferry__seterr(FERRY_ENOMEM, "out of memory comparing %zu states", count);
+    for (i = 0; i < count && rc == FERRY_OK; i++) {
+        rc = read_state(bufs[i], lens[i], i ? &st : &first);
+        if (rc != FERRY_OK) {
+            snprintf(why, sizeof why, "%s", ferry_last_error());
+            rc = ferry__seterr(rc, "state %zu: %s", i, why);
+        } else if (i) {
+            rc = compare_states(i, &st, &first);
+        }
+        if (rc == FERRY_OK)
+            ranks[i] = i ? st.rank : first.rank;
+    }
+    /* Distinct ranks: the same rank twice is a copy, or two jobs mixed. */
+    if (rc == FERRY_OK) {
+        qsort(ranks, count, sizeof *ranks, by_rank);
+        for (i = 1; i < count && rc == FERRY_OK; i++)
+            if (ranks[i] == ranks[i - 1])
+                rc = ferry__seterr(FERRY_ESTATE,
+                                   "two of the states are rank %lu's: the same "
+                                   "state twice, or states of two jobs",
+                                   (unsigned long)ranks[i]);
+    }
+    free(ranks);
+    return rc;
 }

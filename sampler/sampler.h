@@ -17,8 +17,24 @@
  * Batching: per_rank items cut into batches of batch_size; the last one is
  * short unless drop_last.
  *
- * Thread safety: a sampler is immutable after ferry__sampler_init; any thread
- * may call the const functions at once.
+ * Resume, also into another shape. A position blob says how much of one
+ * epoch's global order the whole job has consumed: in synchronous training
+ * every rank has taken k batches of B, so positions [0, P) with P = k*B*W
+ * of that epoch's order are done, whatever rank saved the blob. A sampler
+ * restored from it starts with the epoch's "head": the rest P..n-1 of the
+ * order, sharded over this sampler's world_size W' (rank r' takes P+r',
+ * P+r'+W', ...), cut into batches of its batch_size, with its padding rule
+ * at the end (padded: ceil((n-P)/W') each, positions past n repeat the
+ * order's start; not padded: floor((n-P)/W') each). The head's batches sit
+ * at the end of the epoch's seq range (batch_in_epoch bpe-h .. bpe-1 for a
+ * head of h batches), so epoch = seq / batches_per_epoch holds everywhere
+ * and later epochs are exactly a fresh run's. In the same shape the head is
+ * the plain stream from batch k on: one code path. A fresh sampler's head
+ * is epoch 0 from position 0, i.e. no head at all.
+ *
+ * Thread safety: a sampler is written by ferry__sampler_init and
+ * ferry__sampler_restore, before it is shared; after that any thread may
+ * call the const functions at once.
  */
 #ifndef FERRY_SAMPLER_H
 #define FERRY_SAMPLER_H
@@ -48,6 +64,14 @@ typedef struct ferry__sampler {
     uint64_t batches_per_epoch; /* >= 1 */
     uint64_t end_seq;           /* first seq past the end; UINT64_MAX if endless */
     unsigned half_bits;         /* Feistel half width; domain is 2^(2*half_bits) */
+    int pad;                    /* the padding rule (pad_shards and not drop_last), which a
+                                   head applies even where n % world_size == 0 */
+    /* The head (see above): epoch head_epoch's batches from head_first on
+     * serve its positions head_pos.. (head_per_rank items on this rank). */
+    uint64_t head_epoch;
+    uint64_t head_pos;
+    uint64_t head_first;
+    uint64_t head_per_rank;
 } ferry__sampler;
 
 /* One batch's place in the stream. */
@@ -65,7 +89,9 @@ typedef struct ferry__sampler_task {
  * batch. *s is untouched on failure. */
 int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts *o);
 
-/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq.
+/* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq. Seqs
+ * below ferry__sampler_start() are not part of a resumed stream (those of
+ * the head's epoch give the plain stream's tasks; nothing asks for them).
  * (Named _at, not _task: ferry__sampler_task is the struct's typedef.) */
 int ferry__sampler_at(const ferry__sampler *s, uint64_t seq, ferry__sampler_task *t);
 
@@ -76,14 +102,28 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
  * A bijection on [0, n) for every (seed, epoch); the identity without shuffle. */
 uint64_t ferry__sampler_permute(const ferry__sampler *s, uint64_t epoch, uint64_t i);
 
-/* Position blobs: at most FERRY_STATE_MAX bytes. The blob holds next_seq and a
- * fingerprint of n and every option that shapes the stream (not epochs or
- * max_batches, which only say where it ends). */
+/* The first seq of the stream: the head's first batch (0 for a fresh one). */
+uint64_t ferry__sampler_start(const ferry__sampler *s);
+
+/* Position blobs: at most FERRY_STATE_MAX bytes. The blob holds the epoch of
+ * next_seq and the global position P reached in its order, the fingerprint
+ * of the order (n, seed, shuffle) and, to check and explain, the saver's
+ * world_size, batch_size, rank, batch_in_epoch and flags. Not epochs or
+ * max_batches, which only say where the stream ends. */
 int ferry__sampler_save(const ferry__sampler *s, uint64_t next_seq, void *buf, size_t cap,
                         size_t *len);
-/* FERRY_ESTATE (with detail) if the blob is malformed or was saved with a
- * different dataset length or options; *next_seq untouched on failure. */
-int ferry__sampler_restore(const ferry__sampler *s, const void *buf, size_t len,
-                           uint64_t *next_seq);
+/* Sets s's head from the blob and *next_seq to its first seq. Reads version
+ * 2 blobs and version 1 (ferry before reshaping; its next_seq is turned into
+ * the same global position). FERRY_ESTATE (with detail) if the blob is
+ * malformed or was saved for another order (dataset length, seed, shuffle);
+ * world_size, rank, batch_size, drop_last and pad_shards may differ. *s and
+ * *next_seq are untouched on failure. */
+int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint64_t *next_seq);
+
+/* FERRY_OK when the `count` blobs are each valid and say the same thing:
+ * one order, one shape, one position (what the ranks of one synchronous job
+ * save at the same step), from distinct ranks. FERRY_ESTATE naming the first
+ * blob that differs and how; FERRY_EINVAL for count 0. */
+int ferry__sampler_states_agree(const void *const *bufs, const size_t *lens, size_t count);
 
 #endif

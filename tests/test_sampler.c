@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "ferry.h"
+#include "ferry_dataset.h"
 #include "sampler.h"
 
 /* ------------------------------------------------------------------------
@@ -374,25 +375,21 @@ static void test_padded_shards_cover_every_item(void **state)
             free(seen);
         }
     }
-    /* Saved padded, restored unpadded (or the other way): refused, naming it. */
+    /* Saved padded, restored unpadded (or the other way): the order is the
+     * same, so the position carries over; only the rest's cut differs. */
     ferry__sampler_opts o = opts(8, 1, 3);
     o.world_size = 3;
     o.pad_shards = 1;
     ferry__sampler s = make(100, &o);
     unsigned char blob[FERRY_STATE_MAX];
     size_t len;
-    assert_int_equal(ferry__sampler_save(&s, 5, blob, sizeof blob, &len), FERRY_OK);
-    o.pad_shards = 0;
-    expect_rejected(100, &o, blob, len, "pad_shards");
-    /* Nothing to pad when w divides n: the same state either way. */
-    o.pad_shards = 1;
-    s = make(99, &o);
-    assert_int_equal(ferry__sampler_save(&s, 5, blob, sizeof blob, &len), FERRY_OK);
-    o.pad_shards = 0;
-    ferry__sampler u = make(99, &o);
     uint64_t next;
+    assert_int_equal(ferry__sampler_save(&s, 5, blob, sizeof blob, &len), FERRY_OK);
+    o.pad_shards = 0;
+    ferry__sampler u = make(100, &o); /* 33 per rank: 5 batches too */
     assert_int_equal(ferry__sampler_restore(&u, blob, len, &next), FERRY_OK);
     assert_int_equal(next, 5);
+    assert_int_equal(u.head_pos, 0); /* epoch 1 from its start */
 }
 
 static void test_rank_takes_strided_positions(void **state)
@@ -659,26 +656,28 @@ static void test_restore_rejects_mismatch_and_corruption(void **state)
     assert_int_equal(ferry__sampler_restore(&s, blob, len, &next), FERRY_OK);
     assert_int_equal(next, 7);
 
-    /* each fingerprint field */
+    /* each field of the order */
     expect_rejected(999, &o, blob, len, "1000");
-    x = o;
-    x.batch_size = 128;
-    expect_rejected(1000, &x, blob, len, "batch_size 64, loader has 128");
-    x = o;
-    x.drop_last = 1;
-    expect_rejected(1000, &x, blob, len, "drop_last");
     x = o;
     x.shuffle = 0;
     expect_rejected(1000, &x, blob, len, "shuffle");
     x = o;
     x.seed = 10;
     expect_rejected(1000, &x, blob, len, "seed");
+    /* the shape is not part of it: another rank, world_size, batch_size,
+     * drop_last or padding resumes at the same place of the order */
     x = o;
     x.rank = 0;
-    expect_rejected(1000, &x, blob, len, "rank");
-    x = o;
     x.world_size = 4;
-    expect_rejected(1000, &x, blob, len, "world_size");
+    x.batch_size = 128;
+    x.drop_last = 1;
+    {
+        ferry__sampler y = make(1000, &x);
+        next = 0;
+        assert_int_equal(ferry__sampler_restore(&y, blob, len, &next), FERRY_OK);
+        assert_int_equal(y.head_epoch, 7 / s.batches_per_epoch);
+        assert_int_equal(y.head_pos, 7 % s.batches_per_epoch * 64 * 2);
+    }
 
     /* every single flipped byte, magic and checksum included */
     for (i = 0; i < len; i++) {
@@ -702,8 +701,405 @@ static void test_restore_rejects_mismatch_and_corruption(void **state)
     memcpy(bad, "FRYZ", 4);
     expect_rejected(1000, &o, bad, len, "FRYS");
     memcpy(bad, blob, len);
-    bad[4] = 2;
-    expect_rejected(1000, &o, bad, len, "version 2");
+    bad[4] = 3;
+    expect_rejected(1000, &o, bad, len, "version 3");
+}
+
+/* ------------------------------------------------------------------------
+ * Resume into another shape (world_size, batch_size)
+ *
+ * Each case runs a job of W ranks for k batches of an epoch, checks that
+ * what it consumed is exactly positions [0, k*B*W) of the epoch's order,
+ * saves every rank's state, then resumes on W' ranks with batch_size B'
+ * from one of those states. The rest of the interrupted epoch is checked
+ * index by index against the epoch's order: rank r' serves positions P+r',
+ * P+r'+W', ... (P = k*B*W), so across the new ranks every position of
+ * P..n-1 is served exactly once (padded: the rest rounded up to a multiple
+ * of W' by repeating the order's start; not padded: the last (n-P) % W'
+ * dropped). The epoch after is checked against a fresh W'-rank run's.
+ */
+
+typedef struct shape {
+    uint32_t w;
+    uint64_t bs;
+    int pad;
+    int drop_last;
+} shape;
+
+static ferry__sampler rank_sampler(uint64_t n, shape sh, uint32_t r, int shuffle)
+{
+    ferry__sampler_opts o = opts(sh.bs, shuffle, 0xc0ffee);
+
+    o.world_size = sh.w;
+    o.rank = r;
+    o.pad_shards = sh.pad;
+    o.drop_last = sh.drop_last;
+    return make(n, &o);
+}
+
+/* Runs ranks of shape `sh` over their first k batches of `epoch`, checks
+ * they consumed exactly positions [0, k*B*W) of its order (item m of rank r
+ * is position r + m*W), and saves each rank's state after them into
+ * blobs[r] (FERRY_STATE_MAX bytes each). Returns the state's length. */
+static size_t run_and_save(uint64_t n, shape sh, int shuffle, uint64_t epoch, uint64_t k,
+                           unsigned char (*blobs)[FERRY_STATE_MAX])
+{
+    uint8_t *m = bitmap_new(n);
+    uint64_t *idx = malloc(sh.bs * sizeof *idx), i;
+    size_t len = 0;
+
+    assert_non_null(idx);
+    for (uint32_t r = 0; r < sh.w; r++) {
+        ferry__sampler s = rank_sampler(n, sh, r, shuffle);
+        uint64_t item = 0, first = epoch * s.batches_per_epoch;
+        assert_true(k <= s.batches_per_epoch);
+        for (uint64_t b = 0; b < k; b++) {
+            ferry__sampler_task t;
+            assert_int_equal(ferry__sampler_at(&s, first + b, &t), FERRY_OK);
+            ferry__sampler_indices(&s, &t, idx);
+            for (uint32_t j = 0; j < t.count; j++, item++) {
+                uint64_t p = r + item * sh.w;
+                if (p >= n) /* only a padded epoch's last batch gets here */
+                    p -= n;
+                assert_int_equal(idx[j], ferry__sampler_permute(&s, epoch, p));
+                if (p == r + item * sh.w)
+                    assert_false(mark(m, p));
+            }
+        }
+        assert_int_equal(ferry__sampler_save(&s, first + k, blobs[r], FERRY_STATE_MAX, &len),
+                         FERRY_OK);
+    }
+    /* the consumed prefix, exactly (mid-epoch every batch was full) */
+    ferry__sampler s0 = rank_sampler(n, sh, 0, shuffle);
+    if (k < s0.batches_per_epoch) {
+        for (i = 0; i < n; i++)
+            assert_int_equal(marked(m, i), i < k * sh.bs * sh.w);
+    }
+    free(idx);
+    free(m);
+    return len;
+}
+
+/* Restores `blob` into every rank of shape `to`, serves the rest of `epoch`
+ * from position pos, and checks it as the section's comment says; then that
+ * the next epoch is a fresh run's. */
+static void check_resumed(uint64_t n, shape to, int shuffle, uint64_t epoch, uint64_t pos,
+                          const void *blob, size_t len)
+{
+    uint32_t *served = calloc((size_t)n, sizeof *served);
+    uint64_t *idx = malloc(to.bs * sizeof *idx), *want = malloc(to.bs * sizeof *want);
+    uint64_t rest = n - pos, per_rank = 0;
+    int pad = to.pad && !to.drop_last;
+
+    assert_non_null(served);
+    assert_non_null(idx);
+    assert_non_null(want);
+    for (uint32_t r = 0; r < to.w; r++) {
+        ferry__sampler s = rank_sampler(n, to, r, shuffle);
+        ferry__sampler fresh = s;
+        const uint64_t bpe = s.batches_per_epoch;
+        uint64_t next = 0, item = 0, seq;
+        ferry__sampler_task t, f;
+
+        assert_int_equal(ferry__sampler_restore(&s, blob, len, &next), FERRY_OK);
+        assert_true(next >= epoch * bpe && next <= (epoch + 1) * bpe);
+        /* the head ends where the epoch does: its batches are the epoch's last */
+        for (seq = next; seq < (epoch + 1) * bpe; seq++) {
+            assert_int_equal(ferry__sampler_at(&s, seq, &t), FERRY_OK);
+            assert_int_equal(t.epoch, epoch);
+            assert_int_equal(t.batch_in_epoch, seq - epoch * bpe);
+            assert_int_equal(t.last_in_epoch, seq + 1 == (epoch + 1) * bpe);
+            ferry__sampler_indices(&s, &t, idx);
+            for (uint32_t j = 0; j < t.count; j++, item++) {
+                uint64_t p = pos + r + item * to.w;
+                assert_true(p < 2 * n);
+                if (p >= n) {
+                    assert_true(pad); /* only padding reaches past the end */
+                    p -= n;
+                }
+                assert_int_equal(idx[j], ferry__sampler_permute(&s, epoch, p));
+                served[p]++;
+            }
+        }
+        if (r == 0)
+            per_rank = item;
+        assert_int_equal(item, per_rank); /* every rank the same */
+        /* the next epoch is a fresh run's, task by task and index by index */
+        for (seq = (epoch + 1) * bpe; seq < (epoch + 2) * bpe; seq++) {
+            assert_int_equal(ferry__sampler_at(&s, seq, &t), FERRY_OK);
+            assert_int_equal(ferry__sampler_at(&fresh, seq, &f), FERRY_OK);
+            assert_memory_equal(&t, &f, sizeof t);
+            ferry__sampler_indices(&s, &t, idx);
+            ferry__sampler_indices(&fresh, &f, want);
+            assert_memory_equal(idx, want, t.count * sizeof *idx);
+        }
+    }
+    /* What the shape's rule gives per rank, and so which positions. */
+    uint64_t per = rest / to.w + (uint64_t)(pad && rest % to.w != 0);
+    if (to.drop_last)
+        per -= per % to.bs;
+    assert_int_equal(per_rank, per);
+    uint64_t cut = per * to.w, lost = 0, twice = 0;
+    uint64_t repeats = pos + cut > n ? pos + cut - n : 0; /* padding: the order's first ones */
+    for (uint64_t p = 0; p < n; p++) {
+        uint32_t expect = (p >= pos && p < pos + cut) + (p < repeats);
+        if (served[p] != expect)
+            fail_msg("position %llu served %u times, expected %u (n %llu, from %llu, w' %lu, "
+                     "b' %llu)",
+                     (unsigned long long)p, served[p], expect, (unsigned long long)n,
+                     (unsigned long long)pos, (unsigned long)to.w, (unsigned long long)to.bs);
+        lost += p >= pos && served[p] == 0;
+        twice += p >= pos && p >= repeats && served[p] > 1;
+    }
+    assert_int_equal(twice, 0); /* nothing of the rest served twice but padding's repeats */
+    if (pad)
+        assert_int_equal(lost, 0); /* padded: nothing of the rest lost */
+    else if (!to.drop_last)
+        assert_int_equal(lost, rest % to.w); /* not padded: the shape's rule, as a fresh run's */
+    free(served);
+    free(idx);
+    free(want);
+}
+
+/* One case: W ranks of `from` run k batches of epoch 2, then W' of `to` resume. */
+static void reshape_case(uint64_t n, shape from, shape to, int shuffle, uint64_t k)
+{
+    unsigned char(*blobs)[FERRY_STATE_MAX] = calloc(from.w, FERRY_STATE_MAX);
+    const void **ptrs = calloc(from.w, sizeof *ptrs);
+    size_t *lens = calloc(from.w, sizeof *lens), len;
+    const uint64_t epoch = 2;
+
+    assert_non_null(blobs);
+    assert_non_null(ptrs);
+    assert_non_null(lens);
+    len = run_and_save(n, from, shuffle, epoch, k, blobs);
+    for (uint32_t r = 0; r < from.w; r++) {
+        ptrs[r] = blobs[r];
+        lens[r] = len;
+    }
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, from.w), FERRY_OK);
+
+    ferry__sampler s0 = rank_sampler(n, from, 0, shuffle);
+    uint64_t e = epoch, pos = k * from.bs * from.w;
+    if (k == s0.batches_per_epoch) { /* saved at the boundary: the next epoch from its start */
+        e++;
+        pos = 0;
+    }
+    /* any rank's state says the same: take the last one's */
+    check_resumed(n, to, shuffle, e, pos, blobs[from.w - 1], len);
+    free(blobs);
+    free(ptrs);
+    free(lens);
+}
+
+static void test_resume_on_another_world_size_serves_the_rest_once(void **state)
+{
+    static const struct {
+        uint32_t w, w2;
+    } worlds[] = {{8, 1}, {8, 3}, {8, 4}, {8, 6}, {8, 16}, {4, 8}};
+    const uint64_t n = 10007; /* prime: no world_size divides it */
+    (void)state;
+    for (size_t c = 0; c < sizeof worlds / sizeof worlds[0]; c++)
+        for (int shuffle = 0; shuffle <= 1; shuffle++)
+            for (int pad = 0; pad <= 1; pad++) {
+                shape from = {worlds[c].w, 32, pad, 0}, to = {worlds[c].w2, 32, pad, 0};
+                ferry__sampler s = rank_sampler(n, from, 0, shuffle);
+                reshape_case(n, from, to, shuffle, 17);                  /* mid-epoch */
+                reshape_case(n, from, to, shuffle, s.batches_per_epoch); /* at the boundary */
+                reshape_case(n, from, to, shuffle, 0); /* before the epoch's first batch */
+            }
+}
+
+static void test_resume_with_another_batch_size_loses_and_repeats_nothing(void **state)
+{
+    static const struct {
+        uint64_t bs, bs2;
+        uint32_t w, w2;
+    } cases[] = {{32, 48, 8, 8}, {64, 16, 8, 8}, {32, 48, 8, 6}, {64, 16, 4, 8}, {7, 1000, 3, 5}};
+    const uint64_t n = 10007;
+    (void)state;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int shuffle = 0; shuffle <= 1; shuffle++)
+            for (int pad = 0; pad <= 1; pad++) {
+                shape from = {cases[c].w, cases[c].bs, pad, 0};
+                shape to = {cases[c].w2, cases[c].bs2, pad, 0};
+                reshape_case(n, from, to, shuffle, 11);
+            }
+}
+
+/* drop_last in the new shape: its rule cuts the rest too (whole batches
+ * only), and what it serves is still once each, from P on. */
+static void test_resume_with_drop_last_cuts_the_rest_by_its_rule(void **state)
+{
+    shape from = {8, 32, 1, 0}, to = {6, 48, 1, 1};
+    (void)state;
+    reshape_case(10007, from, to, 1, 17);
+    from.drop_last = 1;
+    to.drop_last = 0;
+    reshape_case(10007, from, to, 1, 17);
+    /* so little left that the new shape gets no batch of it: the stream
+     * starts at the next epoch (check_resumed sees an empty head) */
+    shape four = {4, 50, 1, 0}, five = {5, 100, 0, 0};
+    reshape_case(1003, four, five, 1, 5); /* 1000 done, 3 left: 0 per rank */
+    five.pad = 1;
+    reshape_case(1003, four, five, 1, 5); /* padded: 1 each, 2 of them repeats */
+}
+
+/* The same shape is the plain stream: a state from any rank resumes this
+ * rank exactly where the uninterrupted run goes on, seq for seq. */
+static void test_resume_from_another_rank_state_in_same_shape_is_exact(void **state)
+{
+    shape sh = {8, 32, 1, 0};
+    unsigned char(*blobs)[FERRY_STATE_MAX] = calloc(8, FERRY_STATE_MAX);
+    uint64_t idx[32], want[32];
+    (void)state;
+    assert_non_null(blobs);
+    size_t len = run_and_save(10007, sh, 1, 3, 9, blobs);
+    for (uint32_t r = 0; r < 8; r++) {
+        ferry__sampler a = rank_sampler(10007, sh, r, 1), b = a;
+        uint64_t next = 0;
+        assert_int_equal(ferry__sampler_restore(&b, blobs[(r + 3) % 8], len, &next), FERRY_OK);
+        assert_int_equal(next, 3 * a.batches_per_epoch + 9);
+        for (uint64_t seq = next; seq < next + 3 * a.batches_per_epoch; seq++) {
+            ferry__sampler_task t, u;
+            assert_int_equal(ferry__sampler_at(&a, seq, &t), FERRY_OK);
+            assert_int_equal(ferry__sampler_at(&b, seq, &u), FERRY_OK);
+            assert_memory_equal(&t, &u, sizeof t);
+            ferry__sampler_indices(&a, &t, want);
+            ferry__sampler_indices(&b, &u, idx);
+            assert_memory_equal(idx, want, t.count * sizeof *idx);
+        }
+    }
+    free(blobs);
+}
+
+/* Resumed twice, in two shapes (8 -> 6 -> 16 ranks), within one epoch: the
+ * second state, saved in the middle of the first's head, still names the
+ * job's place in the order. And state_at_epoch of the head's epoch is that
+ * whole epoch. */
+static void test_resume_again_from_a_resumed_stream(void **state)
+{
+    const uint64_t n = 10007;
+    shape a = {8, 32, 1, 0}, b = {6, 20, 1, 0}, c = {16, 8, 1, 0};
+    unsigned char(*blobs)[FERRY_STATE_MAX] = calloc(8, FERRY_STATE_MAX);
+    unsigned char mid[FERRY_STATE_MAX], whole[FERRY_STATE_MAX];
+    size_t len, len2;
+    uint64_t next = 0;
+    (void)state;
+    assert_non_null(blobs);
+    len = run_and_save(n, a, 1, 2, 5, blobs); /* P = 5*32*8 = 1280 */
+    ferry__sampler s = rank_sampler(n, b, 4, 1);
+    assert_int_equal(ferry__sampler_restore(&s, blobs[0], len, &next), FERRY_OK);
+    /* 7 batches of the head on every rank of b: P = 1280 + 7*20*6 = 2120 */
+    assert_int_equal(ferry__sampler_save(&s, next + 7, mid, sizeof mid, &len2), FERRY_OK);
+    check_resumed(n, c, 1, 2, 2120, mid, len2);
+    /* the first epoch's start, from the resumed sampler */
+    assert_int_equal(ferry__sampler_save(&s, 2 * s.batches_per_epoch, whole, sizeof whole, &len2),
+                     FERRY_OK);
+    check_resumed(n, c, 1, 2, 0, whole, len2);
+    free(blobs);
+}
+
+/* Writes a version 1 blob (the layout ferry wrote before reshaping). */
+static size_t v1_blob(unsigned char *p, uint64_t next_seq, uint64_t n, uint64_t bs, uint64_t seed,
+                      uint32_t rank, uint32_t w, uint32_t flags)
+{
+    uint64_t words[7] = {0}, h = 0x46525953u;
+    memset(p, 0, 64);
+    memcpy(p, "FRYS", 4);
+    p[4] = 1;
+    for (int i = 0; i < 8; i++) {
+        p[8 + i] = (unsigned char)(next_seq >> (8 * i));
+        p[16 + i] = (unsigned char)(n >> (8 * i));
+        p[24 + i] = (unsigned char)(bs >> (8 * i));
+        p[32 + i] = (unsigned char)(seed >> (8 * i));
+    }
+    for (int i = 0; i < 4; i++) {
+        p[40 + i] = (unsigned char)(rank >> (8 * i));
+        p[44 + i] = (unsigned char)(w >> (8 * i));
+        p[48 + i] = (unsigned char)(flags >> (8 * i));
+    }
+    for (int wd = 0; wd < 7; wd++) {
+        for (int i = 7; i >= 0; i--)
+            words[wd] = (words[wd] << 8) | p[wd * 8 + i];
+        h = ferry_mix64(h ^ words[wd]);
+    }
+    for (int i = 0; i < 8; i++)
+        p[56 + i] = (unsigned char)(h >> (8 * i));
+    return 64;
+}
+
+/* A checkpoint written by the ferry before this one resumes too, in its own
+ * shape exactly, or in another one at the same place of the order. */
+static void test_version_1_state_is_read_and_reshaped(void **state)
+{
+    const uint64_t n = 10007;
+    shape a = {8, 32, 1, 0}, b = {6, 32, 1, 0};
+    unsigned char blob[64];
+    (void)state;
+    ferry__sampler s = rank_sampler(n, a, 3, 1); /* padded: flags shuffle|padded */
+    size_t len = v1_blob(blob, 2 * s.batches_per_epoch + 17, n, 32, 0xc0ffee, 3, 8, 2u | 4u);
+    uint64_t next = 0;
+    assert_int_equal(ferry__sampler_restore(&s, blob, len, &next), FERRY_OK);
+    assert_int_equal(next, 2 * s.batches_per_epoch + 17);
+    check_resumed(n, b, 1, 2, 17 * 32 * 8, blob, len);
+    /* and version 1's fingerprint is still checked: another seed */
+    ferry__sampler_opts o = opts(32, 1, 5);
+    o.world_size = 8;
+    expect_rejected(n, &o, blob, len, "seed");
+}
+
+static void test_states_agree_only_from_one_step_of_one_job(void **state)
+{
+    const uint64_t n = 10007;
+    shape a = {4, 32, 1, 0};
+    unsigned char(*blobs)[FERRY_STATE_MAX] = calloc(4, FERRY_STATE_MAX);
+    unsigned char(*late)[FERRY_STATE_MAX] = calloc(4, FERRY_STATE_MAX);
+    const void *ptrs[4];
+    size_t lens[4], len;
+    (void)state;
+    assert_non_null(blobs);
+    assert_non_null(late);
+    len = run_and_save(n, a, 1, 1, 10, blobs);
+    run_and_save(n, a, 1, 1, 11, late);
+    for (int r = 0; r < 4; r++) {
+        ptrs[r] = blobs[r];
+        lens[r] = len;
+    }
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 4), FERRY_OK);
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 1), FERRY_OK);
+    /* rank 2 one batch ahead */
+    ptrs[2] = late[2];
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 4), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "did not stop at the same batch"));
+    assert_non_null(strstr(ferry_last_error(), "rank 2) is before batch 11 of epoch 1"));
+    /* the same rank twice */
+    ptrs[2] = blobs[1];
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 4), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "rank 1's"));
+    /* another job's world_size, another order, a corrupted blob */
+    unsigned char other[FERRY_STATE_MAX], bad[FERRY_STATE_MAX];
+    shape b = {2, 32, 1, 0};
+    unsigned char(*two)[FERRY_STATE_MAX] = calloc(2, FERRY_STATE_MAX);
+    assert_non_null(two);
+    run_and_save(n, b, 1, 1, 20, two); /* same position: 20*32*2 = 10*32*4 */
+    ptrs[2] = two[0];
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 4), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "world_size 2"));
+    ferry__sampler s = rank_sampler(n - 1, a, 2, 1);
+    assert_int_equal(ferry__sampler_save(&s, 10, other, sizeof other, &len), FERRY_OK);
+    ptrs[2] = other;
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 4), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "another order"));
+    memcpy(bad, blobs[2], len);
+    bad[20] ^= 1;
+    ptrs[2] = bad;
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 4), FERRY_ESTATE);
+    assert_non_null(strstr(ferry_last_error(), "state 2: "));
+    assert_int_equal(ferry__sampler_states_agree(ptrs, lens, 0), FERRY_EINVAL);
+    free(two);
+    free(blobs);
+    free(late);
 }
 
 /* ------------------------------------------------------------------------
@@ -790,6 +1186,13 @@ int main(void)
         cmocka_unit_test(test_restore_ignores_limits_and_allows_past_end),
         cmocka_unit_test(test_save_reports_needed_size),
         cmocka_unit_test(test_restore_rejects_mismatch_and_corruption),
+        cmocka_unit_test(test_resume_on_another_world_size_serves_the_rest_once),
+        cmocka_unit_test(test_resume_with_another_batch_size_loses_and_repeats_nothing),
+        cmocka_unit_test(test_resume_with_drop_last_cuts_the_rest_by_its_rule),
+        cmocka_unit_test(test_resume_from_another_rank_state_in_same_shape_is_exact),
+        cmocka_unit_test(test_resume_again_from_a_resumed_stream),
+        cmocka_unit_test(test_version_1_state_is_read_and_reshaped),
+        cmocka_unit_test(test_states_agree_only_from_one_step_of_one_job),
         cmocka_unit_test(test_init_rejects_bad_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

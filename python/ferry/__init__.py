@@ -16,6 +16,7 @@ See docs/python.md for the whole guide.
 """
 
 import atexit
+import base64
 import logging
 import math
 import numbers
@@ -257,6 +258,34 @@ _open_loaders = weakref.WeakSet()
 _logger = logging.getLogger("ferry")
 
 
+def _state_dict(blob):
+    """state_dict()'s form of the C blob: text, so JSON keeps it too."""
+    return {"ferry": base64.b64encode(blob).decode("ascii")}
+
+
+def _state_blob(state):
+    """The C blob of a resume state: a state_dict() (its "ferry" text, or
+    the bytes older ferry put there), the blob itself, or a list of every
+    rank's states, which must agree (any one of them then does)."""
+    if isinstance(state, (list, tuple)):
+        if not state:
+            raise StateError("ferry.Loader: state is an empty list")
+        blobs = [_state_blob(one) for one in state]
+        _ferry.state_check(blobs)
+        return blobs[0]
+    blob = state.get("ferry") if isinstance(state, Mapping) else state
+    if isinstance(blob, str):
+        try:
+            blob = base64.b64decode(blob.encode("ascii"), validate=True)
+        except ValueError:  # binascii.Error, and UnicodeEncodeError
+            raise StateError("ferry.Loader: the state's text is not what state_dict() "
+                             "wrote") from None
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise StateError("ferry.Loader: state must be what state_dict() returned (or a "
+                         "list of every rank's)")
+    return bytes(blob)
+
+
 def _to_logging(level, message):
     """The default log sink: the "ferry" logger (ferry's levels are logging's)."""
     _logger.log(level, "%s", message)
@@ -490,7 +519,16 @@ class Loader(_Closes):
     max_batches_per_worker; nothing is lost or served twice.
 
     ``state``: a :meth:`state_dict` to resume from: the first batch is the
-    one after the last delivered when it was saved.
+    one after the last delivered when it was saved. In another shape (other
+    world_size, rank, batch_size, drop_last or pad_shards: a job resumed on
+    fewer or more GPUs) the loader starts at the next sample of the epoch's
+    global order: the rest of that epoch is dealt out over the new ranks,
+    each sample once, then epochs go on as a fresh run's (docs/python.md,
+    "Resuming on another number of ranks"). In synchronous training every
+    rank's state says the same; pass the list of all ranks' states to have
+    them checked (ferry.StateError names a rank that stopped at another
+    batch). A state of another dataset length, seed or shuffle raises
+    ferry.StateError.
 
     ``log``: where the loader's messages go (a worker died and was replaced,
     a remote worker joined or was refused, ...): by default the ``"ferry"``
@@ -619,12 +657,8 @@ class Loader(_Closes):
 
     def _open(self, state):
         """A new C loader for self's options, resuming at ``state``."""
-        blob = None
-        if state is not None:
-            blob = state.get("ferry") if isinstance(state, dict) else state
-            if not isinstance(blob, (bytes, bytearray)):
-                raise StateError("ferry.Loader: state must be what state_dict() returned")
-        c = _ferry.Loader(self._pairs, bytes(blob) if blob is not None else None, self._log)
+        blob = None if state is None else _state_blob(state)
+        c = _ferry.Loader(self._pairs, blob, self._log)
         c.max_held = self._max_held
         # The kind of Batch the fields call for, made by the C side inside
         # next() (see _next).
@@ -697,8 +731,12 @@ class Loader(_Closes):
 
     # -- state
     def state_dict(self):
-        """The position after the last batch delivered (needs in_order)."""
-        return {"ferry": self._live().state()}
+        """The position after the last batch delivered (needs in_order), as
+        a dict that JSON, pickle and torch.save keep as it is. It names the
+        place the whole job has reached in the epoch's order, so it resumes
+        a loader of another world_size, rank or batch_size too (see the
+        class's ``state``)."""
+        return _state_dict(self._live().state())
 
     def feed(self, first_seq, batches):
         """With option ``feed_batches=B``: the indices of the batches from
@@ -721,7 +759,7 @@ class Loader(_Closes):
         been delivered: for scripts that set the epoch themselves."""
         if not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise InvalidValue("state_at_epoch: epoch must be an int >= 0, not %r" % (epoch,))
-        return {"ferry": self._live().state_at_epoch(int(epoch))}
+        return _state_dict(self._live().state_at_epoch(int(epoch)))
 
     def load_state_dict(self, state):
         """Goes on from ``state``: the workers are restarted, and the next

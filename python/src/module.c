@@ -44,9 +44,51 @@ static PyObject *epoch_batches_py(PyObject *self, PyObject *args, PyObject *kwds
     return PyLong_FromUnsignedLongLong(s.batches_per_epoch);
 }
 
+/* state_check([blob, ...]) -> None when the ranks' resume states can stand
+ * for one job at one step (ferry_state_check); else ferry.StateError naming
+ * the first that differs. */
+static PyObject *state_check_py(PyObject *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "state_check: expected a list of states (bytes)");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const void **ptrs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *ptrs);
+    size_t *lens = PyMem_Calloc(n ? (size_t)n : 1, sizeof *lens);
+    PyObject *out = NULL;
+    if (!ptrs || !lens) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBytes_Check(b)) {
+            PyErr_Format(PyExc_TypeError, "state_check: state %zd is a %s, not bytes", i,
+                         Py_TYPE(b)->tp_name);
+            goto done;
+        }
+        ptrs[i] = PyBytes_AS_STRING(b);
+        lens[i] = (size_t)PyBytes_GET_SIZE(b);
+    }
+    int rc = ferry_state_check(ptrs, lens, (size_t)n);
+    if (rc != FERRY_OK)
+        ferry_py_raise(rc, ferry_last_error());
+    else {
+        Py_INCREF(Py_None);
+        out = Py_None;
+    }
+done:
+    PyMem_Free(ptrs);
+    PyMem_Free(lens);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"epoch_batches", (PyCFunction)(void (*)(void))epoch_batches_py, METH_VARARGS | METH_KEYWORDS,
      "epoch_batches(n, batch_size, drop_last=False, rank=0, world_size=1, pad_shards=True)"},
+    {"state_check", state_check_py, METH_O,
+     "state_check([state, ...]): the ranks' resume states agree, or StateError"},
     {"strerror", strerror_py, METH_VARARGS, "strerror(code) -> (name, description)"},
     {"version", version_py, METH_NOARGS, "the C library's version"},
     {0},

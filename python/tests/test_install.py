@@ -28,7 +28,16 @@ SCRIPT = """
     """
 
 
+def py_files(top):
+    """The .py files under top (a ferry package), by path inside it."""
+    return sorted(os.path.relpath(os.path.join(d, f), top) for d, _, names in os.walk(top)
+                  for f in names if f.endswith(".py"))
+
+
 def run_installed(tmp_path, site):
+    # every module installed, the subpackages' (ferry/torch/) too
+    assert py_files(os.path.join(site, "ferry")) == py_files(os.path.join(ROOT, "python",
+                                                                          "ferry"))
     script = tmp_path / "use_ferry.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -48,7 +57,8 @@ def test_cmake_install_into_a_fresh_prefix(tmp_path):
                    capture_output=True, timeout=120)
     sites = [os.path.dirname(p) for p in
              subprocess.run(["find", str(prefix), "-name", "__init__.py", "-path",
-                             "*/ferry/*"], capture_output=True, text=True).stdout.split()]
+                             "*/ferry/__init__.py"], capture_output=True,
+                            text=True).stdout.split()]
     assert len(sites) == 1, sites
     run_installed(tmp_path, os.path.dirname(sites[0]))
 

@@ -181,7 +181,8 @@ def test_close_from_another_thread_during_next_changes_nothing():
 def test_state_calls_after_close_and_a_bad_state_keep_the_loader():
     with ferry.Loader(SYN, batch_size=10, workers=1) as ld:
         ld.next()
-        other = ferry.Loader(SYN, batch_size=20, workers=1)
+        # another order (a batch_size alone would resume: another shape)
+        other = ferry.Loader(SYN, batch_size=20, workers=1, seed=3)
         bad = other.state_dict()
         other.close()
         with pytest.raises(ferry.StateError):

@@ -413,7 +413,7 @@ def test_iterable_dataset_iterator_going_on_after_an_error_loses_nothing_after_i
                 break
         assert seen == got == [[0, 1], [2, 3]]
     # and a replacement catching up past the error makes what the original did
-    from ferry.torch import _StreamBatches
+    from ferry.torch._iterable import _StreamBatches
     def maker():
         sb = _StreamBatches(datasets.Flaky(), None, None, True, 7, "batch", None, 1, -1)
         sb.batch_size, sb.drop_last = 2, False
@@ -631,8 +631,8 @@ def test_an_unknown_keyword_is_a_type_error():
 def test_pin_memory_without_cuda_warns_once():
     if torch.cuda.is_available():
         pytest.skip("CUDA is here: pin_memory pins")
-    import ferry.torch as ft
-    ft._warned.discard("pin")
+    from ferry.torch import _once
+    _once._warned.discard("pin")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         with DataLoader(tensors(6), batch_size=3, pin_memory=True) as dl:
@@ -647,7 +647,7 @@ class FakeCuda:
     test says so."""
 
     def __init__(self, monkeypatch, fail=False):
-        import ferry.torch as ft
+        from ferry.torch import _dataloader
         self.registered, self.unregistered, self.events, self.fail = {}, [], [], fail
         fake = self
 
@@ -681,7 +681,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
         monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-        monkeypatch.setattr(ft, "_tcollate_pin", lambda obj: obj)  # no CUDA to copy with
+        monkeypatch.setattr(_dataloader, "_tcollate_pin", lambda obj: obj)  # no CUDA to copy with
 
 
 def test_pinned_slots_are_registered_once_and_wait_for_their_copies(monkeypatch):
@@ -717,8 +717,8 @@ def test_pinned_slots_are_registered_once_and_wait_for_their_copies(monkeypatch)
 
 
 def test_a_slot_that_cannot_be_registered_warns_and_copies(monkeypatch):
-    import ferry.torch as ft
-    ft._warned.discard("pin-slots")
+    from ferry.torch import _once
+    _once._warned.discard("pin-slots")
     fake = FakeCuda(monkeypatch, fail=True)
     data = TensorDataset(torch.arange(64, dtype=torch.float32).reshape(16, 4))
     with warnings.catch_warnings(record=True) as w:
@@ -1184,9 +1184,9 @@ def test_the_whole_traceback_arrives():
 
 
 def test_arguments_that_mean_nothing_here_warn_once():
-    import ferry.torch as ft
+    from ferry.torch import _once
     for key in ("persist", "mp"):
-        ft._warned.discard(key)
+        _once._warned.discard(key)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -1400,3 +1400,54 @@ def test_num_workers_0_makes_batches_in_the_callers_thread_as_torch():
         assert not isinstance(raised.value, ferry.BatchError)
     with DataLoader(tensors(30), batch_size=4, sampler=weighted()) as dl:
         same_batches(dl, TorchLoader(tensors(30), batch_size=4, sampler=weighted()))
+
+
+class Bulk(Dataset):
+    """Indexed with a whole key (a list of indices): one tensor of them."""
+
+    def __len__(self):
+        return 35
+
+    def __getitem__(self, key):
+        assert isinstance(key, list), type(key)
+        return torch.as_tensor(key)
+
+
+class BulkSampler(torch.utils.data.Sampler):
+    """Keys that are lists of 4 indices (the last shorter), shuffled."""
+
+    def __iter__(self):
+        for x in torch.randperm(35).split(4):
+            yield x.tolist()
+
+    def __len__(self):
+        return 9
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_size_none_indexes_the_dataset_with_each_key_as_the_sampler_gave_it(workers):
+    # torch passes a bulk-loading sampler's key (a list) to __getitem__ as
+    # it is; ferry used to take it for 4 keys and give the first item only.
+    with DataLoader(Bulk(), batch_size=None, sampler=BulkSampler(None),
+                    num_workers=workers) as dl:
+        assert not dl._auto_collation
+        got = list(dl)
+    assert len(got) == 9 and sorted(len(x) for x in got) == [3] + [4] * 8
+    assert sorted(torch.cat(got).tolist()) == list(range(35))
+
+
+def test_a_batch_size_none_sampler_of_mixed_or_odd_keys_is_refused_clearly():
+    class Odd(torch.utils.data.Sampler):
+        def __init__(self, keys):
+            super().__init__(None)
+            self.keys = keys
+
+        def __iter__(self):
+            return iter(self.keys)
+
+        def __len__(self):
+            return len(self.keys)
+    for keys, said in (([1, [2, 3]], "a list key after int keys"),
+                       ((["a"]), "the key 'a'")):
+        with pytest.raises(TypeError, match=said):
+            list(DataLoader(Bulk(), batch_size=None, sampler=Odd(keys), num_workers=1))
