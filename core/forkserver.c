@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -123,15 +124,26 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a)
 }
 
 static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER;
-static int ask_broken = -1; /* an fd whose answer was not waited for: its order is lost */
+/* The socket whose answer was not waited for (its order is lost), by inode:
+ * each loader has a template of its own, and a later one's socket may get
+ * the same fd number. */
+static ino_t ask_broken;
+
+/* The inode of socket fd (0 when fstat fails). */
+static ino_t socket_inode(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
 
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
                     pid_t *pid)
 {
     pthread_mutex_lock(&ask_lock);
     int rc;
-    if (ctl == ask_broken) {
-        rc = ferry__seterr(FERRY_ESPAWN, "the process-wide clean parent did not answer in time "
+    ino_t ino = socket_inode(ctl);
+    if (ino != 0 && ino == ask_broken) {
+        rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template did not answer in time "
                                          "before; it is not asked again");
         goto out;
     }
@@ -148,11 +160,11 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
             goto out;
         }
         if (a.kind == FERRY__FORK_ERROR) {
-            rc = ferry__seterr(FERRY_ESPAWN, "the process-wide clean parent: %s", a.text);
+            rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template: %s", a.text);
             goto out;
         }
         if (a.kind == FERRY__FORK_CLOSED) {
-            rc = ferry__seterr(FERRY_ESPAWN, "the process-wide clean parent is gone");
+            rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template is gone");
             goto out;
         }
         /* "R" is only said by a loader's own parent; skipped here. */
@@ -160,9 +172,9 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
             continue;
         uint64_t now = ferry__now_ms();
         if (now >= deadline) {
-            ask_broken = ctl;
+            ask_broken = ino;
             rc = ferry__seterr(FERRY_ESPAWN,
-                               "the process-wide clean parent did not answer within %d ms",
+                               "the clean parent's template did not answer within %d ms",
                                timeout_ms);
             goto out;
         }

@@ -7,9 +7,10 @@
  * clean parent is a worker program started in its --fork-server mode
  * (`python -m ferry.worker`: the Python package's is the one that exists;
  * see docs/protocol.md, "The clean parent"). It is started like any worker
- * (posix_spawn) or forked from another clean parent (a process-wide one
- * that has done the imports already), and it never starts a thread, so a
- * fork of it is safe. Its children are made with clone(CLONE_PARENT): they
+ * (posix_spawn) or forked by a template (option fork_from: the Python
+ * package forks the trainer per loader, and that fork serves this protocol
+ * without a dataset), and it never starts a thread, so a fork of it is
+ * safe. Its children are made with clone(CLONE_PARENT): they
  * are the loader's children, reaped and watched by pidfd exactly as spawned
  * workers are, and they outlive a clean parent that dies.
  *
@@ -25,8 +26,9 @@
  * Answers come in the order of the requests.
  *
  * Thread safety: a control fd is used by one thread at a time; the
- * synchronous ferry__fork_ask serialises its callers itself, since loaders
- * of one process share the process-wide parent.
+ * synchronous ferry__fork_ask serialises its callers itself, since the
+ * C loaders one ferry.Loader makes over its life (load_state_dict) share
+ * its template.
  */
 #ifndef FERRY_CORE_FORKSERVER_H
 #define FERRY_CORE_FORKSERVER_H

@@ -237,7 +237,8 @@ static int spawn_process(ferry__pool *p, local_worker *w)
  * The clean parent (option fork_server; forkserver.h)
  */
 
-/* Starts the clean parent: forked from the process-wide one when there is
+/* Starts the clean parent: forked by the template at option fork_from (a
+ * fork of the trainer the Python package makes per loader) when there is
  * one and it answers, else spawned. Its arguments: --fork-server, its
  * control socket (fd 3), the dataset to load, the data fd (4) if any. */
 static int start_parent(ferry__pool *p)
@@ -271,7 +272,7 @@ static int start_parent(ferry__pool *p)
         }
         if (rc != FERRY_OK)
             ferry__logf(&p->o.log, FERRY_LOG_INFO,
-                        "the process-wide clean parent could not start this loader's (%s); "
+                        "the clean parent's template could not fork it (%s); "
                         "spawning it",
                         ferry_last_error());
     }

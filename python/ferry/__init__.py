@@ -12,7 +12,10 @@ handed to you as numpy arrays without a copy.
 A dataset written in Python is named, not pickled: ``ferry.Loader(MyDataset,
 dataset_kwargs={...})`` runs ``MyDataset(**dataset_kwargs)`` in each worker
 (``python -m ferry.worker``) and calls ``__getitem__`` (or ``get_batch``).
-See docs/python.md for the whole guide.
+A dataset object is pickled once for them. Importing ferry starts no
+process: a loader with Python workers forks the trainer as it is built,
+and its workers are forks of that fork (docs/python.md, "Workers: the
+clean parent"). See docs/python.md for the whole guide.
 """
 
 import atexit
@@ -57,10 +60,6 @@ from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexO
                       Timeout, WorkerError)
 
 __version__ = _ferry.version()
-
-# The clean parent of Python workers starts now, in the background, so that
-# its imports overlap the trainer's own (see ferry.worker).
-_dataset.prestart()
 
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
@@ -303,6 +302,9 @@ def _forget_in_child():
             except OSError:
                 pass
             ld._data_fd = None
+        if ld._template is not None:  # the trainer's, not the child's
+            ld._template.forget()
+            ld._template = None
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -317,6 +319,13 @@ def _close_all():
             ld.close()
         except Exception:
             pass
+
+
+def _flag(value):
+    """A bool option's value as the C library reads it."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def _option_text(key, value):
@@ -560,6 +569,8 @@ class Loader(_Closes):
         self._data_fd = None  # the pickled dataset's memfd (process workers)
         self._own_token = None  # the dataset object thread workers use as it is
         self._exports = None  # metrics=, trace= (_profile.Exports)
+        self._template = None  # the fork of the trainer that forks the clean parent
+        self._inherited = []  # tokens of objects the clean parent inherits (_dataset)
         if log is not None and not callable(log):
             raise TypeError("ferry.Loader: log must be a callable(level, message) or None, "
                             "not %s" % type(log).__name__)
@@ -614,11 +625,12 @@ class Loader(_Closes):
             workers = opts.get("workers", 2)
             if "prefetch" not in opts and isinstance(workers, numbers.Integral) and workers > 0:
                 opts["prefetch"] = min(1024, 2 * int(workers))
-            fd = _dataset.prestarted_fd()
-            if fd is not None:
-                opts.setdefault("fork_from", fd)
-        elif not spec.startswith("python:"):
-            _dataset.release_template()
+            # (no local worker, only remote ones: no clean parent to fork)
+            if "fork_from" not in opts and _flag(opts["fork_server"]) and \
+                    not (isinstance(workers, numbers.Integral) and workers <= 0):
+                self._fork_template()
+                if self._template is not None:
+                    opts["fork_from"] = self._template.fileno()
         pairs = [("dataset", spec)]
         pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
         if "worker_path" not in opts:
@@ -637,6 +649,18 @@ class Loader(_Closes):
             self.close()
             raise
 
+    def _fork_template(self):
+        """The clean parent's origin: a fork of the trainer made now, after
+        the dataset was pickled (_dataset.fork_template; the objects it
+        shares by inheritance exist by then). With threads running, forked
+        all the same, as torch's DataLoader forks its workers: said at
+        debug level."""
+        self._template = _dataset.fork_template()
+        if self._template is not None and self._template.threads > 1:
+            _logger.debug("ferry.Loader: the clean parent is forked from the trainer, which "
+                          "runs %d threads (as torch's DataLoader forks its workers); "
+                          "FERRY_CLEAN_PARENT=spawn spawns it instead", self._template.threads)
+
     def _dataset_object(self, dataset, threads):
         """The spec of a dataset passed as an object: thread workers use the
         object itself; process workers get it pickled once, here, in memory
@@ -645,7 +669,17 @@ class Loader(_Closes):
         if threads:
             spec, self._own_token = _dataset.own_object_spec(dataset)
             return spec
-        spec, stream, buffers = _dataset.pickle_dataset(dataset, self._share_collections)
+        mark = _dataset.inherited_mark()
+        try:
+            spec, stream, buffers = _dataset.pickle_dataset(dataset, self._share_collections)
+        finally:
+            self._inherited = _dataset.inherited_since(mark)
+        if self._inherited and _dataset.clean_parent_spawned():
+            self.close()
+            raise TypeError("ferry.Loader: the dataset holds objects shared with the trainer "
+                            "(multiprocessing Value, Lock, Queue, ..., or tensors in shared "
+                            "memory), which only a fork of the trainer can share, and clean "
+                            "parents are spawned here (FERRY_CLEAN_PARENT=spawn)")
         fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
         try:
             _dataset.write_payload(fd, stream, buffers)
@@ -846,6 +880,11 @@ class Loader(_Closes):
         if self._own_token is not None:
             _dataset.forget_own_object(self._own_token)
             self._own_token = None
+        if self._template is not None:
+            self._template.close()
+            self._template = None
+        _dataset.forget_inherited(self._inherited)
+        self._inherited = []
 
     def _stop(self):
         """Stops the C loader (the dataset stays, for another)."""

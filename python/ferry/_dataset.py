@@ -14,6 +14,13 @@ item is kept (:class:`FirstItem`) and serves the task that asks for it
 first, where it is provably what the task would build: a slow item 0 is
 then built once, not once to learn the schema and again for the batch.
 
+A dataset object is pickled once in the trainer instead (the handoff,
+below) and unpickled once by the loader's clean parent, which is a fork of
+the trainer made as the loader is built (fork_template, "the clean
+parent's origin"): what only a fork can share, such as a multiprocessing
+Value or Lock, travels as a token to the object the fork inherited
+("shared by inheritance").
+
 A remote worker (no ``--slot``) takes neither ``path`` nor ``main`` from
 the loader and serves only modules under its ``--allow-module`` prefixes:
 a loader cannot make it import and call anything else.
@@ -29,7 +36,7 @@ import types
 import numpy as np
 
 from . import _ferry, _shared
-from ._startup import C_LINE_MARK, is_ferry_process
+from ._startup import C_LINE_MARK
 
 # ferry's dtype codes (include/ferry.h, as the extension gives them), by
 # numpy dtype string, and their names.
@@ -483,10 +490,106 @@ def _reduce_shared(obj):
     return NotImplemented
 
 
-def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None):
+# ------------------------------------------------------------ shared by inheritance
+#
+# What only a fork can share: a multiprocessing Value, Array, Lock, RLock,
+# Semaphore, Condition, Event, Barrier or Queue (their semaphores are
+# unlinked as they are made, their memory is an mmap of an unlinked file),
+# a RawValue or RawArray, a CPU tensor in shared memory. Pickling one
+# raises ("should only be shared between processes through inheritance");
+# torch's forked workers simply have it. The handoff pickles each as a
+# token instead, and keeps the object under it (_inherited) in the
+# trainer, before the loader's template is forked: the clean parent, a
+# fork of the template, finds the very object under the token (the same
+# mapping, the same semaphore), and so do the workers it forks.
+
+_inherited = {}          # token -> the trainer's object, for its forks
+_inherited_count = [0]   # tokens made so far in this process
+_inherited_used = [False]  # a dataset unpickled here holds one (holds_inherited)
+
+
+def _inherited_kind(obj):
+    """What obj is, if only a fork can share it ("a multiprocessing
+    Value", ...), else None. Looks only at modules already imported."""
+    t = type(obj)
+    mod = getattr(t, "__module__", None)
+    if mod in ("multiprocessing.synchronize", "multiprocessing.sharedctypes",
+               "multiprocessing.queues") or (mod == "_multiprocessing" and t.__name__ == "SemLock"):
+        return "a multiprocessing %s" % t.__name__
+    ctypes = sys.modules.get("ctypes")
+    if ctypes is not None and "multiprocessing.heap" in sys.modules and \
+            isinstance(obj, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure, ctypes.Union)):
+        wrapper = getattr(obj, "_wrapper", None)  # sharedctypes' RawValue, RawArray
+        if type(wrapper).__module__ == "multiprocessing.heap":
+            return "a multiprocessing RawValue or RawArray"
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor and not clean_parent_spawned():
+        try:  # (spawned, it travels as a copy, as any tensor does)
+            if obj.device.type == "cpu" and obj.is_shared():
+                return "a tensor in shared memory"
+        except (RuntimeError, AttributeError):
+            pass
+    return None
+
+
+def _reduce_inherited(obj):
+    """The handoff's reduction of an object only a fork can share (see
+    _inherited_kind): a token, the object kept under it; else
+    NotImplemented."""
+    kind = _inherited_kind(obj)
+    if kind is None:
+        return NotImplemented
+    _inherited_count[0] += 1
+    token = "%d-%d" % (os.getpid(), _inherited_count[0])
+    _inherited[token] = obj
+    return (_inherited_object, (token, kind))
+
+
+def _inherited_object(token, kind):
+    """In a clean parent: the trainer's object under token."""
+    try:
+        obj = _inherited[token]
+        _inherited_used[0] = True
+        return obj
+    except KeyError:
+        raise ValueError(
+            "the dataset holds %s shared with the trainer, which only a fork of the trainer "
+            "made after it can share, and this clean parent is none (it was spawned: "
+            "FERRY_CLEAN_PARENT=spawn or option fork_from=-1, or the trainer's fork that "
+            "starts clean parents was gone)" % kind) from None
+
+
+def holds_inherited():
+    """Whether the dataset unpickled in this process (a clean parent, or a
+    fork of it) holds an object it shares with the trainer by inheritance:
+    such a dataset may count on its items being built in workers only, as
+    torch's are (a Barrier of num_workers, a counter of items built)."""
+    return _inherited_used[0]
+
+
+def inherited_mark():
+    """A mark of the tokens made so far (inherited_since)."""
+    return _inherited_count[0]
+
+
+def inherited_since(mark):
+    """The tokens made since inherited_mark() gave mark (this process's)."""
+    prefix = "%d-" % os.getpid()
+    return [t for t in _inherited if t.startswith(prefix) and int(t[len(prefix):]) > mark]
+
+
+def forget_inherited(tokens):
+    """The trainer lets go of the objects under tokens (its loader closed)."""
+    for t in tokens:
+        _inherited.pop(t, None)
+
+
+def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None, inherit=True):
     """obj pickled (protocol 5) with the handoff's reductions; with
     share_collections, its big lists and dicts in compact form (_shared).
-    persistent_id, when given, decides for those instead."""
+    persistent_id, when given, decides for those instead. inherit=False
+    (a digest, not a handoff) names what only a fork shares by identity
+    instead of keeping it under a new token."""
     import io
     mod = _pickler()
     base = getattr(mod, "CloudPickler", None) or mod.Pickler
@@ -514,6 +617,12 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None):
 
     class HandoffPickler(base):
         def reducer_override(self, o):
+            if inherit:
+                out = _reduce_inherited(o)
+            else:
+                out = NotImplemented if _inherited_kind(o) is None else (_identity, (id(o),))
+            if out is not NotImplemented:
+                return out
             out = _reduce_shared(o)
             if out is not NotImplemented:
                 return out
@@ -533,6 +642,12 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None):
     f = io.BytesIO()
     HandoffPickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
     return f.getvalue()
+
+
+def _identity(object_id):
+    """What a digest (fingerprint) pickles an object only a fork shares as:
+    which object it is; never unpickled."""
+    raise TypeError("a fingerprint is not unpickled")
 
 
 # Arrays up to this many bytes in all are compared by content each epoch;
@@ -558,7 +673,7 @@ def fingerprint(obj):
         buffers.append(buf.raw())
         return False
 
-    stream = _dumps(obj, keep, persistent_id=lambda o: ("id", id(o), len(o)))
+    stream = _dumps(obj, keep, persistent_id=lambda o: ("id", id(o), len(o)), inherit=False)
     h = hashlib.blake2b(stream, digest_size=16)
     whole = sum(b.nbytes for b in buffers) <= PRINT_CONTENT_MAX
     for b in buffers:
@@ -685,91 +800,252 @@ def forget_own_object(token):
     _own_objects.pop(token, None)
 
 
-# The process-wide clean parent, started when ferry is imported: it does
-# the imports (numpy, and torch, torchvision, ... as the trainer's own
-# imports hint), so that each loader's clean parent is a fork of it that
-# has them already. {"pid": owner, "proc": Popen, "sock": our end}.
-_template = {}
-# Modules worth importing ahead: the heavy ones a dataset's code uses.
-HINT_MODULES = ("numpy", "torch", "torchvision", "PIL.Image", "pandas", "scipy", "cv2",
-                "ferry.torch")  # what a ferry.torch loader's pickled dataset needs
+# ------------------------------------------------------------ the clean parent's origin
+#
+# A loader with Python process workers gets, as it is built, a fork of the
+# trainer (fork_template): the "template", which forks the loader's clean
+# parent whenever the loader asks (option fork_from; at the start, and
+# again if the clean parent dies). So the clean parent and its workers
+# are the trainer as it was then: its imported modules (torch's ~160 MiB)
+# are the trainer's pages until someone writes them, nothing is imported
+# again, and the objects the trainer made before the loader (a
+# multiprocessing Value, Lock, Queue; a tensor in shared memory) are
+# theirs too, shared as torch's forked workers share them (_inherited).
+# No process starts at `import ferry`.
+#
+# The fork is taken whatever threads the trainer runs, as torch's
+# DataLoader forks its workers: what a fork can break (a lock another
+# thread held, a thread pool the child believes it has) is what torch's
+# users already live with, and ferry's processes limit torch's pool to one
+# thread. FERRY_CLEAN_PARENT=spawn (or the loader option fork_from=-1)
+# spawns a fresh ``python -m ferry.worker --fork-server`` instead: nothing
+# of the trainer's is inherited then, and a dataset holding such objects
+# is refused.
+
+def clean_parent_spawned():
+    """Whether this process's loaders spawn their clean parents
+    (FERRY_CLEAN_PARENT=spawn) instead of forking them from the trainer."""
+    how = os.environ.get("FERRY_CLEAN_PARENT", "fork").strip().lower()
+    return how == "spawn"
 
 
-def prestart():
-    """Starts the process-wide clean parent in the background (a spawned
-    ``python -m ferry.worker --fork-server``; nothing waits for it) unless
-    FERRY_PRESTART=0, and hints the modules this trainer has imported."""
-    if os.environ.get("FERRY_PRESTART", "1") == "0" or _template.get("pid") == os.getpid():
-        return
-    # Not in ferry's own processes (python -m ferry.worker, or the -c line
-    # that runs it): a worker or clean parent starting its own would start
-    # them without end.
-    if is_ferry_process():
-        return
-    import socket
-    import subprocess
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    path, args = worker_command()
-    cmd = [path] + args.split("\n") + ["--fork-server", "--control-fd", str(theirs.fileno()),
-                                       "--parent", str(os.getpid())]
+def threads_running():
+    """Threads of this process (1 when /proc cannot say)."""
     try:
-        proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+class Template:
+    """A fork of the trainer that forks a loader's clean parent on request
+    (its control socket is the loader's option fork_from). It lives as
+    long as the loader and dies with the trainer (PR_SET_PDEATHSIG)."""
+
+    __slots__ = ("pid", "pidfd", "sock", "owner", "threads")
+
+    def __init__(self, pid, pidfd, sock, threads):
+        self.pid, self.pidfd, self.sock, self.owner, self.threads = \
+            pid, pidfd, sock, os.getpid(), threads
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def forget(self):
+        """In a child forked from the trainer: the socket is not its own."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def close(self):
+        """Killed and reaped (in the process that forked it); twice is fine."""
+        if self.owner != os.getpid():
+            self.forget()
+            return
+        pidfd, self.pidfd = self.pidfd, None
+        self.forget()
+        if pidfd is None and self.pid is None:
+            return
+        import signal
+        pid, self.pid = self.pid, None
+        try:
+            if pidfd is not None:
+                # By pidfd: a trainer that reaps every child may have
+                # reaped it already, and its pid be another process's now.
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        try:
+            while True:
+                try:
+                    os.waitpid(pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+        except ChildProcessError:  # reaped by the trainer's own handler
+            pass
+
+
+def fork_template():
+    """A new Template, forked from this process now, or None when clean
+    parents are spawned here (clean_parent_spawned) or the fork fails (the
+    loader then spawns its clean parent)."""
+    if clean_parent_spawned():
+        return None
+    import socket
+    threads = threads_running()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    trainer = os.getpid()
+
+    def fork():
+        # What the trainer printed and has not flushed yet would be in the
+        # fork's buffers too, and said twice (as multiprocessing's fork
+        # start, torch's workers', flushes first).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        pid = os.fork()
+        if pid == 0:  # on whichever thread forked: the child's only one
+            ours.close()
+            _run_template(theirs, trainer)  # never returns
+        return pid
+    try:
+        pid = _on_a_lasting_thread(fork)
     except OSError:
         ours.close()
-        return
-    finally:
         theirs.close()
-    _template.update(pid=os.getpid(), proc=proc, sock=ours)
-    import atexit
-    atexit.register(_stop_template)
-    hint_modules()
-
-
-def _stop_template():
-    """At the trainer's exit (after its loaders closed): the process-wide
-    clean parent is of no more use. Stopped and reaped now, so nothing is
-    left running, even for an instant, and no ResourceWarning is said."""
-    if _template.get("pid") != os.getpid():
-        return
-    _template["sock"].close()
-    proc = _template["proc"]
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-def hint_modules(extra=()):
-    """Tells the process-wide clean parent to import the heavy modules this
-    trainer has imported (and `extra`), ahead of the loaders that will
-    want them."""
-    if _template.get("pid") != os.getpid():
-        return
-    names = [m for m in HINT_MODULES if m in sys.modules] + list(extra)
+        return None
+    theirs.close()
     try:
-        _template["sock"].send(b"I" + ",".join(names).encode())
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = None
+    return Template(pid, pidfd, ours, threads)
+
+
+_forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread
+
+
+def _on_a_lasting_thread(fn):
+    """fn() run on this process's main thread (when called there) or on a
+    daemon thread of ferry's that lasts as long as the process: a fork's
+    PR_SET_PDEATHSIG fires when the *thread* that forked it ends, and a
+    loader built on a short-lived thread (a helper, a thread pool) must not
+    lose its template, its clean parent and its workers with it."""
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    if _forker.get("pid") != os.getpid():
+        import queue
+
+        def serve(jobs):
+            while True:
+                job, box, done = jobs.get()
+                try:
+                    box.append((True, job()))
+                except BaseException as e:  # noqa: BLE001 - raised in the caller
+                    box.append((False, e))
+                done.set()
+        jobs = queue.SimpleQueue()
+        threading.Thread(target=serve, args=(jobs,), name="ferry-fork", daemon=True).start()
+        _forker.update(pid=os.getpid(), queue=jobs)
+    box, done = [], threading.Event()
+    _forker["queue"].put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
+
+
+def _run_template(sock, trainer):
+    """In the fork: made a process of ferry's, then the fork-server loop
+    without a dataset (ferry.worker.fork_server), until the loader (or the
+    trainer) goes; never returns, never runs the trainer's exit handlers."""
+    rc = 1
+    try:
+        import gc
+        # The trainer's objects, shared with it page for page, out of the
+        # collector's reach: a collection here or in a clean parent would
+        # write to every one of them (their pages copied).
+        gc.freeze()
+        become_ferry_process()
+        set_name("ferry-template")
+        from . import worker
+        rc = worker.fork_server(["--control-fd", str(sock.detach()), "--parent", str(trainer)])
+    except BaseException:  # noqa: BLE001 - said on stderr, then the exit code
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc if isinstance(rc, int) else 1)
+
+
+def become_ferry_process():
+    """A fork of the trainer made one of ferry's processes, as a spawned
+    one starts: the trainer's signal handlers back to their defaults
+    (Ctrl-C ignored: the trainer handles it, see
+    _startup.leave_ctrl_c_to_the_trainer), no signal blocked, no wakeup
+    fd, the thread limits in the environment for what it starts, and
+    multiprocessing told it is in a child (its after-fork resets, as in
+    a child it forks itself)."""
+    import signal
+    from . import _startup
+    try:
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        pass
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+        if callable(handler) or sig == signal.SIGCHLD:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    _startup.limit_threads()
+    after_fork_in_child()
+
+
+def after_fork_in_child():
+    """multiprocessing told that this process is a fork, as a child it
+    forks itself is (when the trainer imported it): its finalizers are
+    the parent's, and its objects reset their per-process state (a
+    Queue's feeder thread, which the fork did not copy, starts anew)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        try:
+            util._finalizer_registry.clear()
+            util._run_after_forkers()
+        except Exception:  # noqa: BLE001 - a multiprocessing without them
+            pass
+
+
+def set_name(name):
+    """The process's name (``ps -o comm``, /proc/PID/comm): a fork keeps the
+    trainer's command line, so this is what tells ferry's processes apart."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
     except OSError:
         pass
-
-
-def prestarted_fd():
-    """The control socket of this process's clean parent started at import,
-    or None (not started, gone, or this is a fork of the process that
-    started it: its answers would go to either)."""
-    if _template.get("pid") != os.getpid() or _template["proc"].poll() is not None:
-        return None
-    _template["used"] = True
-    hint_modules()
-    return _template["sock"].fileno()
-
-
-def release_template():
-    """A loader of a C dataset kind (its workers run no Python) is this
-    process's first: the clean parent started at import
-    goes, with the memory of its imports (torch's: ~100-160 MiB), unless an
-    earlier loader forked from it. A later loader with Python workers then
-    starts a clean parent of its own (its imports are not ready ahead)."""
-    if _template.get("pid") == os.getpid() and not _template.get("used"):
-        _stop_template()
 
 
 def set_payload(payload):

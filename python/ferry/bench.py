@@ -408,9 +408,8 @@ def run_once(name, a):
         rss1 = _MemorySampler._trainer_kb()  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
-        # ferry's process-wide clean parent counts as ferry's memory, started
-        # at `import ferry` whether or not this loader forks from it; not as
-        # its workers' CPU.
+        # ferry's template and clean parent (the loader's own children)
+        # count as its memory, and as its workers' CPU.
         workers_hwm, workers_pss, nworkers = _workers_memory(template=name == "ferry")
         workers_cpu = _workers_cpu(template=False) - cpu_first.get("s", 0)
     finally:
@@ -643,6 +642,10 @@ def parse_args(argv=None):
                    help="imagefolder: the folder, made there when missing or empty, reused "
                         "when there (default: a temporary one, removed at exit)")
     p.add_argument("--only", choices=LOADERS, help="run one loader only")
+    p.add_argument("--model", default="resnet18",
+                   help="imagefolder, jpeg: a torchvision model (random weights) the trainer "
+                        "builds before the loaders, as a training script does; none: no model "
+                        "(resnet18)")
     p.add_argument("--no-native", dest="native_off", action="store_true",
                    help="imagefolder: ferry.torch.DataLoader(native=False), torchvision's "
                         "transform in ferry's Python workers (by default it runs in C, as a "
@@ -670,6 +673,14 @@ def parse_args(argv=None):
     return a
 
 
+def _model(name):
+    """torchvision's model ``name`` (random weights), or None for "none"."""
+    if name == "none":
+        return None
+    import torchvision
+    return getattr(torchvision.models, name)()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
@@ -690,11 +701,13 @@ def main(argv=None):
                 mod, e, "; run with --only ferry" if a.pipeline == "mnist" else ""),
                 file=sys.stderr)
             return 2
-    # As for a trainer that imports torch before ferry: the process-wide
-    # clean parent (started when ferry.bench imported ferry) hears of them
-    # now, and imports them while the benchmark makes its data.
-    from . import _dataset
-    _dataset.hint_modules()
+    # As a training script has it: ferry.torch imported at the top, and a
+    # model built before the loader (what the trainer holds, and what
+    # forked workers then share with it).
+    model = None
+    if a.pipeline != "mnist":
+        import ferry.torch  # noqa: F401
+        model = _model(a.model)
     if a.plot and importlib.util.find_spec("matplotlib") is None:
         _pyplot()  # fails now, saying what to install, not after the runs
 
@@ -710,6 +723,7 @@ def main(argv=None):
             print("ferry.bench: imagefolder %s (%s), %d images"
                   % (a.root, a.root_how, a.items), file=sys.stderr)
         res, last = bench(a, on_run=progress)
+        del model
         if a.kills:
             res["replacements"] = kill_workers(a)
     finally:

@@ -212,10 +212,7 @@ def trainer(cfg):
     import torch
     # Both loaders warn that more workers than CPUs is slow: it is asked for.
     warnings.filterwarnings("ignore", message=".*worker", category=UserWarning)
-    import ferry.torch
-    if cfg["loader"] == "ferry":
-        from ferry import _dataset
-        _dataset.hint_modules()  # as for a script that imported torch first
+    import ferry.torch  # noqa: F401 - at the top, as a training script has it
     data = build(cfg["dataset"], cfg)
     gc.collect()
     say(ready=True, items=len(data))

@@ -28,18 +28,17 @@ def _proc_kb(path, key):
 
 
 def _template_pid():
-    """The process-wide clean parent ``import ferry`` started (it outlives
-    each loader, so neither loader's run is waited for until it goes), or
-    None."""
-    from ferry import _dataset
-    proc = _dataset._template.get("proc")
-    return proc.pid if proc is not None and proc.poll() is None else None
+    """A process of ferry's that outlives each loader, left out of the
+    other loader's figures: none now (``import ferry`` starts nothing;
+    a loader's clean parent and the fork of the trainer it comes from
+    are the loader's own, counted with it, and gone when it closes)."""
+    return None
 
 
 def _descendants(root=None, template=False):
-    """Pids of the live processes below ``root`` (default: this one), the
-    process-wide clean parent included only with ``template`` (ferry's runs:
-    it is the one their clean parent is forked from; torch's never use it)."""
+    """Pids of the live processes below ``root`` (default: this one), a
+    process of ferry's that outlives each loader (_template_pid: none now)
+    included only with ``template``."""
     import ferry
     skip = None if template else _template_pid()
     out = ferry._descendants(os.getpid() if root is None else root)

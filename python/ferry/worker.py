@@ -3,16 +3,23 @@ clean parent that forks a loader's workers.
 
 A Python worker's life, top to bottom in this file:
 
-1. **The clean parent.** A loader with Python workers (option
-   ``fork_server``) starts one process, ``python -m ferry.worker
-   --fork-server``, spawned like every ferry process (or forked from the
-   process-wide one that ``import ferry`` starts, which has done its
-   imports already: :func:`ferry._prestart`). It limits its thread pools
-   to one thread (OMP/MKL/OpenBLAS, before numpy is imported), loads the
-   dataset once (a named class built, or a pickled object read from the
-   loader's memory), tells the loader it is ready, and then forks a worker
-   each time the loader asks, replacements included. It starts no thread,
-   so a fork of it is safe; its workers are made with clone(CLONE_PARENT)
+0. **The template.** ``ferry.Loader`` forks the trainer as it is built
+   (``ferry._dataset.fork_template``): that fork runs :func:`fork_server`
+   without a dataset, and forks the loader's clean parent whenever the
+   loader asks (option ``fork_from``; again if the clean parent dies). So
+   the clean parent and the workers are the trainer as it was: its
+   imports and data are their pages until written, and what only a fork
+   can share (a ``multiprocessing`` Value, Lock, Queue) is shared. With
+   ``FERRY_CLEAN_PARENT=spawn`` there is none, and the clean parent is
+   spawned as ``python -m ferry.worker --fork-server``, which limits its
+   thread pools to one thread (OMP/MKL/OpenBLAS, before numpy is
+   imported).
+1. **The clean parent.** One process per loader with Python workers
+   (option ``fork_server``). It loads the dataset once (a named class
+   built, or a pickled object read from the loader's memory), tells the
+   loader it is ready, and then forks a worker each time the loader asks,
+   replacements included. It starts no thread, so a fork of it is safe;
+   its workers are made with clone(CLONE_PARENT)
    (``_ferry.fork_sibling``): they are the loader's children, watched and
    reaped by it, and they outlive a clean parent that dies.
 2. **Fork.** The child takes the fds the request carried (its stderr, the
@@ -103,7 +110,10 @@ def _child(sock, args, fds):
     a loader's clean parent) run; never returns."""
     rc = 1
     try:
+        from . import _dataset
+        _dataset.set_name("ferry-worker")  # a clean parent renames itself (fork_server)
         os.close(sock.detach())  # the parent's control socket: not the child's
+        _dataset.after_fork_in_child()
         os.dup2(fds[0], 2)
         os.close(fds[0])
         # The fds arrive at whatever numbers recvmsg gave; the request names
@@ -145,7 +155,8 @@ def _release_file_pages():
     runs that code again, a fork maps such a page only when it touches it,
     and the parent's copies would be memory of its own (with torch and
     torchvision imported, 55 MiB less PSS in all for a 2-worker loader and
-    the process-wide parent). Not with a thread running: one could be
+    a spawned process-wide parent, in earlier versions). Not with a thread
+    running: one could be
     writing to a mapping meanwhile."""
     from . import _ferry
     if _threads_running() == 1:
@@ -164,8 +175,10 @@ SETTLE_AFTER_S = 0.2
 
 def fork_server(argv):
     """``--fork-server --control-fd FD [--dataset SPEC --data-fd FD]
-    --parent PID``: loads the dataset once, then forks a
-    child for each request until the loader closes the connection."""
+    --parent PID``: loads the dataset once, then forks a child for each
+    request until the loader closes the connection. Without --dataset: a
+    template (``ferry._dataset.fork_template``), whose children are
+    clean parents."""
     from . import _dataset, _ferry
     ctl = int(_take_option(argv, "--control-fd"))
     spec = _take_option(argv, "--dataset")
@@ -173,6 +186,8 @@ def fork_server(argv):
     parent = _take_option(argv, "--parent")
     if parent is not None:
         _ferry.tie_to_parent(int(parent))
+    if spec is not None:  # a loader's (a template names itself)
+        _dataset.set_name("ferry-parent")
     sock = socket.socket(fileno=ctl)
     if data_fd is not None:
         _dataset.set_payload(_dataset.read_payload(int(data_fd)))

@@ -16,12 +16,18 @@ sys.path.insert(0, HERE)  # the test datasets (datasets.py), importable by worke
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [HERE, os.environ.get("PYTHONPATH", "")] if p)
 
-import ferry  # noqa: E402 - its clean parent starts at import: before any test's snapshot
+import ferry  # noqa: E402,F401 - imported before any test's snapshot (it starts no process)
 
-# The tests of one process share that clean parent: a test's loader of a C
-# kind must not release it for the rest (test_clean_parent checks the
-# release in a process of its own).
-ferry._dataset._template["used"] = True
+
+def _warm_mp_heap():
+    """multiprocessing's heap keeps its first arena (an fd on an unlinked
+    file) for the process's life: made here, before any test counts fds
+    (tests share mp.Value and mp.Array with their workers)."""
+    import multiprocessing as mp
+    mp.Array("d", 4096)
+
+
+_warm_mp_heap()
 
 TEST_LIMIT_S = 90
 

@@ -36,9 +36,9 @@ def check_loader(res, name):
 
 def worker_processes(name, workers, python=True):
     """The processes below the trainer: the workers, and for ferry with
-    Python workers, the process-wide clean parent (counted: its memory is
-    part of ferry's) and the loader's clean parent forked from it that
-    forks them. A loader running C releases the process-wide one."""
+    Python workers, the loader's template (a fork of the trainer) and the
+    clean parent it forked, which forks them. A loader running C forks
+    neither."""
     if name != "ferry":
         return (workers,)
     return (workers + 2,) if python else (workers,)

@@ -1,6 +1,7 @@
-"""Python workers forked by one clean parent per loader: what it loads,
-whose children the workers are, replacements, its own death, threads, and
-datasets passed as objects."""
+"""Python workers forked by one clean parent per loader: where it comes
+from (a fork of the trainer), what it loads, whose children the workers
+are, replacements, its own death, threads, datasets passed as objects, and
+the trainer's multiprocessing objects shared with the workers."""
 
 import os
 import signal
@@ -21,24 +22,27 @@ def ppid_of(pid):
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def template_pid():
-    proc = ferry._dataset._template.get("proc")
-    return proc.pid if proc is not None else None
+def template_pid(ld):
+    """The loader's template: the fork of the trainer its clean parent is
+    forked from (None: spawned)."""
+    return ld._template.pid if ld._template is not None else None
+
+
+def comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def parent_of_workers(ld, n=2):
-    """The loader's clean parent: the trainer's child with --fork-server
-    that is neither a worker (a fork of it: the same command line) nor the
-    process-wide one."""
-    workers = {ld.worker_pid(i) for i in range(n)} | {template_pid()}
+    """The loader's clean parent: the trainer's child named ferry-parent
+    that is not a worker (a fork of it, renamed as it starts)."""
+    workers = {ld.worker_pid(i) for i in range(n)}
     for pid in children():
-        if pid not in workers:
-            try:
-                with open("/proc/%d/cmdline" % pid, "rb") as f:
-                    if b"--fork-server" in f.read():
-                        return pid
-            except OSError:
-                continue
+        if pid not in workers and comm(pid) == "ferry-parent":
+            return pid
     return None
 
 
@@ -50,14 +54,13 @@ def test_workers_are_the_loaders_children_and_share_one_loaded_dataset(tmp_path)
             assert ppid_of(ld.worker_pid(i)) == os.getpid()  # forked with CLONE_PARENT
         parent = parent_of_workers(ld)
         assert parent is not None and parent not in (ld.worker_pid(0), ld.worker_pid(1))
-        # Clean parents: this loader's, and the process-wide one `import
-        # ferry` started (which starts no other: a worker process imports
-        # ferry too).
+        # Besides the workers: the clean parent and the template it was
+        # forked from, all the trainer's children, and nothing else.
         workers = {ld.worker_pid(0), ld.worker_pid(1)}
-        servers = [p for p in descendants()
-                   if b"--fork-server" in cmdline(p) and p not in workers]
-        assert parent in servers and len(servers) <= 2, servers
-        assert template_pid() is None or template_pid() in servers
+        others = sorted(p for p in descendants() if p not in workers)
+        assert others == sorted([parent, template_pid(ld)]), others
+        assert comm(template_pid(ld)) == "ferry-template"
+        assert all(ppid_of(p) == os.getpid() for p in others)
 
 
 def cmdline(pid):
@@ -84,29 +87,21 @@ def descendants():
     return out
 
 
-RELEASE = r"""
-import os, sys
-import ferry
-from datasets import Items
-tmpl = ferry._dataset._template["proc"]
-assert tmpl.poll() is None, "import ferry started no clean parent"
+NOTHING_AT_IMPORT = r"""
+import os, ferry
+def kids():
+    return ferry._descendants(os.getpid())
+assert kids() == [], "import ferry started %s" % kids()
 with ferry.Loader("synthetic:n=64,dim=8", batch_size=8, workers=2, epochs=1) as ld:
     assert sum(len(b["y"]) for b in ld) == 64
-# A loader running C is the first: the clean parent's imports were for nothing.
-assert tmpl.poll() is not None, "the process-wide clean parent is still running"
-with ferry.Loader(Items, dataset_kwargs={"n": 40}, batch_size=4, workers=2, epochs=1) as ld:
-    assert sorted(int(v) for b in ld for v in b["y"]) == [i * i for i in range(40)]
-    assert ld.stats()["restarts"] == 0
+    assert ld._template is None  # C workers: no clean parent, no template
 print("ok", flush=True)
 """
 
 
-def test_a_first_loader_running_c_releases_the_process_wide_clean_parent():
-    # In a process of its own: this one's clean parent serves the others.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True,
-                       timeout=60, env=env)
+def test_import_ferry_starts_no_process_and_a_c_loader_forks_no_template():
+    p = subprocess.run([sys.executable, "-c", NOTHING_AT_IMPORT], capture_output=True,
+                       text=True, timeout=60)
     assert p.returncode == 0 and p.stdout == "ok\n", p.stderr
 
 
@@ -167,13 +162,12 @@ def rss_kb(pid, key):
 def test_clean_parents_map_no_library_page_they_touched_while_importing():
     with ferry.Loader(Items, dataset_kwargs={"n": 40}, batch_size=4, workers=2, epochs=1) as ld:
         assert len(list(ld)) == 10
-        # Each clean parent gives those pages back once nothing was asked
-        # of it for a moment (worker.SETTLE_AFTER_S): the process-wide one
-        # after its imports, this loader's after forking its workers. They
-        # imported what this process imported, yet map a few pages of it
-        # (those their fork loops touched since).
+        # The template and the clean parent give those pages back once
+        # nothing was asked of them for a moment (worker.SETTLE_AFTER_S).
+        # Forks of this process, they map what it mapped, yet keep a few
+        # pages of it (those their fork loops touched since).
         mine = rss_kb(os.getpid(), "RssFile")
-        for pid in (template_pid(), parent_of_workers(ld)):
+        for pid in (template_pid(ld), parent_of_workers(ld)):
             if pid is not None:
                 wait_for(lambda: rss_kb(pid, "RssFile") * 3 < mine, 10,
                          "clean parent %d maps %d kB of files (this process %d kB)"
@@ -238,7 +232,7 @@ def test_ferrys_own_processes_limit_thread_pools_before_numpy_loads(tmp_path, mo
     (tmp_path / "sitecustomize.py").write_text(NUMPY_SPY)
     log = tmp_path / "numpy.log"
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    env.update(FERRY_TEST_SPY=str(log), FERRY_PRESTART="0",
+    env.update(FERRY_TEST_SPY=str(log),
                PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(ferry._dataset, "_child_finds_ferry", lambda: False)
     path, args = ferry.worker_command()  # the -c line, for a ferry not on the path
@@ -396,3 +390,213 @@ def test_an_object_loader_resumes_again_and_again_and_lets_the_object_go(placeme
             assert next(iter(ld))["x"].tolist() == [v + 10 for v in first]
     gc.collect()
     assert gone() is None  # nothing in ferry keeps the dataset once the loader is closed
+
+
+# ------------------------------------------------- shared by inheritance
+
+class Counted:
+    """Counts the items built in an mp.Value (under its lock) and writes
+    each index's square into an mp.Array: the trainer's own, if the
+    workers share them."""
+
+    def __init__(self, n):
+        import multiprocessing as mp
+        self.n = n
+        self.count = mp.Value("i", 0)
+        self.squares = mp.Array("d", n)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with self.count.get_lock():
+            v = self.count.value
+            time.sleep(0.0005)  # a race on the count, unless the lock is shared
+            self.count.value = v + 1
+        self.squares[i] = float(i * i)
+        return np.int64(i)
+
+
+def test_the_trainers_mp_value_and_array_are_the_workers():
+    ds = Counted(60)
+    with ferry.Loader(ds, batch_size=3, workers=2, epochs=1) as ld:
+        assert sorted(int(v) for b in ld for v in b[0]) == list(range(60))
+        assert {ld.worker_pid(0), ld.worker_pid(1)} and ld.stats()["restarts"] == 0
+    # Each item counted once (item 0, built by the clean parent to learn the
+    # fields, served the first batch), under one lock shared by both workers.
+    assert ds.count.value == 60
+    assert list(ds.squares) == [float(i * i) for i in range(60)]
+
+
+class Gatekept:
+    """Item i says whether a worker could take the trainer's semaphore (the
+    trainer holds it: 0 when shared), and puts i on the trainer's queue;
+    the workers meet once at a barrier of 2 (both must share it, or
+    neither passes)."""
+
+    def __init__(self, n):
+        import multiprocessing as mp
+        self.n = n
+        self.sem = mp.Semaphore(1)
+        self.queue = mp.Queue()
+        self.barrier = mp.Barrier(2)
+        self.met = False
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not self.met and ferry.worker_info() is not None:  # not the clean parent's probe
+            self.barrier.wait(timeout=30)
+            self.met = True
+        took = self.sem.acquire(block=False)
+        if took:
+            self.sem.release()
+        self.queue.put(i)
+        return np.int64(took)
+
+
+def test_the_trainers_semaphore_queue_and_barrier_are_the_workers():
+    ds = Gatekept(20)
+    assert ds.sem.acquire(block=False)  # held by the trainer from now on
+    with ferry.Loader(ds, batch_size=2, workers=2, epochs=1) as ld:
+        took = [int(v) for b in ld for v in b[0]]
+    assert took == [0] * 20
+    got = []
+    import queue
+    try:
+        while True:
+            got.append(ds.queue.get(timeout=2))
+    except queue.Empty:
+        pass
+    # Every index put once by a worker, item 0 perhaps also by the clean
+    # parent (its probe, when not kept for the first batch).
+    assert sorted(set(got)) == list(range(20)) and len(got) - 20 in (0, 1), got
+    ds.queue.close()
+    ds.queue.join_thread()
+
+
+def test_a_shared_tensor_is_the_trainers():
+    torch = pytest.importorskip("torch")
+
+    class Marks:
+        def __init__(self, n):
+            self.seen = torch.zeros(n, dtype=torch.int32).share_memory_()
+
+        def __len__(self):
+            return len(self.seen)
+
+        def __getitem__(self, i):
+            self.seen[i] += 1
+            return np.int64(i)
+    ds = Marks(30)
+    with ferry.Loader(ds, batch_size=5, workers=2, epochs=1) as ld:
+        assert len([b for b in ld]) == 6
+    assert ds.seen.tolist() == [1] * 30
+
+
+SPAWNED = r"""
+import multiprocessing as mp, numpy as np, ferry
+class D:
+    def __init__(self):
+        self.v = mp.Value("i", 0)
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return np.int64(i)
+try:
+    ferry.Loader(D(), workers=1)
+except TypeError as e:
+    print("refused:", e)
+with ferry.Loader(list(range(8)), batch_size=4, workers=2, epochs=1) as ld:
+    assert ld._template is None
+    assert sorted(int(v) for b in ld for v in b[0]) == list(range(8))
+print("ok", flush=True)
+"""
+
+
+def test_spawned_clean_parents_refuse_what_only_a_fork_can_share():
+    env = dict(os.environ, FERRY_CLEAN_PARENT="spawn")
+    p = subprocess.run([sys.executable, "-c", SPAWNED], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("refused: ferry.Loader: the dataset holds objects shared with "
+                               "the trainer") and "FERRY_CLEAN_PARENT=spawn" in lines[0]
+    assert lines[1] == "ok"
+
+
+KILLED = r"""
+import os, sys, threading, time, numpy as np, ferry
+class Slow:
+    def __len__(self):
+        return 1000
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return np.int64(i)
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # forked all the same
+ld = ferry.Loader(Slow(), batch_size=2, workers=2)
+next(iter(ld))
+print(*ferry._descendants(os.getpid()), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_trainer_leaves_no_template_clean_parent_or_worker():
+    p = subprocess.Popen([sys.executable, "-c", KILLED], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in p.stdout.readline().split()]
+        assert len(pids) == 4, pids  # template, clean parent, two workers
+        assert sorted(comm(q) for q in pids) == ["ferry-parent", "ferry-template",
+                                                 "ferry-worker", "ferry-worker"]
+    finally:
+        p.kill()
+        p.communicate()
+
+    def gone(pid):
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                return "State:\tZ" in f.read()
+        except OSError:
+            return True
+    wait_for(lambda: all(gone(q) for q in pids), 10, "processes left: %s" % pids)
+
+
+def test_a_loader_built_on_a_thread_that_ends_keeps_its_processes():
+    # PR_SET_PDEATHSIG fires when the thread that forked a process ends:
+    # the template is forked on a thread that lasts, not on this one.
+    import threading
+    made = []
+    t = threading.Thread(target=lambda: made.append(
+        ferry.Loader(Items(40), batch_size=4, workers=2, epochs=2)))
+    t.start()
+    t.join()
+    with made[0] as ld:
+        ys = sorted(int(v) for b in ld.stream() for v in b["y"])
+        assert ys == sorted([i * i for i in range(40)] * 2)
+        assert ld.stats()["restarts"] == 0
+        assert comm(template_pid(ld)) == "ferry-template"
+
+
+UNFLUSHED = r"""
+import sys, numpy as np, ferry
+class Flushing:
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        sys.stdout.flush()  # a worker's: what its buffer holds goes out
+        return np.int64(i)
+if __name__ == "__main__":
+    print("said once")  # to a pipe: in the buffer until flushed
+    with ferry.Loader(Flushing(), batch_size=4, workers=2, epochs=1) as ld:
+        n = sum(len(b[0]) for b in ld)
+    print(n)
+"""
+
+
+def test_what_the_trainer_has_not_flushed_is_said_once(tmp_path):
+    (tmp_path / "unflushed.py").write_text(UNFLUSHED)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    p = subprocess.run([sys.executable, "unflushed.py"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=str(tmp_path))
+    assert p.returncode == 0 and p.stdout == "said once\n8\n", (p.stdout, p.stderr)

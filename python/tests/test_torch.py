@@ -1451,3 +1451,54 @@ def test_a_batch_size_none_sampler_of_mixed_or_odd_keys_is_refused_clearly():
                        ((["a"]), "the key 'a'")):
         with pytest.raises(TypeError, match=said):
             list(DataLoader(Bulk(), batch_size=None, sampler=Odd(keys), num_workers=1))
+
+
+# ------------------------------------------- objects shared with the trainer
+
+class MeetOnce(Dataset):
+    """Each worker's first item waits until every worker has reached its
+    own (a count under an mp.Value's lock, a Semaphore as the gate), then
+    gives the worker's id; every item is counted. Only workers that share
+    the trainer's Value and Semaphore get past the gate, and only if no
+    item is built outside them (the count would open it early, or a
+    process alone at the gate would wait for ever)."""
+
+    def __init__(self, n, workers):
+        import multiprocessing as mp
+        self.n, self.workers = n, workers
+        self.arrived = mp.Value("i", 0)
+        self.built = mp.Value("i", 0)
+        self.gate = mp.Semaphore(0)
+        self.met = False
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not self.met:
+            with self.arrived.get_lock():
+                self.arrived.value += 1
+                if self.arrived.value == self.workers:
+                    self.gate.release()
+            assert self.gate.acquire(timeout=30), "the workers never all met"
+            self.gate.release()
+            self.met = True
+        with self.built.get_lock():
+            self.built.value += 1
+        return torch.utils.data.get_worker_info().id
+
+
+@pytest.mark.parametrize("loader_cls", [TorchLoader, DataLoader], ids=["torch", "ferry"])
+def test_workers_share_the_trainers_mp_value_and_semaphore_as_torchs_do(loader_cls):
+    ds = MeetOnce(24, 2)
+    dl = loader_cls(ds, batch_size=3, num_workers=2, timeout=60)
+    ids = [int(v) for b in dl for v in b]
+    del dl
+    assert sorted(set(ids)) == [0, 1] and len(ids) == 24
+    # Items built in workers only (ferry builds none to learn the fields
+    # for such a dataset): each worker met the other once. Every item of
+    # the epoch counted, and for ferry the batches of the next epoch its
+    # prefetch had made by then.
+    assert ds.arrived.value == 2
+    assert ds.built.value == 24 if loader_cls is TorchLoader else ds.built.value % 3 == 0 and \
+        24 <= ds.built.value <= 24 + 3 * 2 * 2

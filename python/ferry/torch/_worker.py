@@ -171,6 +171,14 @@ class _Batches:
         self._fixed = {}   # leaf number -> (field, numpy dtype, item shape)
         self._var = {}     # field -> numpy dtype
         fields = []
+        if _dataset.holds_inherited() and os.getpid() != self.trainer_pid:
+            # A dataset sharing a Barrier, a Semaphore or a counter with the
+            # trainer may count on items being built in workers only, as
+            # torch builds them: no probe in the clean parent (a barrier of
+            # num_workers would never open there); batches travel in the
+            # structure.
+            self._fields = [(_SKELETON, _dataset._DTYPES["|u1"], None, 256)]
+            return self._fields
         with _probing(self) as reads, _probe_deadline(self):
             try:
                 if self.key_kind is not None:  # no item 0 to ask for: the structure only
