@@ -570,6 +570,7 @@ class Loader(_Closes):
         self._own_token = None  # the dataset object thread workers use as it is
         self._exports = None  # metrics=, trace= (_profile.Exports)
         self._template = None  # the fork of the trainer that forks the clean parent
+        self._payload = None  # the pickled dataset until _hand_over
         self._inherited = []  # tokens of objects the clean parent inherits (_dataset)
         if log is not None and not callable(log):
             raise TypeError("ferry.Loader: log must be a callable(level, message) or None, "
@@ -631,6 +632,8 @@ class Loader(_Closes):
                 self._fork_template()
                 if self._template is not None:
                     opts["fork_from"] = self._template.fileno()
+        if self._payload is not None:
+            self._hand_over()
         pairs = [("dataset", spec)]
         pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
         if "worker_path" not in opts:
@@ -680,14 +683,38 @@ class Loader(_Closes):
                             "(multiprocessing Value, Lock, Queue, ..., or tensors in shared "
                             "memory), which only a fork of the trainer can share, and clean "
                             "parents are spawned here (FERRY_CLEAN_PARENT=spawn)")
+        # The arrays' bytes: lent to the clean parent's fork (no copy) when
+        # there is one; else written out with the pickle (_hand_over).
+        token = _dataset.lend_buffers(buffers) if buffers and \
+            not _dataset.clean_parent_spawned() else None
+        if token is not None:
+            self._inherited.append(token)
+        self._payload = (stream, buffers, token)
+        return spec
+
+    def _hand_over(self):
+        """The pickled dataset into the memory its clean parent is handed
+        (option dataset_fd): the stream, and its arrays' bytes by reference
+        to the trainer's own memory, which the clean parent has as a fork of
+        the template (no copy, the pages shared copy-on-write as with torch's
+        forked workers), or else (no template: a spawned clean parent) a
+        copy of them after the stream."""
+        stream, buffers, token = self._payload
+        self._payload = None
+        if token is not None and self._template is None:
+            _dataset.forget_inherited([token])
+            self._inherited.remove(token)
+            token = None
         fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
         try:
-            _dataset.write_payload(fd, stream, buffers)
+            if token is not None:
+                _dataset.write_lent_payload(fd, stream, token)
+            else:
+                _dataset.write_payload(fd, stream, buffers)
         except BaseException:
             os.close(fd)
             raise
         self._data_fd = fd
-        return spec
 
     def _open(self, state):
         """A new C loader for self's options, resuming at ``state``."""

@@ -715,6 +715,34 @@ def write_payload(fd, stream, buffers):
         os.ftruncate(fd, max(os.fstat(fd).st_size, at))
 
 
+# A handoff whose arrays stay the trainer's: "FERRYIN1", u64 stream bytes,
+# u64 token bytes, the token, the stream. The buffers are those the
+# trainer lent under the token (lend_buffers) before the template was
+# forked: the clean parent, a fork of the template, has them as they were.
+_LENT = b"FERRYIN1"
+
+
+def lend_buffers(buffers):
+    """A token under which this process keeps `buffers` (a handoff's
+    out-of-band buffers: views of the dataset's own arrays) for the forks
+    it makes from now on; forget_inherited([token]) lets them go."""
+    _inherited_count[0] += 1
+    token = "%d-%d" % (os.getpid(), _inherited_count[0])
+    _inherited[token] = list(buffers)
+    return token
+
+
+def write_lent_payload(fd, stream, token):
+    """Writes a handoff whose buffers were lent under token into fd."""
+    import struct
+    tok = token.encode()
+    data = _LENT + struct.pack("<QQ", len(stream), len(tok)) + tok + stream
+    view, off = memoryview(data), 0
+    while view:
+        n = os.pwrite(fd, view, off)
+        view, off = view[n:], off + n
+
+
 def read_payload(fd):
     """(stream, buffers) of the handoff in fd, which is closed: the stream
     read, the buffers memoryviews of a private (copy-on-write) mapping of
@@ -725,6 +753,15 @@ def read_payload(fd):
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, len(_MAGIC) + 16, 0)
+        if head[:len(_LENT)] == _LENT:
+            nstream, ntok = struct.unpack("<QQ", head[len(_LENT):])
+            token = _pread_all(fd, ntok, len(head)).decode()
+            buffers = _inherited.get(token)
+            if buffers is None:
+                raise ValueError("the dataset's arrays are the trainer's memory, lent to the "
+                                 "fork of the trainer its clean parent comes from, and this "
+                                 "clean parent is not one (it was spawned)")
+            return _pread_all(fd, nstream, len(head) + ntok), buffers
         if head[:len(_MAGIC)] != _MAGIC:
             raise ValueError("the dataset's memory does not start as ferry's handoff does")
         nstream, nbuf = struct.unpack("<QQ", head[len(_MAGIC):])

@@ -382,8 +382,9 @@ class HoldsArrays:
         import torch
         self.x[i] = 200  # the worker's own page: never the trainer's
         out = {"x": _mapping_of(self.x.ctypes.data), "x_value": int(self.x[i]),
-               "x_type": type(self.x).__name__,
+               "x_type": type(self.x).__name__, "x_at": self.x.ctypes.data,
                "t": _mapping_of(self.t.data_ptr()), "t_type": type(self.t).__name__,
+               "t_at": self.t.data_ptr(),
                "t_sum": float(self.t[:4].sum())}
         if self.m is not None:
             out.update(m=_mapping_of(self.m.ctypes.data), m_type=type(self.m).__name__,

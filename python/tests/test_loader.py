@@ -617,8 +617,8 @@ def test_ctrl_c_at_a_terminal_prints_nothing_of_ferrys_own_processes(tmp_path):
             ld = ferry.Loader(Slow(), batch_size=2, workers=2)
             it = iter(ld)
             next(it)
-            print("ready", flush=True)
-            try:
+            try:  # from before "ready": the signal may land as the print returns
+                print("ready", flush=True)
                 while True:
                     next(it)
             except KeyboardInterrupt:
@@ -1023,16 +1023,22 @@ def test_every_builtin_exception_a_dataset_raises_is_a_batch_error_and_the_epoch
 
 # ---------------------------------------------- the dataset's bytes, shared
 
-def test_arrays_and_tensors_reach_the_workers_in_shared_memory_not_copied(tmp_path):
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_arrays_and_tensors_reach_the_workers_in_shared_memory_not_copied(tmp_path, monkeypatch,
+                                                                          how):
     """A dataset object's large numpy array and torch tensor are not copied
-    into the pickle: their bytes go once into the memory the loader hands
-    its workers (memfd:ferry-dataset), mapped privately there, and the
-    workers' array and tensor are views of it, of their own types. A
-    worker's write lands in its own copy of the page, never the trainer's.
-    A memmap travels as a reference to its file, mapped again in the
-    workers: its rows are the file's, and nothing of it is in the pickle."""
+    into the pickle. With the clean parent a fork of the trainer (the
+    default), the workers' array and tensor are the trainer's very memory
+    (the same addresses, pages shared copy-on-write, as torch's forked
+    workers have them); spawned, their bytes go once into the memory the
+    loader hands the workers (memfd:ferry-dataset), mapped privately. Either
+    way they are of their own types, and a worker's write lands in its own
+    copy of the page, never the trainer's. A memmap travels as a reference
+    to its file, mapped again in the workers: its rows are the file's, and
+    nothing of it is in the pickle."""
     torch = pytest.importorskip("torch")
     from ferry.torch import DataLoader
+    monkeypatch.setenv("FERRY_CLEAN_PARENT", how)
     rows = np.arange(8 * 4096, dtype=np.uint8).reshape(8, 4096)
     np.save(tmp_path / "m.npy", rows)
     ds = HoldsArrays(str(tmp_path / "m.npy"))
@@ -1041,8 +1047,11 @@ def test_arrays_and_tensors_reach_the_workers_in_shared_memory_not_copied(tmp_pa
         spec = dict(dl._loader._pairs)["dataset"]
     assert len(items) == 8
     for i, it in enumerate(items):
-        assert "memfd:ferry-dataset" in it["x"], it["x"]
-        assert "memfd:ferry-dataset" in it["t"], it["t"]
+        if how == "fork":
+            assert it["x_at"] == ds.x.ctypes.data and it["t_at"] == ds.t.data_ptr()
+        else:
+            assert "memfd:ferry-dataset" in it["x"], it["x"]
+            assert "memfd:ferry-dataset" in it["t"], it["t"]
         assert it["x_type"] == "ndarray" and it["t_type"] == "Tensor"
         assert it["x_value"] == 200 and it["t_sum"] == 6.0
         assert str(tmp_path / "m.npy") in it["m"] and it["m_type"] == "memmap"
