@@ -21,6 +21,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "error.h"
+#include "profile.h"
 #include "scheduler.h"
 #include "window.h"
 
@@ -28,6 +29,7 @@ struct ferry_loader {
     ferry_config cfg;
     ferry__window *win;
     ferry__scheduler *sched;
+    ferry__profile *prof; /* where each batch's time went (profile.h) */
 };
 
 static int check_config(const ferry_config *cfg)
@@ -117,7 +119,10 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
         free(ld);
         return rc;
     }
-    rc = open_window(&ld->win, &ld->cfg);
+    rc = ferry__profile_new(&ld->prof, (uint32_t)ferry__config_slots(&ld->cfg),
+                            (int)ld->cfg.in_order);
+    if (rc == FERRY_OK)
+        rc = open_window(&ld->win, &ld->cfg);
     if (rc == FERRY_OK)
         rc = ferry__scheduler_start(&ld->sched, &ld->cfg, ld->win);
     if (rc == FERRY_OK)
@@ -129,6 +134,7 @@ int ferry_loader_open(ferry_loader **out, const ferry_config *cfg)
         msg[sizeof msg - 1] = '\0';
         ferry__scheduler_stop(ld->sched);
         ferry__window_free(ld->win);
+        ferry__profile_free(ld->prof);
         free(ld);
         return ferry__seterr_str(rc, msg);
     }
@@ -145,7 +151,12 @@ int ferry_loader_next_timeout(ferry_loader *ld, ferry_batch **out, int64_t timeo
 {
     if (!ld || !out)
         return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
+    ferry__profile_enter(ld->prof);
     int rc = ferry__window_next(ld->win, out, timeout_ms);
+    if (rc == FERRY_OK)
+        ferry__profile_delivered(ld->prof, *out);
+    else if (rc != FERRY_EAGAIN)
+        ferry__profile_broke(ld->prof);
     /* The stream's last batch (the last of an epoch, or of max_batches):
      * no slot will be given again, and the slots' memory goes back now
      * rather than at the scheduler's next trim. Looked at only there, not
@@ -220,6 +231,36 @@ int ferry_loader_stats(ferry_loader *ld, ferry_stats *st)
     return FERRY_OK;
 }
 
+int ferry_loader_profile(ferry_loader *ld, int32_t worker, ferry_profile *out)
+{
+    if (!ld || !out)
+        return ferry__seterr(FERRY_EINVAL, "loader and out must not be NULL");
+    uint32_t n = (uint32_t)ferry__config_slots(&ld->cfg);
+    if (worker < -1 || (worker >= 0 && (uint32_t)worker >= n))
+        return ferry__seterr(FERRY_EINVAL, "no worker %d (the loader has %u)", worker, n);
+    ferry_stats st;
+    ferry_loader_stats(ld, &st);
+    ferry__profile_snapshot(ld->prof, worker, out);
+    out->workers_ready = st.workers;
+    out->prefetch_why = st.prefetch_why;
+    out->credits_why = st.credits_why;
+    return FERRY_OK;
+}
+
+int ferry_loader_trace(ferry_loader *ld, uint32_t max_batches)
+{
+    if (!ld)
+        return ferry__seterr(FERRY_EINVAL, "loader must not be NULL");
+    return ferry__profile_trace(ld->prof, max_batches);
+}
+
+int ferry_loader_trace_write(ferry_loader *ld, const char *path)
+{
+    if (!ld || !path)
+        return ferry__seterr(FERRY_EINVAL, "loader and path must not be NULL");
+    return ferry__profile_trace_write(ld->prof, path);
+}
+
 int ferry_loader_keep_slots(ferry_loader *ld)
 {
     if (!ld)
@@ -258,6 +299,7 @@ int ferry_loader_close(ferry_loader *ld)
         return FERRY_OK;
     int leaked = ferry__scheduler_stop(ld->sched);
     ferry__window_free(ld->win);
+    ferry__profile_free(ld->prof);
     free(ld);
     if (leaked)
         return ferry__seterr(FERRY_ETIMEDOUT, "a worker thread did not stop; its resources "

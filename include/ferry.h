@@ -391,6 +391,110 @@ FERRY_API int ferry_batch_slot(const ferry_batch *b, void **data, size_t *len);
 /* Gives the batch's memory back. NULL is ignored. */
 FERRY_API void ferry_batch_release(ferry_batch *b);
 
+/* ----------------------------------------------------------------------------
+ * Where the time goes (docs/profile.md): each delivered batch's life split
+ * into stages, kept per worker as counts, sums and histograms, and a
+ * verdict in one sentence. The figures are taken on the trainer's side in
+ * next(), a few additions per batch, nothing allocated.
+ */
+#define FERRY_PROFILE_VERSION 1
+#define FERRY_PROFILE_BUCKETS 128 /* see ferry_profile_bucket_le() */
+#define FERRY_PROFILE_STAGES 8    /* room in ferry_profile; FERRY_STAGE_COUNT are used */
+
+typedef enum ferry_stage {
+    FERRY_STAGE_MAKE = 0,    /* the worker built it: the dataset's work and packing (make_ns) */
+    FERRY_STAGE_TRANSIT = 1, /* queued at the worker and both transfers (flight_ns - make_ns) */
+    FERRY_STAGE_ORDER = 2,   /* arrived, and held back while the trainer waited in next()
+                                for an earlier batch (in order) */
+    FERRY_STAGE_HELD = 3,    /* arrived, waiting for the trainer to ask (ready_ns - order) */
+    FERRY_STAGE_WAIT = 4,    /* the trainer's wait inside next() that ended with it */
+    FERRY_STAGE_STEP = 5,    /* the trainer's step with it: from next() returning it to the
+                                next call (counted when that call comes) */
+    FERRY_STAGE_COUNT = 6
+} ferry_stage;
+
+/* "make", "transit", "order", "held", "wait", "step"; "?" for anything else. */
+FERRY_API const char *ferry_stage_name(int stage);
+
+/* One stage: how many batches, their summed time, and a histogram.
+ * Bucket 0 counts times below 1024 ns; past it each power of two from
+ * 2^10 ns is cut in four equal buckets; the last is open-ended. */
+typedef struct ferry_profile_stage {
+    uint64_t count;
+    uint64_t sum_ns;
+    uint64_t buckets[FERRY_PROFILE_BUCKETS];
+} ferry_profile_stage;
+
+typedef struct ferry_profile {
+    uint32_t version;  /* FERRY_PROFILE_VERSION */
+    uint32_t workers;  /* worker slots: ferry_loader_profile's `worker` is below this */
+    int32_t worker;    /* whose batches: a worker's index, or -1 for all */
+    uint32_t in_order; /* the loader hands batches out in order */
+    uint64_t start_ns; /* the span the figures cover, on the monotonic clock: the */
+    uint64_t end_ns;   /* loader's open (or an earlier snapshot) to this snapshot */
+    /* Copied from ferry_stats when taken, for the verdict. */
+    uint32_t workers_ready;
+    uint32_t prefetch_why; /* FERRY_SIZED_* */
+    uint32_t credits_why;
+    uint32_t reserved32;
+    ferry_profile_stage stage[FERRY_PROFILE_STAGES];
+    uint64_t reserved[8]; /* room to grow (see "ABI" in docs/install.md); zero */
+} ferry_profile;
+
+/* The figures since open of one worker's batches (0 <= worker < slots)
+ * or of all (worker -1). Any thread, while another is in next(). */
+FERRY_API int ferry_loader_profile(ferry_loader *ld, int32_t worker, ferry_profile *out);
+/* The figures between two snapshots of the same worker (`before` taken
+ * first): a window of time. `out` may be `now`. */
+FERRY_API void ferry_profile_since(ferry_profile *out, const ferry_profile *now,
+                                   const ferry_profile *before);
+/* The q-quantile (0..1) of a stage in ns, interpolated in its bucket; 0
+ * with no batches. */
+FERRY_API uint64_t ferry_profile_quantile(const ferry_profile_stage *s, double q);
+/* The upper bound (exclusive) of bucket i in ns; UINT64_MAX for the last. */
+FERRY_API uint64_t ferry_profile_bucket_le(int i);
+
+typedef enum ferry_verdict_kind {
+    FERRY_VERDICT_UNKNOWN = 0,     /* too few batches to say */
+    FERRY_VERDICT_TRAINER = 1,     /* the trainer rarely waits: the loader is not the problem */
+    FERRY_VERDICT_WORKERS = 2,     /* input-bound, the workers busy: more workers */
+    FERRY_VERDICT_SLOW_WORKER = 3, /* one worker much slower than the others */
+    FERRY_VERDICT_ORDER = 4,       /* batches wait behind a late one: in_order off */
+    FERRY_VERDICT_NETWORK = 5,     /* the workers idle, the flight dominates */
+    FERRY_VERDICT_MEMORY = 6,      /* the window or credits are held down by memory */
+    FERRY_VERDICT_INPUT = 7,       /* input-bound, none of the above */
+} ferry_verdict_kind;
+
+/* "unknown", "trainer-bound", "input-bound", "slow-worker", "order-bound",
+ * "network-bound", "memory-bound", "input-bound"; "?" for anything else. */
+FERRY_API const char *ferry_verdict_name(int kind);
+
+typedef struct ferry_verdict {
+    int32_t kind;            /* FERRY_VERDICT_* */
+    int32_t worker;          /* FERRY_VERDICT_SLOW_WORKER: its index; else -1 */
+    uint32_t workers_needed; /* FERRY_VERDICT_WORKERS: workers that would cover the
+                                trainer's rate; else 0 */
+    uint32_t reserved32;
+    double wait_share; /* the trainer's time in next() over its wait and step */
+    char text[320];    /* the sentence */
+    uint64_t reserved[4];
+} ferry_verdict;
+
+/* The verdict on a span: `all` the loader's figures, `per_worker[i]`
+ * worker i's over the same span (n of them). A pure function of its
+ * arguments. */
+FERRY_API int ferry_profile_verdict(const ferry_profile *all, const ferry_profile *per_worker,
+                                    uint32_t n, ferry_verdict *out);
+
+/* A trace of the last `max_batches` batches delivered (0 stops it and
+ * forgets them), written by ferry_loader_trace_write() as Chrome
+ * trace-event JSON that Perfetto's UI opens: one track per worker (its
+ * builds) and one for the trainer (waits and steps). Call both from the
+ * thread that calls next(), not during it. FERRY_ENOMEM, FERRY_ESYS
+ * (the file could not be written, with the reason). */
+FERRY_API int ferry_loader_trace(ferry_loader *ld, uint32_t max_batches);
+FERRY_API int ferry_loader_trace_write(ferry_loader *ld, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -52,7 +52,7 @@ except ImportError as e:
         "use PYTHONPATH=build/python (not the source tree's python/), or build it for this "
         "interpreter with `PYTHON=%s tools/setup.sh build`"
         % (sys.executable, e, sys.executable), name="ferry._ferry") from e
-from . import _dataset
+from . import _dataset, _profile
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._shared import SharedDict, SharedList, shared
 from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
@@ -568,6 +568,7 @@ class Loader(_Closes):
         self._c = None
         self._data_fd = None  # the pickled dataset's memfd (process workers)
         self._own_token = None  # the dataset object thread workers use as it is
+        self._exports = None  # metrics=, trace= (_profile.Exports)
         self._template = None  # the fork of the trainer that forks the clean parent
         self._payload = None  # the pickled dataset until _hand_over
         self._inherited = []  # tokens of objects the clean parent inherits (_dataset)
@@ -583,6 +584,7 @@ class Loader(_Closes):
             raise InvalidValue("ferry.Loader: share_collections must be True or False, got %r"
                                % (share_collections,))
         self._share_collections = share_collections
+        exports = _profile.take_options(options)
         opts = {}
         for key, value in options.items():
             if key == "timeout":
@@ -643,6 +645,7 @@ class Loader(_Closes):
         self._pairs = pairs
         try:
             self._adopt(self._open(state))
+            self._exports = _profile.Exports(self, **exports)
         except BaseException:
             # Not left to __del__: the exception's traceback keeps this
             # object, and the pickled dataset's memfd with it, alive.
@@ -841,6 +844,27 @@ class Loader(_Closes):
         in every process that maps them)."""
         return self._live().stats()
 
+    def profile(self, since="last"):
+        """Where the time goes: each delivered batch's stages in seconds,
+        for all batches and per worker, and a verdict in one sentence.
+        ``since="last"``: over the time since the previous call (since open
+        on the first); ``"open"``: since the loader opened. A dict:
+        ``verdict`` (the sentence), ``kind`` ("trainer-bound",
+        "input-bound", "slow-worker", "order-bound", "network-bound",
+        "memory-bound", "unknown"), ``slow_worker``, ``workers_needed``,
+        ``wait_share`` (the trainer's time in next() over wait and step),
+        ``seconds``, ``batches``, ``stages`` ({stage: {count, total, mean,
+        p50, p90, p99}} for make, transit, order, held, wait, step) and
+        ``workers`` ({index: {batches, busy, pid, stages}}). See
+        docs/profile.md, "Is it the data?"."""
+        return _profile.report(self, since)
+
+    @property
+    def metrics_address(self):
+        """"HOST:PORT" of the Prometheus endpoint (option ``metrics``), or
+        None."""
+        return self._exports.metrics_address if self._exports else None
+
     def memory(self):
         """The memory of this process and of every process below it (the
         loader's workers and clean parents), by PSS: each shared page
@@ -873,6 +897,9 @@ class Loader(_Closes):
     def close(self):
         """Stops the workers and frees everything (batches you hold stay
         valid). Safe to call twice."""
+        if self._exports is not None:
+            exports, self._exports = self._exports, None
+            exports.close(self._c)
         self._stop()
         if self._data_fd is not None:
             os.close(self._data_fd)  # the loader kept its own copy while it ran

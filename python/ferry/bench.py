@@ -226,7 +226,7 @@ def _open_ferry(a):
         ld = ferry.Loader(spec, batch_size=a.batch_size, workers=a.workers, shuffle=True,
                           seed=a.seed, epochs=a.epochs,
                           **({} if a.prefetch is None else {"prefetch": a.prefetch}))
-        return ld.__iter__, len(ld), ld.close, "the spec '%s' (decoded in C)" % spec
+        return ld.__iter__, len(ld), _profiled_close(ld), "the spec '%s' (decoded in C)" % spec
     if a.pipeline == "mnist":
         opts = dict(batch_size=a.batch_size, workers=a.workers, shuffle=True, seed=a.seed,
                     epochs=a.epochs)
@@ -241,7 +241,20 @@ def _open_ferry(a):
         ld = DataLoader(imagefolder(a.root), epochs=a.epochs, **native, **_imagefolder_args(a))
         how = "ferry.torch.DataLoader, the ImageFolder object (%s)" % (
             "its transform in C" if ld._native else "Python workers")
-    return ld.__iter__, len(ld), ld.close, how
+    return ld.__iter__, len(ld), _profiled_close(ld), how
+
+
+_last_profile = {}  # the last ferry run's Loader.profile(since="open"), for main
+
+
+def _profiled_close(ld):
+    """ld.close, taking the loader's profile first (ferry._profile)."""
+    def close():
+        loader = getattr(ld, "_loader", ld)
+        if hasattr(loader, "profile") and not loader.closed:
+            _last_profile["report"] = loader.profile(since="open")
+        ld.close()
+    return close
 
 
 def _imagefolder_args(a):
@@ -720,7 +733,12 @@ def main(argv=None):
     if a.plot:
         plot(a.plot, res, last)
         print("ferry.bench: wrote %s" % a.plot, file=sys.stderr)
+    if "report" in _last_profile:
+        res["profile"] = _last_profile["report"]
     print(json.dumps(res, indent=1) if a.json else table(res))
+    if "report" in _last_profile and not a.json:
+        from ._profile import format_report
+        print("\nWhere ferry's time went (its last run):\n" + format_report(_last_profile["report"]))
     rep = res.get("replacements")
     if rep and not a.json:
         print("\nworker SIGKILLed %d times (Python workers): its replacement ready to take a "

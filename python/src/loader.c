@@ -24,6 +24,7 @@
  */
 #include "loader.h"
 #include "batch.h"
+#include "pyprofile.h"
 
 #include <pthread.h>
 #include <structmember.h>
@@ -642,6 +643,47 @@ static PyObject *loader_endpoint(LoaderObject *self, PyObject *unused)
     return PyUnicode_FromString(buf);
 }
 
+/* profile() -> Profile: a snapshot of the stage figures. Any thread. */
+static PyObject *loader_profile(LoaderObject *self, PyObject *unused)
+{
+    if (!self->ld) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    return ferry_py_profile_take(self->ld);
+}
+
+/* trace(max_batches) keeps the last batches; trace_write(path) writes
+ * them (ferry_loader_trace). */
+static PyObject *loader_trace(LoaderObject *self, PyObject *args)
+{
+    unsigned int max;
+    if (!PyArg_ParseTuple(args, "I:trace", &max))
+        return NULL;
+    ferry_loader *ld = usable(self);
+    if (!ld)
+        return NULL;
+    int rc = ferry_loader_trace(ld, max);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_trace_write(LoaderObject *self, PyObject *args)
+{
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&:trace_write", PyUnicode_FSConverter, &path))
+        return NULL;
+    ferry_loader *ld = usable(self);
+    int rc = ld ? ferry_loader_trace_write(ld, PyBytes_AS_STRING(path)) : FERRY_OK;
+    Py_DECREF(path);
+    if (!ld)
+        return NULL;
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    Py_RETURN_NONE;
+}
+
 /* keep_slots(): see ferry_loader_keep_slots. */
 static PyObject *loader_keep_slots(LoaderObject *self, PyObject *unused)
 {
@@ -694,6 +736,10 @@ static PyMethodDef loader_methods[] = {
      "resume blob (bytes) that starts at the first batch of an epoch"},
     {"schema", (PyCFunction)loader_schema, METH_NOARGS, "[(name, dtype code, item shape)]"},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
+    {"profile", (PyCFunction)loader_profile, METH_NOARGS, "a snapshot of the stage figures"},
+    {"trace", (PyCFunction)loader_trace, METH_VARARGS, "trace(max_batches): keep the last"},
+    {"trace_write", (PyCFunction)loader_trace_write, METH_VARARGS,
+     "trace_write(path): write them as trace-event JSON"},
     {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},
     {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},
     {"keep_slots", (PyCFunction)loader_keep_slots, METH_NOARGS,

@@ -5,6 +5,7 @@
  */
 #include "loader.h"
 #include "pydataset.h"
+#include "pyprofile.h"
 
 #include "ferry.h"
 #include "sampler.h"
@@ -136,6 +137,7 @@ PyMODINIT_FUNC PyInit__ferry(void)
     if (!m)
         return NULL;
     if (PyModule_AddFunctions(m, ferry_py_worker_methods) < 0 || ferry_py_loader_init(m) < 0 ||
+        ferry_py_profile_init(m) < 0 ||
         ferry_py_worker_init(m) < 0) {
         Py_DECREF(m);
         return NULL;

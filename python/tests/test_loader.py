@@ -578,8 +578,8 @@ def test_ctrl_c_in_next_raises_keyboard_interrupt_fast_and_leaves_no_worker(tmp_
                           batch_size=1, shuffle=False,
                           workers=2, start_timeout_ms=60000)
         ld.next()  # item 0 is quick; item 1 takes 60 s
-        print(ld.worker_pid(0), ld.worker_pid(1), flush=True)
-        try:
+        try:  # before the print: the signal may land as it returns
+            print(ld.worker_pid(0), ld.worker_pid(1), flush=True)
             ld.next()
         except KeyboardInterrupt:
             print(time.monotonic(), flush=True)

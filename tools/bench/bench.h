@@ -106,6 +106,8 @@ typedef struct bench_run {
     int worker_processes;   /* local worker processes measured */
     int hwm_reset;          /* the kernel let us reset the trainer's VmHWM */
     ferry_stats stats;      /* the loader's counters just before close */
+    ferry_profile profile;  /* where the time went, since open (ferry_loader_profile) */
+    ferry_verdict verdict;  /* and what it says */
 } bench_run;
 
 /* Where the progress bar is, across every run of the invocation. */

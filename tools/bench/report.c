@@ -109,6 +109,23 @@ void bench_print_settings(const bench_opts *o, long prefetch_n, uint64_t batches
 }
 
 /* One run, laid out by meaning. */
+/* Where the time went (ferry_loader_profile): each stage's mean and p99
+ * per batch, then the verdict. */
+static void print_profile(const ferry_profile *p, const ferry_verdict *v, FILE *f)
+{
+    fprintf(f, "  stages (ms)         ");
+    for (int k = 0; k < FERRY_STAGE_COUNT; k++) {
+        const ferry_profile_stage *s = &p->stage[k];
+        if (k == FERRY_STAGE_WAIT)
+            fprintf(f, "\n                      trainer: ");
+        fprintf(f, "%s%s %.3f (p99 %.3f)", k && k != FERRY_STAGE_WAIT ? ", " : "",
+                ferry_stage_name(k),
+                s->count ? (double)s->sum_ns / (double)s->count / 1e6 : 0.0,
+                (double)ferry_profile_quantile(s, 0.99) / 1e6);
+    }
+    fprintf(f, "\n  verdict             %s\n", v->text);
+}
+
 static void print_one(const bench_report *rep, FILE *f)
 {
     const bench_fig *x = &rep->figs[0];
@@ -158,6 +175,7 @@ static void print_one(const bench_report *rep, FILE *f)
                 fmt_value(a, sizeof a, x->make_p50_ms, 'v'),
                 fmt_value(b, sizeof b, x->flight_p50_ms, 'v'),
                 fmt_value(c, sizeof c, x->ready_p50_ms, 'v'));
+    print_profile(&rep->last->profile, &rep->last->verdict, f);
     if (x->failed > 0 || x->retried > 0)
         fprintf(f, "  trouble             %.0f batches failed, %.0f sent to another worker\n",
                 x->failed, x->retried);

@@ -350,6 +350,23 @@ static int trainer_loop(ferry_loader *ld, const bench_opts *o, bench_progress *p
 
 /* One measured run. Long because it is one straight sequence of timed
  * steps (open, the batches, the last memory readings, close). */
+/* The loader's stage figures and their verdict, into r (a kind of
+ * FERRY_VERDICT_UNKNOWN when there is no memory to judge with). */
+static void take_profile(ferry_loader *ld, bench_run *r)
+{
+    ferry_loader_profile(ld, -1, &r->profile);
+    uint32_t n = r->profile.workers;
+    ferry_profile *w = calloc(n ? n : 1, sizeof *w);
+    r->verdict.kind = FERRY_VERDICT_UNKNOWN;
+    snprintf(r->verdict.text, sizeof r->verdict.text, "no memory to judge the figures with");
+    if (!w)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        ferry_loader_profile(ld, (int32_t)i, &w[i]);
+    ferry_profile_verdict(&r->profile, w, n, &r->verdict);
+    free(w);
+}
+
 int bench_run_once(const bench_opts *o, const bench_side *s, bench_progress *p, bench_run *r)
 {
     memset(r, 0, sizeof *r);
@@ -408,6 +425,7 @@ int bench_run_once(const bench_opts *o, const bench_side *s, bench_progress *p, 
     r->trainer_hwm_kb = proc_kb(0, "status", "VmHWM");
     r->workers_hwm_kb = workers_kb(ld, o, "status", "VmHWM", &r->worker_processes);
     ferry_loader_stats(ld, &r->stats);
+    take_profile(ld, r);
     int crc = ferry_loader_close(ld);
     if (rc == FERRY_OK && crc != FERRY_OK) {
         fprintf(stderr, "ferry-bench: close: %s\n", ferry_last_error());
