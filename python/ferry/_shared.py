@@ -40,9 +40,10 @@ import collections.abc
 import numbers
 import pickle
 import zlib
-from operator import itemgetter
 
 import numpy as np
+
+from . import _ferry
 
 AUTO_MIN = 100_000  # items: below this, a copy per worker costs little
 
@@ -72,6 +73,10 @@ def _ends(lengths):
 
 
 def _text_column(values):
+    packed = _ferry.str_column(values)  # in C; None for a lone surrogate
+    if packed is not None:
+        return ("str", np.frombuffer(packed[0], dtype=np.uint8),
+                np.frombuffer(packed[1], dtype=np.int64))
     joined = "".join(values)
     if joined.isascii():  # one byte per character: the lengths are len()
         return ("str", np.frombuffer(joined.encode("ascii"), dtype=np.uint8),
@@ -85,9 +90,21 @@ def _pickle_column(values):
     return ("pickle", np.frombuffer(b"".join(raw), dtype=np.uint8), _ends(list(map(len, raw))))
 
 
-def encode_column(values):
-    """values (a list) as a column."""
+def encode_column(values, plain=False):
+    """values (a list) as a column; with plain, None unless every value is
+    a plain one (see _plain)."""
+    if values and type(values[0]) is str:  # the common column: checked in C
+        packed = _ferry.str_column(values)
+        if packed is not None:
+            return ("str", np.frombuffer(packed[0], dtype=np.uint8),
+                    np.frombuffer(packed[1], dtype=np.int64))
+    if values and type(values[0]) is int:  # the other common one
+        packed = _ferry.int_column(values)
+        if packed is not None:
+            return ("int", np.frombuffer(packed, dtype=np.int64))
     kinds = set(map(type, values))
+    if plain and not _plain_list(values, kinds):
+        return None
     if kinds == {str}:
         return _text_column(values)
     if kinds == {bytes}:
@@ -149,21 +166,21 @@ class _Column:
 def _encode_rows(items, auto):
     """The rows of list ``items``, or None when ``auto`` and its items are
     not ones whose reads can be kept exact (see the file's top)."""
+    if items and type(items[0]) is dict:
+        # dicts alike: the first one's keys, in its order, in every one (C)
+        keys = tuple(items[0])
+        cols = _ferry.dict_columns(items, keys)
+        if cols is not None:
+            encoded = [encode_column(c, plain=auto) for c in cols]
+            if None not in encoded:
+                return ("dict", list(keys), encoded)
+    if items and type(items[0]) is tuple:
+        cols = _ferry.tuple_columns(items, len(items[0]))  # tuples alike (C)
+        if cols is not None:
+            encoded = [encode_column(c, plain=True) for c in cols]
+            if None not in encoded:
+                return ("tuple", encoded)
     kinds = set(map(type, items))
-    if len(kinds) == 1 and dict in kinds:
-        shapes = set(map(tuple, items))  # the keys of each, in order
-        if len(shapes) == 1:
-            keys = next(iter(shapes))
-            cols = [list(map(itemgetter(k), items)) for k in keys]
-            if not auto or all(_plain_list(c) for c in cols):
-                return ("dict", list(keys), [encode_column(c) for c in cols])
-    if len(kinds) == 1 and tuple in kinds:
-        widths = set(map(len, items))
-        if len(widths) == 1:
-            width = next(iter(widths))
-            cols = [list(map(itemgetter(k), items)) for k in range(width)]
-            if all(_plain_list(c) for c in cols):
-                return ("tuple", [encode_column(c) for c in cols])
     if auto and not _plain_list(items, kinds):
         return None
     return ("value", encode_column(items))
@@ -313,8 +330,9 @@ collections.abc.MutableSequence.register(SharedList)
 
 def _key_hash(kind, key):
     """The hash a SharedDict files key under, the same in every process
-    (str's own hash is salted per interpreter)."""
-    if kind == "str":
+    (str's own hash is salted per interpreter). str keys packed in C are
+    found in C (_ferry.str_find); these are the others."""
+    if kind == "str-py":
         return zlib.crc32(key.encode("utf-8", "surrogatepass"))
     if kind == "bytes":
         return zlib.crc32(key)
@@ -359,6 +377,9 @@ class SharedDict(_Local, collections.abc.Mapping):
         self._value = _Rows(values).at
         self._table = memoryview(np.ascontiguousarray(table)).cast("B").cast("q")
         self._mask = len(table) - 1
+        # str_find's buffers, as memoryviews: the cheapest to hand to C
+        self._raw_key = tuple(memoryview(np.ascontiguousarray(a)).cast("B")
+                              for a in (table, keys[1], keys[2])) if kind == "str" else None
         self._local = None
 
     def __reduce__(self):
@@ -369,7 +390,11 @@ class SharedDict(_Local, collections.abc.Mapping):
     def _find(self, key):
         """The position of key, or -1."""
         kind = self._kind
-        if kind == "str":
+        if kind == "str":  # the table and the search are C's (columns.c)
+            if not isinstance(key, str):
+                return -1
+            return _ferry.str_find(*self._raw_key, key)
+        if kind == "str-py":
             if not isinstance(key, str):
                 return -1
         elif kind == "bytes":
@@ -514,18 +539,23 @@ def encode_dict(d, auto=True):
         kind = "int"
     else:
         return None
-    key_col = encode_column(keys)
-    if kind == "int" and key_col[0] != "int":
-        return None  # beyond 64 bits
     values = list(d.values())
     rows = _encode_rows(values, auto)
     if rows is None:
         return None
+    if kind == "str":
+        packed = _ferry.str_column(keys)
+        if packed is not None:  # the table in C, found in C
+            key_col = ("str", np.frombuffer(packed[0], dtype=np.uint8),
+                       np.frombuffer(packed[1], dtype=np.int64))
+            table = np.frombuffer(_ferry.str_index(packed[0], packed[1]), dtype=np.int64)
+            return (len(keys), kind, key_col, rows, table)
+        kind = "str-py"  # a lone surrogate: its UTF-8 is Python's own (surrogatepass)
+    key_col = encode_column(keys)
+    if kind == "int" and key_col[0] != "int":
+        return None  # beyond 64 bits
     if kind == "int":
         hashes = key_col[1] & 0x7FFFFFFFFFFFFFFF
-    elif kind == "str" and (len(key_col[1]) == 0 or key_col[1].max() < 128):  # ASCII
-        hashes = np.fromiter(map(zlib.crc32, map(str.encode, keys)), dtype=np.int64,
-                             count=len(keys))
     else:
         hashes = np.fromiter((_key_hash(kind, k) for k in keys), dtype=np.int64,
                              count=len(keys))

@@ -32,4 +32,7 @@ PyObject *ferry_py_import_attr(const char *module, const char *name);
  * exception set. */
 int ferry_py_add_type(PyObject *m, const char *name, PyTypeObject *t);
 
+/* columns.c: ferry._shared's hot loops (dict_columns, str_column, ...). */
+extern PyMethodDef ferry_py_column_methods[];
+
 #endif

@@ -150,3 +150,14 @@ def test_workers_read_every_item_without_copying_the_collections():
     assert grew[False] > 30 * 1024, grew
     assert grew[True] < 8 * 1024, grew
     assert type(ds.samples) is list and type(ds.vocab) is dict  # the trainer's, untouched
+
+
+def test_rows_whose_keys_differ_in_order_stay_a_list_and_odd_keys_still_look_up():
+    rows = [{"a": k, "b": str(k)} for k in range(_shared.AUTO_MIN)]
+    rows.append({"b": "x", "a": 0})  # the same keys, another order: iteration differs
+    vocab = {"w%d" % k: k for k in range(_shared.AUTO_MIN)}
+    vocab["\udc80lone"] = -7  # a lone surrogate (os.fsdecode of a bad file name)
+    got_rows, got_vocab = _round_trip((rows, vocab))
+    assert type(got_rows) is list and got_rows == rows
+    assert isinstance(got_vocab, ferry.SharedDict) and got_vocab["\udc80lone"] == -7
+    assert got_vocab["w99999"] == 99999 and "w100000" not in got_vocab
