@@ -530,27 +530,27 @@ def encode_dict(d, auto=True):
     """A SharedDict's state for dict ``d``, or None when its keys are not
     all str, all bytes or all int (or, ``auto``, its values not plain)."""
     keys = list(d)
-    kinds = set(map(type, keys))
-    if kinds == {str}:
+    packed = _ferry.str_column(keys)  # all str (checked in C): the common case
+    if packed is not None:
         kind = "str"
-    elif kinds == {bytes}:
-        kind = "bytes"
-    elif kinds == {int}:
-        kind = "int"
     else:
-        return None
-    values = list(d.values())
-    rows = _encode_rows(values, auto)
+        kinds = set(map(type, keys))
+        if kinds == {str}:
+            kind = "str-py"  # a lone surrogate: its UTF-8 is Python's own (surrogatepass)
+        elif kinds == {bytes}:
+            kind = "bytes"
+        elif kinds == {int}:
+            kind = "int"
+        else:
+            return None
+    rows = _encode_rows(list(d.values()), auto)
     if rows is None:
         return None
-    if kind == "str":
-        packed = _ferry.str_column(keys)
-        if packed is not None:  # the table in C, found in C
-            key_col = ("str", np.frombuffer(packed[0], dtype=np.uint8),
-                       np.frombuffer(packed[1], dtype=np.int64))
-            table = np.frombuffer(_ferry.str_index(packed[0], packed[1]), dtype=np.int64)
-            return (len(keys), kind, key_col, rows, table)
-        kind = "str-py"  # a lone surrogate: its UTF-8 is Python's own (surrogatepass)
+    if kind == "str":  # the table in C, found in C
+        key_col = ("str", np.frombuffer(packed[0], dtype=np.uint8),
+                   np.frombuffer(packed[1], dtype=np.int64))
+        table = np.frombuffer(_ferry.str_index(packed[0], packed[1]), dtype=np.int64)
+        return (len(keys), kind, key_col, rows, table)
     key_col = encode_column(keys)
     if kind == "int" and key_col[0] != "int":
         return None  # beyond 64 bits
