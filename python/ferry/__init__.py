@@ -52,7 +52,7 @@ except ImportError as e:
         "use PYTHONPATH=build/python (not the source tree's python/), or build it for this "
         "interpreter with `PYTHON=%s tools/setup.sh build`"
         % (sys.executable, e, sys.executable), name="ferry._ferry") from e
-from . import _dataset, _profile
+from . import _dataset, _handoff, _profile, _template
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._shared import SharedDict, SharedList, shared
 from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
@@ -654,11 +654,11 @@ class Loader(_Closes):
 
     def _fork_template(self):
         """The clean parent's origin: a fork of the trainer made now, after
-        the dataset was pickled (_dataset.fork_template; the objects it
+        the dataset was pickled (_template.fork_template; the objects it
         shares by inheritance exist by then). With threads running, forked
         all the same, as torch's DataLoader forks its workers: said at
         debug level."""
-        self._template = _dataset.fork_template()
+        self._template = _template.fork_template()
         if self._template is not None and self._template.threads > 1:
             _logger.debug("ferry.Loader: the clean parent is forked from the trainer, which "
                           "runs %d threads (as torch's DataLoader forks its workers); "
@@ -672,12 +672,12 @@ class Loader(_Closes):
         if threads:
             spec, self._own_token = _dataset.own_object_spec(dataset)
             return spec
-        mark = _dataset.inherited_mark()
+        mark = _handoff.inherited_mark()
         try:
             spec, stream, buffers = _dataset.pickle_dataset(dataset, self._share_collections)
         finally:
-            self._inherited = _dataset.inherited_since(mark)
-        if self._inherited and _dataset.clean_parent_spawned():
+            self._inherited = _handoff.inherited_since(mark)
+        if self._inherited and _template.clean_parent_spawned():
             self.close()
             raise TypeError("ferry.Loader: the dataset holds objects shared with the trainer "
                             "(multiprocessing Value, Lock, Queue, ..., or tensors in shared "
@@ -685,8 +685,8 @@ class Loader(_Closes):
                             "parents are spawned here (FERRY_CLEAN_PARENT=spawn)")
         # The arrays' bytes: lent to the clean parent's fork (no copy) when
         # there is one; else written out with the pickle (_hand_over).
-        token = _dataset.lend_buffers(buffers) if buffers and \
-            not _dataset.clean_parent_spawned() else None
+        token = _handoff.lend_buffers(buffers) if buffers and \
+            not _template.clean_parent_spawned() else None
         if token is not None:
             self._inherited.append(token)
         self._payload = (stream, buffers, token)
@@ -702,15 +702,15 @@ class Loader(_Closes):
         stream, buffers, token = self._payload
         self._payload = None
         if token is not None and self._template is None:
-            _dataset.forget_inherited([token])
+            _handoff.forget_inherited([token])
             self._inherited.remove(token)
             token = None
         fd = os.memfd_create("ferry-dataset", os.MFD_CLOEXEC)
         try:
             if token is not None:
-                _dataset.write_lent_payload(fd, stream, token)
+                _handoff.write_lent_payload(fd, stream, token)
             else:
-                _dataset.write_payload(fd, stream, buffers)
+                _handoff.write_payload(fd, stream, buffers)
         except BaseException:
             os.close(fd)
             raise
@@ -910,7 +910,7 @@ class Loader(_Closes):
         if self._template is not None:
             self._template.close()
             self._template = None
-        _dataset.forget_inherited(self._inherited)
+        _handoff.forget_inherited(self._inherited)
         self._inherited = []
 
     def _stop(self):

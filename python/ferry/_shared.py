@@ -6,7 +6,7 @@ writes its reference count, and the page it lies on is then copied. This
 is why torch's workers grow through an epoch. ferry encodes such a
 collection once, as it pickles the dataset for the workers, into a few
 numpy arrays (columns); their bytes go out of band into the memory every
-worker maps (see the handoff in _dataset.py), and an item is decoded from
+worker maps (see _handoff.py), and an item is decoded from
 them when it is read. The workers' pages stay shared whatever they read.
 
 What is encoded (automatically, for a ``list`` or ``dict`` of at least

@@ -4,7 +4,7 @@ clean parent that forks a loader's workers.
 A Python worker's life, top to bottom in this file:
 
 0. **The template.** ``ferry.Loader`` forks the trainer as it is built
-   (``ferry._dataset.fork_template``): that fork runs :func:`fork_server`
+   (``ferry._template.fork_template``): that fork runs :func:`fork_server`
    without a dataset, and forks the loader's clean parent whenever the
    loader asks (option ``fork_from``; again if the clean parent dies). So
    the clean parent and the workers are the trainer as it was: its
@@ -110,10 +110,10 @@ def _child(sock, args, fds):
     a loader's clean parent) run; never returns."""
     rc = 1
     try:
-        from . import _dataset
-        _dataset.set_name("ferry-worker")  # a clean parent renames itself (fork_server)
+        from . import _template
+        _template.set_name("ferry-worker")  # a clean parent renames itself (fork_server)
         os.close(sock.detach())  # the parent's control socket: not the child's
-        _dataset.after_fork_in_child()
+        _template.after_fork_in_child()
         os.dup2(fds[0], 2)
         os.close(fds[0])
         # The fds arrive at whatever numbers recvmsg gave; the request names
@@ -177,9 +177,9 @@ def fork_server(argv):
     """``--fork-server --control-fd FD [--dataset SPEC --data-fd FD]
     --parent PID``: loads the dataset once, then forks a child for each
     request until the loader closes the connection. Without --dataset: a
-    template (``ferry._dataset.fork_template``), whose children are
+    template (``ferry._template.fork_template``), whose children are
     clean parents."""
-    from . import _dataset, _ferry
+    from . import _dataset, _ferry, _handoff, _template
     ctl = int(_take_option(argv, "--control-fd"))
     spec = _take_option(argv, "--dataset")
     data_fd = _take_option(argv, "--data-fd")
@@ -187,10 +187,10 @@ def fork_server(argv):
     if parent is not None:
         _ferry.tie_to_parent(int(parent))
     if spec is not None:  # a loader's (a template names itself)
-        _dataset.set_name("ferry-parent")
+        _template.set_name("ferry-parent")
     sock = socket.socket(fileno=ctl)
     if data_fd is not None:
-        _dataset.set_payload(_dataset.read_payload(int(data_fd)))
+        _dataset.set_payload(_handoff.read_payload(int(data_fd)))
     if spec and spec.startswith("python:"):
         _dataset.preload(spec[len("python:"):])
     _trim_heap()
@@ -270,7 +270,7 @@ def main(argv=None):
     if "--fork-server" in argv:
         argv.remove("--fork-server")
         return fork_server(argv)
-    from . import _dataset, _ferry
+    from . import _dataset, _ferry, _handoff
     allow, rest = [], []
     i = 0
     while i < len(argv):
@@ -300,7 +300,7 @@ def main(argv=None):
     if data_fd is not None and _dataset.has_preloaded():
         os.close(int(data_fd))  # a fork of the clean parent: the dataset is loaded already
     elif data_fd is not None and not remote:
-        _dataset.set_payload(_dataset.read_payload(int(data_fd)))
+        _dataset.set_payload(_handoff.read_payload(int(data_fd)))
     _dataset.configure(remote=remote, allow=allow)
     if not remote:
         _worker_threads()

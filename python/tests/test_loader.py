@@ -1065,11 +1065,11 @@ def test_a_memmap_whose_file_changed_is_a_clear_error(tmp_path):
     """A memmap travels as (file, offset, dtype, shape): a file changed
     after the loader was built is refused naming it, never read as if it
     were the trainer's array."""
-    from ferry import _dataset
+    from ferry import _handoff
     path = tmp_path / "m.npy"
     np.save(path, np.zeros((4, 8), dtype=np.float32))
     m = np.load(path, mmap_mode="r")
-    fn, args = _dataset._reduce_shared(m)
+    fn, args = _handoff._reduce_shared(m)
     assert np.array_equal(fn(*args), m)
     np.save(path, np.ones((5, 8), dtype=np.float32))
     with pytest.raises(ValueError, match="m.npy changed after the loader was built"):

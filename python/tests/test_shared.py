@@ -18,10 +18,10 @@ from datasets import HoldsCollections
 
 def _round_trip(obj):
     """obj through the handoff's pickling (what a clean parent gets)."""
-    from ferry import _dataset
+    from ferry import _handoff
     import io
     buffers = []
-    data = _dataset._dumps(obj, lambda b: buffers.append(b.raw()) or False)
+    data = _handoff._dumps(obj, lambda b: buffers.append(b.raw()) or False)
     u = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
     u.persistent_load = _shared.Decoder()
     return u.load()
@@ -113,10 +113,10 @@ def test_small_lists_mutable_items_and_subclasses_stay_as_they_are():
 
 
 def test_share_collections_false_and_ferry_shared():
-    from ferry import _dataset
+    from ferry import _handoff
     rows = _rows(_shared.AUTO_MIN)
     buffers = []
-    data = _dataset._dumps({"rows": rows}, lambda b: buffers.append(b.raw()) or False,
+    data = _handoff._dumps({"rows": rows}, lambda b: buffers.append(b.raw()) or False,
                            share_collections=False)
     assert type(pickle.loads(data, buffers=buffers)["rows"]) is list
     nested = ferry.shared([{"tags": [k]} for k in range(100)])  # on request: anything

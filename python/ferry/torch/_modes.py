@@ -22,7 +22,7 @@ import logging
 import numpy as np
 import torch
 
-from .. import Loader, _dataset
+from .. import _handoff, Loader
 from ._structure import _load_structure
 
 
@@ -122,6 +122,6 @@ class _InWorkers:
         (None when it cannot be pickled now)."""
         b = self._batches
         try:
-            return _dataset.fingerprint((b.dataset, b.collate_fn, b.worker_init_fn))
+            return _handoff.fingerprint((b.dataset, b.collate_fn, b.worker_init_fn))
         except Exception:  # noqa: BLE001 - pickling fails in many ways
             return None

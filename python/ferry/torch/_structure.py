@@ -22,7 +22,7 @@ import pickle
 import numpy as np
 import torch
 
-from .. import _dataset
+from .. import _dataset, _handoff
 
 _SKELETON = "structure"  # the field holding a batch's pickled structure
 
@@ -62,7 +62,7 @@ class _Ref:
         self.field = field
 
 
-class _Pickler(_dataset._pickler().Pickler):
+class _Pickler(_handoff._pickler().Pickler):
     """Pickles a batch's structure, putting tensors and numeric arrays in
     fields of variable shape (``var``: field index -> dtype) as long as one
     of their dtype is free, and _Refs (fixed fields already written) as

@@ -36,7 +36,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as _tcollate
 
-from .. import _dataset, _ferry
+from .. import _dataset, _ferry, _handoff
 from ._collate import _collate, _to_rows, _torch_worker_info, _walk_arrays
 from ._sampler import key_from
 from ._structure import _SKELETON, _Pickler
@@ -171,7 +171,7 @@ class _Batches:
         self._fixed = {}   # leaf number -> (field, numpy dtype, item shape)
         self._var = {}     # field -> numpy dtype
         fields = []
-        if _dataset.holds_inherited() and os.getpid() != self.trainer_pid:
+        if _handoff.holds_inherited() and os.getpid() != self.trainer_pid:
             # A dataset sharing a Barrier, a Semaphore or a counter with the
             # trainer may count on items being built in workers only, as
             # torch builds them: no probe in the clean parent (a barrier of

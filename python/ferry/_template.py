@@ -1,0 +1,256 @@
+"""The clean parent's origin: a fork of the trainer (the "template") made as
+a loader with Python process workers is built, from which the loader
+forks its clean parent; and what a process of ferry's does first, forked
+or spawned. No process starts at ``import ferry``."""
+
+import os
+import sys
+import traceback
+
+
+# ------------------------------------------------------------ the clean parent's origin
+#
+# A loader with Python process workers gets, as it is built, a fork of the
+# trainer (fork_template): the "template", which forks the loader's clean
+# parent whenever the loader asks (option fork_from; at the start, and
+# again if the clean parent dies). So the clean parent and its workers
+# are the trainer as it was then: its imported modules (torch's ~160 MiB)
+# are the trainer's pages until someone writes them, nothing is imported
+# again, and the objects the trainer made before the loader (a
+# multiprocessing Value, Lock, Queue; a tensor in shared memory) are
+# theirs too, shared as torch's forked workers share them (_inherited).
+# No process starts at `import ferry`.
+#
+# The fork is taken whatever threads the trainer runs, as torch's
+# DataLoader forks its workers: what a fork can break (a lock another
+# thread held, a thread pool the child believes it has) is what torch's
+# users already live with, and ferry's processes limit torch's pool to one
+# thread. FERRY_CLEAN_PARENT=spawn (or the loader option fork_from=-1)
+# spawns a fresh ``python -m ferry.worker --fork-server`` instead: nothing
+# of the trainer's is inherited then, and a dataset holding such objects
+# is refused.
+
+def clean_parent_spawned():
+    """Whether this process's loaders spawn their clean parents
+    (FERRY_CLEAN_PARENT=spawn) instead of forking them from the trainer."""
+    how = os.environ.get("FERRY_CLEAN_PARENT", "fork").strip().lower()
+    return how == "spawn"
+
+
+def threads_running():
+    """Threads of this process (1 when /proc cannot say)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+class Template:
+    """A fork of the trainer that forks a loader's clean parent on request
+    (its control socket is the loader's option fork_from). It lives as
+    long as the loader and dies with the trainer (PR_SET_PDEATHSIG)."""
+
+    __slots__ = ("pid", "pidfd", "sock", "owner", "threads")
+
+    def __init__(self, pid, pidfd, sock, threads):
+        self.pid, self.pidfd, self.sock, self.owner, self.threads = \
+            pid, pidfd, sock, os.getpid(), threads
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def forget(self):
+        """In a child forked from the trainer: the socket is not its own."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def close(self):
+        """Killed and reaped (in the process that forked it); twice is fine."""
+        if self.owner != os.getpid():
+            self.forget()
+            return
+        pidfd, self.pidfd = self.pidfd, None
+        self.forget()
+        if pidfd is None and self.pid is None:
+            return
+        import signal
+        pid, self.pid = self.pid, None
+        try:
+            if pidfd is not None:
+                # By pidfd: a trainer that reaps every child may have
+                # reaped it already, and its pid be another process's now.
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        try:
+            while True:
+                try:
+                    os.waitpid(pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+        except ChildProcessError:  # reaped by the trainer's own handler
+            pass
+
+
+def fork_template():
+    """A new Template, forked from this process now, or None when clean
+    parents are spawned here (clean_parent_spawned) or the fork fails (the
+    loader then spawns its clean parent)."""
+    if clean_parent_spawned():
+        return None
+    import socket
+    threads = threads_running()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    trainer = os.getpid()
+
+    def fork():
+        # What the trainer printed and has not flushed yet would be in the
+        # fork's buffers too, and said twice (as multiprocessing's fork
+        # start, torch's workers', flushes first).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        pid = os.fork()
+        if pid == 0:  # on whichever thread forked: the child's only one
+            ours.close()
+            _run_template(theirs, trainer)  # never returns
+        return pid
+    try:
+        pid = _on_a_lasting_thread(fork)
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    theirs.close()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = None
+    return Template(pid, pidfd, ours, threads)
+
+
+_forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread
+
+
+def _on_a_lasting_thread(fn):
+    """fn() run on this process's main thread (when called there) or on a
+    daemon thread of ferry's that lasts as long as the process: a fork's
+    PR_SET_PDEATHSIG fires when the *thread* that forked it ends, and a
+    loader built on a short-lived thread (a helper, a thread pool) must not
+    lose its template, its clean parent and its workers with it."""
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    if _forker.get("pid") != os.getpid():
+        import queue
+
+        def serve(jobs):
+            while True:
+                job, box, done = jobs.get()
+                try:
+                    box.append((True, job()))
+                except BaseException as e:  # noqa: BLE001 - raised in the caller
+                    box.append((False, e))
+                done.set()
+        jobs = queue.SimpleQueue()
+        threading.Thread(target=serve, args=(jobs,), name="ferry-fork", daemon=True).start()
+        _forker.update(pid=os.getpid(), queue=jobs)
+    box, done = [], threading.Event()
+    _forker["queue"].put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
+
+
+def _run_template(sock, trainer):
+    """In the fork: made a process of ferry's, then the fork-server loop
+    without a dataset (ferry.worker.fork_server), until the loader (or the
+    trainer) goes; never returns, never runs the trainer's exit handlers."""
+    rc = 1
+    try:
+        import gc
+        # The trainer's objects, shared with it page for page, out of the
+        # collector's reach: a collection here or in a clean parent would
+        # write to every one of them (their pages copied).
+        gc.freeze()
+        become_ferry_process()
+        set_name("ferry-template")
+        from . import worker
+        rc = worker.fork_server(["--control-fd", str(sock.detach()), "--parent", str(trainer)])
+    except BaseException:  # noqa: BLE001 - said on stderr, then the exit code
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc if isinstance(rc, int) else 1)
+
+
+def become_ferry_process():
+    """A fork of the trainer made one of ferry's processes, as a spawned
+    one starts: the trainer's signal handlers back to their defaults
+    (Ctrl-C ignored: the trainer handles it, see
+    _startup.leave_ctrl_c_to_the_trainer), no signal blocked, no wakeup
+    fd, the thread limits in the environment for what it starts, and
+    multiprocessing told it is in a child (its after-fork resets, as in
+    a child it forks itself)."""
+    import signal
+    from . import _startup
+    try:
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        pass
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+        if callable(handler) or sig == signal.SIGCHLD:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    _startup.limit_threads()
+    after_fork_in_child()
+
+
+def after_fork_in_child():
+    """multiprocessing told that this process is a fork, as a child it
+    forks itself is (when the trainer imported it): its finalizers are
+    the parent's, and its objects reset their per-process state (a
+    Queue's feeder thread, which the fork did not copy, starts anew)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        try:
+            util._finalizer_registry.clear()
+            util._run_after_forkers()
+        except Exception:  # noqa: BLE001 - a multiprocessing without them
+            pass
+
+
+def set_name(name):
+    """The process's name (``ps -o comm``, /proc/PID/comm): a fork keeps the
+    trainer's command line, so this is what tells ferry's processes apart."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
