@@ -137,7 +137,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
     if (!m)
         return NULL;
     if (PyModule_AddFunctions(m, ferry_py_worker_methods) < 0 ||
-        PyModule_AddFunctions(m, ferry_py_column_methods) < 0 || ferry_py_loader_init(m) < 0 ||
+        PyModule_AddFunctions(m, ferry_py_column_methods) < 0 ||
+        PyModule_AddFunctions(m, ferry_py_process_methods) < 0 || ferry_py_loader_init(m) < 0 ||
         ferry_py_profile_init(m) < 0 ||
         ferry_py_worker_init(m) < 0) {
         Py_DECREF(m);

@@ -1,7 +1,7 @@
 /*
  * pydataset.h - the worker's side of _ferry (pydataset.c): the "python"
- * dataset kind, the worker program's main, and how a dataset's items are
- * laid out (ferry._dataset reads the codes from the module).
+ * dataset kind, and how a dataset's items are laid out (ferry._dataset
+ * reads the codes from the module).
  */
 #ifndef FERRY_PY_PYDATASET_H
 #define FERRY_PY_PYDATASET_H

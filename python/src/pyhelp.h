@@ -32,6 +32,9 @@ PyObject *ferry_py_import_attr(const char *module, const char *name);
  * exception set. */
 int ferry_py_add_type(PyObject *m, const char *name, PyTypeObject *t);
 
+/* pyprocess.c: worker_main, fork_sibling, tie_to_parent, ... */
+extern PyMethodDef ferry_py_process_methods[];
+
 /* columns.c: ferry._shared's hot loops (dict_columns, str_column, ...). */
 extern PyMethodDef ferry_py_column_methods[];
 
