@@ -765,8 +765,9 @@ int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_
 int ferry__window_save_epoch(ferry__window *win, uint64_t epoch, void *buf, size_t cap,
                              size_t *len)
 {
-    if (!win->in_order)
-        return ferry__seterr(FERRY_EINVAL, "the stream position is only defined with in_order on");
+    /* An epoch's start is a position whatever the delivery order: a loader
+     * out of order may start again there too (ferry.torch restarts at an
+     * epoch when the dataset changed). */
     const ferry__sampler *s = &win->sampler;
     if (epoch > s->end_seq / s->batches_per_epoch ||
         epoch * s->batches_per_epoch >= s->end_seq)

@@ -250,9 +250,9 @@ FERRY_API int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t
 /* The blob ferry_loader_state() would give at the start of epoch `epoch`
  * (before its first batch), whatever has been delivered: a loader opened
  * with it starts that epoch from its first batch (a script that sets the
- * epoch itself, e.g. a sampler's set_epoch(5) when it resumes). Only in
- * in_order mode (FERRY_EINVAL otherwise); FERRY_ERANGE when the stream
- * ends before that epoch; FERRY_ELIMIT as ferry_loader_state(). */
+ * epoch itself, e.g. a sampler's set_epoch(5) when it resumes). In either
+ * delivery order (an epoch's start is the same position); FERRY_ERANGE when
+ * the stream ends before that epoch; FERRY_ELIMIT as ferry_loader_state(). */
 FERRY_API int ferry_loader_state_at_epoch(ferry_loader *ld, uint64_t epoch, void *buf,
                                           size_t cap, size_t *len);
 

@@ -323,56 +323,58 @@ class Loader(_Closes):
                 raise TypeError("ferry.Loader: option %s is given twice (as %s)" % (name, key))
             opts[name] = value
         threads = str(opts.get("worker_mode", "process")).lower() == "thread"
-        if isinstance(dataset, str):
-            if dataset_kwargs:
-                raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class, not a "
-                                "spec string")
-            spec = dataset
-        elif isinstance(dataset, type) or (callable(dataset) and
-                                           not hasattr(dataset, "__getitem__")):
-            spec = spec_for(dataset, dataset_kwargs)
-        elif hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
-            if dataset_kwargs:
-                raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class; this "
-                                "dataset is an object already")
-            spec = self._dataset_object(dataset, threads)
-        else:
-            raise TypeError("ferry.Loader: dataset must be a spec string, a dataset class or "
-                            "function, or a dataset object (with __getitem__ and __len__), "
-                            "not a %s" % type(dataset).__name__)
-        if spec.startswith("python:") and not threads:
-            # One clean parent loads the dataset and forks the workers
-            # (python -m ferry.worker --fork-server).
-            opts.setdefault("fork_server", True)
-            # torch's depth: 2 batches per worker in flight (its
-            # prefetch_factor): a Python batch is built slowly and often big
-            # (images), so a deeper window costs memory and gains little.
-            workers = opts.get("workers", 2)
-            if "prefetch" not in opts and isinstance(workers, numbers.Integral) and workers > 0:
-                opts["prefetch"] = min(1024, 2 * int(workers))
-            # (no local worker, only remote ones: no clean parent to fork)
-            if "fork_from" not in opts and _flag(opts["fork_server"]) and \
-                    not (isinstance(workers, numbers.Integral) and workers <= 0):
-                self._fork_template()
-                if self._template is not None:
-                    opts["fork_from"] = self._template.fileno()
-        if self._payload is not None:
-            self._hand_over()
-        pairs = [("dataset", spec)]
-        pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
-        if "worker_path" not in opts:
-            path, args = worker_command() if spec.startswith("python:") else \
-                _dataset.c_worker_command()
-            pairs += [("worker_path", path), ("worker_args", args)]
-        if self._data_fd is not None:
-            pairs.append(("dataset_fd", str(self._data_fd)))
-        self._pairs = pairs
-        try:
+        try:  # what fails from here on is undone by close() (see the except)
+            if isinstance(dataset, str):
+                if dataset_kwargs:
+                    raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class, "
+                                    "not a spec string")
+                spec = dataset
+            elif isinstance(dataset, type) or (callable(dataset) and
+                                               not hasattr(dataset, "__getitem__")):
+                spec = spec_for(dataset, dataset_kwargs)
+            elif hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+                if dataset_kwargs:
+                    raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class; this "
+                                    "dataset is an object already")
+                spec = self._dataset_object(dataset, threads)
+            else:
+                raise TypeError("ferry.Loader: dataset must be a spec string, a dataset class or "
+                                "function, or a dataset object (with __getitem__ and __len__), "
+                                "not a %s" % type(dataset).__name__)
+            if spec.startswith("python:") and not threads:
+                # One clean parent loads the dataset and forks the workers
+                # (python -m ferry.worker --fork-server).
+                opts.setdefault("fork_server", True)
+                # torch's depth: 2 batches per worker in flight (its
+                # prefetch_factor): a Python batch is built slowly and often big
+                # (images), so a deeper window costs memory and gains little.
+                workers = opts.get("workers", 2)
+                if "prefetch" not in opts and isinstance(workers, numbers.Integral) and \
+                        workers > 0:
+                    opts["prefetch"] = min(1024, 2 * int(workers))
+                # (no local worker, only remote ones: no clean parent to fork)
+                if "fork_from" not in opts and _flag(opts["fork_server"]) and \
+                        not (isinstance(workers, numbers.Integral) and workers <= 0):
+                    self._fork_template()
+                    if self._template is not None:
+                        opts["fork_from"] = self._template.fileno()
+            if self._payload is not None:
+                self._hand_over()
+            pairs = [("dataset", spec)]
+            pairs += [(k, _option_text(k, v)) for k, v in opts.items()]
+            if "worker_path" not in opts:
+                path, args = worker_command() if spec.startswith("python:") else \
+                    _dataset.c_worker_command()
+                pairs += [("worker_path", path), ("worker_args", args)]
+            if self._data_fd is not None:
+                pairs.append(("dataset_fd", str(self._data_fd)))
+            self._pairs = pairs
             self._adopt(self._open(state))
             self._exports = _profile.Exports(self, **exports)
         except BaseException:
             # Not left to __del__: the exception's traceback keeps this
-            # object, and the pickled dataset's memfd with it, alive.
+            # object, and with it the template forked, the buffers lent and
+            # the pickled dataset's memfd, alive.
             self.close()
             raise
 

@@ -99,10 +99,26 @@ def _memmap_again(path, dtype, shape, offset, order, mode, size, mtime_ns, inode
     return np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=shape, order=order)
 
 
+class _Items(list):
+    """An object array's items in the handoff: a list, but not exactly one,
+    so never taken for a big list to share (_shared): numpy rebuilds such
+    an array from an exact list it is given back."""
+
+
+def _object_array(items, shape):
+    """An object array of ``items`` (as they are: no sequence among them
+    is turned into a dimension), in ``shape``."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(shape)
+
+
 def _reduce_shared(obj):
     """How the handoff pickles obj where it differs from pickle's own way,
     or NotImplemented: a memmap by reference to its file; a plain CPU torch
     tensor as its numpy array (whose bytes go out of band)."""
+    if type(obj) is np.ndarray and obj.dtype == object:  # (pandas' object columns too)
+        return (_object_array, (_Items(obj.reshape(-1).tolist()), obj.shape))
     if isinstance(obj, np.memmap):
         import mmap
         path = getattr(obj, "filename", None)
@@ -243,8 +259,9 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None, inh
 
     def share(o):
         if id(o) in done:  # one more reference to it: the same id (and object)
-            return done[id(o)]
-        pid = done[id(o)] = _shared.auto_encode(o)
+            return done[id(o)][1]
+        pid = _shared.auto_encode(o)
+        done[id(o)] = (o, pid)  # o kept: a temporary freed meanwhile would lend its id
         if not names:
             names.append(_shared.find_names(obj))
         what = "%s (a %s of %d items)" % (names[0].get(id(o), "a part of the dataset"),

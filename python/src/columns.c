@@ -53,15 +53,12 @@ static PyObject *dict_columns(PyObject *self, PyObject *args)
         PyObject *key, *value;
         while (PyDict_Next(d, &pos, &key, &value)) {
             PyObject *want = PyTuple_GET_ITEM(keys, j);
-            if (key != want) { /* the same str, not merely an equal one: compare */
-                int eq = PyObject_RichCompareBool(key, want, Py_EQ);
-                if (eq < 0) {
-                    Py_DECREF(cols);
-                    return NULL;
-                }
-                if (!eq)
-                    goto other;
-            }
+            /* Keys compared here only when both are exact str (no __eq__ of
+             * a user's runs, and 1, True and 1.0 stay apart): anything else
+             * takes the Python path. */
+            if (key != want && (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(want) ||
+                                PyUnicode_Compare(key, want) != 0))
+                goto other;
             Py_INCREF(value);
             PyList_SET_ITEM(PyList_GET_ITEM(cols, j), i, value);
             j++;
@@ -136,8 +133,7 @@ static PyObject *int_column(PyObject *self, PyObject *arg)
 }
 
 /* str_column(values) -> (blob bytes, ends bytes of n+1 int64), or None when
- * some value is not a str (exactly) or has no UTF-8 form (a lone
- * surrogate: the Python path keeps those). */
+ * some value is not an ASCII str (exactly): the Python path takes those. */
 static PyObject *str_column(PyObject *self, PyObject *arg)
 {
     if (!PyList_Check(arg)) {
@@ -151,14 +147,15 @@ static PyObject *str_column(PyObject *self, PyObject *arg)
     int64_t *e = (int64_t *)PyBytes_AS_STRING(ends);
     e[0] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
+        /* ASCII only, read where it lies: asking a str for its UTF-8 would
+         * make it keep a copy for as long as it lives (the Python path
+         * encodes the others into the blob alone). */
         PyObject *s = PyList_GET_ITEM(arg, i);
-        Py_ssize_t len;
-        if (!PyUnicode_CheckExact(s) || !PyUnicode_AsUTF8AndSize(s, &len)) {
-            PyErr_Clear();
+        if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s)) {
             Py_DECREF(ends);
             Py_RETURN_NONE;
         }
-        e[i + 1] = e[i] + len;
+        e[i + 1] = e[i] + PyUnicode_GET_LENGTH(s);
     }
     PyObject *blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)e[n]);
     if (!blob) {
@@ -166,11 +163,8 @@ static PyObject *str_column(PyObject *self, PyObject *arg)
         return NULL;
     }
     char *b = PyBytes_AS_STRING(blob);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t len;
-        const char *u = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(arg, i), &len);
-        memcpy(b + e[i], u, (size_t)len);
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(b + e[i], PyUnicode_DATA(PyList_GET_ITEM(arg, i)), (size_t)(e[i + 1] - e[i]));
     PyObject *out = PyTuple_Pack(2, blob, ends);
     Py_DECREF(blob);
     Py_DECREF(ends);
@@ -262,12 +256,11 @@ static PyObject *str_find(PyObject *self, PyObject *args)
     PyObject *table_o, *blob_o, *ends_o, *key;
     if (!PyArg_ParseTuple(args, "OOOU:str_find", &table_o, &blob_o, &ends_o, &key))
         return NULL;
-    Py_ssize_t klen;
-    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
-    if (!k) { /* a lone surrogate: no such key was packed here */
-        PyErr_Clear();
+    /* Only ASCII keys are packed here (str_column): any other is none of them. */
+    if (!PyUnicode_IS_ASCII(key))
         return PyLong_FromLong(-1);
-    }
+    Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
+    const char *k = PyUnicode_DATA(key);
     Py_buffer tb;
     strings s;
     if (PyObject_GetBuffer(table_o, &tb, PyBUF_SIMPLE) < 0)
@@ -284,7 +277,7 @@ static PyObject *str_find(PyObject *self, PyObject *args)
             const unsigned char *p;
             size_t n;
             int64_t at = t[slot] - 1;
-            if (at < s.n && key_at(&s, at, &p, &n) == 0 && n == (size_t)klen &&
+            if (at >= 0 && at < s.n && key_at(&s, at, &p, &n) == 0 && n == (size_t)klen &&
                 memcmp(p, k, n) == 0) {
                 found = (uint64_t)at + 1;
                 break;

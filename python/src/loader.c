@@ -546,15 +546,19 @@ static PyObject *loader_state_at_epoch(LoaderObject *self, PyObject *arg)
 }
 
 /* feed(first_seq, counts, indices): ferry_loader_feed, from two
- * C-contiguous buffers (uint32 counts, 64-bit indices), read without a copy. */
+ * C-contiguous buffers (uint32 counts, 64-bit indices), read without a copy.
+ * The GIL stays held: the call only copies into the window under its lock,
+ * and no close() on another thread may free the loader meanwhile. */
 static PyObject *loader_feed(LoaderObject *self, PyObject *args)
 {
-    ferry_loader *ld = usable(self);
     unsigned long long first = 0;
     Py_buffer counts = {0}, indices = {0};
-    if (!ld || !PyArg_ParseTuple(args, "Ky*y*:feed", &first, &counts, &indices))
+    if (!PyArg_ParseTuple(args, "Ky*y*:feed", &first, &counts, &indices))
         return NULL;
     PyObject *out = NULL;
+    ferry_loader *ld = usable(self); /* after the parse, which can run Python code */
+    if (!ld)
+        goto done;
     if (counts.itemsize != 4 || indices.itemsize != 8 || counts.len % 4 || indices.len % 8) {
         PyErr_SetString(PyExc_TypeError, "feed: counts must be uint32 and indices 64-bit "
                                          "integers");
@@ -569,10 +573,7 @@ static PyObject *loader_feed(LoaderObject *self, PyObject *args)
                                        "given", (unsigned long long)total, indices.len / 8);
         goto done;
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ferry_loader_feed(ld, (uint64_t)first, n, c, indices.buf);
-    Py_END_ALLOW_THREADS
+    int rc = ferry_loader_feed(ld, (uint64_t)first, n, c, indices.buf);
     out = rc == FERRY_OK ? Py_NewRef(Py_None) : ferry_py_raise(rc, ferry_last_error());
 done:
     PyBuffer_Release(&counts);

@@ -161,3 +161,29 @@ def test_rows_whose_keys_differ_in_order_stay_a_list_and_odd_keys_still_look_up(
     assert type(got_rows) is list and got_rows == rows
     assert isinstance(got_vocab, ferry.SharedDict) and got_vocab["\udc80lone"] == -7
     assert got_vocab["w99999"] == 99999 and "w100000" not in got_vocab
+
+
+class _FreshLists:
+    """Pickles as a new big list each time (a __getstate__ that builds one)."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __getstate__(self):
+        return {"tag": self.tag, "rows": ["%s%d" % (self.tag, k) for k in range(_shared.AUTO_MIN)]}
+
+
+def test_big_lists_a_reducer_makes_and_drops_keep_their_own_data():
+    # Each temporary list is freed once pickled; another may then get its
+    # address, and must not be taken for it.
+    got = _round_trip([_FreshLists(t) for t in "abc"])
+    assert [g.__dict__["rows"][0] for g in got] == ["a0", "b0", "c0"]
+
+
+def test_an_object_array_round_trips_whatever_its_size():
+    arr = np.empty(_shared.AUTO_MIN + 3, dtype=object)
+    arr[:] = [("p", k) if k % 2 else [k] for k in range(len(arr))]
+    grid = np.array([[{"a": 1}, None], ["x", 2.5]], dtype=object)
+    got, got_grid = _round_trip((arr, grid))
+    assert got.dtype == object and got.shape == arr.shape and list(got) == list(arr)
+    assert got_grid.shape == (2, 2) and got_grid[0, 0] == {"a": 1} and got_grid[1, 1] == 2.5

@@ -1502,3 +1502,11 @@ def test_workers_share_the_trainers_mp_value_and_semaphore_as_torchs_do(loader_c
     assert ds.arrived.value == 2
     assert ds.built.value == 24 if loader_cls is TorchLoader else ds.built.value % 3 == 0 and \
         24 <= ds.built.value <= 24 + 3 * 2 * 2
+
+
+def test_a_changed_dataset_starts_the_workers_again_out_of_order_too():
+    ds = Curriculum()
+    with DataLoader(ds, batch_size=2, num_workers=2, in_order=False) as dl:
+        assert sorted(torch.cat(list(dl)).tolist()) == [[i, 8, 0] for i in range(6)]
+        ds.max_len = 9
+        assert sorted(torch.cat(list(dl)).tolist()) == [[i, 9, 0] for i in range(6)]

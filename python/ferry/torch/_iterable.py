@@ -70,7 +70,10 @@ class _StreamTable:
         self._feed()
 
     def attach(self, loader):
+        """Feeds `loader`, a new one (its stream starts at seq 0): every
+        entry decided so far, none delivered yet, from the first."""
         self.loader = loader
+        self.fed = 0
         self._feed()
 
     def close(self):

@@ -100,6 +100,15 @@ class _InWorkers:
         ld = Loader(self._batches, **opts)
         if self._follow:  # what it was given: no change since
             self._given = self._fingerprint()
+            if self._given is None or self._fingerprint() != self._given:
+                # It does not pickle the same twice (a __getstate__ that makes
+                # new big lists, a time in it): every epoch would seem a
+                # change and start the workers again. It is not followed.
+                self._follow = False
+                logging.getLogger("ferry").info(
+                    "ferry.torch.DataLoader: the dataset does not pickle the same way twice, "
+                    "so its changes between epochs cannot be told: each epoch gets it as it "
+                    "was when the workers started (persistent_workers=True says so)")
         return ld, self
 
     def structure(self, b):

@@ -108,7 +108,8 @@ class _SamplerTable:
         for e in sorted(self.pending):
             if not self.fits(e):
                 break  # it waits for a loader with room for it
-            self.loader.feed(e * self.n, self.pending.pop(e))
+            self.loader.feed(e * self.n, self.pending[e])
+            del self.pending[e]  # once fed: a feed that raised keeps it
 
     def skip_to(self, epoch, state):
         """Goes on at `epoch` (a resume): from the sampler's saved state
