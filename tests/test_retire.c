@@ -144,8 +144,10 @@ static void test_memory_budget_retires_leaking_workers_within_one_batch(void **s
     assert_int_equal(st.restarts, 0);
     assert_int_equal(st.failed, 0);
     assert_true(peak > budget / 2); /* the probe does see the leak */
-    /* Malloc's own bookkeeping rides along with the batch: 64 KiB of slack. */
-    assert_true(peak <= budget + batch_growth + (64 << 10));
+    /* Malloc's own bookkeeping rides along with the batch (each 256 KiB
+     * item is an mmap of its own, with its header page): half a batch of
+     * slack. A budget not kept would overshoot by many batches. */
+    assert_true(peak <= budget + batch_growth + (512 << 10));
     ft_close_within(ld, 5000);
     for (int i = 0; i < cap.n; i++)
         print_message("[%s] %s\n", ferry_log_level_name(cap.level[i]), cap.line[i]);
