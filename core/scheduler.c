@@ -274,6 +274,19 @@ static void dispatch(ferry__scheduler *s)
  * Waiting
  */
 
+/* The deaths and disconnections whose last replies are in are acted on
+ * (supervise.c). Every message waiting on the router is read first, not
+ * only a drain's budget: a local worker that retired sent its BYE before it
+ * exited, and the send that tells its end (EHOSTUNREACH) says so even while
+ * its BYE still waits here, behind other workers' batches; read later, the
+ * retirement would be taken for a crash. */
+static void settle(ferry__scheduler *s)
+{
+    if (s->settling)
+        ferry__sched_drain(s, s->router, INT_MAX);
+    ferry__sched_settle(s);
+}
+
 /* One round of waiting: the sockets, the wake fd, the ZAP handler, and
  * every live local worker's stderr and pidfd. */
 static void poll_once(ferry__scheduler *s, int timeout_ms)
@@ -292,7 +305,7 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
     if (zmq_poll(items, n, timeout_ms) <= 0) {
         if (s->remote)
             ferry__sched_probe_remote(s);
-        ferry__sched_settle(s);
+        settle(s);
         return;
     }
     if (items[1].revents & ZMQ_POLLIN) {
@@ -327,7 +340,7 @@ static void poll_once(ferry__scheduler *s, int timeout_ms)
             ferry__window_fail(s->win, ev->code, msg);
         }
     }
-    ferry__sched_settle(s);
+    settle(s);
 }
 
 /* Every TRIM_EVERY_MS, the batch slots left free for TRIM_IDLE_MS beyond
