@@ -1,11 +1,8 @@
 /*
- * pool.c - local workers: spawn, watch, kill, reap (see pool.h).
- *
- * Each worker's record is the scheduler thread's, except `pid` (read by
- * ferry_loader_worker_pid from the trainer's thread, hence atomic) and a
- * thread worker's result (written by that thread before it sets `done`).
+ * pool.c - local workers: watch, kill, reap (see pool.h); starting them is
+ * pool_start.c's (pool_internal.h says what the two share).
  */
-#include "pool.h"
+#include "pool_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,55 +27,6 @@
 #include "forkserver.h"
 #include "process.h"
 #include "worker.h"
-
-typedef struct local_worker {
-    ferry__pool *pool;
-    uint32_t index;
-    _Atomic pid_t pid; /* 0 for a thread or when not running */
-    int pidfd;         /* -1 when none */
-    int errfd;         /* read end of its stderr, -1 when none */
-    char tail[512];    /* the end of what it wrote to stderr */
-    size_t tail_len;
-    int killing;           /* the pool has sent it SIGKILL */
-    char kill_reason[256]; /* why, or "" */
-    uint64_t ready_by_ms;
-    /* thread workers */
-    pthread_t thread;
-    int thread_live; /* started and not joined */
-    atomic_int done; /* the thread function has returned */
-    int reported;    /* its failure went out as an event */
-    int thread_rc;   /* valid once done */
-    char thread_msg[FERRY__ERRMSG_MAX];
-} local_worker;
-
-struct ferry__pool {
-    ferry__pool_opts o;
-    local_worker *w;
-    atomic_int cancel;    /* thread workers: stop */
-    local_worker **owner; /* the worker behind each poll item, 2 * n */
-    int nerr, npid;       /* poll items last handed out: stderr ones, then pidfds */
-    int leaked;           /* a thread worker was left running */
-    /* Process workers' task words: worker i writes the id (+1) of the task
-     * it is building at words[i * WORD_STRIDE], 0 between tasks. Shared
-     * memory (a memfd passed to each worker), so the word outlives a dead
-     * worker and says which task killed it. Never inherited by a child the
-     * trainer forks: the mapping is MADV_DONTFORK and the memfd is closed
-     * in the child (forkfds.h) and on exec (see map_task_words). */
-    int task_fd;
-    _Atomic uint64_t *words;
-    size_t words_len;
-    /* The clean parent (option fork_server): its record is w[n] (pid,
-     * pidfd, stderr, as a worker's), `ctl` its control socket (-1: none
-     * running). `asked` lists, oldest first, the workers asked of it and
-     * not yet forked (their stderr pipes are open already). */
-    int fork;                   /* workers are forked by the clean parent */
-    int ctl;
-    int parent_ready;           /* it said "R" */
-    uint32_t *asked;
-    uint32_t nasked;
-};
-
-#define WORD_STRIDE (FERRY__TASK_WORD_BYTES / sizeof(uint64_t))
 
 /* The shared task words of process workers (see struct ferry__pool).
  * FERRY_OK, or FERRY_ESYS/FERRY_ELIMIT with what is acquired left for
@@ -165,368 +113,12 @@ pid_t ferry__pool_pid(ferry__pool *p, uint32_t i)
     return i < p->o.n ? atomic_load(&p->w[i].pid) : 0;
 }
 
-/* ------------------------------------------------------------------------
- * Starting
- */
-
-static void *thread_main(void *arg)
-{
-    local_worker *w = arg;
-    ferry__pool *p = w->pool;
-    ferry__worker_opts wo = {.endpoint = p->o.endpoint,
-                             .slot = (int)w->index,
-                             .zctx = p->o.zctx,
-                             .cancel = &p->cancel,
-                             .handshake_ms = p->o.start_timeout_ms,
-                             /* The same slots as a process worker's, through
-                              * the loader's own mapping: a batch is written
-                              * into its slot, the trainer's batch is a view
-                              * of it, and the process maps each page once. */
-                             .shm_fd = p->o.shm_fd > 0 ? p->o.shm_fd : 0,
-                             .shm = p->o.shm,
-                             /* A plugin may have started threads (an OpenMP pool)
-                              * that outlive its loader: unloading it would leave
-                              * them running unmapped code. */
-                             .keep_plugins = 1};
-    int rc = ferry__worker_run(&wo);
-    w->thread_rc = rc;
-    if (rc != FERRY_OK)
-        snprintf(w->thread_msg, sizeof w->thread_msg, "%s", ferry_last_error());
-    atomic_store(&w->done, 1);
-    if (rc != FERRY_OK && !atomic_load(&p->cancel)) {
-        uint64_t one = 1;
-        while (write(p->o.wake_fd, &one, sizeof one) < 0 && errno == EINTR)
-            ;
-    }
-    return NULL;
-}
-
-static int start_thread(local_worker *w)
-{
-    atomic_store(&w->done, 0);
-    w->reported = 0;
-    int e = pthread_create(&w->thread, NULL, thread_main, w);
-    if (e)
-        return ferry__syserr(FERRY_ESPAWN, "could not start a worker thread", e);
-    w->thread_live = 1;
-    return FERRY_OK;
-}
-
-static ferry__worker_launch launch_of(const ferry__pool *p, uint32_t i)
-{
-    return (ferry__worker_launch){.endpoint = p->o.endpoint,
-                                  .slot = (int)i,
-                                  .task_fd = p->task_fd,
-                                  .shm_fd = p->o.shm_fd,
-                                  .data_fd = p->o.data_fd};
-}
-
-/* Worker w as a fresh process image. */
-static int spawn_process(ferry__pool *p, local_worker *w)
-{
-    ferry__worker_launch l = launch_of(p, w->index);
-    pid_t pid;
-    int rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, &l, &pid, &w->pidfd,
-                                 &w->errfd);
-    if (rc == FERRY_OK)
-        atomic_store(&w->pid, pid);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------
- * The clean parent (option fork_server; forkserver.h)
- */
-
-/* Starts the clean parent: forked by the template at option fork_from (a
- * fork of the trainer the Python package makes per loader) when there is
- * one and it answers, else spawned. Its arguments: --fork-server, its
- * control socket (fd 3), the dataset to load, the data fd (4) if any. */
-static int start_parent(ferry__pool *p)
-{
-    local_worker *w = &p->w[p->o.n];
-    int theirs, rc = ferry__fork_socketpair(&p->ctl, &theirs);
-    if (rc != FERRY_OK)
-        return rc;
-    char parent_s[24], data_s[16];
-    snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
-    snprintf(data_s, sizeof data_s, "%d", FERRY__PASSED_FD + 1);
-    char *own[] = {"--fork-server", "--control-fd", "3", "--parent", parent_s,
-                   "--dataset", (char *)(p->o.dataset ? p->o.dataset : ""),
-                   p->o.data_fd >= 0 ? "--data-fd" : NULL, data_s, NULL};
-    int pass[] = {theirs, p->o.data_fd};
-    int npass = p->o.data_fd >= 0 ? 2 : 1;
-    pid_t pid = 0;
-    rc = FERRY_ESPAWN;
-    if (p->o.fork_from >= 0) {
-        int errpipe[2];
-        if (ferry__stderr_pipe(errpipe) == FERRY_OK) {
-            int fds[] = {errpipe[1], theirs, p->o.data_fd};
-            rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms, &pid);
-            close(errpipe[1]);
-            if (rc == FERRY_OK && (w->pidfd = pidfd_open(pid, 0)) < 0)
-                rc = ferry__syserr(FERRY_ESPAWN, "watching the clean parent: pidfd_open", errno);
-            if (rc == FERRY_OK)
-                w->errfd = errpipe[0];
-            else
-                close(errpipe[0]);
-        }
-        if (rc != FERRY_OK)
-            ferry__logf(&p->o.log, FERRY_LOG_INFO,
-                        "the clean parent's template could not fork it (%s); "
-                        "spawning it",
-                        ferry_last_error());
-    }
-    if (rc != FERRY_OK)
-        rc = ferry__spawn_piped(p->o.worker_path, p->o.worker_args, own, pass, npass, &pid,
-                                &w->pidfd, &w->errfd);
-    close(theirs);
-    if (rc != FERRY_OK) {
-        close(p->ctl);
-        p->ctl = -1;
-        return rc;
-    }
-    w->tail_len = 0;
-    w->killing = 0;
-    w->kill_reason[0] = '\0';
-    p->parent_ready = 0;
-    atomic_store(&w->pid, pid);
-    return FERRY_OK;
-}
-
-/* Asks the clean parent (started if none runs) for worker i. */
-static int ask_parent(ferry__pool *p, uint32_t i)
-{
-    local_worker *w = &p->w[i];
-    int rc = p->ctl >= 0 ? FERRY_OK : start_parent(p);
-    if (rc != FERRY_OK)
-        return rc;
-    char *own[FERRY__OWN_ARGS_MAX + 1], nums[FERRY__PASSED_MAX + 2][24];
-    int fds[FERRY__PASSED_MAX + 1], npass;
-    ferry__worker_launch l = launch_of(p, i);
-    ferry__worker_own_args(&l, own, fds + 1, &npass, nums);
-    int errpipe[2];
-    if (ferry__stderr_pipe(errpipe) != FERRY_OK)
-        return FERRY_ESPAWN;
-    fds[0] = errpipe[1];
-    rc = ferry__fork_request(p->ctl, own, fds, npass + 1);
-    close(errpipe[1]);
-    if (rc != FERRY_OK) {
-        close(errpipe[0]);
-        return rc;
-    }
-    w->errfd = errpipe[0];
-    p->asked[p->nasked++] = i;
-    return FERRY_OK;
-}
-
-/* The oldest worker asked of the clean parent, taken off the list; -1. */
-static int64_t take_asked(ferry__pool *p)
-{
-    if (!p->nasked)
-        return -1;
-    uint32_t i = p->asked[0];
-    memmove(p->asked, p->asked + 1, --p->nasked * sizeof *p->asked);
-    return i;
-}
-
-/* Worker w, asked of the clean parent and not forked, spawned instead:
- * the stderr pipe made for the fork goes. A failure is logged; the worker
- * stays unstarted and its start deadline catches it. */
-static void spawn_instead(ferry__pool *p, local_worker *w)
-{
-    if (w->errfd >= 0)
-        close(w->errfd);
-    w->errfd = -1;
-    if (spawn_process(p, w) != FERRY_OK)
-        ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s", w->index,
-                    ferry_last_error());
-}
-
-static void read_parent(ferry__pool *p);
-static void forget_process(local_worker *w);
-
 /* The clean parent, if one runs, killed and reaped, and its socket closed:
  * it forks nothing more. */
-/* The clean parent, if one runs, killed and reaped: it forks nothing more. */
-static void reap_parent(ferry__pool *p)
-{
-    local_worker *w = &p->w[p->o.n];
-    pid_t pid = atomic_load(&w->pid);
-    if (pid) {
-        pidfd_send_signal(w->pidfd, SIGKILL, NULL, 0);
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-        forget_process(w);
-    }
-}
-
-static void kill_parent(ferry__pool *p)
-{
-    reap_parent(p);
-    if (p->ctl >= 0)
-        close(p->ctl);
-    p->ctl = -1;
-}
-
-/* Workers are spawned from now on; those asked and not forked are spawned
- * now. A clean parent still running is stopped first, having said which
- * it forked already: it must fork none of those spawned here. */
-static void give_up_forking(ferry__pool *p, const char *why)
-{
-    if (p->fork)
-        ferry__logf(&p->o.log, FERRY_LOG_WARN,
-                    "worker processes are spawned, not forked by a clean parent: %s", why);
-    if (p->ctl >= 0)
-        read_parent(p);
-    kill_parent(p);
-    p->fork = 0;
-    for (int64_t i; (i = take_asked(p)) >= 0;)
-        spawn_instead(p, &p->w[i]);
-}
-
-/* The clean parent's answers: "R", and a pid (or an error) per request. */
-static void read_parent(ferry__pool *p)
-{
-    for (;;) {
-        ferry__fork_answer a;
-        ferry__fork_read(p->ctl, &a);
-        if (a.kind == FERRY__FORK_NONE || a.kind == FERRY__FORK_CLOSED)
-            return; /* gone: its pidfd says so, with the status */
-        if (a.kind == FERRY__FORK_READY) {
-            p->parent_ready = 1;
-            continue;
-        }
-        int64_t i = take_asked(p);
-        if (i < 0)
-            continue; /* an answer to nothing: ignored */
-        local_worker *w = &p->w[i];
-        if (a.kind == FERRY__FORK_PID) {
-            /* Our child (CLONE_PARENT), so its pid cannot be reused before
-             * we reap it: pidfd_open is race-free. ESRCH: a trainer that
-             * reaps every child has done so already; its death is then seen
-             * as an exit of unknown status when the worker fails to connect. */
-            w->pidfd = pidfd_open(a.pid, 0);
-            if (w->pidfd >= 0)
-                atomic_store(&w->pid, a.pid);
-            continue;
-        }
-        ferry__logf(&p->o.log, FERRY_LOG_WARN,
-                    "the clean parent could not fork worker %u (%s); spawning it",
-                    (unsigned)i, a.text);
-        spawn_instead(p, w);
-    }
-}
-
-void ferry__pool_parent_restart(ferry__pool *p)
-{
-    if (!p->fork)
-        return;
-    uint32_t n = p->nasked, again[n ? n : 1];
-    for (uint32_t k = 0; k < n; k++) {
-        again[k] = p->asked[k];
-        local_worker *w = &p->w[again[k]];
-        if (w->errfd >= 0)
-            close(w->errfd);
-        w->errfd = -1;
-    }
-    p->nasked = 0;
-    /* Started now, not at the next worker's start: a death later is then
-     * answered by a fork at once. */
-    int rc = start_parent(p);
-    if (rc != FERRY_OK) {
-        for (uint32_t k = 0; k < n; k++)
-            p->asked[p->nasked++] = again[k];
-        give_up_forking(p, ferry_last_error());
-        return;
-    }
-    for (uint32_t k = 0; k < n; k++) {
-        rc = ask_parent(p, again[k]);
-        if (rc != FERRY_OK) {
-            /* Those not asked yet go back on the list, to be spawned. */
-            for (uint32_t j = k; j < n; j++)
-                p->asked[p->nasked++] = again[j];
-            give_up_forking(p, ferry_last_error());
-            return;
-        }
-    }
-}
-
-void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms)
-{
-    uint64_t deadline = ferry__now_ms() + (uint64_t)timeout_ms;
-    for (;;) {
-        int asked = 0;
-        for (uint32_t k = 0; k < p->nasked; k++)
-            asked |= p->asked[k] == i;
-        uint64_t now = ferry__now_ms();
-        if (!asked || p->ctl < 0 || now >= deadline)
-            return;
-        struct pollfd pf = {.fd = p->ctl, .events = POLLIN};
-        if (poll(&pf, 1, (int)(deadline - now)) > 0)
-            read_parent(p);
-    }
-}
-
-int ferry__pool_start(ferry__pool *p, uint32_t i)
-{
-    local_worker *w = &p->w[i];
-    w->killing = 0;
-    w->kill_reason[0] = '\0';
-    w->tail_len = 0;
-    w->ready_by_ms = ferry__now_ms() + (uint64_t)p->o.start_timeout_ms;
-    /* A process worker holds a pidfd and a stderr pipe, and its connection
-     * an accepted socket; a thread worker a socket pair and a mailbox. Four
-     * beyond that are left for the trainer. */
-    char what[48];
-    snprintf(what, sizeof what, "starting worker %u", i);
-    int rc = ferry__fd_headroom(8, what);
-    if (rc != FERRY_OK)
-        return rc;
-    if (p->o.threads)
-        return start_thread(w);
-    atomic_store(&p->words[i * WORD_STRIDE], 0);
-    if (p->fork) {
-        rc = ask_parent(p, i);
-        if (rc == FERRY_OK)
-            return rc;
-        give_up_forking(p, ferry_last_error());
-    }
-    return spawn_process(p, w);
-}
 
 /* ------------------------------------------------------------------------
  * Watching
  */
-
-/* Passes whatever worker w wrote to stderr on to ours, keeping the end of it
- * for the message if the worker dies. */
-static void pump_stderr(local_worker *w)
-{
-    char buf[4096];
-    for (;;) {
-        ssize_t n = read(w->errfd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return;
-        ssize_t off = 0;
-        while (off < n) {
-            ssize_t m = write(STDERR_FILENO, buf + off, (size_t)(n - off));
-            if (m <= 0)
-                break;
-            off += m;
-        }
-        size_t keep = sizeof w->tail - 1;
-        size_t add = (size_t)n > keep ? keep : (size_t)n;
-        if (w->tail_len + add > keep) {
-            size_t drop = w->tail_len + add - keep;
-            memmove(w->tail, w->tail + drop, w->tail_len - drop);
-            w->tail_len -= drop;
-        }
-        memcpy(w->tail + w->tail_len, buf + n - add, add);
-        w->tail_len += add;
-    }
-}
 
 /* The last few lines the worker wrote (at most 3, joined with " | "), or "":
  * typically the dataset's own message, then the crash handler's note. */
@@ -564,19 +156,6 @@ static void last_words(const local_worker *w, char *out, size_t cap)
     out[o] = '\0';
 }
 
-/* Closes what the pool held for a process that is gone. */
-static void forget_process(local_worker *w)
-{
-    close(w->pidfd);
-    w->pidfd = -1;
-    if (w->errfd >= 0) {
-        pump_stderr(w);
-        close(w->errfd);
-        w->errfd = -1;
-    }
-    atomic_store(&w->pid, 0);
-}
-
 /* Reaps worker w's process if it has exited: returns 1 with its wait
  * status, or with *status -1 when someone else collected it. That happens
  * when the trainer sets SIGCHLD to SIG_IGN (the kernel reaps at once) or
@@ -596,7 +175,7 @@ static int reap(local_worker *w, int *status)
         *status = -1;
     else if (r != pid)
         return 0;
-    forget_process(w);
+    ferry__pool_forget_process(w);
     return 1;
 }
 
@@ -636,85 +215,16 @@ static void death_event(local_worker *w, pid_t pid, int status, ferry__pool_even
     last_words(w, ev->words, sizeof ev->words);
 }
 
-/* The clean parent was reaped (ev says how): its control socket is
- * closed. One that had been ready goes out as FERRY__POOL_PARENT_DIED
- * (returns 1): the workers it forked are the loader's children and go on,
- * and those it had not forked yet are asked of the next one
- * (ferry__pool_parent_restart). One that died before it was ready (a
- * worker program without --fork-server, a dataset module that crashes the
- * interpreter on import) is no reason to fail: workers are spawned from
- * then on, and their own start says what is wrong (returns 0). */
-static int parent_gone(ferry__pool *p, ferry__pool_event *ev)
-{
-    ev->kind = FERRY__POOL_PARENT_DIED;
-    if (p->ctl >= 0)
-        read_parent(p); /* answers it gave before dying */
-    if (p->ctl >= 0)
-        close(p->ctl);
-    p->ctl = -1;
-    int was_ready = p->parent_ready;
-    p->parent_ready = 0;
-    if (was_ready)
-        return 1;
-    char how[256], why[FERRY__ERRMSG_MAX];
-    if (ev->status == -1)
-        snprintf(how, sizeof how, "exited");
-    else
-        ferry__describe_status(ev->status, how, sizeof how);
-    snprintf(why, sizeof why, "the clean parent (pid %d) %s before it was ready%s%s", (int)ev->pid,
-             how, ev->words[0] ? "; its last words: " : "", ev->words);
-    give_up_forking(p, why);
-    return 0;
-}
-
-/* The most a clean parent told to stop gets to finish the forks it was
- * asked for and leave before it is killed. */
-#define PARENT_STOP_MS 200
-
-void ferry__pool_parent_stop(ferry__pool *p)
-{
-    /* Told first, killed only if it does not go: with our side of the
-     * socket shut for writing it reads the end of its requests, so it
-     * answers the forks it was asked for and exits. A SIGKILL at once
-     * could land between a fork and its "P" answer, and leave a worker
-     * that no one knows of running after close until its handshake timed
-     * out (seen at the close that follows a retirement, whose replacement
-     * is asked for as the last batches come). */
-    local_worker *pw = &p->w[p->o.n];
-    if (atomic_load(&pw->pid) && p->ctl >= 0 && shutdown(p->ctl, SHUT_WR) == 0) {
-        struct pollfd pf = {.fd = pw->pidfd, .events = POLLIN};
-        uint64_t deadline = ferry__now_ms() + PARENT_STOP_MS;
-        for (uint64_t now; (now = ferry__now_ms()) < deadline;) {
-            if (poll(&pf, 1, (int)(deadline - now)) >= 0 || errno != EINTR)
-                break;
-        }
-    }
-    /* Reaped, so it forks nothing more; then the answers it sent before
-     * going are read: a worker it forked for a request (a replacement,
-     * say) whose pid was still in the socket would be known to no one,
-     * not stopped with the others, and left running after close until its
-     * handshake timed out. */
-    reap_parent(p);
-    if (p->ctl >= 0)
-        read_parent(p);
-    kill_parent(p);
-    p->fork = 0; /* closing: nothing is forked any more */
-    for (int64_t i; (i = take_asked(p)) >= 0;) {
-        close(p->w[i].errfd);
-        p->w[i].errfd = -1;
-    }
-}
-
 int ferry__pool_after_poll(ferry__pool *p, const zmq_pollitem_t *items, ferry__pool_event *ev)
 {
     int nev = 0;
     for (int i = 0; i < p->nerr; i++) {
         if (items[i].revents)
-            pump_stderr(p->owner[i]);
+            ferry__pool_pump_stderr(p->owner[i]);
     }
     int ctl_item = p->nerr + p->npid;
     if (p->ctl >= 0 && items[ctl_item].revents)
-        read_parent(p);
+        ferry__pool_read_parent(p);
     for (int i = p->nerr; i < p->nerr + p->npid; i++) {
         local_worker *w = p->owner[i];
         pid_t pid = atomic_load(&w->pid);
@@ -722,7 +232,7 @@ int ferry__pool_after_poll(ferry__pool *p, const zmq_pollitem_t *items, ferry__p
         if (!(items[i].revents & ZMQ_POLLIN) || !reap(w, &status))
             continue;
         death_event(w, pid, status, &ev[nev]);
-        if (w->index < p->o.n || parent_gone(p, &ev[nev]))
+        if (w->index < p->o.n || ferry__pool_parent_gone(p, &ev[nev]))
             nev++;
     }
     for (uint32_t i = 0; i < p->o.n; i++) {
@@ -808,7 +318,7 @@ void ferry__pool_kill_all(ferry__pool *p)
             continue;
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
-        forget_process(w);
+        ferry__pool_forget_process(w);
     }
 }
 
