@@ -208,12 +208,12 @@ static PyMethodDef profile_methods[] = {
      "report() -> dict: the stages (seconds), per worker, and the verdict"},
     {"histogram", (PyCFunction)profile_histogram, METH_VARARGS,
      "histogram(stage, worker=-1) -> (count, sum, [(le, cumulative count)])"},
-    {NULL},
+    {0},
 };
 
 static PyGetSetDef profile_getset[] = {
     {"workers", (getter)profile_workers, NULL, "worker slots", NULL},
-    {NULL},
+    {0},
 };
 
 static PyTypeObject ProfileType = {
