@@ -26,6 +26,22 @@ static uint64_t fnv1a(const unsigned char *p, size_t n)
     return h;
 }
 
+/* k lists of n items each, the items still to be set (NULL until then: a
+ * list's dealloc skips them). */
+static PyObject *new_columns(Py_ssize_t k, Py_ssize_t n)
+{
+    PyObject *cols = PyList_New(k);
+    for (Py_ssize_t j = 0; cols && j < k; j++) {
+        PyObject *c = PyList_New(n);
+        if (!c) {
+            Py_CLEAR(cols);
+            break;
+        }
+        PyList_SET_ITEM(cols, j, c);
+    }
+    return cols;
+}
+
 /* dict_columns(items, keys) -> [column per key] (lists), or None when some
  * item is not a dict (exactly) with exactly these keys in this order. */
 static PyObject *dict_columns(PyObject *self, PyObject *args)
@@ -34,17 +50,9 @@ static PyObject *dict_columns(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!:dict_columns", &PyList_Type, &items, &PyTuple_Type, &keys))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items), k = PyTuple_GET_SIZE(keys);
-    PyObject *cols = PyList_New(k);
+    PyObject *cols = new_columns(k, n);
     if (!cols)
         return NULL;
-    for (Py_ssize_t j = 0; j < k; j++) {
-        PyObject *c = PyList_New(n);
-        if (!c) {
-            Py_DECREF(cols);
-            return NULL;
-        }
-        PyList_SET_ITEM(cols, j, c);
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *d = PyList_GET_ITEM(items, i);
         if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) != k)
@@ -79,17 +87,9 @@ static PyObject *tuple_columns(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!n:tuple_columns", &PyList_Type, &items, &k))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items);
-    PyObject *cols = PyList_New(k);
+    PyObject *cols = new_columns(k, n);
     if (!cols)
         return NULL;
-    for (Py_ssize_t j = 0; j < k; j++) {
-        PyObject *c = PyList_New(n);
-        if (!c) {
-            Py_DECREF(cols);
-            return NULL;
-        }
-        PyList_SET_ITEM(cols, j, c);
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = PyList_GET_ITEM(items, i);
         if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != k) {
