@@ -73,14 +73,8 @@ def _ends(lengths):
 
 
 def _text_column(values):
-    packed = _ferry.str_column(values)  # in C; None for a lone surrogate
-    if packed is not None:
-        return ("str", np.frombuffer(packed[0], dtype=np.uint8),
-                np.frombuffer(packed[1], dtype=np.int64))
-    joined = "".join(values)
-    if joined.isascii():  # one byte per character: the lengths are len()
-        return ("str", np.frombuffer(joined.encode("ascii"), dtype=np.uint8),
-                _ends(list(map(len, values))))
+    """A column of strs that are not all ASCII (those are packed in C:
+    encode_column): UTF-8, surrogates kept."""
     raw = [v.encode("utf-8", "surrogatepass") for v in values]
     return ("str", np.frombuffer(b"".join(raw), dtype=np.uint8), _ends(list(map(len, raw))))
 

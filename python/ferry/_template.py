@@ -7,6 +7,8 @@ import os
 import sys
 import traceback
 
+from . import _startup
+
 
 # ------------------------------------------------------------ the clean parent's origin
 #
@@ -195,11 +197,7 @@ def _run_template(sock, trainer):
         except BaseException:  # noqa: BLE001
             pass
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(rc if isinstance(rc, int) else 1)
+        _startup.leave(rc)
 
 
 def become_ferry_process():
@@ -211,7 +209,6 @@ def become_ferry_process():
     multiprocessing told it is in a child (its after-fork resets, as in
     a child it forks itself)."""
     import signal
-    from . import _startup
     try:
         signal.set_wakeup_fd(-1)
     except (ValueError, OSError):

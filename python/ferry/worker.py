@@ -47,7 +47,7 @@ import os
 import socket
 import sys
 
-from ._startup import limit_threads
+from ._startup import leave, limit_threads
 
 _NAME = "python -m ferry.worker"
 
@@ -130,11 +130,7 @@ def _child(sock, args, fds):
         import traceback
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(rc if isinstance(rc, int) else 1)
+        leave(rc)
 
 
 def _trim_heap():
@@ -317,10 +313,10 @@ def run():
     (seconds with torch imported), which has nothing to save."""
     limit_threads()
     rc = main()
+    if "--slot" in sys.argv or "--fork-server" in sys.argv:
+        leave(rc)
     sys.stdout.flush()
     sys.stderr.flush()
-    if "--slot" in sys.argv or "--fork-server" in sys.argv:
-        os._exit(rc if isinstance(rc, int) else 1)
     sys.exit(rc)
 
 
