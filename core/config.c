@@ -57,6 +57,9 @@ static const opt_def options[] = {
     {"feed_batches", OPT_INT, OFF(feed_batches), 0, INT64_MAX, NULL,
      "batches per epoch whose indices the trainer feeds (ferry_loader_feed), at most "
      "batch_size each; 0: the loader's own sampler"},
+    {"mix", OPT_STR, OFF(mix), 0, FERRY__MIX_SPEC_MAX, NULL,
+     "the dataset is sources end to end, drawn by weight: SIZES;0:WEIGHTS[;STEP:WEIGHTS...]"
+     "[;length=L] (positions of the mixed order)"},
     {"epochs", OPT_INT, OFF(epochs), 0, INT64_MAX, NULL, "stop after this many epochs"},
     {"max_batches", OPT_INT, OFF(max_batches), 0, INT64_MAX, NULL, "stop after this many batches"},
     {"timeout_ms", OPT_INT, OFF(timeout_ms), 0, 86400000, NULL, "per-batch deadline"},

@@ -13,6 +13,7 @@
 
 #include "ferry.h"
 #include "log.h"
+#include "mix.h"
 
 #define FERRY__ENDPOINT_MAX 256
 /* A dataset spec, with its NUL; the wire protocol carries as much (checked
@@ -35,6 +36,7 @@ typedef enum ferry__placement {
 
 struct ferry_config {
     char dataset[FERRY__DATASET_MAX];
+    char mix[FERRY__MIX_SPEC_MAX]; /* several sources drawn by weight (sampler/mix.h), "" = none */
     int64_t batch_size;
     int64_t drop_last;
     int64_t shuffle; /* -1: on when a seed was set */

@@ -51,6 +51,9 @@ static int check_config(const ferry_config *cfg)
     if (cfg->workers == 0 && ferry__config_min_workers(cfg) == 0)
         return ferry__seterr(FERRY_EINVAL, "min_workers must be at least 1 without local workers "
                                            "(the dataset's length comes from a worker)");
+    if (cfg->mix[0] && cfg->feed_batches)
+        return ferry__seterr(FERRY_EINVAL, "mix and feed_batches: a mix is ferry's own order of "
+                                           "the sources, a feed the trainer's; use one");
     if (cfg->pin_tasks && (cfg->bind[0] || cfg->workers == 0))
         return ferry__seterr(FERRY_EINVAL, "pin_tasks needs local workers and no bind: each "
                                            "batch is made by one given local worker");
@@ -75,6 +78,12 @@ static int check_config(const ferry_config *cfg)
 static int open_window(ferry__window **win, const ferry_config *cfg)
 {
     int fed = cfg->feed_batches > 0;
+    ferry__mix *mix = NULL;
+    if (cfg->mix[0]) {
+        int rc = ferry__mix_parse(cfg->mix, &mix);
+        if (rc != FERRY_OK)
+            return rc;
+    }
     ferry__window_opts o = {
         .prefetch = (uint32_t)ferry__config_prefetch(cfg),
         .entries = (uint32_t)ferry__config_window_entries(cfg),
@@ -94,7 +103,8 @@ static int open_window(ferry__window **win, const ferry_config *cfg)
                     .world_size = (uint32_t)cfg->world_size,
                     .pad_shards = (int)cfg->pad_shards,
                     .epochs = (uint64_t)cfg->epochs,
-                    .max_batches = (uint64_t)cfg->max_batches},
+                    .max_batches = (uint64_t)cfg->max_batches,
+                    .mix = mix}, /* the window's from here on */
         .state = cfg->state_len ? cfg->state : NULL,
         .state_len = cfg->state_len,
     };

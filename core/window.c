@@ -147,15 +147,22 @@ static void set_prefetch(ferry__window *win, uint32_t prefetch)
 int ferry__window_new(ferry__window **out, const ferry__window_opts *o)
 {
     uint32_t entries = o->entries > o->prefetch ? o->entries : o->prefetch;
-    if (o->prefetch == 0 || entries > FERRY__WINDOW_MAX)
+    ferry__mix *mix = (ferry__mix *)o->sampler.mix;
+    if (o->prefetch == 0 || entries > FERRY__WINDOW_MAX) {
+        ferry__mix_free(mix);
         return ferry__seterr(FERRY_EINVAL, "prefetch %u is not in 1..%d", entries,
                              FERRY__WINDOW_MAX);
-    if (o->state_len > FERRY_STATE_MAX)
+    }
+    if (o->state_len > FERRY_STATE_MAX) {
+        ferry__mix_free(mix);
         return ferry__seterr(FERRY_ESTATE, "the resume state is %zu bytes, more than %d",
                              o->state_len, FERRY_STATE_MAX);
+    }
     ferry__window *win = ferry__calloc(1, sizeof *win);
-    if (!win)
+    if (!win) {
+        ferry__mix_free(mix);
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the prefetch window");
+    }
     win->entries = entries;
     win->nworkers = o->nworkers;
     win->in_order = o->in_order;
@@ -212,6 +219,7 @@ void ferry__window_free(ferry__window *win)
     }
     free(win->indices);
     ferry__feed_free(&win->feed);
+    ferry__mix_free((ferry__mix *)win->sampler_opts.mix);
     pthread_mutex_destroy(&win->mu);
     pthread_cond_destroy(&win->cv);
     free(win->e);

@@ -68,7 +68,8 @@ typedef struct ferry__window_opts {
     int in_order;
     int epoch_barrier;     /* hold an epoch's first batch until it is asked for */
     uint32_t max_attempts; /* worker deaths a batch may cause before it is given up */
-    ferry__sampler_opts sampler;
+    ferry__sampler_opts sampler; /* its mix, if any, is the window's to free, even when
+                                    ferry__window_new fails */
     /* feed_max > 0: the sampler runs over feed_batches positions per epoch
      * (batch_size 1), and a batch's indices, up to feed_max of them, are the
      * ones ferry__window_feed gave for its seq. */

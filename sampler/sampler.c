@@ -28,14 +28,9 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "feistel.h"
 #include "ferry_dataset.h"
 
-/* Feistel rounds. Luby-Rackoff needs 4 on wide halves, but small n means
- * halves of a few bits, where a round mixes little: for n = 5 over 240000
- * epochs, 6 rounds made some orders twice as likely as others, 8 keep every
- * order within about 20% of uniform. A round is one ferry_mix64; 8 rounds
- * cost about 170 ns per index at n = 1.28M (~3.3 cycle-walk passes). */
-#define SAMPLER_ROUNDS 8
 
 /* ------------------------------------------------------------------------
  * Options and the shape of the stream
@@ -51,6 +46,15 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
 
     if (n == 0)
         return ferry__seterr(FERRY_EINVAL, "the dataset is empty (length 0): nothing to sample");
+    if (o->mix) {
+        if (n != ferry__mix_total(o->mix))
+            return ferry__seterr(FERRY_EINVAL,
+                                 "the mix's sources hold %llu items, the dataset has %llu: the "
+                                 "dataset must be the sources end to end",
+                                 (unsigned long long)ferry__mix_total(o->mix),
+                                 (unsigned long long)n);
+        n = ferry__mix_length(o->mix); /* from here on, the order's length */
+    }
     if (o->batch_size == 0)
         return ferry__seterr(FERRY_EINVAL, "batch_size must be at least 1, got 0");
     if (o->batch_size > UINT32_MAX)
@@ -91,11 +95,7 @@ int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts
     if (o->max_batches != 0 && o->max_batches < end)
         end = o->max_batches;
 
-    /* Smallest h >= 1 with 4^h >= n; h == 32 covers every uint64_t. The
-     * domain is then < 4n, so cycle-walking takes under 4 steps on average. */
-    h = 1;
-    while (h < 32 && (UINT64_C(1) << (2 * h)) < n)
-        h++;
+    h = ferry__feistel_half_bits(n);
 
     memset(&t, 0, sizeof t);
     t.n = n;
@@ -166,49 +166,27 @@ int ferry__sampler_at(const ferry__sampler *s, uint64_t seq, ferry__sampler_task
  * The shuffle: a keyed Feistel bijection with cycle-walking
  */
 
-/* Round keys for one (seed, epoch). Each step is a bijection of its input,
- * so for a fixed seed distinct epochs get distinct key schedules. */
-static void round_keys(const ferry__sampler *s, uint64_t epoch, uint64_t k[SAMPLER_ROUNDS])
+/* Round keys for one (seed, epoch). */
+static void round_keys(const ferry__sampler *s, uint64_t epoch,
+                       uint64_t k[FERRY__FEISTEL_ROUNDS])
 {
-    uint64_t base = ferry_mix64(ferry_mix64(s->o.seed) ^ epoch);
-    int r;
-
-    for (r = 0; r < SAMPLER_ROUNDS; r++)
-        k[r] = ferry_mix64(base + (uint64_t)r);
-}
-
-/* The Feistel permutation of [0, 4^h), applied until the value falls back in
- * [0, n). Requires i < n: the walk then ends because i's cycle contains i
- * itself. Only shifts, masks and multiplies: this runs for every index. */
-static inline uint64_t feistel_walk(const uint64_t k[SAMPLER_ROUNDS], unsigned h, uint64_t n,
-                                    uint64_t i)
-{
-    const uint64_t mask = (UINT64_C(1) << h) - 1;
-    uint64_t x = i;
-    int r;
-
-    do {
-        uint64_t left = x >> h;
-        uint64_t right = x & mask;
-        for (r = 0; r < SAMPLER_ROUNDS; r++) {
-            uint64_t next = left ^ (ferry_mix64(k[r] ^ right) & mask);
-            left = right;
-            right = next;
-        }
-        x = (left << h) | right;
-    } while (x >= n);
-    return x;
+    ferry__feistel_keys(ferry_mix64(ferry_mix64(s->o.seed) ^ epoch), k);
 }
 
 uint64_t ferry__sampler_permute(const ferry__sampler *s, uint64_t epoch, uint64_t i)
 {
-    uint64_t k[SAMPLER_ROUNDS];
+    uint64_t k[FERRY__FEISTEL_ROUNDS];
 
     assert(i < s->n);
+    if (s->o.mix) {
+        ferry__mix_cursor c;
+        ferry__mix_cursor_init(&c);
+        return ferry__mix_draw(s->o.mix, s->o.seed, s->o.shuffle, epoch * s->n + i, &c, NULL);
+    }
     if (!s->o.shuffle)
         return i;
     round_keys(s, epoch, k);
-    return feistel_walk(k, s->half_bits, s->n, i);
+    return ferry__feistel_walk(k, s->half_bits, s->n, i);
 }
 
 /* Position p of this rank's part of the epoch is position p*w + rank of the
@@ -220,17 +198,27 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
     uint64_t pos = in_head(s, t->epoch, t->batch_in_epoch)
                        ? s->head_pos + (t->batch_in_epoch - s->head_first) * step + s->o.rank
                        : t->batch_in_epoch * step + s->o.rank;
-    uint64_t k[SAMPLER_ROUNDS];
+    uint64_t k[FERRY__FEISTEL_ROUNDS];
     uint32_t j;
 
     assert(t->count >= 1 && t->count <= s->o.batch_size);
+    if (s->o.mix) {
+        ferry__mix_cursor c;
+        ferry__mix_cursor_init(&c);
+        for (j = 0; j < t->count; j++, pos += w) {
+            uint64_t p = pos < s->n ? pos : pos - s->n;
+            out[j] = ferry__mix_draw(s->o.mix, s->o.seed, s->o.shuffle, t->epoch * s->n + p, &c,
+                                     NULL);
+        }
+        return;
+    }
     if (s->o.shuffle)
         round_keys(s, t->epoch, k);
     for (j = 0; j < t->count; j++, pos += w) {
         /* A padded shard's last positions (< n + w <= 2n) repeat the order's
          * start: a head's too, so its repeats were served earlier that epoch. */
         uint64_t p = pos < s->n ? pos : pos - s->n;
-        out[j] = s->o.shuffle ? feistel_walk(k, s->half_bits, s->n, p) : p;
+        out[j] = s->o.shuffle ? ferry__feistel_walk(k, s->half_bits, s->n, p) : p;
     }
 }
 
@@ -244,10 +232,11 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
  *   24  u64 n            32  u64 seed
  *   40  u64 batch_size   48  u64 batch: the saver's next batch_in_epoch
  *   56  u32 rank         60  u32 world_size
- *   64  u32 flags (bit 0 drop_last, bit 1 shuffle, bit 2 padded)
- *   68  u32 reserved, 0  72  u64 checksum of bytes 0..71
- * The order is (n, seed, shuffle); epoch and position say where in it the
- * job stands. The rest is the saver's shape, kept to check that the ranks
+ *   64  u32 flags (bit 0 drop_last, bit 1 shuffle, bit 2 padded, bit 3 mix)
+ *   68  u32 the mix's fingerprint with bit 3, else 0
+ *   72  u64 checksum of bytes 0..71
+ * The order is (n, seed, shuffle, mix); epoch and position say where in it
+ * the job stands. The rest is the saver's shape, kept to check that the ranks
  * of one job agree and to explain a refusal; a restore does not need it.
  *
  * Version 1 (64 bytes, read still): "FRYS", 1, next_seq, n, batch_size,
@@ -263,7 +252,8 @@ void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *
 #define FLAG_DROP_LAST 1u
 #define FLAG_SHUFFLE 2u
 #define FLAG_PADDED 4u /* pad_shards in effect (world_size > 1, n % world_size != 0) */
-#define FLAGS_KNOWN (FLAG_DROP_LAST | FLAG_SHUFFLE | FLAG_PADDED)
+#define FLAG_MIX 8u    /* the order is a mix's draw; its fingerprint follows the flags */
+#define FLAGS_KNOWN (FLAG_DROP_LAST | FLAG_SHUFFLE | FLAG_PADDED | FLAG_MIX)
 
 static void put_u32(unsigned char *p, uint32_t v)
 {
@@ -317,7 +307,7 @@ static uint64_t state_checksum(const unsigned char *p, size_t summed)
 static uint32_t sampler_flags(const ferry__sampler *s)
 {
     return (s->o.drop_last ? FLAG_DROP_LAST : 0) | (s->o.shuffle ? FLAG_SHUFFLE : 0) |
-           (s->o.pad_shards ? FLAG_PADDED : 0);
+           (s->o.pad_shards ? FLAG_PADDED : 0) | (s->o.mix ? FLAG_MIX : 0);
 }
 
 /* A blob, read: what the job had consumed, of which order, saved in what shape. */
@@ -326,6 +316,7 @@ typedef struct saved_state {
     uint64_t n, seed;    /* the order (and shuffle in flags) */
     uint64_t batch_size, batch;
     uint32_t rank, world_size, flags;
+    uint32_t mix; /* the mix's fingerprint (with FLAG_MIX) */
 } saved_state;
 
 /* Writes the blob for `next_seq` (the first task not yet delivered) into buf.
@@ -356,7 +347,7 @@ int ferry__sampler_save(const ferry__sampler *s, uint64_t next_seq, void *buf, s
     put_u32(p + 56, s->o.rank);
     put_u32(p + 60, s->o.world_size);
     put_u32(p + 64, sampler_flags(s));
-    put_u32(p + 68, 0);
+    put_u32(p + 68, s->o.mix ? ferry__mix_fingerprint(s->o.mix) : 0);
     put_u64(p + 72, state_checksum(p, 72));
     memcpy(buf, p, STATE_LEN);
     return FERRY_OK;
@@ -419,7 +410,9 @@ static int read_state(const void *buf, size_t len, saved_state *st)
     if (get_u64(p + want - 8) != state_checksum(p, want - 8))
         return ferry__seterr(FERRY_ESTATE,
                              "the sampler state's checksum does not match: the blob is corrupted");
-    if (get_u32(p + want - 12) != 0 || (get_u32(p + want - 16) & ~FLAGS_KNOWN) != 0)
+    uint32_t flags = get_u32(p + want - 16);
+    if ((get_u32(p + want - 12) != 0 && !(version > 1 && (flags & FLAG_MIX))) ||
+        (flags & ~FLAGS_KNOWN) != 0 || (version == 1 && (flags & FLAG_MIX)))
         return ferry__seterr(FERRY_ESTATE,
                              "the sampler state has unknown flags 0x%lx or reserved bits set",
                              (unsigned long)get_u32(p + want - 16));
@@ -435,6 +428,7 @@ static int read_state(const void *buf, size_t len, saved_state *st)
     st->rank = get_u32(p + 56);
     st->world_size = get_u32(p + 60);
     st->flags = get_u32(p + 64);
+    st->mix = get_u32(p + 68);
     if (st->pos >= st->n && st->pos != 0)
         return ferry__seterr(FERRY_ESTATE,
                              "the sampler state's position %llu is past the dataset's %llu items",
@@ -470,6 +464,15 @@ int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint6
     if (st.seed != s->o.seed)
         return ferry__seterr(FERRY_ESTATE, "state was saved with seed %llu, loader has %llu",
                              (unsigned long long)st.seed, (unsigned long long)s->o.seed);
+    if ((st.flags & FLAG_MIX) != (s->o.mix ? FLAG_MIX : 0))
+        return ferry__seterr(FERRY_ESTATE, "state was saved %s a mix of sources, loader has %s",
+                             (st.flags & FLAG_MIX) ? "with" : "without", s->o.mix ? "one" : "none");
+    if (s->o.mix && st.mix != ferry__mix_fingerprint(s->o.mix))
+        return ferry__seterr(FERRY_ESTATE,
+                             "state was saved with another mix (fingerprint %08lx, the loader's "
+                             "is %08lx): other sources' sizes, schedule of weights or length",
+                             (unsigned long)st.mix,
+                             (unsigned long)ferry__mix_fingerprint(s->o.mix));
     if (st.epoch > (UINT64_MAX - bpe) / bpe)
         return ferry__seterr(FERRY_ESTATE, "state's epoch %llu is past the end of any stream",
                              (unsigned long long)st.epoch);
@@ -483,7 +486,8 @@ int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint6
 /* Names what differs between blob i and blob 0 (a and b), or FERRY_OK. */
 static int compare_states(size_t i, const saved_state *a, const saved_state *b)
 {
-    if (a->n != b->n || a->seed != b->seed || ((a->flags ^ b->flags) & FLAG_SHUFFLE) != 0)
+    if (a->n != b->n || a->seed != b->seed || a->mix != b->mix ||
+        ((a->flags ^ b->flags) & (FLAG_SHUFFLE | FLAG_MIX)) != 0)
         return ferry__seterr(FERRY_ESTATE,
                              "state %zu (rank %lu) is of another order than state 0 (rank %lu): "
                              "dataset of %llu items, seed %llu, shuffle %s against %llu, %llu, %s",

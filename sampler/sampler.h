@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
+#include "mix.h"
 
 typedef struct ferry__sampler_opts {
     uint64_t batch_size; /* >= 1 */
@@ -54,10 +55,14 @@ typedef struct ferry__sampler_opts {
     int pad_shards;       /* ceil(n / w) per rank, as above; ignored with drop_last */
     uint64_t epochs;      /* 0 = no limit */
     uint64_t max_batches; /* 0 = no limit */
+    /* Several sources drawn by weight (mix.h), or NULL. Not owned: it must
+     * outlive every sampler made with it. The order is then the mix's
+     * draw, `length` positions an epoch, over indices < its total. */
+    const ferry__mix *mix;
 } ferry__sampler_opts;
 
 typedef struct ferry__sampler {
-    uint64_t n;
+    uint64_t n; /* positions in an epoch's order: the dataset's length, or the mix's */
     ferry__sampler_opts o;
     /* derived at init */
     uint64_t per_rank;          /* items this rank sees per epoch */
@@ -86,7 +91,8 @@ typedef struct ferry__sampler_task {
 /* Validates the options against n and fills *s. FERRY_EINVAL with a detail
  * (ferry__seterr) when n == 0, batch_size == 0, batch_size > UINT32_MAX,
  * world_size == 0, rank >= world_size, n < world_size, or drop_last leaves no
- * batch. *s is untouched on failure. */
+ * batch; with a mix, also when n is not the total of its sources. *s is
+ * untouched on failure. */
 int ferry__sampler_init(ferry__sampler *s, uint64_t n, const ferry__sampler_opts *o);
 
 /* The task at `seq`: FERRY_OK, or FERRY_EOF when seq >= end_seq. Seqs
@@ -98,8 +104,9 @@ int ferry__sampler_at(const ferry__sampler *s, uint64_t seq, ferry__sampler_task
 /* Writes t->count indices of task t into out[]. */
 void ferry__sampler_indices(const ferry__sampler *s, const ferry__sampler_task *t, uint64_t *out);
 
-/* The epoch's permutation: position i (< n) of `epoch` -> a sample index < n.
- * A bijection on [0, n) for every (seed, epoch); the identity without shuffle. */
+/* The epoch's order: position i (< n) of `epoch` -> a sample index. A
+ * bijection on [0, n) for every (seed, epoch); the identity without shuffle.
+ * With a mix, its draw at epoch * n + i. */
 uint64_t ferry__sampler_permute(const ferry__sampler *s, uint64_t epoch, uint64_t i);
 
 /* The first seq of the stream: the head's first batch (0 for a fresh one). */

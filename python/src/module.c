@@ -84,7 +84,69 @@ done:
     return out;
 }
 
+/* mix_info(spec) -> (sources, total, length) of a mix spec (sampler/mix.h),
+ * or ferry's OptionError-kind exception naming what is wrong. */
+static PyObject *mix_info_py(PyObject *self, PyObject *args)
+{
+    const char *spec;
+    ferry__mix *m;
+    if (!PyArg_ParseTuple(args, "s:mix_info", &spec))
+        return NULL;
+    int rc = ferry__mix_parse(spec, &m);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    PyObject *out = Py_BuildValue("(IKK)", ferry__mix_sources(m),
+                                  (unsigned long long)ferry__mix_total(m),
+                                  (unsigned long long)ferry__mix_length(m));
+    ferry__mix_free(m);
+    return out;
+}
+
+/* mix_draw(spec, seed, shuffle, first, count) -> (indices, sources): the
+ * draws at global positions first .. first+count-1 as bytes in the machine's order
+ * (uint64 indices, uint32 source numbers): the arithmetic a loader with
+ * option mix follows, for checking it and for tools. */
+static PyObject *mix_draw_py(PyObject *self, PyObject *args)
+{
+    const char *spec;
+    unsigned long long seed, first;
+    Py_ssize_t count;
+    int shuffle;
+    ferry__mix *m;
+    if (!PyArg_ParseTuple(args, "sKpKn:mix_draw", &spec, &seed, &shuffle, &first, &count))
+        return NULL;
+    if (count < 0 || count > ((Py_ssize_t)1 << 28)) {
+        PyErr_SetString(PyExc_ValueError, "mix_draw: count must be in 0..2^28");
+        return NULL;
+    }
+    int rc = ferry__mix_parse(spec, &m);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    PyObject *idx = PyBytes_FromStringAndSize(NULL, count * 8);
+    PyObject *src = PyBytes_FromStringAndSize(NULL, count * 4);
+    if (idx && src) {
+        uint64_t *pi = (uint64_t *)PyBytes_AS_STRING(idx);
+        uint32_t *ps = (uint32_t *)PyBytes_AS_STRING(src);
+        ferry__mix_cursor c;
+        ferry__mix_cursor_init(&c);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < count; i++)
+            pi[i] = ferry__mix_draw(m, seed, shuffle, first + (uint64_t)i, &c, &ps[i]);
+        Py_END_ALLOW_THREADS
+    }
+    ferry__mix_free(m);
+    if (!idx || !src) {
+        Py_XDECREF(idx);
+        Py_XDECREF(src);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", idx, src);
+}
+
 static PyMethodDef module_methods[] = {
+    {"mix_info", mix_info_py, METH_VARARGS, "mix_info(spec) -> (sources, total, length)"},
+    {"mix_draw", mix_draw_py, METH_VARARGS,
+     "mix_draw(spec, seed, shuffle, first, count) -> (uint64 indices, uint32 sources) as bytes"},
     {"epoch_batches", (PyCFunction)(void (*)(void))epoch_batches_py, METH_VARARGS | METH_KEYWORDS,
      "epoch_batches(n, batch_size, drop_last=False, rank=0, world_size=1, pad_shards=True)"},
     {"state_check", state_check_py, METH_O,
