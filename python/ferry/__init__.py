@@ -54,6 +54,7 @@ except ImportError as e:
 from . import _dataset, _handoff, _profile, _template
 from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._shared import SharedDict, SharedList, shared
+from ._mix import Mix
 from ._batch import Batch, _FieldBatch, _positional, _TupleBatch
 from ._iterate import _Epoch, _Stream
 from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
@@ -66,7 +67,7 @@ __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "BatchLost", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
     "StateError", "Closed", "LimitError", "NotReady", "SharedList", "SharedDict", "shared",
-    "__version__",
+    "Mix", "__version__",
 ]
 
 # Old names of options, accepted until the next release with a warning
@@ -239,7 +240,9 @@ class Loader(_Closes):
     ``dataset``: a spec string (``"npy:x.npy,y.npy"``, ``"synthetic:n=1000,dim=8"``,
     ``"plugin:/path/lib.so"``, ``"python:mypkg.data:MyDataset"``), or a
     dataset class (or function) defined at the top level of a module or of
-    the main script, built in each worker as ``dataset(**dataset_kwargs)``.
+    the main script, built in each worker as ``dataset(**dataset_kwargs)``,
+    or a dataset object. A ``ferry.Mix`` of datasets is served in its own
+    order, drawn by weight (option ``mix``).
 
     Keyword options are the C library's (docs/options.md lists them, with
     their defaults): batch_size, workers, prefetch, shuffle, seed, drop_last,
@@ -358,6 +361,9 @@ class Loader(_Closes):
                     self._fork_template()
                     if self._template is not None:
                         opts["fork_from"] = self._template.fileno()
+            if isinstance(dataset, Mix):
+                # The mix's own order over its sources (sampler/mix.h).
+                opts.setdefault("mix", dataset.spec)
             if self._payload is not None:
                 self._hand_over()
             pairs = [("dataset", spec)]

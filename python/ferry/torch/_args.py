@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import torch.utils.data as tud
 
+from .._mix import Mix
 from ._native import _native_imagefolder
 from ._once import _warn_once
 from ._sampler import _native_sampler, _Singles
@@ -268,6 +269,14 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
         if len(indices) == 0:
             raise ValueError("ferry.torch.DataLoader: the sampler gives no indices")
     plan.indices = indices
+    # A ferry.Mix is served in its own order (its weights, each source's
+    # passes) when ferry chooses the order: no sampler, or a
+    # DistributedSampler (its rank, world_size, seed and shuffle). A
+    # sampler of the user's own runs over its items as over any dataset's.
+    if isinstance(dataset, Mix) and fed is None and indices is None and \
+            batch_sampler is None and (sampler is None or
+                                       isinstance(sampler, tud.distributed.DistributedSampler)):
+        opts.setdefault("mix", dataset.spec)
 
     # The base seed when the options fix it: a resume state carries the
     # one it was saved with; else seed= is it. Otherwise it is drawn at
