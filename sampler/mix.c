@@ -26,6 +26,54 @@
 #define SALT_BLOCK UINT64_C(0x6d69782d626c6f63)  /* "mix-bloc" */
 #define SALT_SOURCE UINT64_C(0x6d69782d73726365) /* "mix-srce" */
 
+/* ------------------------------------------------------------------------
+ * The mix's bijections
+ *
+ * Every draw runs two (the block's layout and the source's pass), so they
+ * must cost what the plain order's one does. Two differences from
+ * feistel.h make that so: the domain is 2^b with b the bits of n - 1 (not
+ * 4^h), so cycle-walking takes under 2 passes on average, not up to 4;
+ * and a round is one multiply whose top bits are kept, not a ferry_mix64.
+ * The halves are b / 2 and b - b / 2 bits, and each round xors one half
+ * with a keyed function of the other: every round is invertible, so the
+ * whole is a bijection of [0, 2^b), and walking keeps it one of [0, n).
+ * (The plain order keeps feistel.h's: its orders are what saved runs and
+ * their states mean.)
+ */
+
+#define BLOCK_BITS 12 /* FERRY__MIX_BLOCK = 2^12 */
+#define BLOCK_ROUNDS 4
+#define ROUND_MUL UINT64_C(0x9e3779b97f4a7c15)
+
+/* The width of the permutation of [0, n): the bits of n - 1, at least 2. */
+static unsigned walk_bits(uint64_t n)
+{
+    unsigned b = 2;
+
+    while (b < 64 && (UINT64_C(1) << b) < n)
+        b++;
+    return b;
+}
+
+/* Requires i < n <= 2^bits: the walk ends because i's cycle holds i. */
+static inline uint64_t walk(const uint64_t k[FERRY__FEISTEL_ROUNDS], int rounds, unsigned bits,
+                            uint64_t n, uint64_t i)
+{
+    const unsigned lo = bits / 2, hi = bits - lo;
+    const uint64_t lo_mask = (UINT64_C(1) << lo) - 1;
+    uint64_t x = i;
+
+    do {
+        uint64_t l = x >> lo, r = x & lo_mask;
+        for (int round = 0; round < rounds; round += 2) {
+            l ^= ((r ^ k[round]) * ROUND_MUL) >> (64 - hi);
+            r ^= ((l ^ k[round + 1]) * ROUND_MUL) >> (64 - lo);
+        }
+        x = l << lo | r;
+    } while (x >= n);
+    return x;
+}
+
 typedef struct segment {
     uint64_t start;     /* its first global position */
     uint64_t blocks;    /* whole blocks in it; UINT64_MAX for the last segment */
@@ -39,7 +87,7 @@ struct ferry__mix {
     uint32_t k, nseg;
     uint64_t total, length;
     uint64_t *size, *offset;
-    unsigned *half_bits; /* of each source's size */
+    unsigned *bits; /* each source's permutation's width (walk_bits) */
     segment *seg;
     uint32_t fingerprint;
     /* one allocation for every array above */
@@ -196,7 +244,7 @@ static int parse_sizes(ferry__mix *m, const char *b, const char *e)
             return ferry__seterr(FERRY_EINVAL, "mix: the sources hold more than 2^62 items");
         m->offset[i] = m->total;
         m->total += m->size[i];
-        m->half_bits[i] = ferry__feistel_half_bits(m->size[i]);
+        m->bits[i] = walk_bits(m->size[i]);
     }
     return FERRY_OK;
 }
@@ -293,7 +341,7 @@ static uint32_t fingerprint(const ferry__mix *m)
 static ferry__mix *alloc_mix(uint32_t k, uint32_t nseg)
 {
     size_t u64s = 2 * (size_t)k + (size_t)nseg * k;        /* size, offset, bases */
-    size_t u32s = 2 * (size_t)nseg * (k + 1) + (size_t)k; /* cums, half_bits */
+    size_t u32s = 2 * (size_t)nseg * (k + 1) + (size_t)k; /* cums, bits */
     ferry__mix *m = ferry__calloc(1, sizeof *m);
     if (!m)
         return NULL;
@@ -309,7 +357,7 @@ static ferry__mix *alloc_mix(uint32_t k, uint32_t nseg)
     m->offset = p64 + k;
     p64 += 2 * (size_t)k;
     uint32_t *p32 = (uint32_t *)(p64 + (size_t)nseg * k);
-    m->half_bits = p32;
+    m->bits = p32;
     p32 += k;
     for (uint32_t s = 0; s < nseg; s++) {
         m->seg[s].base = p64 + (size_t)s * k;
@@ -473,23 +521,27 @@ uint64_t ferry__mix_draw(const ferry__mix *m, uint64_t seed, int shuffle, uint64
         ferry__feistel_keys(base, c->block_keys);
         c->block_tag = tag;
     }
-    uint32_t d = (uint32_t)ferry__feistel_walk(c->block_keys, ferry__feistel_half_bits(size),
-                                               size, o);
+    uint32_t d = (uint32_t)walk(c->block_keys, BLOCK_ROUNDS, whole ? BLOCK_BITS : walk_bits(size), size, o);
     uint32_t k = find_source(cum, m->k, d);
 
     /* Which draw of source k that is, and so which of its items. */
     uint64_t j = seg->base[k] + b * (seg->cum[k + 1] - seg->cum[k]) + (d - cum[k]);
-    uint64_t n = m->size[k], epoch = j / n, pos = j % n, local = pos;
-    if (shuffle) {
-        uint64_t stag = (epoch << 10 ^ k) + 1;
-        unsigned slot = (unsigned)(k % FERRY__MIX_CACHED);
-        if (c->source_tag[slot] != stag) {
-            uint64_t base = ferry_mix64(ferry_mix64(ferry_mix64(seed ^ SALT_SOURCE) ^ k) ^ epoch);
-            ferry__feistel_keys(base, c->source_keys[slot]);
-            c->source_tag[slot] = stag;
-        }
-        local = ferry__feistel_walk(c->source_keys[slot], m->half_bits[k], n, pos);
+    /* Draw j is item j % n of pass j / n: the slot's pass when j is in
+     * it (no division), else that pass's keys are made. */
+    uint64_t n = m->size[k];
+    unsigned slot = (unsigned)(k % FERRY__MIX_CACHED);
+    ferry__mix_pass *p = &c->pass[slot];
+    if (!p->valid || p->source != k || j < p->first || j - p->first >= n) {
+        uint64_t epoch = j / n;
+        p->valid = 1;
+        p->source = k;
+        p->first = epoch * n;
+        if (shuffle)
+            ferry__feistel_keys(
+                ferry_mix64(ferry_mix64(ferry_mix64(seed ^ SALT_SOURCE) ^ k) ^ epoch), p->keys);
     }
+    uint64_t pos = j - p->first;
+    uint64_t local = shuffle ? walk(p->keys, FERRY__FEISTEL_ROUNDS, m->bits[k], n, pos) : pos;
     if (source)
         *source = k;
     return m->offset[k] + local;

@@ -67,15 +67,22 @@ uint64_t ferry__mix_length(const ferry__mix *m);
  * length or quotas: kept in a position blob to refuse a foreign one. */
 uint32_t ferry__mix_fingerprint(const ferry__mix *m);
 
-/* Key schedules of the last block and sources drawn from: consecutive
- * draws of one batch share them. Zero it (or ferry__mix_cursor_init) before
- * the first draw; it is valid for one (mix, seed) only. */
+/* What consecutive draws of one batch share: the last block's key
+ * schedule, and the pass each source was last drawn in (by source % 8).
+ * Zero it (ferry__mix_cursor_init) before the first draw; it is valid for
+ * one (mix, seed, shuffle) only. */
 #define FERRY__MIX_CACHED 8
+typedef struct ferry__mix_pass {
+    int valid;
+    uint32_t source;
+    uint64_t first; /* its first draw: pass * the source's size */
+    uint64_t keys[FERRY__FEISTEL_ROUNDS];
+} ferry__mix_pass;
+
 typedef struct ferry__mix_cursor {
     uint64_t block_tag; /* (segment, block) + 1 of block_keys; 0: none */
     uint64_t block_keys[FERRY__FEISTEL_ROUNDS];
-    uint64_t source_tag[FERRY__MIX_CACHED]; /* (source, epoch) + 1; 0: none */
-    uint64_t source_keys[FERRY__MIX_CACHED][FERRY__FEISTEL_ROUNDS];
+    ferry__mix_pass pass[FERRY__MIX_CACHED];
 } ferry__mix_cursor;
 
 void ferry__mix_cursor_init(ferry__mix_cursor *c);

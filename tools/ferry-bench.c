@@ -442,6 +442,10 @@ static void usage(FILE *f)
             "                        prefetch_factor x workers batches, all requested at once\n"
             "                        when an epoch starts), alternating A B A B ... for N rounds\n"
             "                        (default 5); reports medians and the ratio per round\n"
+            "  --compare-mix SPEC    A = the dataset as one source, B = the same items as the\n"
+            "                        sources of a mix (the option mix: SIZES;0:WEIGHTS..., the\n"
+            "                        sizes adding up to the dataset's length), drawn by weight;\n"
+            "                        both shuffled (--seed, else seed 1), alternating\n"
             "  --rounds N            rounds of each side (default 1; 5 with a comparison)\n"
             "  --prefetch-factor N   the baseline's batches in flight per worker (default 2,\n"
             "                        as PyTorch's DataLoader)\n"
@@ -637,6 +641,8 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             o->compare = 1;
             if (optional_rounds(argc, argv, &i, &o->rounds) >= 0)
                 return 2;
+        } else if (!strcmp(a, "--compare-mix") && v) {
+            o->compare_mix = argv[++i];
         } else if (!strcmp(a, "--out-of-order")) {
             o->in_order = 0;
         } else if (!strcmp(a, "--json")) {
@@ -659,6 +665,10 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         return bad("--rtt-ms and --tuned go with --compare-remote", NULL);
     if (o->nset + o->ntuned + 1 > BENCH_MAX_SETS)
         return bad("--set and --tuned together are taken at most 31 times", NULL);
+    if (o->compare_mix && (o->compare || o->compare_remote || o->limits))
+        return bad("--compare-mix is a comparison of its own: leave out --compare, "
+                   "--compare-remote and --limits",
+                   NULL);
     if (o->compare && o->compare_remote)
         return bad("--compare and --compare-remote are two different comparisons: pick one", NULL);
     if (o->compare && o->epoch_barrier)
@@ -676,7 +686,7 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     if (o->limits && o->workers < 1)
         return bad("--limits needs --workers 1 or more", NULL);
     if (!o->rounds)
-        o->rounds = o->compare || o->compare_remote ? 5 : o->limits ? 3 : 1;
+        o->rounds = o->compare || o->compare_remote || o->compare_mix ? 5 : o->limits ? 3 : 1;
     return -1;
 }
 
@@ -700,13 +710,13 @@ int main(int argc, char **argv)
         return bench_limits(&o);
     if (o.compare_remote) {
         static const bench_side remote[] = {
-            {"local", "worker processes over ipc://", 0, 0, BENCH_LOCAL},
+            {"local", "worker processes over ipc://", 0, 0, BENCH_LOCAL, NULL},
             {"remote_curve", "ferry-worker daemons over tcp://127.0.0.1 with CURVE", 0, 0,
-             BENCH_REMOTE_CURVE},
+             BENCH_REMOTE_CURVE, NULL},
             {"remote_plain", "ferry-worker daemons over tcp://127.0.0.1, plain", 0, 0,
-             BENCH_REMOTE_PLAIN},
+             BENCH_REMOTE_PLAIN, NULL},
             {"remote_tuned", "as remote_plain, with the options of --tuned", 0, 0,
-             BENCH_REMOTE_TUNED},
+             BENCH_REMOTE_TUNED, NULL},
         };
         bench_side sides[BENCH_MAX_SIDES];
         size_t nsides = o.ntuned ? 4 : 3;
@@ -725,13 +735,24 @@ int main(int argc, char **argv)
 
     bench_side sides[2] = {
         {"ferry", "as configured; prefetch runs on across epoch boundaries", 0, o.prefetch,
-         BENCH_LOCAL},
+         BENCH_LOCAL, NULL},
     };
     if (o.epoch_barrier)
         sides[0] = (bench_side){"barrier",
                                 "epoch_barrier: nothing of an epoch is requested before its "
                                 "first batch is asked for",
-                                1, o.prefetch, BENCH_LOCAL};
+                                1, o.prefetch, BENCH_LOCAL, NULL};
+    if (o.compare_mix) {
+        if (o.seed < 0)
+            o.seed = 1; /* both sides shuffle: the mix's per-source passes are shuffled */
+        bench_side mixed[2] = {
+            {"one", "the dataset as one source, shuffled", o.epoch_barrier, o.prefetch,
+             BENCH_LOCAL, NULL},
+            {"mix", "the same items as the sources of a mix, drawn by weight", o.epoch_barrier,
+             o.prefetch, BENCH_LOCAL, o.compare_mix},
+        };
+        return run_rounds(&o, mixed, 2, NULL);
+    }
     char what[200];
     if (o.compare) {
         /* PyTorch's window counts every worker it feeds; with --bind, the
@@ -744,7 +765,7 @@ int main(int argc, char **argv)
                  "PyTorch's schedule (persistent workers): epoch_barrier, %ld x %ld "
                  "workers = %ld in flight",
                  o.prefetch_factor, feeders, window);
-        sides[1] = (bench_side){"baseline", what, 1, window, BENCH_LOCAL};
+        sides[1] = (bench_side){"baseline", what, 1, window, BENCH_LOCAL, NULL};
     }
     return run_rounds(&o, sides, o.compare ? 2 : 1, NULL);
 }

@@ -38,6 +38,9 @@ typedef struct bench_opts {
     int step_sleep;       /* the step sleeps instead of spinning */
     int epoch_barrier, compare, compare_remote, limits, json, progress, in_order, insecure;
     int no_shm; /* local process workers' batches by message, not shared memory */
+    /* --compare-mix SPEC: the dataset as one source against the same items
+     * as the sources of SPEC (option mix), drawn by weight */
+    const char *compare_mix;
     const char *csv, *plot;
     /* --set KEY=VALUE: loader options set after everything else, on every
      * side, in the order given ("KEY=VALUE" strings from argv). */
@@ -68,6 +71,7 @@ typedef struct bench_side {
     int epoch_barrier;
     long prefetch; /* 0: the loader's automatic window */
     bench_remote remote;
+    const char *mix; /* the loader's option mix, or NULL */
 } bench_side;
 
 /* ------------------------------------------------------------------------

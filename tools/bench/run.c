@@ -227,6 +227,8 @@ static int configure(ferry_config *cfg, const bench_opts *o, const bench_side *s
     SETI("prefetch", s->prefetch);
     SETI("in_order", o->in_order);
     SETI("epoch_barrier", s->epoch_barrier);
+    if (s->mix)
+        SETS("mix", s->mix);
     if (o->batches > 0) {
         SETI("max_batches", o->batches);
     } else {
