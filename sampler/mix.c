@@ -30,29 +30,45 @@
  * The mix's bijections
  *
  * Every draw runs two (the block's layout and the source's pass), so they
- * must cost what the plain order's one does. Two differences from
+ * must cost about what the plain order's one does. Three differences from
  * feistel.h make that so: the domain is 2^b with b the bits of n - 1 (not
- * 4^h), so cycle-walking takes under 2 passes on average, not up to 4;
- * and a round is one multiply whose top bits are kept, not a ferry_mix64.
- * The halves are b / 2 and b - b / 2 bits, and each round xors one half
- * with a keyed function of the other: every round is invertible, so the
- * whole is a bijection of [0, 2^b), and walking keeps it one of [0, n).
- * (The plain order keeps feistel.h's: its orders are what saved runs and
- * their states mean.)
+ * 4^h), so cycle-walking takes under 2 passes on average, not up to 4; a
+ * round's function is multiply, xor the key, multiply (its top bits),
+ * not a ferry_mix64; and there are 6 rounds for a source's pass, 4 for a
+ * block's layout (which only spreads the quotas). tests/test_mix.c holds
+ * them to it: every order of a 5-item source within 12% of uniform over
+ * 240000 passes, each rank's stride within 1% of the weights. The halves
+ * are b / 2 and b - b / 2 bits, and each round xors one half with a keyed
+ * function of the other: every round is invertible, so the whole is a
+ * bijection of [0, 2^b), and walking keeps it one of [0, n). (The plain
+ * order keeps feistel.h's: its orders are what saved runs mean.)
  */
 
 #define BLOCK_BITS 12 /* FERRY__MIX_BLOCK = 2^12 */
 #define BLOCK_ROUNDS 4
+#define SOURCE_ROUNDS 6
+/* Below 6 bits the rounds' functions are too few to reach every order
+ * evenly (Feistel rounds on a few bits make only some permutations): a
+ * source of 5 items walks a domain of 64. */
+#define MIN_BITS 6
 #define ROUND_MUL UINT64_C(0x9e3779b97f4a7c15)
+#define ROUND_MUL2 UINT64_C(0xbf58476d1ce4e5b9)
 
-/* The width of the permutation of [0, n): the bits of n - 1, at least 2. */
+/* The width of the permutation of [0, n): the bits of n - 1, at least
+ * MIN_BITS. */
 static unsigned walk_bits(uint64_t n)
 {
-    unsigned b = 2;
+    unsigned b = MIN_BITS;
 
     while (b < 64 && (UINT64_C(1) << b) < n)
         b++;
     return b;
+}
+
+/* A round's keyed function: its top bits depend on every bit of x and k. */
+static inline uint64_t round_f(uint64_t x, uint64_t k)
+{
+    return ((x * ROUND_MUL) ^ k) * ROUND_MUL2;
 }
 
 /* Requires i < n <= 2^bits: the walk ends because i's cycle holds i. */
@@ -66,8 +82,8 @@ static inline uint64_t walk(const uint64_t k[FERRY__FEISTEL_ROUNDS], int rounds,
     do {
         uint64_t l = x >> lo, r = x & lo_mask;
         for (int round = 0; round < rounds; round += 2) {
-            l ^= ((r ^ k[round]) * ROUND_MUL) >> (64 - hi);
-            r ^= ((l ^ k[round + 1]) * ROUND_MUL) >> (64 - lo);
+            l ^= round_f(r, k[round]) >> (64 - hi);
+            r ^= round_f(l, k[round + 1]) >> (64 - lo);
         }
         x = l << lo | r;
     } while (x >= n);
@@ -503,6 +519,27 @@ static uint32_t find_source(const uint32_t *cum, uint32_t k, uint32_t d)
     return lo;
 }
 
+/* Draw j is item j % n of pass j / n: the cursor's pass of k when j is
+ * in it (no division), else that pass's keys are made. */
+uint64_t ferry__mix_item(const ferry__mix *m, uint64_t seed, int shuffle, uint32_t k, uint64_t j,
+                         ferry__mix_cursor *c)
+{
+    uint64_t n = m->size[k];
+    ferry__mix_pass *p = &c->pass[k % FERRY__MIX_CACHED];
+    if (!p->valid || p->source != k || j < p->first || j - p->first >= n) {
+        uint64_t epoch = j / n;
+        p->valid = 1;
+        p->source = k;
+        p->first = epoch * n;
+        if (shuffle)
+            ferry__feistel_keys(
+                ferry_mix64(ferry_mix64(ferry_mix64(seed ^ SALT_SOURCE) ^ k) ^ epoch), p->keys);
+    }
+    uint64_t pos = j - p->first;
+    return m->offset[k] +
+           (shuffle ? walk(p->keys, SOURCE_ROUNDS, m->bits[k], n, pos) : pos);
+}
+
 uint64_t ferry__mix_draw(const ferry__mix *m, uint64_t seed, int shuffle, uint64_t g,
                          ferry__mix_cursor *c, uint32_t *source)
 {
@@ -526,23 +563,7 @@ uint64_t ferry__mix_draw(const ferry__mix *m, uint64_t seed, int shuffle, uint64
 
     /* Which draw of source k that is, and so which of its items. */
     uint64_t j = seg->base[k] + b * (seg->cum[k + 1] - seg->cum[k]) + (d - cum[k]);
-    /* Draw j is item j % n of pass j / n: the slot's pass when j is in
-     * it (no division), else that pass's keys are made. */
-    uint64_t n = m->size[k];
-    unsigned slot = (unsigned)(k % FERRY__MIX_CACHED);
-    ferry__mix_pass *p = &c->pass[slot];
-    if (!p->valid || p->source != k || j < p->first || j - p->first >= n) {
-        uint64_t epoch = j / n;
-        p->valid = 1;
-        p->source = k;
-        p->first = epoch * n;
-        if (shuffle)
-            ferry__feistel_keys(
-                ferry_mix64(ferry_mix64(ferry_mix64(seed ^ SALT_SOURCE) ^ k) ^ epoch), p->keys);
-    }
-    uint64_t pos = j - p->first;
-    uint64_t local = shuffle ? walk(p->keys, FERRY__FEISTEL_ROUNDS, m->bits[k], n, pos) : pos;
     if (source)
         *source = k;
-    return m->offset[k] + local;
+    return ferry__mix_item(m, seed, shuffle, k, j, c);
 }

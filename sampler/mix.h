@@ -87,6 +87,11 @@ typedef struct ferry__mix_cursor {
 
 void ferry__mix_cursor_init(ferry__mix_cursor *c);
 
+/* The index of source k's draw j (< its size: pass j / size, item
+ * j % size of that pass's order). ferry__mix_draw ends in it. */
+uint64_t ferry__mix_item(const ferry__mix *m, uint64_t seed, int shuffle, uint32_t k, uint64_t j,
+                         ferry__mix_cursor *c);
+
 /* The index at global position g, and (when source is not NULL) which
  * source it is of. */
 uint64_t ferry__mix_draw(const ferry__mix *m, uint64_t seed, int shuffle, uint64_t g,

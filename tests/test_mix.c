@@ -200,6 +200,42 @@ static void test_the_draw_is_a_function_of_seed_and_position(void **unused)
     ferry__mix_free(m);
 }
 
+/* A source's passes are fair shuffles: for a source of 5 items, over
+ * 240000 passes every one of the 120 orders comes within 12% of 2000
+ * times (a binomial's spread is 2.2%: this is 5 of them), and each pass is
+ * an order. Rounds too few or too weak miss it (one multiply a round
+ * made the identity 4x as likely). */
+static void test_each_pass_of_a_small_source_is_a_fair_shuffle(void **unused)
+{
+    (void)unused;
+    ferry__mix *m = parse("7,5;0:1,1");
+    ferry__mix_cursor c;
+    ferry__mix_cursor_init(&c);
+    static uint32_t seen[5 * 5 * 5 * 5 * 5];
+    memset(seen, 0, sizeof seen);
+    for (uint64_t pass = 0; pass < 240000; pass++) {
+        uint32_t code = 0, used = 0;
+        for (uint64_t j = 0; j < 5; j++) {
+            uint64_t i = ferry__mix_item(m, SEED, 1, 1, pass * 5 + j, &c) - 7;
+            assert_true(i < 5 && !(used & 1u << i));
+            used |= 1u << i;
+            code = code * 5 + (uint32_t)i;
+        }
+        seen[code]++;
+    }
+    uint32_t orders = 0;
+    for (size_t i = 0; i < sizeof seen / sizeof seen[0]; i++) {
+        if (!seen[i])
+            continue;
+        orders++;
+        if (seen[i] < 1760 || seen[i] > 2240)
+            fail_msg("order %zu came %lu times of 240000, not 2000 +- 12%%", i,
+                     (unsigned long)seen[i]);
+    }
+    assert_int_equal(orders, 120);
+    ferry__mix_free(m);
+}
+
 /* ------------------------------------------------------------------------
  * Resume, on the sampler (the loader's arithmetic)
  */
@@ -329,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_each_source_serves_whole_passes_of_its_own_order),
         cmocka_unit_test(test_the_realized_weights_follow_the_schedule),
         cmocka_unit_test(test_the_draw_is_a_function_of_seed_and_position),
+        cmocka_unit_test(test_each_pass_of_a_small_source_is_a_fair_shuffle),
         cmocka_unit_test(test_a_mixed_stream_resumes_on_another_shape_around_a_change),
         cmocka_unit_test(test_a_state_of_another_mix_is_refused),
     };
