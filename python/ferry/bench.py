@@ -612,11 +612,13 @@ def parse_args(argv=None):
                     "dataset against torchvision's uint8 pipeline (--pipeline jpeg). "
                     "Defaults are given as mnist/imagefolder. --pipeline dataset-memory "
                     "measures the memory each adds for datasets that hold their data: its "
-                    "own options, see --pipeline dataset-memory --help.")
+                    "own options, see --pipeline dataset-memory --help. --pipeline mix: "
+                    "ferry.Mix of three sources against one, and a resume on another shape "
+                    "against a fresh loader (see --pipeline mix --help).")
     from ferry import __version__  # loaded already: this module is inside the package
     p.add_argument("--version", action="version",
                    version="python -m ferry.bench %s" % __version__)
-    p.add_argument("--pipeline", choices=tuple(DEFAULTS) + ("dataset-memory",),
+    p.add_argument("--pipeline", choices=tuple(DEFAULTS) + ("dataset-memory", "mix"),
                    default="mnist",
                    help="the dataset and its loading (mnist)")
     p.add_argument("--workers", type=int,
@@ -688,6 +690,9 @@ def main(argv=None):
     if pre.parse_known_args(argv)[0].pipeline == "dataset-memory":  # a module of its own
         from . import bench_memory
         return bench_memory.main(argv)
+    if pre.parse_known_args(argv)[0].pipeline == "mix":  # so is this one
+        from . import bench_mix
+        return bench_mix.main(argv)
     a = parse_args(argv)
     # Now, outside every timing: what the trainer (and torch's forked workers) use.
     need = ["torch"] if a.only != "ferry" else []
