@@ -109,12 +109,14 @@ class Mix:
         self.sources = sources
         self.sizes = tuple(sizes)
         self.offsets = tuple(int(o) for o in np.cumsum([0] + sizes[:-1]))
+        self._total = sum(sizes)
+        self._offsets = list(self.offsets)  # what __getitem__ bisects: a list is fastest
         self.schedule = {step: tuple(ws) for step, ws in steps}
         self.length = int(length) if length is not None else sum(sizes)
         self.source_key = source_key
 
     def __len__(self):
-        return sum(self.sizes)
+        return self._total
 
     def locate(self, index):
         """(source, index in that source) of a Mix index."""
@@ -128,8 +130,14 @@ class Mix:
         return k, index - self.offsets[k]
 
     def __getitem__(self, index):
-        k, i = self.locate(index)
-        item = self.sources[k][i]
+        # Every item of every batch comes through here: the common case
+        # (an int in range) takes one bisect and no call of ours.
+        if type(index) is int and 0 <= index < self._total:
+            k = bisect.bisect_right(self._offsets, index) - 1
+            item = self.sources[k][index - self._offsets[k]]
+        else:
+            k, i = self.locate(index)
+            item = self.sources[k][i]
         if self.source_key is None:
             return item
         if isinstance(item, Mapping):

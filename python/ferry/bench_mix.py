@@ -23,19 +23,6 @@ import ferry
 from .bench import MnistLike
 
 
-class Part:
-    """Items start .. stop - 1 of a dataset, as a dataset."""
-
-    def __init__(self, ds, start, stop):
-        self.ds, self.start, self.stop = ds, start, stop
-
-    def __len__(self):
-        return self.stop - self.start
-
-    def __getitem__(self, i):
-        return self.ds[self.start + i]
-
-
 def _spin(ms):
     end = time.perf_counter() + ms / 1000
     while time.perf_counter() < end:
@@ -84,8 +71,10 @@ def run_first_batch(dataset, a, state):
 def bench(a):
     data = MnistLike(a.items, seed=a.seed)
     n = len(data)
-    cuts = [0, n // 2, n // 2 + n * 3 // 10, n]
-    mix = ferry.Mix([Part(data, cuts[i], cuts[i + 1]) for i in range(3)], [0.5, 0.3, 0.2])
+    # Three datasets of the same kind and, together, as many items.
+    sizes = [n // 2, n * 3 // 10, n - n // 2 - n * 3 // 10]
+    mix = ferry.Mix([MnistLike(m, seed=a.seed + 1 + k) for k, m in enumerate(sizes)],
+                    [0.5, 0.3, 0.2])
     state = saved_state(data, a)
     sides = {"one": [], "mix": [], "fresh": [], "resumed": []}
     for r in range(a.rounds):

@@ -179,3 +179,20 @@ def test_bench_dataset_memory_measures_every_dataset_for_both_loaders():
             assert run["processes_at_end"] >= 3  # the trainer and its 2 workers at least
         assert {"added_peak_mib", "first_batch_s"} <= set(row["ratios_ferry_over_torch"])
         assert row["targets"] and all(isinstance(t["met"], bool) for t in row["targets"].values())
+
+
+def test_bench_mix_compares_a_mix_with_one_source_and_a_resume_with_a_fresh_start():
+    """--pipeline mix, small: every side measured each round, ratios made
+    from them, and no process left behind."""
+    p = subprocess.run([sys.executable, "-m", "ferry.bench", "--pipeline", "mix", "--items",
+                        "4096", "--batches", "20", "--rounds", "1", "--json"],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert set(res["rounds"]) == {"one", "mix", "fresh", "resumed"}
+    for name in ("one", "mix"):
+        (m,) = res["rounds"][name]
+        assert m["items_per_s"] > 0 and 0 <= m["wait_p50_ms"] <= m["wait_p99_ms"]
+    for name in ("fresh", "resumed"):
+        assert res["rounds"][name][0]["first_batch_s"] > 0
+    assert res["mix_vs_one_items_per_s"] > 0 and res["resumed_vs_fresh_first_batch"] > 0
