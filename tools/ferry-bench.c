@@ -446,6 +446,10 @@ static void usage(FILE *f)
             "                        sources of a mix (the option mix: SIZES;0:WEIGHTS..., the\n"
             "                        sizes adding up to the dataset's length), drawn by weight;\n"
             "                        both shuffled (--seed, else seed 1), alternating\n"
+            "  --compare-resume W    A = a fresh loader as configured, B = the same resumed from\n"
+            "                        the state rank 0 of a W-rank job saved a third into its\n"
+            "                        first epoch (another shape: its rest is re-dealt), alternating;\n"
+            "                        startup is the time to the first batch\n"
             "  --rounds N            rounds of each side (default 1; 5 with a comparison)\n"
             "  --prefetch-factor N   the baseline's batches in flight per worker (default 2,\n"
             "                        as PyTorch's DataLoader)\n"
@@ -641,6 +645,12 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             o->compare = 1;
             if (optional_rounds(argc, argv, &i, &o->rounds) >= 0)
                 return 2;
+        } else if (!strcmp(a, "--compare-resume") && v) {
+            char *end;
+            o->compare_resume = strtol(v, &end, 10);
+            if (!v[0] || *end || o->compare_resume < 1 || o->compare_resume > 65536)
+                return bad("--compare-resume needs a world size from 1 to 65536, not ", v);
+            i++;
         } else if (!strcmp(a, "--compare-mix") && v) {
             o->compare_mix = argv[++i];
         } else if (!strcmp(a, "--out-of-order")) {
@@ -665,6 +675,10 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         return bad("--rtt-ms and --tuned go with --compare-remote", NULL);
     if (o->nset + o->ntuned + 1 > BENCH_MAX_SETS)
         return bad("--set and --tuned together are taken at most 31 times", NULL);
+    if (o->compare_resume && (o->compare_mix || o->compare || o->compare_remote || o->limits))
+        return bad("--compare-resume is a comparison of its own: leave out --compare, "
+                   "--compare-mix, --compare-remote and --limits",
+                   NULL);
     if (o->compare_mix && (o->compare || o->compare_remote || o->limits))
         return bad("--compare-mix is a comparison of its own: leave out --compare, "
                    "--compare-remote and --limits",
@@ -686,7 +700,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     if (o->limits && o->workers < 1)
         return bad("--limits needs --workers 1 or more", NULL);
     if (!o->rounds)
-        o->rounds = o->compare || o->compare_remote || o->compare_mix ? 5 : o->limits ? 3 : 1;
+        o->rounds = o->compare || o->compare_remote || o->compare_mix || o->compare_resume ? 5
+                    : o->limits                                                       ? 3
+                                                                                      : 1;
     return -1;
 }
 
@@ -710,13 +726,13 @@ int main(int argc, char **argv)
         return bench_limits(&o);
     if (o.compare_remote) {
         static const bench_side remote[] = {
-            {"local", "worker processes over ipc://", 0, 0, BENCH_LOCAL, NULL},
+            {"local", "worker processes over ipc://", 0, 0, BENCH_LOCAL, NULL, NULL, 0},
             {"remote_curve", "ferry-worker daemons over tcp://127.0.0.1 with CURVE", 0, 0,
-             BENCH_REMOTE_CURVE, NULL},
+             BENCH_REMOTE_CURVE, NULL, NULL, 0},
             {"remote_plain", "ferry-worker daemons over tcp://127.0.0.1, plain", 0, 0,
-             BENCH_REMOTE_PLAIN, NULL},
+             BENCH_REMOTE_PLAIN, NULL, NULL, 0},
             {"remote_tuned", "as remote_plain, with the options of --tuned", 0, 0,
-             BENCH_REMOTE_TUNED, NULL},
+             BENCH_REMOTE_TUNED, NULL, NULL, 0},
         };
         bench_side sides[BENCH_MAX_SIDES];
         size_t nsides = o.ntuned ? 4 : 3;
@@ -735,23 +751,39 @@ int main(int argc, char **argv)
 
     bench_side sides[2] = {
         {"ferry", "as configured; prefetch runs on across epoch boundaries", 0, o.prefetch,
-         BENCH_LOCAL, NULL},
+         BENCH_LOCAL, NULL, NULL, 0},
     };
     if (o.epoch_barrier)
         sides[0] = (bench_side){"barrier",
                                 "epoch_barrier: nothing of an epoch is requested before its "
                                 "first batch is asked for",
-                                1, o.prefetch, BENCH_LOCAL, NULL};
+                                1, o.prefetch, BENCH_LOCAL, NULL, NULL, 0};
     if (o.compare_mix) {
         if (o.seed < 0)
             o.seed = 1; /* both sides shuffle: the mix's per-source passes are shuffled */
         bench_side mixed[2] = {
             {"one", "the dataset as one source, shuffled", o.epoch_barrier, o.prefetch,
-             BENCH_LOCAL, NULL},
+             BENCH_LOCAL, NULL, NULL, 0},
             {"mix", "the same items as the sources of a mix, drawn by weight", o.epoch_barrier,
-             o.prefetch, BENCH_LOCAL, o.compare_mix},
+             o.prefetch, BENCH_LOCAL, o.compare_mix, NULL, 0},
         };
         return run_rounds(&o, mixed, 2, NULL);
+    }
+    if (o.compare_resume) {
+        unsigned char state[FERRY_STATE_MAX];
+        size_t len;
+        if (bench_saved_state(&o, o.compare_resume, state, sizeof state, &len) != 0)
+            return 1;
+        char what[160];
+        snprintf(what, sizeof what,
+                 "resumed from the state rank 0 of a %ld-rank job saved a third into epoch 0",
+                 o.compare_resume);
+        bench_side resumed[2] = {
+            {"fresh", "a fresh loader as configured", o.epoch_barrier, o.prefetch, BENCH_LOCAL,
+             NULL, NULL, 0},
+            {"resumed", what, o.epoch_barrier, o.prefetch, BENCH_LOCAL, NULL, state, len},
+        };
+        return run_rounds(&o, resumed, 2, NULL);
     }
     char what[200];
     if (o.compare) {
@@ -765,7 +797,7 @@ int main(int argc, char **argv)
                  "PyTorch's schedule (persistent workers): epoch_barrier, %ld x %ld "
                  "workers = %ld in flight",
                  o.prefetch_factor, feeders, window);
-        sides[1] = (bench_side){"baseline", what, 1, window, BENCH_LOCAL, NULL};
+        sides[1] = (bench_side){"baseline", what, 1, window, BENCH_LOCAL, NULL, NULL, 0};
     }
     return run_rounds(&o, sides, o.compare ? 2 : 1, NULL);
 }

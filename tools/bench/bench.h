@@ -41,6 +41,9 @@ typedef struct bench_opts {
     /* --compare-mix SPEC: the dataset as one source against the same items
      * as the sources of SPEC (option mix), drawn by weight */
     const char *compare_mix;
+    /* --compare-resume W: a fresh loader against one resumed from a state
+     * saved by rank 0 of a W-rank job a third into its first epoch */
+    long compare_resume;
     const char *csv, *plot;
     /* --set KEY=VALUE: loader options set after everything else, on every
      * side, in the order given ("KEY=VALUE" strings from argv). */
@@ -71,7 +74,9 @@ typedef struct bench_side {
     int epoch_barrier;
     long prefetch; /* 0: the loader's automatic window */
     bench_remote remote;
-    const char *mix; /* the loader's option mix, or NULL */
+    const char *mix;   /* the loader's option mix, or NULL */
+    const void *state; /* a resume state (ferry_config_set_state), or NULL */
+    size_t state_len;
 } bench_side;
 
 /* ------------------------------------------------------------------------
@@ -133,6 +138,11 @@ int bench_run_once(const bench_opts *o, const bench_side *s, bench_progress *p, 
  * its error, said on stderr. */
 int bench_apply_set(ferry_config *cfg, const char *kv);
 void bench_run_free(bench_run *r);
+
+/* The state rank 0 of a `world`-rank job (o's dataset, batch size and
+ * seed) saves a third into its first epoch, into buf: 0, or 1 after
+ * saying on stderr what failed. */
+int bench_saved_state(const bench_opts *o, long world, void *buf, size_t cap, size_t *len);
 
 /* ------------------------------------------------------------------------
  * Figures

@@ -544,7 +544,7 @@ static void print_json(const bench_opts *o, const limit_plan *p, const limit_rou
 
 int bench_limits(const bench_opts *o)
 {
-    bench_side side = {"ferry", "as configured", 0, o->prefetch, BENCH_LOCAL, NULL};
+    bench_side side = {"ferry", "as configured", 0, o->prefetch, BENCH_LOCAL, NULL, NULL, 0};
     limit_plan p = {.threads = !strcmp(o->worker_mode, "thread")};
     uint32_t window = 0;
     if (bench_probe(o, &side, &p.batch_bytes, &p.batches_per_epoch, &window) != 0)

@@ -229,6 +229,8 @@ static int configure(ferry_config *cfg, const bench_opts *o, const bench_side *s
     SETI("epoch_barrier", s->epoch_barrier);
     if (s->mix)
         SETS("mix", s->mix);
+    if (s->state && rc == FERRY_OK)
+        rc = ferry_config_set_state(cfg, s->state, s->state_len);
     if (o->batches > 0) {
         SETI("max_batches", o->batches);
     } else {
@@ -478,4 +480,36 @@ int bench_probe(const bench_opts *o, const bench_side *s, uint64_t *batch_bytes,
     ferry_loader_stats(ld, &st);
     *prefetch = st.prefetch;
     return ferry_loader_close(ld) == FERRY_OK ? 0 : 1;
+}
+
+int bench_saved_state(const bench_opts *o, long world, void *buf, size_t cap, size_t *len)
+{
+    bench_side job = {"job", "the saving job", 0, o->prefetch, BENCH_LOCAL, NULL, NULL, 0};
+    ferry_config *cfg = ferry_config_new();
+    ferry_loader *ld = NULL;
+    uint64_t items, bpe;
+    int rc = cfg ? configure(cfg, o, &job) : FERRY_ENOMEM;
+    if (rc == FERRY_OK)
+        rc = ferry_config_set_int(cfg, "world_size", world);
+    if (rc == FERRY_OK)
+        rc = ferry_config_set_int(cfg, "rank", 0);
+    if (rc == FERRY_OK)
+        rc = ferry_loader_open(&ld, cfg);
+    if (rc == FERRY_OK)
+        rc = ferry_loader_length(ld, &items, &bpe);
+    for (uint64_t i = 0; rc == FERRY_OK && i < (bpe + 2) / 3; i++) {
+        ferry_batch *b;
+        rc = ferry_loader_next(ld, &b);
+        if (rc == FERRY_OK)
+            ferry_batch_release(b);
+    }
+    if (rc == FERRY_OK)
+        rc = ferry_loader_state(ld, buf, cap, len);
+    if (rc != FERRY_OK)
+        fprintf(stderr, "ferry-bench: saving a %ld-rank job's state: %s\n", world,
+                ferry_last_error());
+    if (ld)
+        ferry_loader_close(ld);
+    ferry_config_free(cfg);
+    return rc == FERRY_OK ? 0 : 1;
 }
