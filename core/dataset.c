@@ -15,7 +15,8 @@
  *   plugin     a shared object exporting ferry_dataset_plugin();
  *   imagefolder  JPEG/PNG files in torchvision's ImageFolder layout,
  *              decoded, cropped and resized in C;
- *   wds        the same from WebDataset tar shards.
+ *   wds        the same from WebDataset tar shards;
+ *   concat     several of these end to end (what option mix draws from).
  * This file holds their registry and does not trust any of them: after open
  * it validates the schema (so a batch's sizes can be computed without
  * overflow anywhere downstream), and around get_batch it checks the indices
@@ -56,6 +57,7 @@ static const ferry__dataset_kind *const dataset_kinds[] = {
     &ferry__plugin_kind,
     &ferry__imagefolder_kind,
     &ferry__wds_kind,
+    &ferry__concat_kind,
 };
 
 /* Kinds registered at run time (ferry_dataset_register), looked up after the
@@ -266,7 +268,7 @@ static int find_kind(const char *spec, const ferry__dataset_kind **kind, const c
                            : "";
     return ferry__dataset_err(errbuf, errlen, FERRY_EDATASET,
                               "unknown dataset kind '%.*s' (expected synthetic, npy, plugin, "
-                              "imagefolder, wds%s)%s",
+                              "imagefolder, wds, concat%s)%s",
                               (int)klen, spec, also, hint);
 }
 
@@ -279,21 +281,40 @@ static void append(char *out, size_t cap, size_t *len, const char *s, size_t n)
     *len += n;
 }
 
-int ferry__dataset_absolute(const char *spec, char *out, size_t cap)
+int ferry__dataset_spec_paths(const char *spec, size_t len, size_t base, ferry__span *path,
+                              int max)
 {
-    const char *colon = strchr(spec, ':');
+    const char *colon = memchr(spec, ':', len);
     const ferry__dataset_kind *kind = NULL;
     for (size_t k = 0; colon && k < FERRY__ARRAY_LEN(dataset_kinds); k++) {
         const char *name = dataset_kinds[k]->name;
         if (strlen(name) == (size_t)(colon - spec) && memcmp(name, spec, strlen(name)) == 0)
             kind = dataset_kinds[k];
     }
+    if (!kind || !kind->paths || max <= 0)
+        return 0;
+    /* The kinds read NUL-terminated args: a copy of this spec's. */
+    size_t alen = len - (size_t)(colon + 1 - spec);
+    char *args = malloc(alen + 1);
+    if (!args)
+        return 0;
+    memcpy(args, colon + 1, alen);
+    args[alen] = '\0';
+    int n = kind->paths(args, path, max);
+    free(args);
+    for (int i = 0; i < n; i++)
+        path[i].off += base + (size_t)(colon + 1 - spec);
+    return n;
+}
+
+int ferry__dataset_absolute(const char *spec, char *out, size_t cap)
+{
     ferry__span path[64];
-    int n = kind && kind->paths ? kind->paths(colon + 1, path, 64) : 0;
+    int n = ferry__dataset_spec_paths(spec, strlen(spec), 0, path, 64);
     char cwd[PATH_MAX] = "";
     size_t len = 0, from = 0;
     for (int i = 0; i < n; i++) {
-        size_t at = (size_t)(colon + 1 - spec) + path[i].off;
+        size_t at = path[i].off;
         if (path[i].len == 0 || spec[at] == '/')
             continue;
         if (!cwd[0] && !getcwd(cwd, sizeof cwd))

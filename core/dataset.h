@@ -8,6 +8,7 @@
  *   plugin:PATH[?ARGS]      a shared object exporting ferry_dataset_plugin()
  *   imagefolder:root=DIR,...  JPEG/PNG files, decoded and cropped in C
  *   wds:shards=PATTERN,...  the same from WebDataset tar shards
+ *   concat:SPEC|SPEC|...    several datasets of one schema, end to end
  * Each kind is a ferry_dataset_ops table (the plugin ABI in
  * include/ferry_dataset.h); built-ins use the same table shape. The kinds
  * live in core/datasets/, one file each.

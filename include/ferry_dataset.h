@@ -132,7 +132,7 @@ typedef const ferry_dataset_ops *(*ferry_dataset_plugin_fn)(void);
  * 31 characters) for every worker in this process, in any placement; the
  * table must outlive them. Registering a name again replaces its table.
  * FERRY_EINVAL for a bad table or name, or the name of a built-in kind
- * (synthetic, npy, plugin, imagefolder, wds); FERRY_ELIMIT past 8 registered kinds. */
+ * (synthetic, npy, plugin, imagefolder, wds, concat); FERRY_ELIMIT past 8 registered kinds. */
 FERRY_API int ferry_dataset_register(const ferry_dataset_ops *ops);
 
 /* The ferry-worker program: parses argv as ferry-worker does (--connect,

@@ -207,7 +207,7 @@ static void test_registered_kind_opens_and_bad_ones_are_refused(void **state)
     assert_int_equal(out[0], 8);
     assert_int_equal(out[1], 16);
     ferry__dataset_close(&ds);
-    expect_open_fails("nothing:1", FERRY_EDATASET, "imagefolder, wds, counting)", NULL);
+    expect_open_fails("nothing:1", FERRY_EDATASET, "imagefolder, wds, concat, counting)", NULL);
 
     static ferry_dataset_ops builtin;
     builtin = ops;

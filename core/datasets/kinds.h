@@ -65,6 +65,7 @@ extern const ferry__dataset_kind ferry__npy_kind;
 extern const ferry__dataset_kind ferry__plugin_kind;
 extern const ferry__dataset_kind ferry__imagefolder_kind;
 extern const ferry__dataset_kind ferry__wds_kind;
+extern const ferry__dataset_kind ferry__concat_kind;
 
 /* --- Shared by the kinds, defined in core/dataset.c --- */
 
@@ -84,6 +85,13 @@ int ferry__dataset_open_builtin(const ferry__dataset_kind *kind, ferry__dataset 
  * code, ...)`. */
 int ferry__dataset_err(char *buf, size_t len, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* The file paths that spec[0..len) (a whole "KIND:ARGS") names, as
+ * ferry__dataset_kind.paths gives them but offset by `base` + the kind's
+ * prefix: what a kind made of other specs (concat) reports for each.
+ * Returns how many were written (at most max). */
+int ferry__dataset_spec_paths(const char *spec, size_t len, size_t base, ferry__span *path,
+                              int max);
 
 /* Parses exactly `len` decimal digits (no sign, no spaces, no empty string)
  * into *out. Returns 0, or -1 if the text is not a number or lies outside

@@ -327,7 +327,9 @@ class Loader(_Closes):
             opts[name] = value
         threads = str(opts.get("worker_mode", "process")).lower() == "thread"
         try:  # what fails from here on is undone by close() (see the except)
-            if isinstance(dataset, str):
+            if isinstance(dataset, Mix) and dataset.dataset_spec is not None:
+                spec = dataset.dataset_spec  # C sources: one concat dataset, C workers
+            elif isinstance(dataset, str):
                 if dataset_kwargs:
                     raise TypeError("ferry.Loader: dataset_kwargs goes with a dataset class, "
                                     "not a spec string")

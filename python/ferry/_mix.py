@@ -49,6 +49,11 @@ class Mix:
     ``len(loader)``, ``epochs`` and ``set_epoch`` count; default: all the
     sources' items). The sources' own passes do not follow it.
 
+    The sources are dataset objects (map-style: ``__getitem__`` and
+    ``__len__``), or all C dataset specs (``"npy:x=a.npy"``,
+    ``"imagefolder:root=..."``, of one schema), which ferry.Loader's C
+    workers open as one ``concat:`` dataset.
+
     ``source_key``: also say, item by item, which source it came from:
     dict items gain this key with the source's number; other items
     become ``(item, source)``. With ferry.Loader, ``mix.source_of(batch.indices)``
@@ -69,11 +74,22 @@ class Mix:
         sources = list(sources)
         if not sources:
             raise ValueError("ferry.Mix: no sources")
+        specs = [isinstance(s, str) for s in sources]
+        if any(specs) and not all(specs):
+            raise TypeError("ferry.Mix: the sources are all dataset objects (served by Python "
+                            "workers) or all C dataset specs (served by C workers), not some "
+                            "of each")
         for i, s in enumerate(sources):
-            if isinstance(s, str) or not (hasattr(s, "__getitem__") and hasattr(s, "__len__")):
+            if isinstance(s, str):
+                if "|" in s or s.startswith("concat:"):
+                    raise ValueError("ferry.Mix: source %d (%r): a spec of a mix's source "
+                                     "holds no '|' and is no concat" % (i, s))
+            elif not (hasattr(s, "__getitem__") and hasattr(s, "__len__")):
                 raise TypeError("ferry.Mix: source %d must be a map-style dataset (with "
-                                "__getitem__ and __len__), not %s" % (i, type(s).__name__))
-        sizes = [len(s) for s in sources]
+                                "__getitem__ and __len__) or a C dataset spec, not %s"
+                                % (i, type(s).__name__))
+        # A C dataset's length: opened here once (as a worker will).
+        sizes = [_ferry.dataset_length(s) if isinstance(s, str) else len(s) for s in sources]
         for i, n in enumerate(sizes):
             if n <= 0:
                 raise ValueError("ferry.Mix: source %d is empty" % i)
@@ -114,6 +130,11 @@ class Mix:
         self.schedule = {step: tuple(ws) for step, ws in steps}
         self.length = int(length) if length is not None else sum(sizes)
         self.source_key = source_key
+        # C sources: the loader opens them as one concat dataset.
+        self.dataset_spec = "concat:" + "|".join(sources) if all(specs) else None
+        if self.dataset_spec and source_key is not None:
+            raise ValueError("ferry.Mix: source_key changes Python items; a mix of C datasets "
+                             "says each item's source by mix.source_of(batch.indices)")
 
     def __len__(self):
         return self._total
@@ -130,6 +151,9 @@ class Mix:
         return k, index - self.offsets[k]
 
     def __getitem__(self, index):
+        if self.dataset_spec is not None:
+            raise TypeError("ferry.Mix: a mix of C datasets (spec strings) is built by C "
+                            "workers; read it through ferry.Loader")
         # Every item of every batch comes through here: the common case
         # (an int in range) takes one bisect and no call of ours.
         if type(index) is int and 0 <= index < self._total:

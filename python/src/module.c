@@ -7,6 +7,7 @@
 #include "pydataset.h"
 #include "pyprofile.h"
 
+#include "dataset.h"
 #include "ferry.h"
 #include "sampler.h"
 
@@ -84,6 +85,26 @@ done:
     return out;
 }
 
+/* dataset_length(spec) -> the items of a C dataset spec, opened here and
+ * closed (what ferry.Mix of spec strings needs to know of each source). */
+static PyObject *dataset_length_py(PyObject *self, PyObject *args)
+{
+    const char *spec;
+    if (!PyArg_ParseTuple(args, "s:dataset_length", &spec))
+        return NULL;
+    ferry__dataset ds;
+    char errbuf[FERRY_DATASET_MESSAGE_MAX];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry__dataset_open(&ds, spec, NULL, errbuf, sizeof errbuf);
+    Py_END_ALLOW_THREADS
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, errbuf);
+    uint64_t n = ds.length;
+    ferry__dataset_close(&ds);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
 /* mix_info(spec) -> (sources, total, length) of a mix spec (sampler/mix.h),
  * or ferry's OptionError-kind exception naming what is wrong. */
 static PyObject *mix_info_py(PyObject *self, PyObject *args)
@@ -145,6 +166,8 @@ static PyObject *mix_draw_py(PyObject *self, PyObject *args)
 
 static PyMethodDef module_methods[] = {
     {"mix_info", mix_info_py, METH_VARARGS, "mix_info(spec) -> (sources, total, length)"},
+    {"dataset_length", dataset_length_py, METH_VARARGS,
+     "dataset_length(spec) -> the items of a C dataset spec"},
     {"mix_draw", mix_draw_py, METH_VARARGS,
      "mix_draw(spec, seed, shuffle, first, count) -> (uint64 indices, uint32 sources) as bytes"},
     {"epoch_batches", (PyCFunction)(void (*)(void))epoch_batches_py, METH_VARARGS | METH_KEYWORDS,

@@ -176,10 +176,38 @@ def test_torch_dataloader_serves_a_mix_and_says_each_item_s_source():
     assert np.array_equal(v, v_of(want))
 
 
+def test_a_mix_of_c_datasets_is_served_by_c_workers_item_by_item(tmp_path):
+    # Three npy files of one field "v": source k's item i is k * 1000 + i.
+    specs = []
+    for k, n in enumerate((40, 6, 25)):
+        np.save(tmp_path / ("s%d.npy" % k), np.arange(n, dtype=np.int64) + k * 1000)
+        specs.append("npy:v=%s" % (tmp_path / ("s%d.npy" % k)))
+    mix = ferry.Mix(specs, schedule={0: [0.3, 0.4, 0.3], 100: [0.1, 0.1, 0.8]})
+    assert mix.sizes == (40, 6, 25) and mix.dataset_spec.startswith("concat:")
+    with ferry.Loader(mix, batch_size=8, workers=2, seed=SEED, shuffle=True) as ld:
+        got = [(b.indices.copy(), np.asarray(b["v"]).copy()) for _, b in zip(range(40), ld.stream())]
+    idx = np.concatenate([g[0] for g in got])
+    assert np.array_equal(idx, mix.draws(0, len(idx), seed=SEED)[0])
+    k = mix.source_of(idx)
+    local = idx - np.asarray(mix.offsets)[k]
+    assert np.array_equal(np.concatenate([g[1] for g in got]), k * 1000 + local)
+    with pytest.raises(TypeError, match="built by C workers"):
+        mix[0]
+    torch = pytest.importorskip("torch")  # noqa: F841
+    import ferry.torch as ft
+    with pytest.raises(TypeError, match="C dataset specs"):
+        ft.DataLoader(mix, batch_size=4)
+
+
 @pytest.mark.parametrize("args,kwargs,error,match", [
+    ([[np.zeros(3), "npy:x.npy"]], {"weights": [1, 1]}, TypeError, "not some of each"),
+    ([["synthetic:n=3", "synthetic:n=2|synthetic:n=4"]], {"weights": [1, 1]}, ValueError,
+     "no '|'"),
+    ([["synthetic:n=3", "bogus:1"]], {"weights": [1, 1]}, ferry.DatasetError,
+     "unknown dataset kind 'bogus'"),
     ([[]], {"weights": [1]}, ValueError, "no sources"),
     (["x"], {"weights": [1]}, TypeError, "list of datasets"),
-    ([[np.zeros(3), "abc"]], {"weights": [1, 1]}, TypeError, "source 1 must be a map-style"),
+    ([[np.zeros(3), 5]], {"weights": [1, 1]}, TypeError, "source 1 must be a map-style"),
     ([[np.zeros(3)]], {}, TypeError, "weights or schedule"),
     ([[np.zeros(3)]], {"weights": [1], "schedule": {0: [1]}}, TypeError, "weights or schedule"),
     ([[np.zeros(3), np.zeros(2)]], {"weights": [1]}, ValueError, "1 weights for 2 sources"),

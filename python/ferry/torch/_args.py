@@ -185,6 +185,9 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
     rank, world_size, seed and pad_shards, a list (or range, array) of indices
     the indices. Any other sampler or batch sampler is the user's, fed
     (a Feed)."""
+    if isinstance(dataset, Mix) and dataset.dataset_spec is not None:
+        raise TypeError("ferry.torch.DataLoader: this ferry.Mix is of C dataset specs, which "
+                        "C workers build without Python; read it with ferry.Loader")
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise TypeError("ferry.torch.DataLoader: the dataset must be map-style (have "
                         "__getitem__ and __len__), not a %s" % type(dataset).__name__)
