@@ -163,11 +163,17 @@ def test_torch_dataloader_serves_a_mix_and_says_each_item_s_source():
         return [k * 1000 + i for k, i in map(mix.locate, indices)]
 
     dl = ft.DataLoader(mix, batch_size=32, shuffle=True, num_workers=2, seed=SEED)
+    assert len(dl) == 20  # 630 positions an epoch
     batches = list(dl)
+    assert len(batches) == 20
     v = torch.cat([b["v"] for b in batches]).numpy()
     assert np.array_equal(torch.cat([b["source"] for b in batches]).numpy(), v // 1000)
     want, _ = mix.draws(0, len(mix), seed=SEED)
     assert np.array_equal(v, v_of(want))
+    # An epoch of the mix's own length: len() says it before the first iter().
+    short = ferry.Mix(mix.sources, [0.3, 0.4, 0.3], length=100)
+    dl = ft.DataLoader(short, batch_size=32, num_workers=1, seed=SEED)
+    assert len(dl) == 4 and [len(b["v"]) for b in dl] == [32, 32, 32, 4]
     # A DistributedSampler shards the mix's order: rank 1 of 2 takes 1, 3, 5, ...
     ds = DistributedSampler(mix, num_replicas=2, rank=1, seed=SEED)
     dl = ft.DataLoader(mix, batch_size=16, sampler=ds, num_workers=0)

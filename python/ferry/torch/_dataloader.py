@@ -232,9 +232,11 @@ class DataLoader(_Closes):
             return self._table.n
         # The sampler's own arithmetic (sharding, padding, drop_last), from C.
         o = self._opts
+        # A ferry.Mix's epoch is its length in positions, not its items.
+        n = _ferry.mix_info(o["mix"])[2] if o.get("mix") else len(self._batches)
         try:
             return _ferry.epoch_batches(
-                len(self._batches), o["batch_size"] if self.batch_size is not None else 1,
+                n, o["batch_size"] if self.batch_size is not None else 1,
                 drop_last=bool(o["drop_last"]), rank=int(o.get("rank", 0) or 0),
                 world_size=int(o.get("world_size", o.get("world", 1)) or 1),
                 pad_shards=bool(o.get("pad_shards", True)))
