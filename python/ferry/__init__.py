@@ -56,6 +56,7 @@ from ._dataset import WorkerInfo, spec_for, worker_command, worker_info
 from ._shared import SharedDict, SharedList, shared
 from ._batch import Batch, _FieldBatch, _positional, _TupleBatch
 from ._iterate import _Epoch, _Stream
+from ._process import WorkerProcess
 from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
                       InvalidValue, LimitError, NotReady, OptionError, SpawnError, StateError,
                       Timeout, WorkerError)
@@ -66,7 +67,7 @@ __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "BatchLost", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
     "StateError", "Closed", "LimitError", "NotReady", "SharedList", "SharedDict", "shared",
-    "__version__",
+    "WorkerProcess", "__version__",
 ]
 
 # Old names of options, accepted until the next release with a warning
@@ -613,6 +614,17 @@ class Loader(_Closes):
         if not isinstance(index, numbers.Integral) or not 0 <= index < 2**32:
             raise InvalidValue("worker_pid: no worker %r" % (index,))
         return self._live().worker_pid(int(index))
+
+    def worker_process(self, index):
+        """Local worker ``index``'s process as it is now: a
+        :class:`WorkerProcess` (pid, is_alive(), join(timeout), exitcode,
+        terminate()), which stays truthful after the worker or the loader
+        is gone; None for a thread worker or one being replaced."""
+        self.worker_pid(index)  # checks index
+        try:
+            return WorkerProcess(self._live(), int(index))
+        except ValueError:
+            return None
 
     @property
     def endpoint(self):
