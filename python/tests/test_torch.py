@@ -443,6 +443,55 @@ def test_iterable_dataset_iterates_again_after_its_workers_are_closed():
         dl.close()
 
 
+@pytest.mark.parametrize("loader_cls", [TorchLoader, DataLoader], ids=["torch", "ferry"])
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_an_iterators_worker_processes_exit_cleanly_once_it_and_its_loader_are_gone(
+        loader_cls, style):
+    """iter(loader)._workers (a private attribute that torch's own tests
+    read) are the worker processes; once the iterator and the loader are
+    dropped they end, and joining them gives their real exit status: 0, a
+    clean exit, not a kill."""
+    import datasets
+    ds = datasets.Shards(12) if style == "iterable" else tensors(12)
+    dl = loader_cls(ds, batch_size=2, num_workers=2)
+    it = iter(dl)
+    assert next(it) is not None
+    procs = it._workers
+    assert len(procs) == 2 and len({p.pid for p in procs}) == 2
+    for p in procs:  # running: real processes, this process's children
+        assert p.is_alive() and p.exitcode is None
+        with open("/proc/%d/stat" % p.pid) as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    assert len(list(it)) == 5
+    del it, dl
+    for p in procs:
+        p.join(30)
+        assert not p.is_alive() and p.exitcode == 0
+    del procs
+
+
+def test_a_killed_worker_process_shows_its_signal_and_its_replacement_is_another_process():
+    """What _workers says is the processes' truth, not a default: a worker
+    sent SIGTERM through it ends with -SIGTERM as its exitcode (as
+    multiprocessing says a signal death), ferry replaces it, and the epoch
+    loses no batch; the iterator's _workers then shows the replacement."""
+    import signal
+    with DataLoader(tensors(40), batch_size=2, num_workers=2) as dl:
+        it = iter(dl)
+        got = [next(it)]
+        first = it._workers[0]
+        first.terminate()
+        first.join(30)
+        assert not first.is_alive() and first.exitcode == -signal.SIGTERM
+        got += list(it)
+        same_batches(got, TorchLoader(tensors(40), batch_size=2))
+        now = it._workers[0]
+        assert now.pid != first.pid and now.is_alive() and now.exitcode is None
+        first.terminate()  # ended: never signalled again (its pid may be reused)
+        del now
+    assert first.exitcode == -signal.SIGTERM  # still known after the loader has gone
+
+
 def _rss_anon_kib():
     with open("/proc/self/status") as f:
         for line in f:
