@@ -338,6 +338,15 @@ int ferry_config_set_log(ferry_config *cfg, ferry_log_fn fn, void *user)
     return FERRY_OK;
 }
 
+int ferry_config_set_exit_fn(ferry_config *cfg, ferry_exit_fn fn, void *user)
+{
+    if (!cfg)
+        return ferry__seterr(FERRY_EINVAL, "config must not be NULL");
+    cfg->exit_fn = fn;
+    cfg->exit_user = fn ? user : NULL;
+    return FERRY_OK;
+}
+
 ferry__log ferry__config_log(const ferry_config *cfg)
 {
     return (ferry__log){cfg->log_fn, cfg->log_user, (int)(cfg->log_level + 1) * 10};

@@ -85,6 +85,8 @@ struct ferry_config {
     int64_t log_level; /* position in the level names: debug, info, warning, error */
     ferry_log_fn log_fn;
     void *log_user;
+    ferry_exit_fn exit_fn; /* told of each worker process reaped */
+    void *exit_user;
     unsigned char state[FERRY_STATE_MAX];
     size_t state_len;
 };

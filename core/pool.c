@@ -156,6 +156,17 @@ static void last_words(const local_worker *w, char *out, size_t cap)
     out[o] = '\0';
 }
 
+/* Worker w's process `pid` has been reaped with wait status `status` (-1:
+ * unknown): whoever asked is told (option exit_fn), and the process is let
+ * go. The clean parent (index n) is nobody's business but the pool's. */
+static void reaped(local_worker *w, pid_t pid, int status)
+{
+    const ferry__pool_opts *o = &w->pool->o;
+    if (o->exit_fn && w->index < o->n)
+        o->exit_fn(o->exit_user, w->index, (int)pid, status);
+    ferry__pool_forget_process(w);
+}
+
 /* Reaps worker w's process if it has exited: returns 1 with its wait
  * status, or with *status -1 when someone else collected it. That happens
  * when the trainer sets SIGCHLD to SIG_IGN (the kernel reaps at once) or
@@ -175,7 +186,7 @@ static int reap(local_worker *w, int *status)
         *status = -1;
     else if (r != pid)
         return 0;
-    ferry__pool_forget_process(w);
+    reaped(w, pid, *status);
     return 1;
 }
 
@@ -316,9 +327,12 @@ void ferry__pool_kill_all(ferry__pool *p)
         pid_t pid = atomic_load(&w->pid);
         if (!pid)
             continue;
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-        ferry__pool_forget_process(w);
+        int status;
+        pid_t r;
+        do
+            r = waitpid(pid, &status, 0);
+        while (r < 0 && errno == EINTR);
+        reaped(w, pid, r == pid ? status : -1);
     }
 }
 

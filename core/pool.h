@@ -50,6 +50,8 @@ typedef struct ferry__pool_opts {
     int start_timeout_ms;    /* a (re)started worker must be ready by then */
     int wake_fd;             /* written when a thread worker stops */
     ferry__log log;          /* where its messages go */
+    ferry_exit_fn exit_fn;   /* told of each worker process reaped (NULL: nobody) */
+    void *exit_user;
 } ferry__pool_opts;
 
 typedef enum ferry__pool_event_kind {

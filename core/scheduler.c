@@ -648,7 +648,9 @@ static int setup(ferry__scheduler *s)
                            .dataset = s->cfg.dataset,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,
                            .wake_fd = s->wake_fd,
-                           .log = s->log};
+                           .log = s->log,
+                           .exit_fn = s->cfg.exit_fn,
+                           .exit_user = s->cfg.exit_user};
     return ferry__pool_new(&s->pool, &po);
 }
 

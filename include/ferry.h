@@ -157,6 +157,18 @@ FERRY_API int ferry_config_set_log(ferry_config *cfg, ferry_log_fn fn, void *use
  * NULL for another level. */
 FERRY_API const char *ferry_log_level_name(int level);
 
+/* Told of each local worker process the loader reaps (libuv's exit_cb):
+ * its index, its pid and its wait status as waitpid() gave it, or -1 when
+ * the status is unknown (someone else reaped it: SIGCHLD set to SIG_IGN, or
+ * a handler of the program's that reaps every child). A worker that died
+ * and was replaced, and every worker at ferry_loader_close(), is reported
+ * once. Thread workers and the clean parent are not. The callback runs
+ * where the log callback does (the loader's own thread, or the caller's
+ * inside ferry_loader_close()), never concurrently; it must return quickly
+ * and must not call into ferry. fn NULL: nobody is told. */
+typedef void (*ferry_exit_fn)(void *user, uint32_t index, int pid, int status);
+FERRY_API int ferry_config_set_exit_fn(ferry_config *cfg, ferry_exit_fn fn, void *user);
+
 /* Resume from a blob saved by ferry_loader_state(). The blob names a place
  * in one epoch's global order (the order of every rank together): the
  * samples the whole job had consumed, which in synchronous training are the

@@ -936,6 +936,11 @@ static int restarted_once(const ferry_stats *st, uint64_t unused)
     return st->restarts >= 1;
 }
 
+static int workers_ready(const ferry_stats *st, uint64_t n)
+{
+    return st->workers >= n;
+}
+
 static int stale_above(const ferry_stats *st, uint64_t n)
 {
     return st->stale > n;
@@ -979,6 +984,76 @@ static void test_late_hello_of_a_replaced_worker_is_stale(void **state)
     zmq_close(s);
     zmq_ctx_term(ctx);
     ft_close_within(ld, 5000);
+    ft_end(&snap);
+}
+
+/* What an exit callback heard (written on the loader's thread, read by the
+ * test after ferry_loader_close() has joined it). */
+typedef struct exits_heard {
+    int n;
+    uint32_t index[8];
+    int pid[8];
+    int status[8];
+} exits_heard;
+
+static void hear_exit(void *user, uint32_t index, int pid, int status)
+{
+    exits_heard *h = user;
+    if (h->n < 8) {
+        h->index[h->n] = index;
+        h->pid[h->n] = pid;
+        h->status[h->n] = status;
+    }
+    h->n++;
+}
+
+/* The status heard for `pid`, or -2 when it was not heard once exactly. */
+static int heard_status(const exits_heard *h, uint32_t index, int pid)
+{
+    int found = 0, status = -2;
+    for (int i = 0; i < h->n && i < 8; i++) {
+        if (h->pid[i] == pid && h->index[i] == index) {
+            found++;
+            status = h->status[i];
+        }
+    }
+    return found == 1 ? status : -2;
+}
+
+/* Option exit_fn hears every worker process the loader reaps, once, with
+ * the status the kernel gave: a worker killed mid-run (then replaced) with
+ * its signal, and every worker at close with its clean exit. */
+static void test_exit_callback_hears_each_reaped_worker_with_its_status(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    exits_heard heard = {0};
+    ferry_config *cfg = make_cfg("process", 2, 4, 50, synthetic_spec());
+    assert_int_equal(ferry_config_set_exit_fn(cfg, hear_exit, &heard), FERRY_OK);
+    ferry_loader *ld = ft_open_ok(cfg);
+    int old = 0, now = 0, other = 0;
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &old), FERRY_OK);
+    assert_int_equal(ferry_loader_worker_pid(ld, 1, &other), FERRY_OK);
+    assert_int_equal(kill(old, SIGKILL), 0);
+    assert_true(ft_wait_stats(ld, restarted_once, 0, 10000) >= 0);
+    /* Its replacement ready (its dataset open) before the close: a worker
+     * told to stop while still starting says it was turned away, exiting 1. */
+    assert_true(ft_wait_stats(ld, workers_ready, 2, 10000) >= 0);
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &now), FERRY_OK);
+    assert_true(now != old && now > 0);
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_release(b);
+    ft_close_within(ld, 5000);
+
+    assert_int_equal(heard.n, 3);
+    int st = heard_status(&heard, 0, old);
+    assert_true(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    st = heard_status(&heard, 0, now);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    st = heard_status(&heard, 1, other);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     ft_end(&snap);
 }
 
@@ -1100,6 +1175,7 @@ int main(void)
         cmocka_unit_test(test_a_state_at_an_epoch_starts_there),
         cmocka_unit_test(test_malformed_messages_from_a_raw_peer_change_nothing),
         cmocka_unit_test(test_late_hello_of_a_replaced_worker_is_stale),
+        cmocka_unit_test(test_exit_callback_hears_each_reaped_worker_with_its_status),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

@@ -57,17 +57,36 @@ from ._shared import SharedDict, SharedList, shared
 from ._mix import Mix
 from ._batch import Batch, _FieldBatch, _positional, _TupleBatch
 from ._iterate import _Epoch, _Stream
+from ._process import WorkerProcess
+from . import _errors
 from ._errors import (BatchError, BatchLost, Closed, DatasetError, Error, IndexOutOfRange,
                       InvalidValue, LimitError, NotReady, OptionError, SpawnError, StateError,
                       Timeout, WorkerError)
 
 __version__ = _ferry.version()
 
+def __getattr__(name):
+    """``ferry.BatchError[OSError]`` and the like, by the name they print:
+    the classes that are both one of ferry's errors and a built-in
+    exception (made as needed, _errors._both). pickle finds a class by
+    that name, so such an exception and its class cross to another process
+    (multiprocessing sends a child's exception to its parent; torch's
+    ExceptionWrapper sends the class)."""
+    cls, _, rest = name.partition("[")
+    base = _errors._BUILTIN.get(rest[:-1]) if rest.endswith("]") else None
+    ours = globals().get(cls)
+    if base is not None and isinstance(ours, type) and issubclass(ours, Error):
+        both = _errors._both(ours, base)
+        if both is not None:
+            return both
+    raise AttributeError("module 'ferry' has no attribute %r" % (name,))
+
+
 __all__ = [
     "Loader", "Batch", "WorkerInfo", "worker_info", "Error", "OptionError", "InvalidValue",
     "DatasetError", "BatchError", "BatchLost", "IndexOutOfRange", "WorkerError", "SpawnError", "Timeout",
     "StateError", "Closed", "LimitError", "NotReady", "SharedList", "SharedDict", "shared",
-    "Mix", "__version__",
+    "Mix", "WorkerProcess", "__version__",
 ]
 
 # Old names of options, accepted until the next release with a warning
@@ -621,6 +640,17 @@ class Loader(_Closes):
         if not isinstance(index, numbers.Integral) or not 0 <= index < 2**32:
             raise InvalidValue("worker_pid: no worker %r" % (index,))
         return self._live().worker_pid(int(index))
+
+    def worker_process(self, index):
+        """Local worker ``index``'s process as it is now: a
+        :class:`WorkerProcess` (pid, is_alive(), join(timeout), exitcode,
+        terminate()), which stays truthful after the worker or the loader
+        is gone; None for a thread worker or one being replaced."""
+        self.worker_pid(index)  # checks index
+        try:
+            return WorkerProcess(self._live(), int(index))
+        except ValueError:
+            return None
 
     @property
     def endpoint(self):

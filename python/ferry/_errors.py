@@ -196,6 +196,25 @@ _BUILTIN = {n: c for n, c in vars(builtins).items()
 _BOTH = {}  # (ferry class, built-in class) -> the class that is both
 
 
+def _reduce_both(self):
+    """Pickles an exception of a class _both made (which no module holds
+    by name) as its two classes, its detail and its attributes: it crosses
+    to another process as it is (multiprocessing sends a child's exception
+    to its parent so; torch's test harness does)."""
+    cls, base = type(self).__bases__
+    return _rebuild_both, (cls, base, self.detail), dict(self.__dict__)
+
+
+def _rebuild_both(cls, base, detail):
+    """The unpickling side of _reduce_both (pickle then sets __dict__)."""
+    both = _both(cls, base)
+    if both is None:  # cannot happen where it was made; a plain one then
+        return cls(detail)
+    out = both.__new__(both, detail)
+    out.args = (detail,)
+    return out
+
+
 def _both(cls, base):
     """A class that is both ferry's `cls` and the built-in `base`, or None
     when Python cannot make one."""
@@ -205,6 +224,7 @@ def _both(cls, base):
             _BOTH[key] = type(base.__name__, (cls, base), {
                 "__module__": "ferry", "__qualname__": "%s[%s]" % (cls.__name__, base.__name__),
                 "__str__": lambda self: self.detail,
+                "__reduce__": _reduce_both,
                 "__doc__": "A ferry.%s raised by a dataset's %s." % (cls.__name__,
                                                                       base.__name__)})
         except Exception:  # noqa: BLE001 - a layout conflict, a base that refuses

@@ -21,6 +21,14 @@
  * trainer's thread hands the queue to the Python sink (logging, by
  * default) whenever it is in here anyway: after open, between next()'s
  * slices, in stats() and after close.
+ *
+ * Worker exits: ferry tells the exit callback of each worker process it
+ * reaps, on its own thread; the callback writes (pid, wait status) into the
+ * Loader's exit book (a mutex, a condition) and wakes whoever waits on it.
+ * worker_exit() reads the book, waiting with the GIL released, and works
+ * after close() too: the book is what remains of the workers' lives (torch's
+ * tests join a worker after the DataLoader is gone). It grows by one entry
+ * per process reaped: the workers at close, and each one replaced.
  */
 #include "loader.h"
 #include "batch.h"
@@ -52,8 +60,22 @@ typedef struct log_queue {
     unsigned long dropped; /* past LOG_QUEUE_MAX */
 } log_queue;
 
+/* Worker processes reaped, in the order ferry reaped them. */
+typedef struct exit_entry {
+    int pid;
+    int status; /* the wait status; -1: unknown (ferry_exit_fn) */
+} exit_entry;
+
+typedef struct exit_book {
+    pthread_mutex_t mu;
+    pthread_cond_t changed; /* an entry was added */
+    exit_entry *e;
+    size_t n, cap;
+} exit_book;
+
 typedef struct {
     PyObject_HEAD ferry_loader *ld;
+    exit_book *exits; /* NULL until the loader is opened */
     log_queue *log;   /* NULL: ferry writes to stderr itself */
     PyObject *log_sink; /* called as sink(level, message) */
     int busy;         /* a thread is in next() or close() with the GIL released */
@@ -99,6 +121,60 @@ static void queue_log(void *user, int level, const char *message)
         q->n++;
     }
     pthread_mutex_unlock(&q->mu);
+}
+
+/* ferry's exit callback: runs on ferry's thread without the GIL. */
+static void book_exit(void *user, uint32_t index, int pid, int status)
+{
+    exit_book *b = user;
+    (void)index;
+    pthread_mutex_lock(&b->mu);
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 16;
+        exit_entry *e = realloc(b->e, cap * sizeof *e);
+        if (e) {
+            b->e = e;
+            b->cap = cap;
+        }
+    }
+    if (b->n < b->cap) /* else out of memory: that worker's exit stays unknown */
+        b->e[b->n++] = (exit_entry){.pid = pid, .status = status};
+    pthread_cond_broadcast(&b->changed);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static exit_book *new_book(void)
+{
+    exit_book *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->changed, &ca);
+    pthread_condattr_destroy(&ca);
+    return b;
+}
+
+static void free_book(exit_book *b)
+{
+    if (!b)
+        return;
+    free(b->e);
+    pthread_cond_destroy(&b->changed);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+/* The entry for `pid` at or after position `since`, or -1; b->mu held. */
+static ssize_t book_find(const exit_book *b, size_t since, int pid)
+{
+    for (size_t i = since; i < b->n; i++) {
+        if (b->e[i].pid == pid)
+            return (ssize_t)i;
+    }
+    return -1;
 }
 
 /* One message to the sink; its own errors are reported as unraisable,
@@ -181,6 +257,10 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
         Py_INCREF(sink);
         self->log_sink = sink;
     }
+    if (!self->exits && !(self->exits = new_book())) {
+        PyErr_NoMemory();
+        goto fail;
+    }
     if (!self->held) {
         self->held = PyMem_Calloc(1, sizeof *self->held);
         if (!self->held) {
@@ -212,6 +292,8 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
         rc = ferry_config_set_state(cfg, state.buf, (size_t)state.len);
     if (rc == FERRY_OK && self->log)
         rc = ferry_config_set_log(cfg, queue_log, self->log);
+    if (rc == FERRY_OK)
+        rc = ferry_config_set_exit_fn(cfg, book_exit, self->exits);
     if (rc == FERRY_OK) {
         ferry_loader *ld = NULL;
         Py_BEGIN_ALLOW_THREADS rc = ferry_loader_open(&ld, cfg);
@@ -296,6 +378,10 @@ static void loader_dealloc(LoaderObject *self)
     close_loader(self);
     /* In a forked child the queue is a copy nobody writes to. */
     free_log(self);
+    /* The loader is closed (or a forked child's copy that nobody writes to):
+     * nothing calls book_exit any more. */
+    free_book(self->exits);
+    self->exits = NULL;
     Py_CLEAR(self->wrap);
     Py_CLEAR(self->before_close);
     ferry_py_held_drop(self->held);
@@ -629,6 +715,81 @@ static PyObject *loader_worker_pid(LoaderObject *self, PyObject *args)
     return PyLong_FromLong(pid);
 }
 
+static PyObject *loader_exits_seen(LoaderObject *self, PyObject *unused)
+{
+    exit_book *b = self->exits;
+    size_t n = 0;
+    if (b) {
+        pthread_mutex_lock(&b->mu);
+        n = b->n;
+        pthread_mutex_unlock(&b->mu);
+    }
+    return PyLong_FromSize_t(n);
+}
+
+/* Waits at most wait_ms for book b to hold an entry for `pid` at or after
+ * position `since`: its index, or -1. Called without the GIL. */
+static ssize_t book_wait(exit_book *b, size_t since, int pid, int64_t wait_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += wait_ms / 1000;
+    ts.tv_nsec += (wait_ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    ssize_t at = book_find(b, since, pid);
+    while (at < 0 && pthread_cond_timedwait(&b->changed, &b->mu, &ts) == 0)
+        at = book_find(b, since, pid);
+    return at;
+}
+
+/* worker_exit(pid, since=0, timeout=0): the wait status ferry reaped worker
+ * process `pid` with (-1: unknown), looking at the entries from position
+ * `since` on (exits_seen() before the pid was read: a pid used again by a
+ * later worker is not mistaken for it); None when it has not been reaped
+ * within `timeout` seconds (0: no wait; None: no limit). Waits on the
+ * book's condition with the GIL released, in slices of SLICE_MS, checking
+ * for signals between them (Ctrl-C interrupts a join). */
+static PyObject *loader_worker_exit(LoaderObject *self, PyObject *args)
+{
+    int pid;
+    Py_ssize_t since = 0;
+    PyObject *timeout = Py_None;
+    if (!PyArg_ParseTuple(args, "i|nO:worker_exit", &pid, &since, &timeout))
+        return NULL;
+    int64_t deadline = INT64_MAX; /* timeout None: none */
+    if (timeout != Py_None) {
+        double secs = PyFloat_AsDouble(timeout);
+        if (secs == -1 && PyErr_Occurred())
+            return NULL;
+        deadline = now_ms() + (secs > 0 ? (int64_t)(secs * 1000.0 + 0.5) : 0);
+    }
+    exit_book *b = self->exits;
+    if (!b || since < 0)
+        Py_RETURN_NONE; /* never opened: no worker of this loader ever ran */
+    for (;;) {
+        int64_t left = deadline == INT64_MAX ? SLICE_MS : deadline - now_ms();
+        int64_t slice = left < 0 ? 0 : left < SLICE_MS ? left : SLICE_MS;
+        ssize_t at;
+        int status = 0;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&b->mu);
+        at = book_wait(b, (size_t)since, pid, slice);
+        if (at >= 0)
+            status = b->e[at].status;
+        pthread_mutex_unlock(&b->mu);
+        Py_END_ALLOW_THREADS
+        if (at >= 0)
+            return PyLong_FromLong(status);
+        if (slice == 0 || (deadline != INT64_MAX && now_ms() >= deadline))
+            Py_RETURN_NONE;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+}
+
 static PyObject *loader_endpoint(LoaderObject *self, PyObject *unused)
 {
     char buf[512];
@@ -742,6 +903,12 @@ static PyMethodDef loader_methods[] = {
     {"trace_write", (PyCFunction)loader_trace_write, METH_VARARGS,
      "trace_write(path): write them as trace-event JSON"},
     {"worker_pid", (PyCFunction)loader_worker_pid, METH_VARARGS, "pid of local worker i"},
+    {"exits_seen", (PyCFunction)loader_exits_seen, METH_NOARGS,
+     "how many worker processes ferry has reaped so far (a position for worker_exit)"},
+    {"worker_exit", (PyCFunction)loader_worker_exit, METH_VARARGS,
+     "worker_exit(pid, since=0, timeout=0): the wait status worker process pid was reaped "
+     "with (-1: unknown), or None if not reaped within timeout seconds (None: no limit); "
+     "works after close()"},
     {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},
     {"keep_slots", (PyCFunction)loader_keep_slots, METH_NOARGS,
      "slots keep their pages from now on (to register them with a device)"},

@@ -990,6 +990,7 @@ def test_every_builtin_exception_a_dataset_raises_is_a_batch_error_and_the_epoch
     # combined: a failed batch must not be caught as SystemExit or
     # KeyboardInterrupt.
     import builtins
+    import pickle
     import traceback
     cannot_combine = {"MemoryError", "ExceptionGroup"}
     names = _builtin_exception_classes()
@@ -1011,6 +1012,13 @@ def test_every_builtin_exception_a_dataset_raises_is_a_batch_error_and_the_epoch
             assert e.worker in (0, 1) and "__getitem__" in e.traceback, name
             # What a trainer dying on it prints names the dataset's error too.
             assert original in "".join(traceback.format_exception_only(type(e), e)), name
+            # It crosses to another process (multiprocessing pickles a child's
+            # exception for its parent) as the same class, detail and fields.
+            again = pickle.loads(pickle.dumps(e))
+            assert type(again) is type(e) and str(again) == str(e), name
+            assert pickle.loads(pickle.dumps(type(e))) is type(e), name  # the class by name
+            assert (again.index, again.worker, again.exc_type, again.traceback) == \
+                (e.index, e.worker, e.exc_type, e.traceback), name
             if issubclass(ferry.BatchError, cls):
                 pass  # BaseException, Exception: every BatchError is one
             elif issubclass(cls, Exception) and name not in cannot_combine:

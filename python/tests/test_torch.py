@@ -443,6 +443,60 @@ def test_iterable_dataset_iterates_again_after_its_workers_are_closed():
         dl.close()
 
 
+@pytest.mark.parametrize("loader_cls", [TorchLoader, DataLoader], ids=["torch", "ferry"])
+@pytest.mark.parametrize("style", ["map", "iterable"])
+def test_an_iterators_worker_processes_exit_cleanly_once_it_and_its_loader_are_gone(
+        loader_cls, style):
+    """iter(loader)._workers (a private attribute that torch's own tests
+    read) are the worker processes; once the iterator and the loader are
+    dropped they end, and joining them gives their real exit status: 0, a
+    clean exit, not a kill."""
+    import datasets
+    ds = datasets.Shards(12) if style == "iterable" else tensors(12)
+    dl = loader_cls(ds, batch_size=2, num_workers=2)
+    it = iter(dl)
+    assert next(it) is not None
+    procs = it._workers
+    assert len(procs) == 2 and len({p.pid for p in procs}) == 2
+    for p in procs:  # running: real processes, this process's children
+        assert p.is_alive() and p.exitcode is None
+        with open("/proc/%d/stat" % p.pid) as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    assert len(list(it)) == 5
+    del it, dl
+    for p in procs:
+        p.join(30)
+        assert not p.is_alive() and p.exitcode == 0
+    del procs
+
+
+def test_a_killed_worker_process_shows_its_signal_and_its_replacement_is_another_process():
+    """What _workers says is the processes' truth, not a default: a worker
+    sent SIGTERM through it ends with -SIGTERM as its exitcode (as
+    multiprocessing says a signal death), ferry replaces it, and the epoch
+    loses no batch; the iterator's _workers then shows the replacement."""
+    import signal
+    first = now = None
+    try:
+        with DataLoader(tensors(40), batch_size=2, num_workers=2) as dl:
+            it = iter(dl)
+            got = [next(it)]
+            first = it._workers[0]
+            first.terminate()
+            first.join(30)
+            assert not first.is_alive() and first.exitcode == -signal.SIGTERM
+            got += list(it)
+            same_batches(got, TorchLoader(tensors(40), batch_size=2))
+            now = it._workers[0]
+            assert now.pid != first.pid and now.is_alive() and now.exitcode is None
+            first.terminate()  # ended: never signalled again (its pid may be reused)
+        assert first.exitcode == -signal.SIGTERM  # still known after the loader has gone
+    finally:  # their pidfds, also if the test fails (the traceback keeps them)
+        for p in (first, now):
+            if p is not None:
+                p.close()
+
+
 def _rss_anon_kib():
     with open("/proc/self/status") as f:
         for line in f:
@@ -933,23 +987,74 @@ def test_a_samplers_set_epoch_decides_the_epoch_as_in_torch():
     assert again == [run[3], run[3], run[1]]
 
 
-class WhoMadeIt(Dataset):
+class WhoMadeItAndWhat(Dataset):
+    """Item i says which worker built it, and i."""
+
     def __len__(self):
-        return 14
+        return 45
 
     def __getitem__(self, i):
-        return torch.utils.data.get_worker_info().id
+        return torch.utils.data.get_worker_info().id, i
 
 
-def test_pin_tasks_2_assigns_batches_to_workers_as_torch_does():
-    """Batch b of each epoch goes to worker b % num_workers with
-    pin_tasks=2, as torch's DataLoader assigns them (code that keeps
-    per-worker files or caches relies on it); by default ferry gives a
-    batch to whichever worker is free."""
-    want = [[int(b[0]) for b in TorchLoader(WhoMadeIt(), batch_size=2, num_workers=2)]
-            for _ in range(3)]
-    with DataLoader(WhoMadeIt(), batch_size=2, num_workers=2, pin_tasks=2) as dl:
-        assert [[int(b[0]) for b in dl] for _ in range(3)] == want
+def _makers(loader, epochs=2):
+    """Per epoch, the worker id that made each batch (all of a batch's
+    items must agree), and the items seen."""
+    out, items = [], []
+    for _ in range(epochs):
+        ids = []
+        for who, idx in loader:
+            assert len(set(who.tolist())) == 1, who
+            ids.append(int(who[0]))
+            items += idx.tolist()
+        out.append(ids)
+    return out, items
+
+
+@pytest.mark.parametrize("workers,batch_size", [(1, 4), (2, 4), (3, 8), (4, 2), (5, 16)])
+def test_by_default_batch_b_is_made_by_worker_b_mod_workers_as_with_torch(workers, batch_size):
+    """torch gives batch b of each epoch to worker b % num_workers (code
+    keeping a file, cache or connection per worker relies on it); ferry's
+    DataLoader does the same by default, shuffled or not, in every epoch."""
+    for shuffle in (False, True):
+        kw = dict(batch_size=batch_size, num_workers=workers, shuffle=shuffle)
+        theirs, _ = _makers(TorchLoader(WhoMadeItAndWhat(), **kw))
+        with DataLoader(WhoMadeItAndWhat(), **kw) as dl:
+            ours, items = _makers(dl)
+        assert ours == theirs
+        assert sorted(items) == sorted(list(range(45)) * 2)
+
+
+def test_a_replacement_worker_makes_the_batches_of_the_one_it_replaces():
+    """Worker 1 killed mid-epoch: its replacement (the same worker id)
+    makes its batches, so batch b is still made by worker b % num_workers,
+    and no batch is lost or repeated."""
+    import signal
+    want, _ = _makers(TorchLoader(WhoMadeItAndWhat(), batch_size=3, num_workers=3), epochs=1)
+    with DataLoader(WhoMadeItAndWhat(), batch_size=3, num_workers=3) as dl:
+        it = iter(dl)
+        got = [next(it), next(it)]
+        victim = it._workers[1]
+        try:
+            victim.kill()
+            victim.join(30)
+            assert victim.exitcode == -signal.SIGKILL
+        finally:
+            victim.close()  # its pidfd, also if the test fails (the traceback keeps it)
+        got += list(it)
+        assert [int(w[0]) for w, _ in got] == want[0]
+        assert sorted(i for _, idx in got for i in idx.tolist()) == list(range(45))
+        assert dl.stats()["restarts"] == 1
+
+
+def test_pin_tasks_0_or_in_order_false_let_any_free_worker_make_a_batch():
+    """Opting out (pin_tasks=0), or in_order=False (where torch too gives a
+    batch to a worker with room), every batch arrives once, whoever makes
+    it."""
+    for kw in (dict(pin_tasks=0), dict(in_order=False)):
+        with DataLoader(WhoMadeItAndWhat(), batch_size=4, num_workers=3, **kw) as dl:
+            _, items = _makers(dl)
+        assert sorted(items) == sorted(list(range(45)) * 2)
 
 
 def test_the_signature_is_torchs():

@@ -334,6 +334,16 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
             # default) differ by up to ~60 on sharp edges: asked for only.
             plan.native += ",dct=%d" % int(dct)
             plan.mode = "native"
+    # Which worker makes which batch: torch's assignment, batch b of each
+    # epoch by worker b % num_workers, wherever the user's code runs in the
+    # workers and can see it (get_worker_info().id in the dataset or
+    # collate_fn; per-worker files, caches or connections). A replacement
+    # takes its slot's batches, and the batches behind a slow one wait for
+    # it, as in torch. Not with in_order=False: there torch too gives a
+    # batch to a worker with room, and so does ferry (any free worker).
+    # pin_tasks=0 opts out.
+    if plan.mode == "workers" and opts["in_order"]:
+        opts.setdefault("pin_tasks", 2)
     return plan
 
 

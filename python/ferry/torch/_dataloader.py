@@ -18,7 +18,6 @@ import hashlib
 import inspect
 import logging
 import os
-import time
 import types
 
 import torch
@@ -417,13 +416,8 @@ class _MapEpoch:
 
     @property
     def _workers(self):
-        """torch's private attribute (read by torch's own tests): the worker
-        processes, each with pid, is_alive() and join(timeout)."""
-        ld = self._dl._loader
-        if ld is None or not self._dl._mode.workers:
-            return []
-        pids = [ld.worker_pid(i) for i in range(self._dl.num_workers)]
-        return [_WorkerProcess(p) for p in pids if p]
+        """torch's private attribute (read by torch's own tests)."""
+        return _worker_processes(self._dl)
 
     def __next__(self):
         dl = self._dl
@@ -462,21 +456,14 @@ def _as_torch_says(dl):
         raise
 
 
-class _WorkerProcess:
-    """A worker process as torch's tests look at one (multiprocessing's
-    Process API, in part): pid, is_alive(), join(timeout)."""
-
-    def __init__(self, pid):
-        self.pid = pid
-
-    def is_alive(self):
-        try:
-            with open("/proc/%d/stat" % self.pid) as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-        except (OSError, IndexError):
-            return False
-
-    def join(self, timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
-            time.sleep(0.01)  # another process's exit: nothing to wait on but /proc
+def _worker_processes(dl):
+    """torch's iterators' ``_workers``: DataLoader dl's worker processes as
+    they are now, ferry.WorkerProcess objects (pid, is_alive(),
+    join(timeout), exitcode, terminate()), which stay truthful after the
+    workers, the iterator and the loader are gone. [] before the workers
+    start and for thread workers."""
+    ld = dl._loader
+    if ld is None:
+        return []
+    procs = (ld.worker_process(i) for i in range(dl.num_workers))
+    return [p for p in procs if p is not None]

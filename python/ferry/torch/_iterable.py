@@ -25,7 +25,7 @@ import torch
 from .. import Loader, _dataset, _ferry
 from .._errors import BatchError, NotReady
 from ._args import _UNSET, translate_iterable
-from ._dataloader import DataLoader
+from ._dataloader import DataLoader, _worker_processes
 from ._pin import _tcollate_pin
 from ._structure import _SKELETON, _load_structure, _Pickler
 from ._worker import _Batches
@@ -370,40 +370,17 @@ class _IterableDataLoader(DataLoader):
             yield _tcollate_pin(out) if self.pin_memory else out
 
     def __iter__(self):
-        """One epoch: every worker's stream to its end. torch's warning, with
-        each batch past what len(loader) said (once it was asked before this
-        epoch began)."""
-        said, n = getattr(self, "_len_said", None), 0
-        for b in self._epoch_batches():
-            n += 1
-            if said is not None and n > said:
-                warnings.warn(
-                    "ferry.torch.DataLoader: length of IterableDataset %s was reported to be "
-                    "%d (when accessing len(dataloader)), but %d samples have been fetched. "
-                    "For multiprocessing data-loading, this is most often each worker yielding "
-                    "the whole dataset: shard it by get_worker_info()"
-                    % (type(self.dataset).__name__, said, n), UserWarning, stacklevel=2)
-            yield b
+        """One epoch: every worker's stream to its end (a _StreamEpoch)."""
+        return _StreamEpoch(self)
 
-    def _epoch_batches(self):
-        if not self.num_workers:
-            yield from self._sync_epoch()
-            return
-        timeout = self.timeout if self.timeout and self.timeout > 0 else None
-        self._ferry()
-        if self._mid_epoch:  # a `for` left early: its epoch is left behind, at once
+    def _begin_epoch(self):
+        """The first next() of a `for`: a `for` left early leaves its epoch
+        behind, at once; this one's starts."""
+        if self._mid_epoch:
             self._leave_epoch()
-        try:
-            self._mid_epoch = True
-            while True:
-                item = self._next_item(timeout)
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        except NotReady:
-            raise RuntimeError("DataLoader timed out after %s seconds" % self.timeout) from None
+        self._mid_epoch = True
+
+    def _end_epoch(self):
         self._mid_epoch = False
         self._next_epoch()
 
@@ -422,6 +399,79 @@ class _IterableDataLoader(DataLoader):
         if getattr(self, "_table", None) is not None:
             self._table.close()
             self._table = None
+
+
+class _StreamEpoch:
+    """The iterator of one epoch of an IterableDataset's DataLoader (what
+    ``iter(loader)`` returns), a class as the map-style one is (_MapEpoch):
+    it starts the workers when made, as torch's does, exposes them as
+    torch's ``_workers``, and a failed batch raises its error and leaves it
+    usable (the next call returns the batch after it). With each batch past
+    what len(loader) said (when it was asked before this iterator was
+    made), torch's warning."""
+
+    __slots__ = ("_dl", "_said", "_n", "_timeout", "_sync", "_state")
+
+    def __init__(self, dl):
+        self._dl = dl
+        self._said = getattr(dl, "_len_said", None)
+        self._n = 0
+        self._timeout = dl.timeout if dl.timeout and dl.timeout > 0 else None
+        self._sync = None
+        self._state = "new"  # then "running", "done"
+        if dl.num_workers:
+            dl._ferry()
+        else:
+            self._sync = dl._sync_epoch()  # the dataset iterated here, as torch does
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._dl)
+
+    @property
+    def _workers(self):
+        """torch's private attribute (read by torch's own tests)."""
+        return _worker_processes(self._dl)
+
+    def __next__(self):
+        if self._state == "done":
+            raise StopIteration
+        b = self._next_batch()
+        self._n += 1
+        if self._said is not None and self._n > self._said:
+            warnings.warn(
+                "ferry.torch.DataLoader: length of IterableDataset %s was reported to be "
+                "%d (when accessing len(dataloader)), but %d samples have been fetched. "
+                "For multiprocessing data-loading, this is most often each worker yielding "
+                "the whole dataset: shard it by get_worker_info()"
+                % (type(self._dl.dataset).__name__, self._said, self._n), UserWarning,
+                stacklevel=2)
+        return b
+
+    def _next_batch(self):
+        if self._sync is not None:
+            try:
+                return next(self._sync)
+            except StopIteration:
+                self._state = "done"
+                raise
+        dl = self._dl
+        if self._state == "new":
+            dl._begin_epoch()
+            self._state = "running"
+        try:
+            item = dl._next_item(self._timeout)
+        except NotReady:
+            raise RuntimeError("DataLoader timed out after %s seconds" % dl.timeout) from None
+        if item is None:
+            self._state = "done"
+            dl._end_epoch()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
 
 DataLoader._ITERABLE = _IterableDataLoader
