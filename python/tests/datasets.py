@@ -449,3 +449,22 @@ class Leaky:
         if self.leak_kb:
             _LEAKED.append(bytearray(b"\x5a") * (self.leak_kb * 1024))
         return {"x": np.int64(i)}
+
+
+class BigMemmap:
+    """Rows of `width` bytes of a file mapped with np.memmap (it may be far
+    larger than memory, a sparse file): item i is {"i": i, "row": row i}."""
+
+    def __init__(self, path, rows, width):
+        self.m = np.memmap(path, dtype=np.uint8, mode="r", shape=(rows, width))
+        self.advised = False
+
+    def __len__(self):
+        return len(self.m)
+
+    def __getitem__(self, i):
+        if not self.advised:  # random rows: no read-around (what a user would do here)
+            import mmap
+            self.m._mmap.madvise(mmap.MADV_RANDOM)
+            self.advised = True
+        return {"i": np.int64(i), "row": np.array(self.m[i])}

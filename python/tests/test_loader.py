@@ -1069,6 +1069,43 @@ def test_arrays_and_tensors_reach_the_workers_in_shared_memory_not_copied(tmp_pa
     assert json.loads(spec.split(" ", 1)[1])["bytes"] < 64 * 1024
 
 
+def test_a_memmap_twice_the_machine_s_memory_serves_random_batches(tmp_path):
+    """A np.memmap of a file twice this machine's memory (sparse: it costs
+    no disk) in a dataset object: the workers map the file again, the
+    loader serves shuffled batches of it, each row the file's own (read
+    back with pread), and the memory of every process stays far below the
+    file (nothing copies it, nothing reads it whole)."""
+    from datasets import BigMemmap
+    width = 4096
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    rows = 2 * ram // width + 1
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as f:
+        try:
+            f.truncate(rows * width)
+        except OSError as e:  # a filesystem without files this big
+            pytest.skip("cannot make a sparse file of %d GiB here: %s" % (rows * width >> 30, e))
+        # Rows with content: every 997th of the first million, row r all (r % 251).
+        for r in range(0, 10**6, 997):
+            f.seek(r * width)
+            f.write(bytes([r % 251]) * width)
+    ds = BigMemmap(str(path), rows, width)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ferry.Loader(ds, batch_size=64, workers=2, shuffle=True, seed=1) as ld:
+            assert len(ld) == -(-rows // 64)
+            seen = 0
+            for _, b in zip(range(40), ld):
+                for i, row in zip(b["i"], b["row"]):
+                    assert bytes(row) == os.pread(fd, width, int(i) * width)
+                seen += len(b["i"])
+            mem = ld.memory()
+        assert seen == 40 * 64
+        assert mem["total"] < 1 << 30, mem  # the file is %d GiB % (rows * width >> 30)
+    finally:
+        os.close(fd)
+
+
 def test_a_memmap_whose_file_changed_is_a_clear_error(tmp_path):
     """A memmap travels as (file, offset, dtype, shape): a file changed
     after the loader was built is refused naming it, never read as if it
