@@ -166,12 +166,9 @@ def _loader_lines(ld, width, level):
     if len(head) + len(up) + 2 > width:
         head = head[:max(0, width - len(up) - 5)] + "..."
     lines = [head + " " * max(2, width - len(head) - len(up)) + up]
-    workers = "workers %d" % ld["workers_ready"]
-    if ld.get("remote") is not None:
-        workers += " (%d local, %d remote links)" % (ld["local"], ld["remote"])
-    rate = "  %s batches/s (%s items/s)  trainer waits %.0f%%  %s  in flight %d/%d" % (
+    rate = "  %s batches/s  %s items/s  trainer waits %.0f%%  workers %d  in flight %d/%d" % (
         _count(ld["rate"]), _count(ld["rate"] * ld["batch_size"]), ld["wait_share"] * 100,
-        workers, ld["in_flight"], ld["prefetch"])
+        ld["workers_ready"], ld["in_flight"], ld["prefetch"])
     if ld["restarts"] or ld["lost"]:
         rate += "  restarts %d  lost %d" % (ld["restarts"], ld["lost"])
     lines.append(rate)

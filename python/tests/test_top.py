@@ -517,6 +517,7 @@ def test_an_80x24_screen_shows_ten_workers_in_full():
     assert [line.split()[0] for line in lines if line.startswith("  mean")] == ["mean"]
     assert len(worker_rows("\n".join(lines))) == 10
     assert not any("more lines" in line for line in lines)
+    assert any(line.endswith("in flight 4/8") for line in lines)  # whole, not cut at 80
 
 
 @pytest.mark.parametrize("size", [(60, 14), (40, 10), (20, 5), (80, 8)])
