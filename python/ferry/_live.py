@@ -387,11 +387,13 @@ class _Hub:
             self._drop(sel, sock)
             return
         client.heard += data
-        if len(client.heard) > 4096:  # not a client of ours
+        asked = b"\n" in client.heard
+        if asked:
+            del client.heard[:client.heard.rindex(b"\n") + 1]
+        if len(client.heard) > 4096:  # a line this long: not a client of ours
             self._drop(sel, sock)
             return
-        if b"\n" in client.heard:
-            del client.heard[:client.heard.rindex(b"\n") + 1]
+        if asked:
             self._send(sel, sock, self._snapshot(mark=False))
 
     def _snapshot(self, mark):
@@ -425,8 +427,10 @@ class _Hub:
         if not isinstance(obj, bytes):
             obj = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
         client.owed += obj
-        if len(client.owed) > OWED_MAX:
-            self._drop(sel, sock)  # it stopped reading
+        if len(client.owed) > OWED_MAX:  # it stopped reading
+            _logger.debug("ferry: the live view dropped a client %d bytes behind",
+                          len(client.owed))
+            self._drop(sel, sock)
             return
         self._flush(sel, sock)
 

@@ -106,11 +106,17 @@ class Lines:
         self.eof = False
 
     def pending(self):
-        """The next whole line already read, or None."""
+        """The next whole line already read, or None. A line that is not
+        JSON (the server dropped this client mid-line: it read too slowly)
+        ends the stream."""
         if b"\n" not in self.buf:
             return None
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:
+            self.buf, self.eof = b"", True
+            return None
 
     def feed(self):
         """Reads what the socket has (it is readable); False at its end."""

@@ -332,6 +332,28 @@ def test_the_server_refuses_a_peer_of_another_uid(monkeypatch):
             assert lines.next(10) is None and lines.eof  # and closed
 
 
+def test_a_client_that_stops_reading_is_dropped_and_the_others_are_served(monkeypatch, caplog):
+    caplog.set_level("DEBUG", logger="ferry")
+    monkeypatch.setattr(_live, "OWED_MAX", 16 << 10)  # 16 KiB behind, past the socket's buffer
+    with ferry.Loader(SPEC, batch_size=8, workers=1, live=True) as ld, Trainer(ld) as tr:
+        sock, lines = connect()
+        with sock:
+            assert lines.next(10)["hello"] == "ferry-live"
+            # Asks for a snapshot again and again, reading none: the server
+            # drops it once it owes it more than OWED_MAX.
+            deadline = time.monotonic() + 30
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                while time.monotonic() < deadline:
+                    sock.sendall(b"x\n")
+        assert "the live view dropped a client" in caplog.text
+        before = tr.count
+        sock, lines = connect()  # another client is served as ever
+        with sock:
+            assert lines.next(10)["hello"] == "ferry-live"
+            assert lines.next(10)["loaders"][0]["dataset"] == SPEC
+        wait_for(lambda: tr.count > before + 50, 20, "the trainer's batches stopped")
+
+
 def test_check_peer_lets_in_the_same_uid_only():
     assert _live.check_peer(1000, 1000) is None
     assert "uid 1001 is not the trainer's user (uid 1000)" in _live.check_peer(1001, 1000)
