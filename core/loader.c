@@ -21,6 +21,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "error.h"
+#include "peer.h"
 #include "profile.h"
 #include "scheduler.h"
 #include "window.h"
@@ -300,6 +301,21 @@ int ferry_loader_worker_pid(ferry_loader *ld, uint32_t index, int *pid)
     if (!ld || !pid || index >= n)
         return ferry__seterr(FERRY_EINVAL, "no worker %u (the loader has %u)", index, n);
     *pid = (int)ferry__scheduler_worker_pid(ld->sched, index);
+    return FERRY_OK;
+}
+
+int ferry_loader_worker_host(ferry_loader *ld, uint32_t index, char *buf, size_t cap, int *pid)
+{
+    uint32_t n = ld ? (uint32_t)ferry__config_slots(&ld->cfg) : 0;
+    if (!ld || !buf || !cap || !pid || index >= n)
+        return ferry__seterr(FERRY_EINVAL, "no worker %u (the loader has %u)", index, n);
+    char host[FERRY__PEER_HOST_MAX];
+    uint32_t rpid;
+    ferry__scheduler_worker_host(ld->sched, index, host, sizeof host, &rpid);
+    if (strlen(host) >= cap)
+        return ferry__seterr(FERRY_ELIMIT, "the host name needs %zu bytes", strlen(host) + 1);
+    memcpy(buf, host, strlen(host) + 1);
+    *pid = (int)rpid;
     return FERRY_OK;
 }
 

@@ -163,6 +163,7 @@ static void on_hello_remote(ferry__scheduler *s, const ferry__ident *id)
     w->p.delivered_any = 0;
     w->p.rpid = h->pid;
     snprintf(w->p.host, sizeof w->p.host, "%s", h->host);
+    ferry__sched_name_remote(s, w); /* for ferry_loader_worker_host */
     w->p.heard_ms = ferry__now_ms();
     configure_worker(s, w);
 }

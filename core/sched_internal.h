@@ -58,6 +58,11 @@ typedef struct sched_worker {
     uint64_t retire_by_ms;
 } sched_worker;
 
+typedef struct sched_name {
+    char host[FERRY__PEER_HOST_MAX];
+    uint32_t pid;
+} sched_name;
+
 struct ferry__scheduler {
     ferry_config cfg;
     ferry__log log; /* the config's: where messages go */
@@ -93,6 +98,13 @@ struct ferry__scheduler {
     uint64_t probe_at_ms;    /* the next probe (ferry__sched_probe_remote); 0: none due */
     uint64_t probe_ladder_ms; /* when the current run of probes began */
     uint32_t probe_delay_ms;
+    /* Who holds each remote slot, for ferry_loader_worker_host on any
+     * thread: the scheduler thread copies a remote worker's host name and
+     * pid here as it admits it; readers take the lock for the copy. A slot
+     * keeps its last holder's name after a loss (the figures of the slot
+     * are still that worker's). */
+    pthread_mutex_t names_lock;
+    sched_name *names; /* nworkers; local slots stay empty */
 
     /* --- scheduler thread only --- */
     int closing;          /* shutdown has begun: deaths are expected */
@@ -160,6 +172,12 @@ static inline void sched_unready(ferry__scheduler *s, const sched_worker *w)
     ferry__flow_leave(s->flow, w->p.index);
     sched_flow_publish(s);
 }
+
+/* ---- scheduler.c ---- */
+
+/* Publishes remote worker w's host name and pid for its slot
+ * (ferry_loader_worker_host); w was just admitted. */
+void ferry__sched_name_remote(ferry__scheduler *s, const sched_worker *w);
 
 /* ---- replies.c ---- */
 

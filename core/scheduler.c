@@ -502,6 +502,8 @@ static void destroy(ferry__scheduler *s)
     for (uint32_t i = 0; s->w && i < s->nworkers; i++)
         free(s->w[i].held_ready);
     free(s->w);
+    free(s->names);
+    pthread_mutex_destroy(&s->names_lock);
     free(s->items);
     free(s->events);
     free(s);
@@ -513,7 +515,8 @@ static int alloc_tables(ferry__scheduler *s)
     s->items = ferry__calloc(2 + FERRY__REMOTE_POLL_ITEMS + FERRY__POOL_POLL_ITEMS(s->nlocal),
                              sizeof *s->items);
     s->events = ferry__calloc((size_t)s->nlocal + 1, sizeof *s->events);
-    if (!s->w || !s->items || !s->events)
+    s->names = ferry__calloc(s->nworkers, sizeof *s->names);
+    if (!s->w || !s->items || !s->events || !s->names)
         return ferry__seterr(FERRY_ENOMEM, "out of memory creating the loader");
     for (uint32_t i = 0; i < s->nworkers; i++) {
         s->w[i].p.index = i;
@@ -667,6 +670,7 @@ int ferry__scheduler_start(ferry__scheduler **out, const ferry_config *cfg, ferr
     s->nworkers = (uint32_t)ferry__config_slots(cfg);
     s->nlocal = (uint32_t)cfg->workers;
     s->min_workers = (uint32_t)ferry__config_min_workers(cfg);
+    pthread_mutex_init(&s->names_lock, NULL); /* before anything destroy() undoes */
     int rc = setup(s);
     if (rc != FERRY_OK) {
         destroy(s);
@@ -719,6 +723,23 @@ const ferry__schema *ferry__scheduler_schema(const ferry__scheduler *s)
 pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i)
 {
     return i < s->nlocal ? ferry__pool_pid(s->pool, i) : 0;
+}
+
+void ferry__scheduler_worker_host(ferry__scheduler *s, uint32_t i, char *buf, size_t cap,
+                                  uint32_t *pid)
+{
+    pthread_mutex_lock(&s->names_lock);
+    snprintf(buf, cap, "%s", i < s->nworkers ? s->names[i].host : "");
+    *pid = i < s->nworkers ? s->names[i].pid : 0;
+    pthread_mutex_unlock(&s->names_lock);
+}
+
+void ferry__sched_name_remote(ferry__scheduler *s, const sched_worker *w)
+{
+    pthread_mutex_lock(&s->names_lock);
+    snprintf(s->names[w->p.index].host, sizeof s->names[w->p.index].host, "%s", w->p.host);
+    s->names[w->p.index].pid = w->p.rpid;
+    pthread_mutex_unlock(&s->names_lock);
 }
 
 void ferry__scheduler_stream_ended(ferry__scheduler *s)

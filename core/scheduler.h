@@ -47,6 +47,11 @@ const ferry__schema *ferry__scheduler_schema(const ferry__scheduler *s);
  * Any thread. */
 pid_t ferry__scheduler_worker_pid(ferry__scheduler *s, uint32_t i);
 
+/* The host name and pid of the remote worker that holds slot i, or last
+ * held it ("" and 0: a local slot, or one never taken). Any thread. */
+void ferry__scheduler_worker_host(ferry__scheduler *s, uint32_t i, char *buf, size_t cap,
+                                  uint32_t *pid);
+
 /* The stats of what the scheduler owns: the batch slots' memory and the
  * remote connections; from any thread. */
 void ferry__scheduler_usage(ferry__scheduler *s, ferry_stats *st);

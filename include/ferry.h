@@ -342,6 +342,14 @@ FERRY_API int ferry_loader_endpoint(ferry_loader *ld, char *buf, size_t cap);
  * *pid when it is a thread or not running at the moment (being replaced). */
 FERRY_API int ferry_loader_worker_pid(ferry_loader *ld, uint32_t index, int *pid);
 
+/* The host name (NUL-terminated, at most 63 bytes) and the pid on that
+ * host of the remote worker in slot `index` (workers <= index < workers +
+ * max_remote), or of the last one that held it; "" and 0 for a local slot
+ * or one no remote worker has taken. Any thread. FERRY_EINVAL: no such
+ * slot; FERRY_ELIMIT: the name does not fit in cap bytes. */
+FERRY_API int ferry_loader_worker_host(ferry_loader *ld, uint32_t index, char *buf, size_t cap,
+                                       int *pid);
+
 /* Page-locking batch slots for a device (pinned memory, cudaHostRegister):
  * a batch from a local process worker lies in a slot of shared memory,
  * the same slots batch after batch, so a slot registered once with a

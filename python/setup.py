@@ -82,6 +82,7 @@ setup(
     license="MIT",
     packages=["ferry", "ferry.torch"],
     ext_modules=[ext],
+    entry_points={"console_scripts": ["ferry-top = ferry.top:main"]},  # python -m ferry.top
     python_requires=">=3.9",
     install_requires=["numpy"],
 )

@@ -912,8 +912,26 @@ static void test_cut_link_under_default_heartbeats(void **state)
     case_end(&t);
 }
 
+/* The parent of process pid, from /proc; -1 when it is gone. */
+static pid_t parent_of(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *end = strrchr(buf, ')'); /* the name may hold spaces */
+    char state;
+    int ppid;
+    return end && sscanf(end + 1, " %c %d", &state, &ppid) == 2 ? (pid_t)ppid : -1;
+}
+
 /* One local worker process, then a remote one joining mid-run: it gets
- * work at once, and the stream stays exact. */
+ * work at once, and the stream stays exact; ferry_loader_worker_host
+ * names it by its slot. */
 static void test_worker_joining_mid_run_takes_work(void **state)
 {
     (void)state;
@@ -927,8 +945,26 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     for (int i = 0; i < 20; i++)
         assert_int_equal(read_one(ld, &c), 0);
 
+    char host[64] = "x";
+    int rpid = -1;
+    assert_int_equal(ferry_loader_worker_host(ld, 1, host, sizeof host, &rpid), FERRY_OK);
+    assert_string_equal(host, ""); /* no remote worker has taken the slot yet */
+    assert_int_equal(rpid, 0);
+
     pid_t d = start_daemon(t.ep, &t.k, t.k.w1, NULL, NULL, NULL);
     assert_true(ft_wait_stats(ld, joined_at_least, 1, 10000) >= 0);
+    /* Its slot (the one after the local worker's) names its host and its
+     * pid there: the daemon's session child, or the daemon itself. */
+    char me[64] = "";
+    gethostname(me, sizeof me - 1);
+    assert_int_equal(ferry_loader_worker_host(ld, 1, host, sizeof host, &rpid), FERRY_OK);
+    assert_string_equal(host, me);
+    assert_true(rpid == d || parent_of(rpid) == d);
+    assert_int_equal(ferry_loader_worker_host(ld, 0, host, sizeof host, &rpid), FERRY_OK);
+    assert_string_equal(host, ""); /* the local worker's slot */
+    assert_int_equal(ferry_loader_worker_host(ld, 1, host, 2, &rpid), FERRY_ELIMIT);
+    assert_int_equal(ferry_loader_worker_host(ld, 1 + 16, host, sizeof host, &rpid),
+                     FERRY_EINVAL); /* past max_remote's 16 slots */
     uint64_t remote_batches = 0;
     while (c.taken < 2 * PER_EPOCH)
         remote_batches += read_one(ld, &c) != 0;

@@ -304,6 +304,13 @@ class Loader(_Closes):
     on filling. ``next()`` raises ferry.LimitError while this many batches
     are alive, instead of letting memory grow without bound.
 
+    ``live`` (default None: on when the environment has ``FERRY_LIVE=1``):
+    True lets ``python -m ferry.top PID`` show this loader from another
+    shell, refreshed each second (workers and hosts, rate, stages, the
+    verdict), through a local socket of this process that only its own
+    user may attach to (docs/profile.md, "The live view"). False keeps it
+    off whatever the environment says.
+
     Iterating yields one epoch; the next ``for`` goes on with the next
     epoch (its first batches are already prefetched). :meth:`stream` is the
     endless form. ``len(loader)`` is the number of batches per epoch.
@@ -617,6 +624,12 @@ class Loader(_Closes):
         """"HOST:PORT" of the Prometheus endpoint (option ``metrics``), or
         None."""
         return self._exports.metrics_address if self._exports else None
+
+    @property
+    def live(self):
+        """True while ``python -m ferry.top`` can show this loader (option
+        ``live``)."""
+        return bool(self._exports and self._exports.live)
 
     def memory(self):
         """The memory of this process and of every process below it (the

@@ -1,23 +1,29 @@
 """Where a loader's time goes, for Python: Loader.profile() and the opt-in
-exports (a Prometheus endpoint, a trace file of batches).
+exports (a Prometheus endpoint, a trace file of batches, the live view's
+socket for ``python -m ferry.top``).
 
 The figures are the C library's (ferry_loader_profile: each delivered
 batch's make, transit, order and held stages, the trainer's wait in next()
 and its step, per worker), as is the verdict; this module only names the
 windows of time and starts and stops the exports. Nothing here runs per
 batch: the endpoint reads a snapshot when it is scraped, the trace is kept
-by the C loader and written at close.
+by the C loader and written at close, the live view reads one a second
+while someone watches (_live).
 """
 
 import numbers
+import weakref
 
 TRACE_BATCHES = 20000  # the last batches a trace keeps: about 10 MB of JSON
 
 
 def take_options(options):
-    """Pops the export options (metrics, trace, trace_batches) out of a
-    Loader's keyword options and returns them as a dict."""
-    out = {k: options.pop(k) for k in ("metrics", "trace", "trace_batches") if k in options}
+    """Pops the export options (metrics, trace, trace_batches, live) out of
+    a Loader's keyword options and returns them as a dict."""
+    out = {k: options.pop(k) for k in ("metrics", "trace", "trace_batches", "live")
+           if k in options}
+    from . import _live
+    out["live"] = _live.wanted(out.get("live"))  # checked before anything starts
     metrics = out.get("metrics")
     if metrics is not None and not isinstance(metrics, (str, int)):
         raise TypeError("ferry.Loader: metrics must be \"HOST:PORT\" or a port, not %s"
@@ -73,25 +79,40 @@ class Exports:
     """A loader's opt-in exports: ``metrics`` ("HOST:PORT" or a port on
     127.0.0.1) serves Prometheus' text format from a thread of its own;
     ``trace`` (a path) keeps the last ``trace_batches`` batches and writes
-    them at close as Chrome trace-event JSON."""
+    them at close as Chrome trace-event JSON; ``live`` shows the loader
+    to ``python -m ferry.top`` (_live)."""
 
-    def __init__(self, loader, metrics=None, trace=None, trace_batches=TRACE_BATCHES):
+    def __init__(self, loader, metrics=None, trace=None, trace_batches=TRACE_BATCHES,
+                 live=False):
         self._server = None
         self._trace = None
+        self._live = None
         if trace is not None:
             loader._live().trace(int(trace_batches))
             self._trace = str(trace)
         if metrics is not None:
             from . import _metrics
             self._server = _metrics.serve(loader, metrics)
+        if live:
+            from . import _live
+            if _live.attach(loader):
+                self._live = weakref.ref(loader)
 
     @property
     def metrics_address(self):
         return self._server.address if self._server else None
 
+    @property
+    def live(self):
+        return self._live is not None
+
     def close(self, c):
-        """Stops the endpoint and writes the trace (c: the C loader, still
-        open)."""
+        """Leaves the live view, stops the endpoint and writes the trace (c:
+        the C loader, still open)."""
+        if self._live is not None:
+            from . import _live
+            loader, self._live = self._live(), None
+            _live.detach(loader)
         if self._server is not None:
             self._server.close()
             self._server = None

@@ -667,15 +667,20 @@ done:
     return out;
 }
 
-/* stats() -> dict of the counters. Safe while another thread waits. */
-static PyObject *loader_stats(LoaderObject *self, PyObject *unused)
+/* stats(log=True) -> dict of the counters. Safe while another thread
+ * waits. log=False leaves the loader's messages for the trainer's thread
+ * (the live view's thread reads the counters so). */
+static PyObject *loader_stats(LoaderObject *self, PyObject *args)
 {
+    int log = 1;
+    if (!PyArg_ParseTuple(args, "|p:stats", &log))
+        return NULL;
     if (!self->ld) {
         PyErr_SetString(PyExc_ValueError, "the loader is closed");
         return NULL;
     }
     ferry_stats st;
-    if (getpid() == self->owner && !self->busy)
+    if (log && getpid() == self->owner && !self->busy)
         drain_log(self);
     int rc = ferry_loader_stats(self->ld, &st);
     if (rc != FERRY_OK)
@@ -790,6 +795,28 @@ static PyObject *loader_worker_exit(LoaderObject *self, PyObject *args)
     }
 }
 
+/* worker_host(index) -> (host, pid) of the remote worker in that slot
+ * (or the last one there), or None for a local slot or one never taken.
+ * Any thread. */
+static PyObject *loader_worker_host(LoaderObject *self, PyObject *args)
+{
+    unsigned int index;
+    char host[256];
+    int pid = 0;
+    if (!PyArg_ParseTuple(args, "I:worker_host", &index))
+        return NULL;
+    if (!self->ld) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
+    }
+    int rc = ferry_loader_worker_host(self->ld, index, host, sizeof host, &pid);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    if (!host[0])
+        Py_RETURN_NONE;
+    return Py_BuildValue("(si)", host, pid);
+}
+
 static PyObject *loader_endpoint(LoaderObject *self, PyObject *unused)
 {
     char buf[512];
@@ -897,7 +924,8 @@ static PyMethodDef loader_methods[] = {
     {"state_at_epoch", (PyCFunction)loader_state_at_epoch, METH_O,
      "resume blob (bytes) that starts at the first batch of an epoch"},
     {"schema", (PyCFunction)loader_schema, METH_NOARGS, "[(name, dtype code, item shape)]"},
-    {"stats", (PyCFunction)loader_stats, METH_NOARGS, "counters (dict)"},
+    {"stats", (PyCFunction)loader_stats, METH_VARARGS, "counters (dict); stats(False): "
+                                                        "without handing over messages"},
     {"profile", (PyCFunction)loader_profile, METH_NOARGS, "a snapshot of the stage figures"},
     {"trace", (PyCFunction)loader_trace, METH_VARARGS, "trace(max_batches): keep the last"},
     {"trace_write", (PyCFunction)loader_trace_write, METH_VARARGS,
@@ -909,6 +937,8 @@ static PyMethodDef loader_methods[] = {
      "worker_exit(pid, since=0, timeout=0): the wait status worker process pid was reaped "
      "with (-1: unknown), or None if not reaped within timeout seconds (None: no limit); "
      "works after close()"},
+    {"worker_host", (PyCFunction)loader_worker_host, METH_VARARGS,
+     "(host, pid) of the remote worker in slot i, or None"},
     {"endpoint", (PyCFunction)loader_endpoint, METH_NOARGS, "bound tcp:// endpoint or None"},
     {"keep_slots", (PyCFunction)loader_keep_slots, METH_NOARGS,
      "slots keep their pages from now on (to register them with a device)"},

@@ -82,4 +82,5 @@ def test_pip_install_no_build_isolation(tmp_path):
                         str(src / "python")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert sysconfig.get_config_var("EXT_SUFFIX") in " ".join(os.listdir(target / "ferry"))
+    assert (target / "bin" / "ferry-top").is_file()  # the live view's console script
     run_installed(tmp_path, target)
