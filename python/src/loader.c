@@ -23,15 +23,12 @@
  * slices, in stats() and after close.
  *
  * Worker exits: ferry tells the exit callback of each worker process it
- * reaps, on its own thread; the callback writes (pid, wait status) into the
- * Loader's exit book (a mutex, a condition) and wakes whoever waits on it.
- * worker_exit() reads the book, waiting with the GIL released, and works
- * after close() too: the book is what remains of the workers' lives (torch's
- * tests join a worker after the DataLoader is gone). It grows by one entry
- * per process reaped: the workers at close, and each one replaced.
+ * reaps; the Loader's exit book (exits.c) keeps them, and worker_exit()
+ * reads it, waiting with the GIL released, also after close().
  */
 #include "loader.h"
 #include "batch.h"
+#include "exits.h"
 #include "pyprofile.h"
 
 #include <pthread.h>
@@ -60,22 +57,9 @@ typedef struct log_queue {
     unsigned long dropped; /* past LOG_QUEUE_MAX */
 } log_queue;
 
-/* Worker processes reaped, in the order ferry reaped them. */
-typedef struct exit_entry {
-    int pid;
-    int status; /* the wait status; -1: unknown (ferry_exit_fn) */
-} exit_entry;
-
-typedef struct exit_book {
-    pthread_mutex_t mu;
-    pthread_cond_t changed; /* an entry was added */
-    exit_entry *e;
-    size_t n, cap;
-} exit_book;
-
 typedef struct {
     PyObject_HEAD ferry_loader *ld;
-    exit_book *exits; /* NULL until the loader is opened */
+    ferry_py_exits *exits; /* NULL until the loader is opened */
     log_queue *log;   /* NULL: ferry writes to stderr itself */
     PyObject *log_sink; /* called as sink(level, message) */
     int busy;         /* a thread is in next() or close() with the GIL released */
@@ -121,60 +105,6 @@ static void queue_log(void *user, int level, const char *message)
         q->n++;
     }
     pthread_mutex_unlock(&q->mu);
-}
-
-/* ferry's exit callback: runs on ferry's thread without the GIL. */
-static void book_exit(void *user, uint32_t index, int pid, int status)
-{
-    exit_book *b = user;
-    (void)index;
-    pthread_mutex_lock(&b->mu);
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 16;
-        exit_entry *e = realloc(b->e, cap * sizeof *e);
-        if (e) {
-            b->e = e;
-            b->cap = cap;
-        }
-    }
-    if (b->n < b->cap) /* else out of memory: that worker's exit stays unknown */
-        b->e[b->n++] = (exit_entry){.pid = pid, .status = status};
-    pthread_cond_broadcast(&b->changed);
-    pthread_mutex_unlock(&b->mu);
-}
-
-static exit_book *new_book(void)
-{
-    exit_book *b = calloc(1, sizeof *b);
-    if (!b)
-        return NULL;
-    pthread_mutex_init(&b->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->changed, &ca);
-    pthread_condattr_destroy(&ca);
-    return b;
-}
-
-static void free_book(exit_book *b)
-{
-    if (!b)
-        return;
-    free(b->e);
-    pthread_cond_destroy(&b->changed);
-    pthread_mutex_destroy(&b->mu);
-    free(b);
-}
-
-/* The entry for `pid` at or after position `since`, or -1; b->mu held. */
-static ssize_t book_find(const exit_book *b, size_t since, int pid)
-{
-    for (size_t i = since; i < b->n; i++) {
-        if (b->e[i].pid == pid)
-            return (ssize_t)i;
-    }
-    return -1;
 }
 
 /* One message to the sink; its own errors are reported as unraisable,
@@ -257,7 +187,7 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
         Py_INCREF(sink);
         self->log_sink = sink;
     }
-    if (!self->exits && !(self->exits = new_book())) {
+    if (!self->exits && !(self->exits = ferry_py_exits_new())) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -293,7 +223,7 @@ static int loader_init(LoaderObject *self, PyObject *args, PyObject *kwds)
     if (rc == FERRY_OK && self->log)
         rc = ferry_config_set_log(cfg, queue_log, self->log);
     if (rc == FERRY_OK)
-        rc = ferry_config_set_exit_fn(cfg, book_exit, self->exits);
+        rc = ferry_config_set_exit_fn(cfg, ferry_py_exits_record, self->exits);
     if (rc == FERRY_OK) {
         ferry_loader *ld = NULL;
         Py_BEGIN_ALLOW_THREADS rc = ferry_loader_open(&ld, cfg);
@@ -379,8 +309,8 @@ static void loader_dealloc(LoaderObject *self)
     /* In a forked child the queue is a copy nobody writes to. */
     free_log(self);
     /* The loader is closed (or a forked child's copy that nobody writes to):
-     * nothing calls book_exit any more. */
-    free_book(self->exits);
+     * nothing records into the book any more. */
+    ferry_py_exits_free(self->exits);
     self->exits = NULL;
     Py_CLEAR(self->wrap);
     Py_CLEAR(self->before_close);
@@ -722,32 +652,7 @@ static PyObject *loader_worker_pid(LoaderObject *self, PyObject *args)
 
 static PyObject *loader_exits_seen(LoaderObject *self, PyObject *unused)
 {
-    exit_book *b = self->exits;
-    size_t n = 0;
-    if (b) {
-        pthread_mutex_lock(&b->mu);
-        n = b->n;
-        pthread_mutex_unlock(&b->mu);
-    }
-    return PyLong_FromSize_t(n);
-}
-
-/* Waits at most wait_ms for book b to hold an entry for `pid` at or after
- * position `since`: its index, or -1. Called without the GIL. */
-static ssize_t book_wait(exit_book *b, size_t since, int pid, int64_t wait_ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += wait_ms / 1000;
-    ts.tv_nsec += (wait_ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
-    ssize_t at = book_find(b, since, pid);
-    while (at < 0 && pthread_cond_timedwait(&b->changed, &b->mu, &ts) == 0)
-        at = book_find(b, since, pid);
-    return at;
+    return PyLong_FromSize_t(self->exits ? ferry_py_exits_seen(self->exits) : 0);
 }
 
 /* worker_exit(pid, since=0, timeout=0): the wait status ferry reaped worker
@@ -771,22 +676,17 @@ static PyObject *loader_worker_exit(LoaderObject *self, PyObject *args)
             return NULL;
         deadline = now_ms() + (secs > 0 ? (int64_t)(secs * 1000.0 + 0.5) : 0);
     }
-    exit_book *b = self->exits;
+    ferry_py_exits *b = self->exits;
     if (!b || since < 0)
         Py_RETURN_NONE; /* never opened: no worker of this loader ever ran */
     for (;;) {
         int64_t left = deadline == INT64_MAX ? SLICE_MS : deadline - now_ms();
         int64_t slice = left < 0 ? 0 : left < SLICE_MS ? left : SLICE_MS;
-        ssize_t at;
-        int status = 0;
+        int found, status = 0;
         Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&b->mu);
-        at = book_wait(b, (size_t)since, pid, slice);
-        if (at >= 0)
-            status = b->e[at].status;
-        pthread_mutex_unlock(&b->mu);
+        found = ferry_py_exits_wait(b, (size_t)since, pid, slice, &status);
         Py_END_ALLOW_THREADS
-        if (at >= 0)
+        if (found)
             return PyLong_FromLong(status);
         if (slice == 0 || (deadline != INT64_MAX && now_ms() >= deadline))
             Py_RETURN_NONE;
