@@ -463,6 +463,40 @@ static void test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios(void 
     ft_end(&snap);
 }
 
+/* --compare-mix: the dataset as one source against the same items as a
+ * mix, both shuffled; --compare-resume: a fresh loader against one resumed
+ * from another shape's state. Each side runs each round, with its name. */
+static void test_ferry_bench_compares_a_mix_and_a_resume(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    static ran r;
+    char *mix[] = {BENCH_RUN, "--compare-mix", "256,128,128;0:0.5,0.3,0.2", "--rounds", "1",
+                   "--json", NULL};
+    run_argv(mix, environ, 30000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench --compare-mix failed: %s", r.err);
+    const char *results = json_at(r.out, "results");
+    assert_true(json_number(json_at(results, "one"), "batches") == BENCH_BATCHES);
+    assert_true(json_number(json_at(results, "mix"), "batches") == BENCH_BATCHES);
+    char *resume[] = {BENCH_RUN, "--compare-resume", "4", "--rounds", "1", "--json", NULL};
+    run_argv(resume, environ, 30000, &r);
+    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+        fail_msg("ferry-bench --compare-resume failed: %s", r.err);
+    results = json_at(r.out, "results");
+    assert_true(json_number(json_at(results, "fresh"), "batches") == BENCH_BATCHES);
+    /* a third of a 4-rank job's epoch gone: 512 - 4 * 32 * 2 = 256 items in 8
+     * batches of epoch 0, then 2 whole epochs of 16 */
+    assert_true(json_number(json_at(results, "resumed"), "batches") == 8 + 2 * 16);
+    /* a mix whose sizes are not the dataset's is refused by name */
+    char *bad[] = {BENCH_RUN, "--compare-mix", "100,100;0:1,1", "--rounds", "1", NULL};
+    run_argv(bad, environ, 30000, &r);
+    assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0);
+    assert_non_null(strstr(r.err, "end to end"));
+    ft_end(&snap);
+}
+
 /* One run, no --csv: the plot reads the unlabelled rows of a temporary CSV
  * (and its epoch starts are circled as with --compare). */
 static void test_ferry_bench_plots_a_single_run(void **state)
@@ -589,6 +623,8 @@ static void test_ferry_bench_refuses_bad_values(void **state)
         {"--limits", "--compare", "leave out --compare"},
         {"--limits", "--epoch-barrier", "no step"},
         {"--io-threads", "-1", "--io-threads"},
+        {"--compare-resume", "0", "world size from 1"},
+        {"--compare-resume", "many", "world size from 1"},
         {"--set", "credits", "KEY=VALUE"},
         {"--set", "no_such_option=1", "unknown option 'no_such_option'"},
         {"--set", "credits=-3", "--set credits=-3"},
@@ -810,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_ferry_bench_reports_the_trainers_waits_and_a_row_per_batch),
         cmocka_unit_test(test_ferry_bench_sets_any_loader_option),
         cmocka_unit_test(test_ferry_bench_compare_alternates_a_and_b_and_reports_ratios),
+        cmocka_unit_test(test_ferry_bench_compares_a_mix_and_a_resume),
         cmocka_unit_test(test_ferry_bench_plots_a_single_run),
         cmocka_unit_test(test_ferry_bench_without_gnuplot_writes_the_csv_and_names_the_package),
         cmocka_unit_test(test_ferry_bench_limits_reports_ferry_against_one_copy_and_raw_zmq),
