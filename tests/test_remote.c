@@ -2608,11 +2608,20 @@ static void test_supervisor_replaces_killed_child_and_leaves_none(void **state)
     for (int i = 0; i < cap.n; i++)
         printf("loader said: %s\n", cap.line[i]);
     assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "unreachable"), 0);
-    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, "left: its connection closed (the "
-                                                        "process exited or was killed") +
-                         ft_count_log(&cap, FERRY_LOG_WARN, "left: nothing heard from it"),
+    /* The victim left once, in words. (The other child may be heard from
+     * too late on a loaded machine and leave and join again by heartbeat:
+     * that is the heartbeat's job, not what this case checks.) */
+    char left[64], closed[128], silent[96], fresh_joined[64];
+    snprintf(left, sizeof left, "pid %d) left: ", (int)victim);
+    snprintf(closed, sizeof closed,
+             "pid %d) left: its connection closed (the process exited or was killed", (int)victim);
+    snprintf(silent, sizeof silent, "pid %d) left: nothing heard from it", (int)victim);
+    snprintf(fresh_joined, sizeof fresh_joined, "pid %d) joined (", (int)fresh);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, left), 1);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_WARN, closed) +
+                         ft_count_log(&cap, FERRY_LOG_WARN, silent),
                      1);
-    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, "joined ("), 3);
+    assert_int_equal(ft_count_log(&cap, FERRY_LOG_INFO, fresh_joined), 1);
 
     int kid_fd[2];
     for (int i = 0; i < 2; i++) {
