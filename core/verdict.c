@@ -9,6 +9,10 @@
  *  1. too few batches: say nothing yet;
  *  2. the trainer waits under a tenth of its time in next(): trainer-bound;
  *  3. one worker's build (make p50) over twice the others' median: name it;
+ *     or one worker's batches queued and in transit (transit p50) over
+ *     twice the others' median and a millisecond more, while over half
+ *     the trainer's waiting is for its batches: name it too (a host
+ *     behind a slow link, or a loaded one);
  *  4. in order, with a later batch or more ready on average while the
  *     trainer waits: order-bound (in_order=False);
  *  5. the workers busy most of the time: input-bound, and how many workers
@@ -29,6 +33,8 @@
 #define MIN_BATCHES 8
 #define TRAINER_BOUND 0.10 /* below this share of its time waiting */
 #define SLOW_FACTOR 2.0
+#define SLOW_LINK_NS 1000000ull /* and a slow link adds at least this much */
+#define SLOW_LINK_WAIT 0.5      /* of the trainer's waiting, for its batches */
 #define BUSY 0.70
 #define ORDER_READY 1.0 /* later batches ready on average while the trainer waits */
 
@@ -123,10 +129,12 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The worker whose make p50 is over SLOW_FACTOR times the median of the
- * others' (of workers with MIN_BATCHES), or -1; its p50 and the others'
- * median in *slow, *others. */
-static int32_t slow_worker(const ferry_profile *w, uint32_t n, uint64_t *slow, uint64_t *others)
+/* The worker whose p50 of `stage` is over SLOW_FACTOR times the median
+ * of the others' (of workers with MIN_BATCHES / 2 batches) and at least
+ * `floor` ns above it, or -1; its p50 and the others' median in *slow,
+ * *others. */
+static int32_t slow_worker(const ferry_profile *w, uint32_t n, int stage, uint64_t floor,
+                           uint64_t *slow, uint64_t *others)
 {
     uint64_t *p50 = malloc((n ? n : 1) * sizeof *p50);
     if (!p50)
@@ -137,7 +145,7 @@ static int32_t slow_worker(const ferry_profile *w, uint32_t n, uint64_t *slow, u
     for (uint32_t i = 0; i < n; i++) {
         if (w[i].stage[FERRY_STAGE_MAKE].count < MIN_BATCHES / 2)
             continue;
-        uint64_t q = ferry_profile_quantile(&w[i].stage[FERRY_STAGE_MAKE], 0.5);
+        uint64_t q = ferry_profile_quantile(&w[i].stage[stage], 0.5);
         if (worst < 0 || q > worst_p50) {
             if (worst >= 0)
                 p50[m++] = worst_p50;
@@ -151,7 +159,7 @@ static int32_t slow_worker(const ferry_profile *w, uint32_t n, uint64_t *slow, u
     if (worst >= 0 && m >= 1) {
         qsort(p50, m, sizeof *p50, cmp_u64);
         uint64_t med = m % 2 ? p50[m / 2] : (p50[m / 2 - 1] + p50[m / 2]) / 2;
-        if ((double)worst_p50 > SLOW_FACTOR * (double)med) {
+        if ((double)worst_p50 > SLOW_FACTOR * (double)med && worst_p50 >= med + floor) {
             found = worst;
             *slow = worst_p50;
             *others = med;
@@ -195,7 +203,7 @@ int ferry_profile_verdict(const ferry_profile *all, const ferry_profile *per_wor
     }
 
     uint64_t slow = 0, others = 0;
-    int32_t sw = slow_worker(per_worker, n, &slow, &others);
+    int32_t sw = slow_worker(per_worker, n, FERRY_STAGE_MAKE, 0, &slow, &others);
     if (sw >= 0) {
         out->kind = FERRY_VERDICT_SLOW_WORKER;
         out->worker = sw;
@@ -207,6 +215,22 @@ int ferry_profile_verdict(const ferry_profile *all, const ferry_profile *per_wor
                  "at what differs there (its host, its disk, its items).",
                  sw, ms(slow), (double)slow / (double)(others ? others : 1), ms(others),
                  waited * 100);
+        return FERRY_OK;
+    }
+    sw = slow_worker(per_worker, n, FERRY_STAGE_TRANSIT, SLOW_LINK_NS, &slow, &others);
+    double waited = sw >= 0 && wait
+                        ? (double)per_worker[sw].stage[FERRY_STAGE_WAIT].sum_ns / (double)wait
+                        : 0;
+    if (sw >= 0 && waited > SLOW_LINK_WAIT) {
+        out->kind = FERRY_VERDICT_SLOW_WORKER;
+        out->worker = sw;
+        snprintf(out->text, sizeof out->text,
+                 "One slow link: worker %d's batches spend %.3f ms queued and in transit (p50), "
+                 "%.1fx the others' %.3f ms, for %.3f ms of building, and %.0f%% of the "
+                 "trainer's waiting is for them; look at the network to its host (or at its "
+                 "load).",
+                 sw, ms(slow), (double)slow / (double)(others ? others : 1), ms(others),
+                 mean_ms(&per_worker[sw].stage[FERRY_STAGE_MAKE]), waited * 100);
         return FERRY_OK;
     }
 

@@ -5,11 +5,13 @@
  */
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
@@ -351,6 +354,52 @@ int ft_wait_child(int pid, int ms, int *status)
     return 0;
 }
 
+int ft_free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    return port;
+}
+
+int ft_spawn_tied(const char *const *argv, int stderr_fd)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        if (stderr_fd >= 0 && dup2(stderr_fd, 2) < 0)
+            _exit(127);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+int ft_parent_of(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *end = strrchr(buf, ')'); /* the name may hold spaces */
+    char state;
+    int ppid;
+    return end && sscanf(end + 1, " %c %d", &state, &ppid) == 2 ? ppid : -1;
+}
+
 /* ------------------------------------------------------------------------
  * Batches
  */
@@ -565,6 +614,20 @@ int ft_run_each(const struct CMUnitTest *tests, size_t n)
     }
     printf("%s: %zu passed, %d failed\n", "tests", run - (size_t)failed, failed);
     return failed;
+}
+
+void ft_stop_daemon(int pid)
+{
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+    int status;
+    if (ft_wait_child(pid, 10000, &status) != 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("ferry-worker %d did not exit within 10 s of SIGTERM", pid);
+    }
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 ferry_config *ft_config(const char *dataset, int workers, int batch_size)

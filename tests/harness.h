@@ -114,6 +114,16 @@ void ft_load_stop(int pid);
  * status in *status, or -1 if it is still running (and left so). */
 int ft_wait_child(int pid, int ms, int *status);
 
+/* A TCP port on 127.0.0.1 that nothing listens on right now (the
+ * kernel's pick), or -1. */
+int ft_free_port(void);
+/* Starts argv[0] (looked up in PATH) as a child that dies with the calling
+ * process (PR_SET_PDEATHSIG), so a failing case cannot leave a daemon
+ * behind; stderr_fd >= 0 becomes its stderr. Its pid, or -1. */
+int ft_spawn_tied(const char *const *argv, int stderr_fd);
+/* The parent of process pid, from /proc; -1 when it is gone. */
+int ft_parent_of(int pid);
+
 /* ------------------------------------------------------------------------
  * Probes: batches
  */
@@ -213,6 +223,11 @@ void ft_expect_error(int rc, int want, const char *const *words);
  * FT_EXPECT_ERROR(rc, FERRY_EFORMAT, path, "line 2", NULL). */
 #define FT_EXPECT_ERROR(rc, want, ...)                                                             \
     ft_expect_error((rc), (want), (const char *const[]){__VA_ARGS__})
+
+/* Stops a ferry-worker daemon: SIGCONT and SIGTERM (it finishes its
+ * batch, says BYE, exits), then asserts that it exited with 0 within 10 s
+ * (one that did not is killed and reaped, and fails the case). */
+void ft_stop_daemon(int pid);
 
 /* ft_check_synthetic and ft_stream_check as assertions. */
 void ft_assert_synthetic(const ferry_batch *b, int dim);

@@ -189,6 +189,41 @@ static void test_verdict_two_even_workers_are_not_slow(void **state)
     assert_int_not_equal(judge(w, 4, NULL).kind, FERRY_VERDICT_SLOW_WORKER);
 }
 
+static void test_verdict_names_the_one_worker_behind_a_slow_link(void **state)
+{
+    (void)state;
+    static ferry_profile w[3];
+    memset(w, 0, sizeof w);
+    /* Equal 2 ms builds; worker 1's batches take 30 ms to come back
+     * against 2 ms, and the trainer's waits are all for them. */
+    for (int i = 0; i < 3; i++)
+        batches(&w[i], 200, 2 * MS, i == 1 ? 30 * MS : 2 * MS, i == 1 ? 0 : 8 * MS, MS,
+                i == 1 ? 10 * MS : 0, MS / 2);
+    ferry_verdict v = judge(w, 3, NULL);
+    assert_int_equal(v.kind, FERRY_VERDICT_SLOW_WORKER);
+    assert_int_equal(v.worker, 1);
+    assert_non_null(strstr(v.text, "worker 1's batches"));
+    assert_non_null(strstr(v.text, "network"));
+}
+
+static void test_verdict_a_slow_link_the_trainer_does_not_wait_for_is_not_named(void **state)
+{
+    (void)state;
+    static ferry_profile w[3];
+    memset(w, 0, sizeof w);
+    /* Worker 1's link is slow, but its batches are ready in time: the
+     * trainer's waits (it waits: 4 ms a batch against a 2 ms step) are
+     * spread evenly. */
+    for (int i = 0; i < 3; i++)
+        batches(&w[i], 200, 2 * MS, i == 1 ? 30 * MS : 2 * MS, 0, MS, 4 * MS, 2 * MS);
+    assert_int_not_equal(judge(w, 3, NULL).kind, FERRY_VERDICT_SLOW_WORKER);
+    /* Nor are sub-millisecond hand-offs 2x apart (local workers). */
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < 3; i++)
+        batches(&w[i], 200, 2 * MS, i == 1 ? MS / 2 : MS / 10, 0, MS, i == 1 ? 4 * MS : 0, 2 * MS);
+    assert_int_not_equal(judge(w, 3, NULL).kind, FERRY_VERDICT_SLOW_WORKER);
+}
+
 static void test_verdict_order_bound_when_later_batches_wait_behind_a_late_one(void **state)
 {
     (void)state;
@@ -302,6 +337,8 @@ int main(void)
         cmocka_unit_test(test_verdict_input_bound_says_how_many_workers_would_keep_up),
         cmocka_unit_test(test_verdict_names_the_one_slow_worker),
         cmocka_unit_test(test_verdict_two_even_workers_are_not_slow),
+        cmocka_unit_test(test_verdict_names_the_one_worker_behind_a_slow_link),
+        cmocka_unit_test(test_verdict_a_slow_link_the_trainer_does_not_wait_for_is_not_named),
         cmocka_unit_test(test_verdict_order_bound_when_later_batches_wait_behind_a_late_one),
         cmocka_unit_test(test_verdict_never_suggests_in_order_off_when_it_is_off),
         cmocka_unit_test(test_verdict_network_bound_when_the_flight_dominates_idle_workers),

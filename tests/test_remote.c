@@ -114,39 +114,6 @@ static void remove_keys(keys *k)
     assert_int_equal(ft_remove_tree(k->dir), 0);
 }
 
-/* A TCP port nothing listens on right now (the kernel's pick). */
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(s >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t len = sizeof a;
-    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
-    close(s);
-    return ntohs(a.sin_port);
-}
-
-/* Starts argv[0] (looked up in PATH) as a child that dies with this test
- * process, so a failing case cannot leave a daemon behind. stderr_fd >= 0
- * becomes its stderr. */
-static pid_t spawn_tied(const char *const *argv, int stderr_fd)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        if (stderr_fd >= 0 && dup2(stderr_fd, 2) < 0)
-            _exit(127);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
-}
-
 /* Starts `ferry-worker --connect ep` with a worker key (NULL: --insecure)
  * and up to four more arguments; stderr_fd as in spawn_tied. */
 static pid_t start_daemon_v(const char *ep, const keys *k, const char *key,
@@ -168,7 +135,7 @@ static pid_t start_daemon_v(const char *ep, const keys *k, const char *key,
     for (int i = 0; extra && extra[i] && n < 15; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    return spawn_tied(argv, stderr_fd);
+    return ft_spawn_tied(argv, stderr_fd);
 }
 
 static pid_t start_daemon(const char *ep, const keys *k, const char *key, const char *a1,
@@ -176,22 +143,6 @@ static pid_t start_daemon(const char *ep, const keys *k, const char *key, const 
 {
     const char *extra[] = {a1, a2, a3, NULL};
     return start_daemon_v(ep, k, key, extra, -1);
-}
-
-/* SIGTERM (the daemon finishes its batch, says BYE, exits), then waits; a
- * daemon that has not gone in 10 s fails the test (and is killed). */
-static void stop_daemon(pid_t pid)
-{
-    kill(pid, SIGCONT);
-    kill(pid, SIGTERM);
-    int status;
-    if (ft_wait_child(pid, 10000, &status) != 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        fail_msg("ferry-worker %d did not exit within 10 s of SIGTERM", (int)pid);
-    }
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* remote_cfg's loader with the heartbeats left at their defaults when
@@ -253,7 +204,7 @@ static void case_begin(remote_case *t, unsigned limit_s)
 {
     ft_begin(&t->snap, limit_s);
     make_keys(&t->k);
-    t->port = free_port();
+    t->port = ft_free_port();
     endpoint_of(t->port, t->ep, sizeof t->ep);
 }
 
@@ -477,8 +428,8 @@ static void test_remote_workers_serve_successive_loaders(void **state)
         ft_stream_free(&c);
         assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     }
-    stop_daemon(d1);
-    stop_daemon(d2);
+    ft_stop_daemon(d1);
+    ft_stop_daemon(d2);
     case_end(&t);
 }
 
@@ -543,8 +494,8 @@ static void test_host_cut_mid_epoch_loses_nothing(void **state)
            (unsigned long long)st.stale, (unsigned long long)st.lost,
            (unsigned long long)st.joined);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d1);
-    stop_daemon(d2);
+    ft_stop_daemon(d1);
+    ft_stop_daemon(d2);
     case_end(&t);
 }
 
@@ -577,7 +528,7 @@ static void killed_host_case(int curve)
     assert_int_equal(waitpid(d1, &status, 0), d1);
     read_to_end(ld, &c, 3 * PER_EPOCH);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d2);
+    ft_stop_daemon(d2);
     case_end(&t);
 }
 
@@ -604,7 +555,7 @@ typedef struct relay_pair {
 
 static void relays_up(const remote_case *t, relay_pair *r, char *via, size_t cap)
 {
-    r->data_port = free_port();
+    r->data_port = ft_free_port();
     assert_int_equal(bench_relay_start(&r->hello, "127.0.0.2", t->port, "127.0.0.1", t->port, 0),
                      0);
     assert_int_equal(
@@ -689,7 +640,7 @@ static void wire_case(int curve, wire_watch *w, int fail)
         assert_int_equal(st.malformed, 0);
     }
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     relays_down(&relay);
     case_end(&t);
 }
@@ -767,7 +718,7 @@ static void refusal_case(int curve, wire_watch *w, daemon_log *log, uint64_t *re
     }
     *refused = ft_stats(ld).rejected - first;
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     close(pipefd[0]);
     relays_down(&relay);
     unlink(x);
@@ -872,7 +823,7 @@ static void test_credits_rise_when_the_round_trip_does(void **state)
     assert_int_equal(st.failed, 0);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     relays_down(&relay);
     case_end(&t);
 }
@@ -907,26 +858,9 @@ static void test_cut_link_under_default_heartbeats(void **state)
     read_to_end(ld, &c, 3 * PER_EPOCH);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
     relays_down(&relay); /* its connections close: the cut host exits on SIGTERM */
-    stop_daemon(cut);
-    stop_daemon(d);
+    ft_stop_daemon(cut);
+    ft_stop_daemon(d);
     case_end(&t);
-}
-
-/* The parent of process pid, from /proc; -1 when it is gone. */
-static pid_t parent_of(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *end = strrchr(buf, ')'); /* the name may hold spaces */
-    char state;
-    int ppid;
-    return end && sscanf(end + 1, " %c %d", &state, &ppid) == 2 ? (pid_t)ppid : -1;
 }
 
 /* One local worker process, then a remote one joining mid-run: it gets
@@ -959,7 +893,7 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     gethostname(me, sizeof me - 1);
     assert_int_equal(ferry_loader_worker_host(ld, 1, host, sizeof host, &rpid), FERRY_OK);
     assert_string_equal(host, me);
-    assert_true(rpid == d || parent_of(rpid) == d);
+    assert_true(rpid == d || ft_parent_of(rpid) == d);
     assert_int_equal(ferry_loader_worker_host(ld, 0, host, sizeof host, &rpid), FERRY_OK);
     assert_string_equal(host, ""); /* the local worker's slot */
     assert_int_equal(ferry_loader_worker_host(ld, 1, host, 2, &rpid), FERRY_ELIMIT);
@@ -973,7 +907,7 @@ static void test_worker_joining_mid_run_takes_work(void **state)
     assert_true(remote_batches > 0);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     case_end(&t);
 }
 
@@ -1003,9 +937,9 @@ static void test_unknown_key_is_rejected(void **state)
     assert_int_equal(st.workers, 1);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
-    stop_daemon(stranger);
-    stop_daemon(plain);
+    ft_stop_daemon(good);
+    ft_stop_daemon(stranger);
+    ft_stop_daemon(plain);
     case_end(&t);
 }
 
@@ -1112,7 +1046,7 @@ static void test_raw_peer_garbage_changes_nothing(void **state)
     explicit_bzero(sec, sizeof sec);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -1439,7 +1373,7 @@ static void test_raw_peer_wrong_batches_never_reach_the_trainer(void **state)
     assert_int_equal(st.delivered, c.taken);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -1522,7 +1456,7 @@ static void test_a_remote_hosts_failures_are_built_by_another_worker(void **stat
     assert_true(said >= 3 && said <= 3 + 12);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -1596,7 +1530,7 @@ static void test_remote_worker_with_empty_data_is_refused(void **state)
     assert_int_equal(st.joined, 1);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(o.ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -1762,7 +1696,7 @@ static void test_hello_of_another_version_is_refused_at_once(void **state)
     assert_int_equal(st.malformed, 0);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -1846,7 +1780,7 @@ static void test_hello_flood_is_answered_without_queueing_every_answer(void **st
         read_one(ld, &c);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -2115,7 +2049,7 @@ static void flood_case(int curve)
         read_one(ld, &c);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     case_end(&t);
 }
 
@@ -2136,7 +2070,7 @@ static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void 
     (void)state;
     remote_case t;
     case_begin(&t, 120);
-    int data_port = free_port();
+    int data_port = ft_free_port();
     pid_t good = start_daemon(t.ep, &t.k, NULL, NULL, NULL, NULL);
     ferry_config *cfg = remote_cfg(&t.k, t.port, 0, 1);
     assert_int_equal(ferry_config_set_int(cfg, "insecure", 1), FERRY_OK);
@@ -2192,7 +2126,7 @@ static void test_unadmitted_peer_cannot_make_the_loader_hold_a_large_frame(void 
     assert_true(sent[0] < HOSTILE_FRAME && sent[1] < HOSTILE_FRAME);
     assert_int_equal(st.joined, 1);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -2219,7 +2153,7 @@ static void test_worker_refused_for_its_version_stops_at_once(void **state)
     ft_snapshot snap;
     ft_begin(&snap, 60);
     char ep[64];
-    endpoint_of(free_port(), ep, sizeof ep);
+    endpoint_of(ft_free_port(), ep, sizeof ep);
     void *ctx = zmq_ctx_new();
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
     int zero = 0;
@@ -2283,8 +2217,8 @@ static void test_an_unopenable_message_is_reported_once_and_whole(void **state)
     ft_snapshot snap;
     ft_begin(&snap, 60);
     char ep[64], data_ep[64];
-    endpoint_of(free_port(), ep, sizeof ep);
-    int data_port = free_port();
+    endpoint_of(ft_free_port(), ep, sizeof ep);
+    int data_port = ft_free_port();
     endpoint_of(data_port, data_ep, sizeof data_ep);
     void *ctx = zmq_ctx_new();
     void *zap = NULL;
@@ -2402,7 +2336,7 @@ static void test_a_full_loader_says_so_to_the_worker_it_refuses(void **state)
     assert_int_equal(ft_stats(ld).rejected, 1);
     ft_stream_free(&c);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(good);
+    ft_stop_daemon(good);
     case_end(&t);
 }
 
@@ -2423,7 +2357,7 @@ static void test_min_workers_timeout_is_clear(void **state)
     assert_null(ld);
     assert_non_null(strstr(ferry_last_error(), "min_workers 2"));
     assert_non_null(strstr(ferry_last_error(), "1 remote"));
-    stop_daemon(d);
+    ft_stop_daemon(d);
     case_end(&t);
 }
 
@@ -2470,8 +2404,8 @@ static void test_remote_plugins_only_from_plugin_dir(void **state)
             assert_null(ld);
         }
     }
-    stop_daemon(confined);
-    stop_daemon(none);
+    ft_stop_daemon(confined);
+    ft_stop_daemon(none);
     case_end(&t);
 }
 
@@ -2515,7 +2449,7 @@ static void test_remote_poison_batch_is_given_up(void **state)
     assert_int_equal(failed, 1);
     assert_int_equal(ok, 9);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     case_end(&t);
 }
 
@@ -2733,7 +2667,7 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
 
     const char *argv[] = {"ip", "netns", "exec", n.name,         FERRY_TEST_WORKER, "--connect",
                           ep,   "--key", k.w1,   "--server-key", k.loader_pub,      NULL};
-    pid_t d = spawn_tied(argv, -1);
+    pid_t d = ft_spawn_tied(argv, -1);
     assert_true(ft_wait_stats(ld, joined_at_least, 1, 10000) >= 0);
 
     ft_stream c;
@@ -2763,7 +2697,7 @@ static void test_link_cut_between_namespaces_loses_nothing(void **state)
     printf("link restored: worker joined again after %lld ms\n", (long long)(ft_now_ms() - t_up));
     read_to_end(ld, &c, 6 * PER_EPOCH);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    stop_daemon(d);
+    ft_stop_daemon(d);
     remove_keys(&k);
     netns_down(&n);
     ft_end(&snap);
@@ -2790,7 +2724,7 @@ static void test_bad_remote_options_are_refused(void **state)
         {"min_workers", "0", FERRY_EINVAL, "min_workers must be at least 1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ferry_config *cfg = remote_cfg(&k, free_port(), 0, 1);
+        ferry_config *cfg = remote_cfg(&k, ft_free_port(), 0, 1);
         assert_int_equal(ferry_config_set(cfg, cases[i].key, cases[i].value), FERRY_OK);
         ferry_loader *ld = NULL;
         int rc = ferry_loader_open(&ld, cfg);
@@ -2802,7 +2736,7 @@ static void test_bad_remote_options_are_refused(void **state)
     }
     /* A key pair others can read. */
     chmod(k.loader_key, 0644);
-    ferry_config *cfg = remote_cfg(&k, free_port(), 0, 1);
+    ferry_config *cfg = remote_cfg(&k, ft_free_port(), 0, 1);
     ferry_loader *ld = NULL;
     assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_EOPTION);
     assert_non_null(strstr(ferry_last_error(), "chmod 600"));

@@ -615,7 +615,8 @@ class Loader(_Closes):
         ``wait_share`` (the trainer's time in next() over wait and step),
         ``seconds``, ``batches``, ``stages`` ({stage: {count, total, mean,
         p50, p90, p99}} for make, transit, order, held, wait, step) and
-        ``workers`` ({index: {batches, busy, pid, stages}}). See
+        ``workers`` ({index: {batches, busy, pid, host, stages}}: pid a
+        local process worker's, host "HOST:PID" a remote one's). See
         docs/profile.md, "Is it the data?"."""
         return _profile.report(self, since)
 

@@ -48,11 +48,19 @@ def report(loader, since):
         raise ValueError("profile(): since must be \"last\" or \"open\", not %r" % (since,))
     rep = window.report()
     for index, w in rep["workers"].items():
+        host = None
         try:
             pid = c.worker_pid(index)
         except Exception:  # a remote worker's slot
             pid = 0
+        if not pid:  # a remote worker: its host, and its pid there
+            try:
+                name, rpid = c.worker_host(index)
+                host = "%s:%d" % (name, rpid) if name else None
+            except Exception:
+                pass
         w["pid"] = pid or None
+        w["host"] = host
     return rep
 
 

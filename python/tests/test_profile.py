@@ -143,3 +143,17 @@ def test_trace_is_trace_event_json_with_a_track_per_worker(tmp_path):
     assert all(e["dur"] >= 400 for e in makes)  # microseconds: 0.5 ms sleeps
     waits = [e for e in events if e["ph"] == "X" and e["name"] == "wait"]
     assert len(waits) == 40
+
+
+def test_exports_bench_runs_both_sides_and_scrapes_the_endpoint():
+    pytest.importorskip("prometheus_client")
+    from ferry import bench_exports
+    a = bench_exports.parse_args(["--batches", "300", "--rounds", "1", "--batch-size", "8"])
+    res = bench_exports.bench(a)
+    (r,) = res["rounds"]
+    assert r["off"]["scrapes"] is None and r["off"]["trace_bytes"] is None
+    assert r["on"]["scrapes"] >= 1  # the endpoint answered the scraper
+    assert r["on"]["trace_bytes"] > 300 * 100  # a trace of every batch was written
+    assert res["ratio"]["median"] == pytest.approx(
+        r["on"]["batches_per_s"] / r["off"]["batches_per_s"])
+    assert "on/off" in bench_exports.table(res)

@@ -104,3 +104,22 @@ def test_a_fed_sampler_s_batches_are_served_by_a_remote_worker_as_fed():
     want = [(e, b, [i * i for i in b]) for e in range(2) for b in epochs[e]]
     assert got == want
     assert w.p.returncode == 0, w.stderr
+
+
+def test_profile_names_a_remote_worker_by_its_host_and_pid():
+    port = free_port()
+    with RemoteWorker(port, []) as w:
+        with open_remote(port, "synthetic:n=200,dim=4", min_workers=1) as ld:
+            it = ld.stream()
+            for _ in range(10):
+                next(it)
+            p = ld.profile()
+            (slot,) = p["workers"]
+            host, _, pid = p["workers"][slot]["host"].rpartition(":")
+            pid = int(pid)
+            # The worker itself, or the session child it forked.
+            with open("/proc/%d/stat" % pid) as f:
+                parent = int(f.read().rpartition(")")[2].split()[1])
+            assert w.p.pid in (pid, parent)
+            assert host and socket.gethostname().startswith(host)
+            assert p["workers"][slot]["pid"] is None  # not a local process

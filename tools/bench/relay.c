@@ -141,7 +141,8 @@ static int push(pipe_dir *p, uint64_t now)
 {
     while (p->head && p->head->due_ns <= now) {
         chunk *k = p->head;
-        ssize_t n = write(p->out, k->data + k->off, k->len - k->off);
+        /* MSG_NOSIGNAL: a peer gone first is an error here, not SIGPIPE. */
+        ssize_t n = send(p->out, k->data + k->off, k->len - k->off, MSG_NOSIGNAL);
         if (n < 0)
             return errno == EAGAIN || errno == EINTR ? 0 : -1;
         k->off += (size_t)n;
