@@ -247,13 +247,30 @@ def _open_ferry(a):
 _last_profile = {}  # the last ferry run's Loader.profile(since="open"), for main
 
 
+STAGES = ("make", "transit", "order", "held", "wait", "step")
+
+
 def _profiled_close(ld):
-    """ld.close, taking the loader's profile first (ferry._profile)."""
+    """ld.close, taking the loader's profile first (ferry._profile); its
+    attribute ``sample()`` gives the mean of each stage (ms) since the
+    previous sample, for --plot's stages over time."""
+    def loader():
+        inner = getattr(ld, "_loader", ld)  # ferry.torch's, once iterated
+        return inner if hasattr(inner, "profile") and not inner.closed else None
+
     def close():
-        loader = getattr(ld, "_loader", ld)
-        if hasattr(loader, "profile") and not loader.closed:
-            _last_profile["report"] = loader.profile(since="open")
+        if loader() is not None:
+            _last_profile["report"] = loader().profile(since="open")
         ld.close()
+
+    def sample():
+        inner = loader()
+        if inner is None:
+            return None
+        p = inner.profile(since="last")
+        return {s: p["stages"][s]["mean"] * 1000 for s in STAGES
+                if s in p["stages"] and p["stages"][s]["count"]}
+    close.sample = sample
     return close
 
 
@@ -348,13 +365,14 @@ def _step(seconds, mode):
         pass
 
 
-def _epochs(new_iter, a, t0, name, cpu_first, memory=None, at=0):
+def _epochs(new_iter, a, t0, name, cpu_first, memory=None, at=0, stages=None):
     """Runs the epochs: (waits per epoch in s, arrival times of the first
     and the last batch, items seen, items in the first batch, checksum).
     cpu_first["s"] gets the workers' CPU seconds at the first batch (jpeg),
     so that their rate per core, as images/s, counts from there. memory:
     a _MemorySampler sampled after the step of batch `at` of each epoch
-    (outside the waits)."""
+    (outside the waits). stages: (sample, every, out): out gets
+    [batches so far, sample()] after every `every` batches (--plot)."""
     step = a.step_ms / 1000.0
     waits, items, check, t_first, t_last, first_items = [], 0, 0, None, t0, 0
     for _ in range(a.epochs):
@@ -383,6 +401,10 @@ def _epochs(new_iter, a, t0, name, cpu_first, memory=None, at=0):
             del b, x, y
             if memory is not None and k == at:
                 memory.sample()
+            if stages is not None and (len(stages[2]) + 1) * stages[1] <= items // a.batch_size:
+                got = stages[0]()
+                if got:
+                    stages[2].append([items // a.batch_size, got])
             t = time.perf_counter()
         del it
         waits.append(ew)
@@ -401,10 +423,14 @@ def run_once(name, a):
     memory = _MemorySampler(template=name == "ferry") if a.pipeline != "mnist" else None
     t0 = time.perf_counter()
     new_iter, per_epoch, close, how = OPENERS[name](a)
+    # --plot: ferry's stages over the run, about 40 windows of batches
+    series = []
+    stages = (close.sample, max(1, per_epoch * a.epochs // 40), series) \
+        if a.plot and hasattr(close, "sample") else None
     try:
         cpu_first = {}
         waits, t_first, t_last, items, first_items, check = _epochs(
-            new_iter, a, t0, name, cpu_first, memory, -(-a.items // a.batch_size) // 2)
+            new_iter, a, t0, name, cpu_first, memory, -(-a.items // a.batch_size) // 2, stages)
         rss1 = _MemorySampler._trainer_kb()  # the loader still open
         trainer = _proc_kb("/proc/self/status", "VmHWM")
         pss1 = _proc_kb("/proc/self/smaps_rollup", "Pss")
@@ -427,7 +453,8 @@ def run_once(name, a):
             "trainer_pss_growth_mib": (pss1 - pss0) / 1024 if pss0 and pss1 else None,
             "workers_hwm_mib": workers_hwm, "workers_pss_mib": workers_pss,
             "worker_processes": nworkers, "leftover_pids": left, "workers_cpu_s": workers_cpu,
-            "memory_run_mib": memory.median() if memory is not None else None}
+            "memory_run_mib": memory.median() if memory is not None else None,
+            "stages_over_time": series or None}
 
 
 # ------------------------------------------------------- replacements
@@ -656,7 +683,10 @@ def parse_args(argv=None):
                    help="imagefolder, after the rounds: SIGKILL one of ferry's Python workers "
                         "N times and report the time from each kill to its replacement's first "
                         "item, and whether every index arrived once (0: none)")
-    p.add_argument("--plot", metavar="FILE.png", help="plot the waits of the last round")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="plot the waits of the last round, and below them ferry's stages "
+                        "over the run (mean ms per batch in each, about 40 windows; needs "
+                        "matplotlib)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
     if a.pipeline == "mnist" and (a.classes, a.size, a.data) != (None, None, None):

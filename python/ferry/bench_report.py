@@ -118,6 +118,8 @@ def summarize(raw, a):
         "worker_processes": raw["worker_processes"],
         "trainer_peak_rss_reset": raw["hwm_reset"],
         "leftover_pids": raw["leftover_pids"],
+        # --plot: [batches so far, {stage: mean ms per batch}] per window (ferry)
+        "stages_over_time": raw.get("stages_over_time"),
     }
 
 
@@ -300,12 +302,34 @@ def _pyplot():
     return plt
 
 
+def _plot_stages(ax, series, per_epoch, epochs):
+    """ferry's stages, stacked: the mean ms per batch of each stage in each
+    window of batches (the window ends at the x of its point)."""
+    from ferry.bench import STAGES
+    x = [b for b, _ in series]
+    names = [s for s in STAGES if any(s in m for _, m in series)]
+    ax.stackplot(x, [[m.get(s, 0.0) for _, m in series] for s in names], labels=names,
+                 step="pre", alpha=0.85)
+    for e in range(1, epochs):
+        ax.axvline(e * per_epoch, color="grey", ls="--", lw=0.8)
+    ax.set_ylabel("ferry: mean ms per batch, by stage")
+    ax.legend(loc="upper right", fontsize=8, ncol=len(names))
+
+
 def plot(path, res, last):
     """A PNG of the wait per batch (ms, log) across the epochs of the last
-    round, epoch boundaries marked; batch 0 is the startup."""
+    round, epoch boundaries marked; batch 0 is the startup. Below it,
+    ferry's stages over the same batches: each window's mean time per batch
+    in each stage, stacked (Loader.profile, docs/profile.md)."""
     plt = _pyplot()
     per_epoch, epochs = res["batches_per_epoch"], res["config"]["epochs"]
-    fig, ax = plt.subplots(figsize=(11, 4.8))
+    series = next((raw["stages_over_time"] for raw in last.values()
+                   if raw.get("stages_over_time")), None)
+    if series:
+        fig, (ax, sx) = plt.subplots(2, 1, figsize=(11, 8.4), sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(11, 4.8))
     for name, raw in last.items():
         w = [x * 1000 for ep in raw["waits"] for x in ep]
         w[0] = raw["startup"] * 1000
@@ -313,7 +337,9 @@ def plot(path, res, last):
     for e in range(1, epochs):
         ax.axvline(e * per_epoch, color="grey", ls="--", lw=0.8)
     ax.set_yscale("log")
-    ax.set_xlabel("batch (across epochs; dashed: epoch boundaries)")
+    if series:
+        _plot_stages(sx, series, per_epoch, epochs)
+    (sx if series else ax).set_xlabel("batch (across epochs; dashed: epoch boundaries)")
     ax.set_ylabel("trainer wait in next() (ms)")
     c = res["config"]
     ax.set_title("ferry.bench, %s, last round: %d workers, batch %d, prefetch %s, step %g ms; "

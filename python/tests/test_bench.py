@@ -196,3 +196,23 @@ def test_bench_mix_compares_a_mix_with_one_source_and_a_resume_with_a_fresh_star
     for name in ("fresh", "resumed"):
         assert res["rounds"][name][0]["first_batch_s"] > 0
     assert res["mix_vs_one_items_per_s"] > 0 and res["resumed_vs_fresh_first_batch"] > 0
+
+
+def test_bench_plot_draws_the_waits_and_ferry_s_stages_over_the_run(tmp_path):
+    """--plot: the PNG is written, and the JSON holds the stages it drew:
+    windows of batches in order, each with the stages' mean ms, among them
+    the simulated step (0.5 ms, spun: at least that)."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "waits.png"
+    res = run_bench("--only", "ferry", "--step-ms", "0.5", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    series = res["loaders"]["ferry"]["rounds"][0]["stages_over_time"]
+    assert len(series) >= 10
+    assert [b for b, _ in series] == sorted(b for b, _ in series)
+    for _, stages in series:
+        assert "make" in stages and all(v >= 0 for v in stages.values())
+        # the step between two next() calls: the 0.5 ms spin at least (a
+        # window whose batches were all delivered before any step ended
+        # has none)
+        assert stages.get("step", 0.5) >= 0.5
+    assert sum("step" in stages for _, stages in series) >= len(series) // 2
