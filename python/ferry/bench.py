@@ -408,6 +408,13 @@ def _epochs(new_iter, a, t0, name, cpu_first, memory=None, at=0, stages=None):
             t = time.perf_counter()
         del it
         waits.append(ew)
+        # Progress on long runs (a big image folder, many epochs): a line
+        # an epoch once the run has taken 5 s; short runs stay quiet.
+        took = time.perf_counter() - t0
+        if took > 5 and len(waits) < a.epochs:
+            print("ferry.bench:   %s: epoch %d/%d done after %.1f s (%.0f items/s)"
+                  % (name, len(waits), a.epochs, took, items / took), file=sys.stderr,
+                  flush=True)
     return waits, t_first if t_first is not None else t0, t_last, items, first_items, check
 
 
