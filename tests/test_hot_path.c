@@ -109,6 +109,7 @@ int posix_memalign(void **out, size_t align, size_t n)
 #define STEADY 1000
 #define WARM 300
 
+#if COUNTING
 /* Takes n batches, reading one byte of each field, releasing each. */
 static void take(ferry_loader *ld, int n)
 {
@@ -124,6 +125,7 @@ static void take(ferry_loader *ld, int n)
         ferry_batch_release(b);
     }
 }
+#endif
 
 static void test_steady_batches_allocate_nothing_with_profile_and_trace_on(void **state)
 {
