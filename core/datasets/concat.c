@@ -201,7 +201,7 @@ static int build_source(concat *c, const ferry_batch_request *req, void *const d
     const uint64_t *local = c->local + from;
     const uint32_t *where = c->where + from;
     ferry__dataset *d = &c->src[s];
-    void *bufs[FERRY_MAX_FIELDS];
+    void *bufs[FERRY_MAX_FIELDS] = {0};
     for (int f = 0; f < d->schema.nfields; f++) {
         if (whole) {
             bufs[f] = dst[f];
