@@ -105,7 +105,6 @@ struct ferry__mix {
     uint64_t *size, *offset;
     unsigned *bits; /* each source's permutation's width (walk_bits) */
     segment *seg;
-    uint32_t fingerprint;
     /* one allocation for every array above */
     void *mem;
 };
@@ -337,22 +336,6 @@ static void finish(ferry__mix *m, const double *weights, uint32_t *q, double *fr
     }
 }
 
-static uint32_t fingerprint(const ferry__mix *m)
-{
-    uint64_t h = ferry_mix64(SALT_BLOCK ^ m->k);
-    uint32_t s, i;
-
-    h = ferry_mix64(h ^ m->length);
-    for (i = 0; i < m->k; i++)
-        h = ferry_mix64(h ^ m->size[i]);
-    for (s = 0; s < m->nseg; s++) {
-        h = ferry_mix64(h ^ m->seg[s].start);
-        for (i = 0; i <= m->k; i++)
-            h = ferry_mix64(h ^ ((uint64_t)m->seg[s].cum[i] << 32 | m->seg[s].tail_cum[i]));
-    }
-    return (uint32_t)(h ^ (h >> 32));
-}
-
 /* Lays out every array of a mix of k sources and nseg segments in one block. */
 static ferry__mix *alloc_mix(uint32_t k, uint32_t nseg)
 {
@@ -450,7 +433,6 @@ int ferry__mix_parse(const char *spec, ferry__mix **out)
         rc = parse_parts(m, semi, weights, q, frac);
     if (rc == FERRY_OK) {
         finish(m, weights, q, frac);
-        m->fingerprint = fingerprint(m);
         *out = m;
     } else {
         ferry__mix_free(m);
@@ -475,9 +457,37 @@ uint64_t ferry__mix_length(const ferry__mix *m)
     return m->length;
 }
 
-uint32_t ferry__mix_fingerprint(const ferry__mix *m)
+/* What the draws at positions below g depend on: the sizes, the length,
+ * every segment that starts at or before g (its start and whole-block
+ * quotas), and the short block of each one that ends within the block
+ * holding g (its end and quotas). A schedule changed only after that
+ * block gives the same: what was drawn before g is drawn alike, and every
+ * source's count of draws at g is the same. */
+uint32_t ferry__mix_fingerprint_at(const ferry__mix *m, uint64_t g)
 {
-    return m->fingerprint;
+    uint64_t h = ferry_mix64(SALT_BLOCK ^ m->k);
+    uint32_t s, i;
+
+    h = ferry_mix64(h ^ m->length);
+    for (i = 0; i < m->k; i++)
+        h = ferry_mix64(h ^ m->size[i]);
+    for (s = 0; s < m->nseg && m->seg[s].start <= g; s++) {
+        const segment *seg = &m->seg[s];
+        h = ferry_mix64(h ^ seg->start);
+        for (i = 0; i <= m->k; i++)
+            h = ferry_mix64(h ^ seg->cum[i]);
+        if (s + 1 < m->nseg) {
+            uint64_t end = m->seg[s + 1].start;
+            uint64_t b = (g - seg->start) / FERRY__MIX_BLOCK; /* g's block in the segment */
+            uint64_t block_end = seg->start + (b + 1) * FERRY__MIX_BLOCK;
+            if (end < block_end || end <= g) {
+                h = ferry_mix64(h ^ end);
+                for (i = 0; i <= m->k; i++)
+                    h = ferry_mix64(h ^ seg->tail_cum[i]);
+            }
+        }
+    }
+    return (uint32_t)(h ^ (h >> 32));
 }
 
 /* ------------------------------------------------------------------------

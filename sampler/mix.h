@@ -63,9 +63,12 @@ uint32_t ferry__mix_sources(const ferry__mix *m);
 uint64_t ferry__mix_total(const ferry__mix *m);
 /* Positions in one epoch of the mixed order. */
 uint64_t ferry__mix_length(const ferry__mix *m);
-/* 32 bits that differ, but for chance, between mixes of other sizes,
- * length or quotas: kept in a position blob to refuse a foreign one. */
-uint32_t ferry__mix_fingerprint(const ferry__mix *m);
+/* 32 bits over what the draws before global position g depend on (the
+ * sizes, the length, the schedule up to the block holding g), equal, but
+ * for chance, only between mixes that drew those positions alike: kept in
+ * a position blob, so that a resume refuses a foreign mix yet takes a
+ * schedule changed only after the saved position. */
+uint32_t ferry__mix_fingerprint_at(const ferry__mix *m, uint64_t g);
 
 /* What consecutive draws of one batch share: the last block's key
  * schedule, and the pass each source was last drawn in (by source % 8).

@@ -347,7 +347,7 @@ int ferry__sampler_save(const ferry__sampler *s, uint64_t next_seq, void *buf, s
     put_u32(p + 56, s->o.rank);
     put_u32(p + 60, s->o.world_size);
     put_u32(p + 64, sampler_flags(s));
-    put_u32(p + 68, s->o.mix ? ferry__mix_fingerprint(s->o.mix) : 0);
+    put_u32(p + 68, s->o.mix ? ferry__mix_fingerprint_at(s->o.mix, epoch * s->n + pos) : 0);
     put_u64(p + 72, state_checksum(p, 72));
     memcpy(buf, p, STATE_LEN);
     return FERRY_OK;
@@ -467,12 +467,16 @@ int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint6
     if ((st.flags & FLAG_MIX) != (s->o.mix ? FLAG_MIX : 0))
         return ferry__seterr(FERRY_ESTATE, "state was saved %s a mix of sources, loader has %s",
                              (st.flags & FLAG_MIX) ? "with" : "without", s->o.mix ? "one" : "none");
-    if (s->o.mix && st.mix != ferry__mix_fingerprint(s->o.mix))
+    uint64_t g = st.epoch * s->n + st.pos; /* the job's place in the mixed stream */
+    if (s->o.mix && st.mix != ferry__mix_fingerprint_at(s->o.mix, g))
         return ferry__seterr(FERRY_ESTATE,
                              "state was saved with another mix (fingerprint %08lx, the loader's "
-                             "is %08lx): other sources' sizes, schedule of weights or length",
+                             "is %08lx): other sources' sizes or length, or a schedule of "
+                             "weights that differs before position %llu, where the job stands "
+                             "(a schedule may change only after it)",
                              (unsigned long)st.mix,
-                             (unsigned long)ferry__mix_fingerprint(s->o.mix));
+                             (unsigned long)ferry__mix_fingerprint_at(s->o.mix, g),
+                             (unsigned long long)g);
     if (st.epoch > (UINT64_MAX - bpe) / bpe)
         return ferry__seterr(FERRY_ESTATE, "state's epoch %llu is past the end of any stream",
                              (unsigned long long)st.epoch);

@@ -328,12 +328,14 @@ static void test_a_mixed_stream_resumes_on_another_shape_around_a_change(void **
 }
 
 /* A state of another mix, or of none, is refused by name; the state of a
- * mixed stream is as small as any. */
+ * mixed stream is as small as any. (A schedule changed only ahead of the
+ * saved position is another matter: the next case.) */
 static void test_a_state_of_another_mix_is_refused(void **unused)
 {
     (void)unused;
     ferry__mix *m = parse(SPEC);
-    ferry__mix *other = parse("30000,3000,30000;0:0.5,0.2,0.3;100000:0.2,0.4,0.4");
+    /* Another first segment: the past differs, whatever the position. */
+    ferry__mix *other = parse("30000,3000,30000;0:0.5,0.25,0.25;100000:0.2,0.5,0.3");
     ferry__sampler s = mixed(m, 2, 0, 32), t = mixed(other, 2, 0, 32), plain;
     ferry__sampler_opts po = {.batch_size = 32, .shuffle = 1, .seed = SEED, .world_size = 1};
     assert_int_equal(ferry__sampler_init(&plain, TOTAL, &po), FERRY_OK);
@@ -358,6 +360,53 @@ static void test_a_state_of_another_mix_is_refused(void **unused)
     ferry__mix_free(other);
 }
 
+/* A resumed run may change the schedule ahead of where the job stands:
+ * every position before it draws alike under both (so nothing drawn is
+ * drawn again, nor skipped, per source), and from it on the new weights
+ * hold. A change that reaches back into the block of the saved position,
+ * or before it, is refused. */
+static void test_a_schedule_changed_ahead_of_the_saved_position_is_taken(void **unused)
+{
+    (void)unused;
+    ferry__mix *m = parse(SPEC);
+    /* saved at epoch 1, position 960 of its order: g = 63960 */
+    ferry__sampler s = mixed(m, 2, 0, 32);
+    unsigned char blob[FERRY_STATE_MAX];
+    size_t len;
+    uint64_t next, g = TOTAL + 960;
+    assert_int_equal(ferry__sampler_save(&s, 1000, blob, sizeof blob, &len), FERRY_OK);
+    static const char *const ahead[] = {
+        "30000,3000,30000;0:0.5,0.2,0.3;100000:0.2,0.4,0.4", /* later weights changed */
+        "30000,3000,30000;0:0.5,0.2,0.3;70000:0.1,0.1,0.8",  /* the change moved earlier */
+        "30000,3000,30000;0:0.5,0.2,0.3",                     /* and dropped */
+    };
+    for (size_t i = 0; i < sizeof ahead / sizeof ahead[0]; i++) {
+        ferry__mix *n = parse(ahead[i]);
+        ferry__sampler t = mixed(n, 3, 1, 16);
+        if (ferry__sampler_restore(&t, blob, len, &next) != FERRY_OK)
+            fail_msg("%s: %s", ahead[i], ferry_last_error());
+        ferry__mix_cursor a, b;
+        ferry__mix_cursor_init(&a);
+        ferry__mix_cursor_init(&b);
+        for (uint64_t p = 0; p < g; p++) /* the past, drawn alike */
+            assert_int_equal(ferry__mix_draw(m, SEED, 1, p, &a, NULL),
+                             ferry__mix_draw(n, SEED, 1, p, &b, NULL));
+        ferry__mix_free(n);
+    }
+    static const char *const behind[] = {
+        "30000,3000,30000;0:0.5,0.2,0.3;60000:0.2,0.5,0.3;100000:0.2,0.5,0.3", /* before g */
+        "30000,3000,30000;0:0.5,0.2,0.3;64000:0.2,0.5,0.3", /* inside g's block */
+    };
+    for (size_t i = 0; i < sizeof behind / sizeof behind[0]; i++) {
+        ferry__mix *n = parse(behind[i]);
+        ferry__sampler t = mixed(n, 2, 0, 32);
+        assert_int_equal(ferry__sampler_restore(&t, blob, len, &next), FERRY_ESTATE);
+        assert_non_null(strstr(ferry_last_error(), "differs before position 63960"));
+        ferry__mix_free(n);
+    }
+    ferry__mix_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_each_pass_of_a_small_source_is_a_fair_shuffle),
         cmocka_unit_test(test_a_mixed_stream_resumes_on_another_shape_around_a_change),
         cmocka_unit_test(test_a_state_of_another_mix_is_refused),
+        cmocka_unit_test(test_a_schedule_changed_ahead_of_the_saved_position_is_taken),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

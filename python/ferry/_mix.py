@@ -64,7 +64,9 @@ class Mix:
     count; each block of 4096 positions holds every source's share to
     1/4096; every source's draws are whole passes, each item once per pass;
     a resume state is the loader's 80 bytes, whatever the number of sources
-    or the length of the run, and one saved under another mix is refused.
+    or the length of the run, and one saved under another mix is refused;
+    a schedule changed only after the saved position is taken (the weights
+    may change after a checkpoint).
     """
 
     def __init__(self, sources, weights=None, *, schedule=None, length=None, source_key=None):

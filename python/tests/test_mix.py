@@ -226,3 +226,22 @@ def test_a_mix_of_c_datasets_is_served_by_c_workers_item_by_item(tmp_path):
 def test_bad_mix_arguments_are_refused_by_name(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         ferry.Mix(*args, **kwargs)
+
+
+def test_the_weights_may_change_after_a_checkpoint_but_not_before_it():
+    """A state saved at position P resumes under a schedule that differs
+    only after P: the positions before P were drawn alike, the rest of the
+    stream is the new mix's; a schedule that differs before P is refused."""
+    old = ferry.Mix(sources(), schedule={0: [0.5, 0.2, 0.3], 20000: [0.2, 0.5, 0.3]})
+    new = ferry.Mix(sources(), schedule={0: [0.5, 0.2, 0.3], 9000: [0.1, 0.1, 0.8]})
+    with _rank(old, 1, 0, 100) as ld:
+        for _, b in zip(range(20), ld.stream()):  # position 2000 of epoch 0
+            pass
+        state = ld.state_dict()
+    with _rank(new, 1, 0, 100, state=state) as ld:
+        got = np.concatenate([b.indices for _, b in zip(range(10), ld.stream())])
+    assert np.array_equal(got, new.draws(2000, 1000, seed=SEED)[0])
+    assert np.array_equal(old.draws(0, 2000, seed=SEED)[0], new.draws(0, 2000, seed=SEED)[0])
+    past = ferry.Mix(sources(), schedule={0: [0.5, 0.2, 0.3], 1000: [0.1, 0.1, 0.8]})
+    with pytest.raises(ferry.StateError, match="differs before position 2000"):
+        _rank(past, 1, 0, 100, state=state)
