@@ -7,7 +7,9 @@
 #include "protocol_tables.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <msgpack.h>
@@ -397,6 +399,52 @@ static int decode_header(const msgpack_object *root, ferry__msg *out)
     return ferry__msg_validate(spec, &out->u);
 }
 
+/* ------------------------------------------------------------------------
+ * The zone of each thread
+ *
+ * msgpack_unpack_next allocates a zone for each call's objects (two
+ * allocations a header, even when handed a msgpack_unpacked that has one).
+ * A header's objects never outlive its decode (decode_header copies what
+ * it keeps; strings point into the frame), so each thread keeps one zone
+ * and clears it after each decode, unpacking into it with msgpack_unpack:
+ * no allocation a message once the zone has the chunk a header needs (the
+ * scan above bounds that). Freed when the thread ends.
+ */
+
+#define ZONE_CHUNK 8192
+
+static pthread_key_t zone_key;
+static pthread_once_t zone_once = PTHREAD_ONCE_INIT;
+static int zone_key_ok;
+
+static void free_zone(void *z)
+{
+    msgpack_zone_destroy(z);
+    free(z);
+}
+
+static void make_zone_key(void)
+{
+    zone_key_ok = pthread_key_create(&zone_key, free_zone) == 0;
+}
+
+/* This thread's zone, or NULL when it cannot be had (out of memory, no
+ * key): the caller then makes one for this decode. */
+static msgpack_zone *thread_zone(void)
+{
+    pthread_once(&zone_once, make_zone_key);
+    if (!zone_key_ok)
+        return NULL;
+    msgpack_zone *z = pthread_getspecific(zone_key);
+    if (!z && (z = malloc(sizeof *z)) != NULL) {
+        if (!msgpack_zone_init(z, ZONE_CHUNK) || pthread_setspecific(zone_key, z) != 0) {
+            free(z); /* (a zone whose init failed holds nothing) */
+            z = NULL;
+        }
+    }
+    return z;
+}
+
 int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out)
 {
     if (buf == NULL || out == NULL)
@@ -414,16 +462,25 @@ int ferry__msg_decode(const void *buf, size_t len, ferry__msg *out)
         return ferry__seterr(FERRY_EPROTO, "header frame has trailing bytes: %zu after the map",
                              len - end);
 
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
+    msgpack_zone own, *z = thread_zone();
+    if (!z) {
+        if (!msgpack_zone_init(&own, ZONE_CHUNK))
+            return ferry__seterr(FERRY_ENOMEM, "out of memory unpacking a %zu-byte header frame",
+                                 len);
+        z = &own;
+    }
     size_t off = 0;
-    msgpack_unpack_return ur = msgpack_unpack_next(&u, buf, len, &off);
+    msgpack_object root;
+    msgpack_unpack_return ur = msgpack_unpack(buf, len, &off, z, &root);
     if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
         rc = ferry__seterr(FERRY_ENOMEM, "out of memory unpacking a %zu-byte header frame", len);
     else if (ur != MSGPACK_UNPACK_SUCCESS || off != len)
         rc = ferry__seterr(FERRY_EPROTO, "header frame is not valid msgpack");
     else
-        rc = decode_header(&u.data, out);
-    msgpack_unpacked_destroy(&u);
+        rc = decode_header(&root, out);
+    if (z == &own)
+        msgpack_zone_destroy(z);
+    else
+        msgpack_zone_clear(z);
     return rc;
 }
