@@ -11,6 +11,8 @@
  */
 #include "exits.h"
 
+#include "clock.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/types.h>
@@ -86,14 +88,7 @@ static ssize_t find(const ferry_py_exits *b, size_t since, int pid)
  * index, or -1; b->mu held. */
 static ssize_t wait_for(ferry_py_exits *b, size_t since, int pid, int64_t wait_ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += wait_ms / 1000;
-    ts.tv_nsec += (wait_ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = ferry__deadline_ts(CLOCK_MONOTONIC, wait_ms > 0 ? (uint64_t)wait_ms : 0);
     ssize_t at = find(b, since, pid);
     while (at < 0 && pthread_cond_timedwait(&b->changed, &b->mu, &ts) == 0)
         at = find(b, since, pid);

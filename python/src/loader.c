@@ -28,6 +28,7 @@
  */
 #include "loader.h"
 #include "batch.h"
+#include "clock.h"
 #include "exits.h"
 #include "pyprofile.h"
 
@@ -318,11 +319,10 @@ static void loader_dealloc(LoaderObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* base/clock.h's milliseconds, signed for the deadlines' arithmetic. */
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ferry__now_ms();
 }
 
 /* Hands over what next() took from ferry: the batch, through `wrap`, or the

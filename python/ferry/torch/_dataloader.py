@@ -393,20 +393,12 @@ class DataLoader(_Closes):
 DataLoader.__signature__ = inspect.signature(tud.DataLoader)
 
 
-class _MapEpoch:
-    """The iterator of one epoch of a map-style DataLoader (what
-    ``iter(loader)`` returns). As torch's, it starts the workers when made
-    (the loader's first iter()). A failed batch raises its error and leaves
-    the iterator usable: the next call returns the batch after it, as
-    torch's does (a generator would end at the first error, and a loop that
-    skips a bad batch would lose the rest of its epoch silently)."""
+class _EpochIterator:
+    """What both epoch iterators (map-style: _MapEpoch; IterableDataset:
+    _iterable._StreamEpoch) share: they are their own iterator, len() is
+    the loader's, and torch's ``_workers`` are the loader's processes."""
 
-    __slots__ = ("_dl", "_it", "_epoch")
-
-    def __init__(self, dl):
-        self._dl = dl
-        with _as_torch_says(dl):
-            self._it, self._epoch = dl._begin_epoch()
+    __slots__ = ("_dl",)
 
     def __iter__(self):
         return self
@@ -418,6 +410,22 @@ class _MapEpoch:
     def _workers(self):
         """torch's private attribute (read by torch's own tests)."""
         return _worker_processes(self._dl)
+
+
+class _MapEpoch(_EpochIterator):
+    """The iterator of one epoch of a map-style DataLoader (what
+    ``iter(loader)`` returns). As torch's, it starts the workers when made
+    (the loader's first iter()). A failed batch raises its error and leaves
+    the iterator usable: the next call returns the batch after it, as
+    torch's does (a generator would end at the first error, and a loop that
+    skips a bad batch would lose the rest of its epoch silently)."""
+
+    __slots__ = ("_it", "_epoch")
+
+    def __init__(self, dl):
+        self._dl = dl
+        with _as_torch_says(dl):
+            self._it, self._epoch = dl._begin_epoch()
 
     def __next__(self):
         dl = self._dl

@@ -25,7 +25,7 @@ import torch
 from .. import Loader, _dataset, _ferry
 from .._errors import BatchError, NotReady
 from ._args import _UNSET, translate_iterable
-from ._dataloader import DataLoader, _worker_processes
+from ._dataloader import DataLoader, _EpochIterator
 from ._pin import _tcollate_pin
 from ._structure import _SKELETON, _load_structure, _Pickler
 from ._worker import _Batches
@@ -401,7 +401,7 @@ class _IterableDataLoader(DataLoader):
             self._table = None
 
 
-class _StreamEpoch:
+class _StreamEpoch(_EpochIterator):
     """The iterator of one epoch of an IterableDataset's DataLoader (what
     ``iter(loader)`` returns), a class as the map-style one is (_MapEpoch):
     it starts the workers when made, as torch's does, exposes them as
@@ -410,7 +410,7 @@ class _StreamEpoch:
     what len(loader) said (when it was asked before this iterator was
     made), torch's warning."""
 
-    __slots__ = ("_dl", "_said", "_n", "_timeout", "_sync", "_state")
+    __slots__ = ("_said", "_n", "_timeout", "_sync", "_state")
 
     def __init__(self, dl):
         self._dl = dl
@@ -423,17 +423,6 @@ class _StreamEpoch:
             dl._ferry()
         else:
             self._sync = dl._sync_epoch()  # the dataset iterated here, as torch does
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self._dl)
-
-    @property
-    def _workers(self):
-        """torch's private attribute (read by torch's own tests)."""
-        return _worker_processes(self._dl)
 
     def __next__(self):
         if self._state == "done":
