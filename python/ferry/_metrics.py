@@ -10,6 +10,7 @@ unit in the name, ``_total`` on counters, times as histograms in seconds
 """
 
 import threading
+import time
 import weakref
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -100,13 +101,28 @@ class _Quiet(WSGIRequestHandler):
 
 
 class Server:
-    """The endpoint: a threaded HTTP server on its own daemon thread."""
+    """The endpoint: a threaded HTTP server on its own daemon thread.
+
+    ``scrapes`` and ``cpu_seconds`` say what serving has cost the trainer's
+    process: the CPU time of the threads that answered (each request's own
+    thread, timed with time.thread_time), which is also about how long
+    they held the GIL."""
 
     def __init__(self, loader, host, port):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(loader))
-        self._httpd = make_server(host, port, make_wsgi_app(registry), ThreadingWSGIServer,
-                                  handler_class=_Quiet)
+        app = make_wsgi_app(registry)
+        self.scrapes, self.cpu_seconds = 0, 0.0
+
+        def timed(environ, start_response):
+            t0 = time.thread_time()
+            try:
+                return app(environ, start_response)
+            finally:
+                self.cpu_seconds += time.thread_time() - t0
+                self.scrapes += 1
+
+        self._httpd = make_server(host, port, timed, ThreadingWSGIServer, handler_class=_Quiet)
         self.address = "%s:%d" % self._httpd.server_address[:2]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="ferry-metrics",
                                         kwargs={"poll_interval": 0.2}, daemon=True)

@@ -78,14 +78,49 @@ def ensure_npy(data):
     return "npy:x=%s,y=%s" % (x, y)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root):
+    """{pid: CPU seconds (user + system, all threads)} of root and every
+    process under it, from /proc (the loader's workers and helpers are
+    the trainer's descendants; the scraper, a child too, is left out by
+    the caller)."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the name: state ppid ... utime (11) stime (12)
+        stats[int(name)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / _TICK)
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats and pid not in out:
+            out[pid] = stats[pid][1]
+            todo.extend(p for p, (ppid, _) in stats.items() if ppid == pid)
+    return out
+
+
+def cpu_between(before, after, leave_out=()):
+    """CPU seconds the processes spent between two tree_cpu readings
+    (a process born between them counts from zero)."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items() if pid not in leave_out)
+
+
 def run(spec, a, on, tmp):
-    """One run; returns batches/s, and with `on` the scrapes made and the
+    """One run; returns batches/s, the CPU seconds the trainer and every
+    process under it spent a batch, and with `on` the scrapes made and the
     trace's bytes."""
     kw = {}
     trace = os.path.join(tmp, "trace.json")
     if on:
         kw = dict(metrics="127.0.0.1:0", trace=trace)
-    scraper, scrapes, trace_bytes = None, None, None
+    scraper, scrapes, trace_bytes, serving = None, None, None, None
     with ferry.Loader(spec, batch_size=a.batch_size, workers=a.workers, seed=a.seed,
                       **kw) as ld:
         if on:
@@ -98,19 +133,27 @@ def run(spec, a, on, tmp):
         b = next(it)  # startup is not throughput
         sink = int(b["x"].reshape(-1)[0])
         del b
+        cpu0 = tree_cpu(os.getpid())
         t0 = time.perf_counter()
         for _ in range(a.batches - 1):
             b = next(it)
             sink += int(b["x"].reshape(-1)[0])
             del b
         dt = time.perf_counter() - t0
+        cpu = cpu_between(cpu0, tree_cpu(os.getpid()),
+                          leave_out=(scraper.pid,) if scraper else ())
         if scraper:
             out, _ = scraper.communicate(input="", timeout=30)
             scrapes = int(out.split()[0])
+            server = ld._exports._server
+            serving = {"scrapes": server.scrapes, "cpu_seconds": server.cpu_seconds,
+                       "share": server.cpu_seconds / dt}
     if on:
         trace_bytes = os.path.getsize(trace)
         os.unlink(trace)
-    return {"batches_per_s": (a.batches - 1) / dt, "seconds": dt, "scrapes": scrapes,
+    return {"batches_per_s": (a.batches - 1) / dt, "seconds": dt,
+            "cpu_us_per_batch": cpu / (a.batches - 1) * 1e6, "scrapes": scrapes,
+            "serving": serving,
             "trace_bytes": trace_bytes, "sink": sink}
 
 
@@ -130,14 +173,22 @@ def bench(a, on_run=None):
                 if on_run:
                     on_run(r, "on" if on else "off", got[on])
             rounds.append({"off": got[False], "on": got[True],
-                           "ratio": got[True]["batches_per_s"] / got[False]["batches_per_s"]})
+                           "ratio": got[True]["batches_per_s"] / got[False]["batches_per_s"],
+                           "cpu_ratio": (got[True]["cpu_us_per_batch"]
+                                         / got[False]["cpu_us_per_batch"])})
     return {
         "shape": a.shape, "dataset": spec, "batch_size": a.batch_size, "workers": a.workers,
         "batches": a.batches, "rounds": rounds,
         "off": summary([r["off"]["batches_per_s"] for r in rounds]),
         "on": summary([r["on"]["batches_per_s"] for r in rounds]),
         "ratio": summary([r["ratio"] for r in rounds]),
+        "cpu_off": summary([r["off"]["cpu_us_per_batch"] for r in rounds]),
+        "cpu_on": summary([r["on"]["cpu_us_per_batch"] for r in rounds]),
+        "cpu_ratio": summary([r["cpu_ratio"] for r in rounds]),
         "scrapes_per_s": summary([r["on"]["scrapes"] / r["on"]["seconds"] for r in rounds]),
+        "serving_ms": summary([r["on"]["serving"]["cpu_seconds"] * 1e3
+                               / max(1, r["on"]["serving"]["scrapes"]) for r in rounds]),
+        "serving_share": summary([r["on"]["serving"]["share"] for r in rounds]),
     }
 
 
@@ -153,8 +204,19 @@ def table(res):
     lines.append("  on/off %8.3f  (median of the rounds' ratios; %.3f..%.3f)" % (
         r["median"], r["min"], r["max"]))
     lines.append("  rounds' ratios: " + ", ".join("%.3f" % x["ratio"] for x in res["rounds"]))
+    for side in ("off", "on"):
+        s = res["cpu_" + side]
+        lines.append("  %-4s %10.2f us of CPU a batch, all processes  (median; %.2f..%.2f)" % (
+            side, s["median"], s["min"], s["max"]))
+    r = res["cpu_ratio"]
+    lines.append("  CPU on/off %4.3f  (median of the rounds' ratios; %.3f..%.3f)" % (
+        r["median"], r["min"], r["max"]))
     lines.append("  scraped %.2f times a second (median), trace %d bytes at close (last run)" % (
         res["scrapes_per_s"]["median"], res["rounds"][-1]["on"]["trace_bytes"]))
+    lines.append("  serving a scrape: %.2f ms of the trainer's CPU (median; %.2f..%.2f), %.3f%% "
+                 "of the run's time (median; the GIL held about as long)" % (
+                     res["serving_ms"]["median"], res["serving_ms"]["min"],
+                     res["serving_ms"]["max"], 100 * res["serving_share"]["median"]))
     return "\n".join(lines)
 
 
@@ -187,8 +249,8 @@ def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
 
     def progress(r, side, m):
-        print("ferry.bench: round %d/%d %-3s %9.0f batches/s%s" % (
-            r + 1, a.rounds, side, m["batches_per_s"],
+        print("ferry.bench: round %d/%d %-3s %9.0f batches/s, %.2f us CPU a batch%s" % (
+            r + 1, a.rounds, side, m["batches_per_s"], m["cpu_us_per_batch"],
             "" if m["scrapes"] is None else ", %d scrapes" % m["scrapes"]), file=sys.stderr)
 
     res = bench(a, on_run=progress)

@@ -109,6 +109,9 @@ def test_metrics_endpoint_parses_as_prometheus_text():
         with urllib.request.urlopen("http://%s/metrics" % ld.metrics_address,
                                     timeout=10) as r:
             text = r.read().decode()
+        server = ld._exports._server
+        assert server.scrapes == 1  # the endpoint counts what serving cost
+        assert 0 < server.cpu_seconds < 5
     families = {f.name: f for f in parser.text_string_to_metric_families(text)}
     assert families["ferry_batches_delivered"].type == "counter"
     delivered = [s.value for s in families["ferry_batches_delivered"].samples
@@ -156,4 +159,8 @@ def test_exports_bench_runs_both_sides_and_scrapes_the_endpoint():
     assert r["on"]["trace_bytes"] > 300 * 100  # a trace of every batch was written
     assert res["ratio"]["median"] == pytest.approx(
         r["on"]["batches_per_s"] / r["off"]["batches_per_s"])
-    assert "on/off" in bench_exports.table(res)
+    assert r["on"]["serving"]["scrapes"] == r["on"]["scrapes"]  # the server counted each
+    assert r["on"]["serving"]["cpu_seconds"] > 0
+    assert r["off"]["cpu_us_per_batch"] > 0 and r["on"]["cpu_us_per_batch"] > 0
+    text = bench_exports.table(res)
+    assert "on/off" in text and "serving a scrape" in text
