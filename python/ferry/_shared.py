@@ -157,12 +157,24 @@ class _Column:
 # A list's items: ("value", column) one value each; ("tuple", [columns]);
 # ("dict", keys, [columns]) dicts with the same keys in one order.
 
+def _packed(col):
+    """A column packed in C (columns.c: col_result) as encode_column makes
+    it: numpy arrays over the bytes."""
+    if col[0] == "str":
+        return ("str", np.frombuffer(col[1], dtype=np.uint8), np.frombuffer(col[2], dtype=np.int64))
+    return (col[0], np.frombuffer(col[1], dtype=np.int64 if col[0] == "int" else np.float64))
+
+
 def _encode_rows(items, auto):
     """The rows of list ``items``, or None when ``auto`` and its items are
     not ones whose reads can be kept exact (see the file's top)."""
     if items and type(items[0]) is dict:
         # dicts alike: the first one's keys, in its order, in every one (C)
         keys = tuple(items[0])
+        # the common case in one pass: fields of ASCII str, int, float
+        cols = _ferry.records_encode(items, keys)
+        if cols is not None:
+            return ("dict", list(keys), [_packed(c) for c in cols])
         cols = _ferry.dict_columns(items, keys)
         if cols is not None:
             encoded = [encode_column(c, plain=auto) for c in cols]
@@ -523,6 +535,15 @@ def encode_list(items, auto=True):
 def encode_dict(d, auto=True):
     """A SharedDict's state for dict ``d``, or None when its keys are not
     all str, all bytes or all int (or, ``auto``, its values not plain)."""
+    one = _ferry.str_dict_encode(d) if type(d) is dict else None  # ASCII str keys: one pass
+    if one is not None:
+        blob, ends, table, values = one
+        rows = ("value", _packed(values)) if values is not None else \
+            _encode_rows(list(d.values()), auto)
+        if rows is None:
+            return None
+        key_col = ("str", np.frombuffer(blob, dtype=np.uint8), np.frombuffer(ends, dtype=np.int64))
+        return (len(key_col[2]) - 1, "str", key_col, rows, np.frombuffer(table, dtype=np.int64))
     keys = list(d)
     packed = _ferry.str_column(keys)  # all str (checked in C): the common case
     if packed is not None:

@@ -83,6 +83,76 @@ def test_a_big_vocabulary_looks_up_as_the_dict():
     assert (v | {"x": 1})["x"] == 1 and ({"x": 1} | v)["w3"] == 3
 
 
+def _same(a, b):
+    """Equal item by item, with the same types (nan equal to nan)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert type(x) is type(y)
+        if isinstance(x, dict):
+            assert list(x) == list(y)
+            _same(list(x.values()), list(y.values()))
+        elif isinstance(x, float):
+            assert x == y or (x != x and y != y)
+            assert str(x) == str(y)  # -0.0 stays -0.0
+        else:
+            assert x == y
+
+
+@pytest.mark.parametrize("shape", ["plain", "edges", "long", "late-bool", "late-float",
+                                   "late-big", "late-unicode", "late-key"])
+def test_the_one_pass_encoders_give_what_the_general_path_gives(shape, monkeypatch):
+    n = _shared.AUTO_MIN
+    rows = [{"path": "/d/%d.jpg" % k, "label": k - n // 2, "w": k / 7} for k in range(n)]
+    if shape == "edges":
+        rows[1] = {"path": "", "label": 2**63 - 1, "w": float("nan")}
+        rows[2] = {"path": "x" * 3, "label": -2**63, "w": -0.0}
+        rows[3] = {"path": "\x7f", "label": 0, "w": float("-inf")}
+    elif shape == "long":
+        rows = [dict(r, path=r["path"] * 40) for r in rows]  # past the first guess: regrown
+    elif shape == "late-bool":
+        rows[-1]["label"] = True  # a bool is no int here: the general path keeps it a bool
+    elif shape == "late-float":
+        rows[-1]["label"] = 1.5
+    elif shape == "late-big":
+        rows[-1]["label"] = 2**64
+    elif shape == "late-unicode":
+        rows[-1]["path"] = "/d/ü.jpg"
+    elif shape == "late-key":
+        rows[-1] = {"label": 1, "path": "/x", "w": 0.5}  # the same keys in another order
+    vocab = {r["path"] + str(k): r["label"] for k, r in enumerate(rows)}
+    fast_list = _round_trip(rows)
+    fast_dict = _round_trip(vocab)
+    from ferry import _ferry
+    one_pass = _ferry.records_encode(rows, tuple(rows[0])) is not None
+    assert one_pass == (shape in ("plain", "edges", "long"))  # the others: the general path
+    assert (_ferry.str_dict_encode(vocab) is not None) == (shape != "late-unicode")
+    monkeypatch.setattr(_ferry, "records_encode", lambda *a: None)
+    monkeypatch.setattr(_ferry, "str_dict_encode", lambda *a: None)
+    slow_list = _round_trip(rows)
+    slow_dict = _round_trip(vocab)
+    _same(fast_list, rows)
+    _same(fast_list, slow_list)
+    assert type(fast_list) is type(slow_list)
+    assert type(fast_dict) is type(slow_dict)
+    assert list(fast_dict) == list(vocab) and fast_dict == vocab
+    _same(list(fast_dict.values()), list(vocab.values()))
+    for k in list(vocab)[::97] + [list(vocab)[-1]]:
+        assert fast_dict[k] == vocab[k] and type(fast_dict[k]) is type(vocab[k])
+    assert "/nope" not in fast_dict and fast_dict.get("") is None
+
+
+def test_a_vocabulary_of_float_or_str_values_is_packed_too_and_finds_every_key():
+    n = _shared.AUTO_MIN
+    floats = {"k%d" % k: k / 3 for k in range(n)}
+    strs = {"k%d" % k: "v%d" % k for k in range(n)}
+    mixed = {"k%d" % k: (k if k % 2 else "v%d" % k) for k in range(n)}  # values: general path
+    f, s, m = _round_trip((floats, strs, mixed))
+    for got, want in ((f, floats), (s, strs), (m, mixed)):
+        assert isinstance(got, ferry.SharedDict)
+        assert all(got[k] == v and type(got[k]) is type(v) for k, v in want.items())
+        assert "k%d" % n not in got and len(got) == n
+
+
 def test_a_change_in_a_worker_makes_its_own_copy_and_says_so(caplog):
     rows = _rows(_shared.AUTO_MIN)
     s, v = _round_trip(([*rows], {"w%d" % k: k for k in range(_shared.AUTO_MIN)}))
