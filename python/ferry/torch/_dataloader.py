@@ -97,8 +97,10 @@ class DataLoader(_Closes):
         self.batch_size, self.drop_last = plan.batch_size, plan.drop_last
         self.sampler, self.batch_sampler = plan.sampler, plan.batch_sampler
         self._opts = plan.opts
-        # What torch's sampler draws at each iter() (_torch_draws).
+        # What torch's sampler draws at each iter() (_torch_draws), and
+        # what it draws as its iterator ends, still to draw (_draws_due).
         self._sampler_draw = plan.draw
+        self._draws_due = None
         self._sampler_epoch0 = int(getattr(self.sampler, "epoch", 0) or 0)
         self._follows_set_epoch = False
         # The base seed, drawn as torch draws it (_torch_draws): from
@@ -286,17 +288,22 @@ class DataLoader(_Closes):
         sampler's draw (RandomSampler's seed, or a randperm). The first base
         seed is ferry's, unless seed= or a state fixed it; the others are
         drawn and dropped, so that the training step's draws after each
-        iter() are the ones it gets under torch. (A sampler of the user's
-        is iterated ahead, when ferry needs its batches: its draws do not
-        fall where torch's do.)"""
+        iter() are the ones it gets under torch. RandomSampler's second
+        randperm, which torch draws as the sampler's iterator runs out, is
+        drawn when the epoch's last batch is handed out (_end_draws), not
+        here: it is not on the way to the first batch (27 ms for a million
+        items), and a `for` left early never draws it, as under torch. (A
+        sampler of the user's is iterated ahead, when ferry needs its
+        batches: its draws do not fall where torch's do.)"""
+        self._draws_due = None  # the last `for` stopped early: torch never drew them
         drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         perm = None
         if self._sampler_draw is not None:
             g, n, k = self._sampler_draw
             if n:
                 perm = torch.randperm(n, generator=g)
-                for _ in range(k - 1):
-                    torch.randperm(n, generator=g)
+                if k > 1:
+                    self._draws_due = (g, n, k - 1)
             else:
                 torch.empty((), dtype=torch.int64).random_()
         if self._base_seed is None:
@@ -304,9 +311,21 @@ class DataLoader(_Closes):
                     "seed" not in self._opts:
                 # A sampler with a generator of its own: the order follows
                 # that generator, as torch's does (one seed from its draw).
-                digest = hashlib.blake2b(perm.numpy().tobytes(), digest_size=8).digest()
+                # (of its first 4,096 places: another state of the
+                # generator gives another prefix; hashing all of a large
+                # one's took 15 ms a million items)
+                digest = hashlib.blake2b(perm[:4096].numpy().tobytes(), digest_size=8).digest()
                 self._opts["seed"] = int.from_bytes(digest, "little") % 2**63
             self._set_base_seed(drawn)
+
+    def _end_draws(self):
+        """The draws torch's sampler makes as its iterator runs out (see
+        _torch_draws), at the end of an epoch of batches."""
+        due, self._draws_due = self._draws_due, None
+        if due is not None:
+            g, n, k = due
+            for _ in range(k):
+                torch.randperm(n, generator=g)
 
     def _set_base_seed(self, seed):
         self._base_seed = seed
@@ -439,9 +458,12 @@ class _MapEpoch(_EpochIterator):
             dl._mid_epoch = not done
             if done:
                 dl._next_epoch = self._epoch + 1
+                dl._end_draws()
             raise
         dl._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
         dl._mid_epoch = not b.last_in_epoch
+        if b.last_in_epoch:
+            dl._end_draws()
         return dl._structure(b)
 
 
