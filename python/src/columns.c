@@ -379,7 +379,10 @@ static int col_open(col *c, PyObject *v, Py_ssize_t n)
     memset(c, 0, sizeof *c);
     c->kind = col_kind(v);
     if (c->kind == COL_STR) {
-        c->cap = (size_t)n * 16 + 64;
+        /* room for n like the first, a quarter more: a copy to grow is
+         * the blob's size again (a second of memmove a GB) */
+        size_t first = (size_t)PyUnicode_GET_LENGTH(v);
+        c->cap = (size_t)n * (first + first / 4 + 4) + 64;
         c->blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c->cap);
         c->ends = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int64_t));
         if (!c->blob || !c->ends)
