@@ -82,7 +82,8 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu(root):
-    """{pid: CPU seconds (user + system, all threads)} of root and every
+    """{pid: CPU seconds (user + system, all threads; in clock ticks, so a
+    run needs some seconds for the figure to mean much)} of root and every
     process under it, from /proc (the loader's workers and helpers are
     the trainer's descendants; the scraper, a child too, is left out by
     the caller)."""
@@ -174,8 +175,10 @@ def bench(a, on_run=None):
                     on_run(r, "on" if on else "off", got[on])
             rounds.append({"off": got[False], "on": got[True],
                            "ratio": got[True]["batches_per_s"] / got[False]["batches_per_s"],
+                           # (None when the off run spent under a clock tick)
                            "cpu_ratio": (got[True]["cpu_us_per_batch"]
-                                         / got[False]["cpu_us_per_batch"])})
+                                         / got[False]["cpu_us_per_batch"]
+                                         if got[False]["cpu_us_per_batch"] else None)})
     return {
         "shape": a.shape, "dataset": spec, "batch_size": a.batch_size, "workers": a.workers,
         "batches": a.batches, "rounds": rounds,
@@ -184,7 +187,8 @@ def bench(a, on_run=None):
         "ratio": summary([r["ratio"] for r in rounds]),
         "cpu_off": summary([r["off"]["cpu_us_per_batch"] for r in rounds]),
         "cpu_on": summary([r["on"]["cpu_us_per_batch"] for r in rounds]),
-        "cpu_ratio": summary([r["cpu_ratio"] for r in rounds]),
+        "cpu_ratio": summary([r["cpu_ratio"] for r in rounds if r["cpu_ratio"] is not None]
+                             or [float("nan")]),
         "scrapes_per_s": summary([r["on"]["scrapes"] / r["on"]["seconds"] for r in rounds]),
         "serving_ms": summary([r["on"]["serving"]["cpu_seconds"] * 1e3
                                / max(1, r["on"]["serving"]["scrapes"]) for r in rounds]),

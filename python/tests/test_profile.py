@@ -161,6 +161,7 @@ def test_exports_bench_runs_both_sides_and_scrapes_the_endpoint():
         r["on"]["batches_per_s"] / r["off"]["batches_per_s"])
     assert r["on"]["serving"]["scrapes"] == r["on"]["scrapes"]  # the server counted each
     assert r["on"]["serving"]["cpu_seconds"] > 0
-    assert r["off"]["cpu_us_per_batch"] > 0 and r["on"]["cpu_us_per_batch"] > 0
+    # (whole clock ticks: a run this short may count none)
+    assert r["off"]["cpu_us_per_batch"] >= 0 and r["on"]["cpu_us_per_batch"] >= 0
     text = bench_exports.table(res)
     assert "on/off" in text and "serving a scrape" in text

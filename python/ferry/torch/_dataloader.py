@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import logging
 import os
+import time
 import types
 
 import torch
@@ -101,6 +102,7 @@ class DataLoader(_Closes):
         # what it draws as its iterator ends, still to draw (_draws_due).
         self._sampler_draw = plan.draw
         self._draws_due = None
+        self._all_started = False  # every worker seen started once (_workers)
         self._sampler_epoch0 = int(getattr(self.sampler, "epoch", 0) or 0)
         self._follows_set_epoch = False
         # The base seed, drawn as torch draws it (_torch_draws): from
@@ -395,6 +397,7 @@ class DataLoader(_Closes):
             self._loader.close()
             self._loader = None
             self._pins = None
+            self._all_started = False
             if getattr(self, "_table", None) is not None:
                 self._table.loader = None  # what it drew for this one is drawn again
 
@@ -495,5 +498,14 @@ def _worker_processes(dl):
     ld = dl._loader
     if ld is None:
         return []
-    procs = (ld.worker_process(i) for i in range(dl.num_workers))
-    return [p for p in procs if p is not None]
+    # The first batch does not wait for every worker to start (min_workers
+    # 1): the list does, once, as torch's is whole once its iterator
+    # exists (not for a replacement: a worker being replaced is left out).
+    deadline = time.monotonic() + 10.0
+    while True:
+        procs = [ld.worker_process(i) for i in range(dl.num_workers)]
+        if None not in procs:
+            dl._all_started = True
+        if dl._all_started or time.monotonic() > deadline or ld.stats()["restarts"]:
+            return [p for p in procs if p is not None]
+        time.sleep(0.002)
