@@ -103,24 +103,28 @@ class _Quiet(WSGIRequestHandler):
 class Server:
     """The endpoint: a threaded HTTP server on its own daemon thread.
 
-    ``scrapes`` and ``cpu_seconds`` say what serving has cost the trainer's
-    process: the CPU time of the threads that answered (each request's own
-    thread, timed with time.thread_time), which is also about how long
-    they held the GIL."""
+    ``scrapes`` and ``cpu_seconds`` say what rendering the figures has
+    cost the trainer's process: the CPU time of the application call in
+    each request's own thread (time.thread_time), which holds the GIL as
+    long. Reading the request, writing the response and the thread's
+    start are not in it."""
 
     def __init__(self, loader, host, port):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(loader))
         app = make_wsgi_app(registry)
         self.scrapes, self.cpu_seconds = 0, 0.0
+        counted = threading.Lock()  # requests have a thread each
 
         def timed(environ, start_response):
             t0 = time.thread_time()
             try:
                 return app(environ, start_response)
             finally:
-                self.cpu_seconds += time.thread_time() - t0
-                self.scrapes += 1
+                spent = time.thread_time() - t0
+                with counted:
+                    self.cpu_seconds += spent
+                    self.scrapes += 1
 
         self._httpd = make_server(host, port, timed, ThreadingWSGIServer, handler_class=_Quiet)
         self.address = "%s:%d" % self._httpd.server_address[:2]

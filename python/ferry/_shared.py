@@ -376,8 +376,14 @@ class SharedDict(_Local, collections.abc.Mapping):
     _noun = "dict"
 
     def __init__(self, state):
-        self._state = state
         n, kind, keys, values, table = state
+        if kind == "str":
+            # A state from before the table's hash changed (FNV-1a; now
+            # columns.c's key_hash, kind "str8"): its table is built again.
+            kind = "str8"
+            table = np.frombuffer(_ferry.str_index(keys[1], keys[2]), dtype=np.int64)
+            state = (n, kind, keys, values, table)
+        self._state = state
         self._n, self._kind = n, kind
         self._key = _Column(keys).at
         self._value = _Rows(values).at
@@ -385,7 +391,7 @@ class SharedDict(_Local, collections.abc.Mapping):
         self._mask = len(table) - 1
         # str_find's buffers, as memoryviews: the cheapest to hand to C
         self._raw_key = tuple(memoryview(np.ascontiguousarray(a)).cast("B")
-                              for a in (table, keys[1], keys[2])) if kind == "str" else None
+                              for a in (table, keys[1], keys[2])) if kind == "str8" else None
         self._local = None
 
     def __reduce__(self):
@@ -396,7 +402,7 @@ class SharedDict(_Local, collections.abc.Mapping):
     def _find(self, key):
         """The position of key, or -1."""
         kind = self._kind
-        if kind == "str":  # the table and the search are C's (columns.c)
+        if kind == "str8":  # the table and the search are C's (columns.c)
             if not isinstance(key, str):
                 return -1
             return _ferry.str_find(*self._raw_key, key)
@@ -543,11 +549,11 @@ def encode_dict(d, auto=True):
         if rows is None:
             return None
         key_col = ("str", np.frombuffer(blob, dtype=np.uint8), np.frombuffer(ends, dtype=np.int64))
-        return (len(key_col[2]) - 1, "str", key_col, rows, np.frombuffer(table, dtype=np.int64))
+        return (len(key_col[2]) - 1, "str8", key_col, rows, np.frombuffer(table, dtype=np.int64))
     keys = list(d)
     packed = _ferry.str_column(keys)  # all str (checked in C): the common case
     if packed is not None:
-        kind = "str"
+        kind = "str8"
     else:
         kinds = set(map(type, keys))
         if kinds == {str}:
@@ -561,7 +567,7 @@ def encode_dict(d, auto=True):
     rows = _encode_rows(list(d.values()), auto)
     if rows is None:
         return None
-    if kind == "str":  # the table in C, found in C
+    if kind == "str8":  # the table in C, found in C
         key_col = ("str", np.frombuffer(packed[0], dtype=np.uint8),
                    np.frombuffer(packed[1], dtype=np.int64))
         table = np.frombuffer(_ferry.str_index(packed[0], packed[1]), dtype=np.int64)

@@ -135,6 +135,8 @@ def run(spec, a, on, tmp):
         sink = int(b["x"].reshape(-1)[0])
         del b
         cpu0 = tree_cpu(os.getpid())
+        server = ld._exports._server if on else None
+        served0 = (server.scrapes, server.cpu_seconds) if server else None
         t0 = time.perf_counter()
         for _ in range(a.batches - 1):
             b = next(it)
@@ -146,9 +148,10 @@ def run(spec, a, on, tmp):
         if scraper:
             out, _ = scraper.communicate(input="", timeout=30)
             scrapes = int(out.split()[0])
-            server = ld._exports._server
-            serving = {"scrapes": server.scrapes, "cpu_seconds": server.cpu_seconds,
-                       "share": server.cpu_seconds / dt}
+            # what the endpoint rendered while the batches were timed
+            spent = server.cpu_seconds - served0[1]
+            serving = {"scrapes": server.scrapes - served0[0], "cpu_seconds": spent,
+                       "share": spent / dt}
     if on:
         trace_bytes = os.path.getsize(trace)
         os.unlink(trace)
@@ -156,6 +159,32 @@ def run(spec, a, on, tmp):
             "cpu_us_per_batch": cpu / (a.batches - 1) * 1e6, "scrapes": scrapes,
             "serving": serving,
             "trace_bytes": trace_bytes, "sink": sink}
+
+
+def exchange_cost(a, scrapes=200, repeats=3):
+    """The whole cost of a scrape to one process: a loader with the
+    endpoint, scraped from the same process (client and server, HTTP and
+    the request's thread: more than the server's part alone), CPU ms an
+    exchange, each of `repeats` runs of `scrapes` (after 2,000 batches,
+    so that the figures have workers and stages to render)."""
+    import resource
+    import urllib.request
+    out = []
+    with ferry.Loader(a.dataset, batch_size=a.batch_size, workers=a.workers, seed=a.seed,
+                      metrics="127.0.0.1:0") as ld:
+        it = ld.stream()
+        for _ in range(2000):
+            next(it)
+        url = "http://%s/metrics" % ld.metrics_address
+        for _ in range(repeats):
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            for _ in range(scrapes):
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    resp.read()
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+            out.append(cpu / scrapes * 1e3)
+    return out
 
 
 def summary(xs):
@@ -238,6 +267,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", metavar="DIR", default="/tmp/ferry-ab/data",
                    help="imagenet: the folder of x.npy and y.npy (made when missing)")
+    p.add_argument("--exchange-cost", action="store_true",
+                   help="instead: CPU ms a whole scrape costs one process (client and "
+                        "server in it), 3 runs of 200")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     size, batches = SHAPES[a.shape]
@@ -257,6 +289,11 @@ def main(argv=None):
             r + 1, a.rounds, side, m["batches_per_s"], m["cpu_us_per_batch"],
             "" if m["scrapes"] is None else ", %d scrapes" % m["scrapes"]), file=sys.stderr)
 
+    if a.exchange_cost:
+        ms = exchange_cost(a)
+        print("a scrape, client and server in one process: %s ms of CPU (3 runs of 200)"
+              % ", ".join("%.2f" % m for m in ms))
+        return 0
     res = bench(a, on_run=progress)
     print(json.dumps(res, indent=1) if a.json else table(res))
     return 0

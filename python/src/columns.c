@@ -379,10 +379,11 @@ static int col_open(col *c, PyObject *v, Py_ssize_t n)
     memset(c, 0, sizeof *c);
     c->kind = col_kind(v);
     if (c->kind == COL_STR) {
-        /* room for n like the first, a quarter more: a copy to grow is
-         * the blob's size again (a second of memmove a GB) */
-        size_t first = (size_t)PyUnicode_GET_LENGTH(v);
-        c->cap = (size_t)n * (first + first / 4 + 4) + 64;
+        /* room for n like the first, a quarter more (a copy to grow is
+         * the blob's size again), but no more than 64 bytes an item: one
+         * long first value must not ask for n of its size */
+        size_t first = (size_t)PyUnicode_GET_LENGTH(v), each = first + first / 4 + 4;
+        c->cap = (size_t)n * (each < 64 ? each : 64) + 64;
         c->blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c->cap);
         c->ends = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int64_t));
         if (!c->blob || !c->ends)
@@ -452,6 +453,17 @@ static PyObject *col_result(col *c)
         return Py_BuildValue("(sOO)", "str", c->blob, c->ends);
     }
     return Py_BuildValue("(sO)", c->kind == COL_INT ? "int" : "float", c->vals);
+}
+
+/* out, or None in its place when it failed for want of memory (the
+ * general path, which needs less at once, takes the collection then). */
+static PyObject *none_if_out_of_memory(PyObject *out)
+{
+    if (!out && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_MemoryError))) {
+        PyErr_Clear();
+        out = Py_NewRef(Py_None);
+    }
+    return out;
 }
 
 /* records_encode(items, keys) -> [column per key] (see col_result), or
@@ -524,9 +536,7 @@ static PyObject *records_encode(PyObject *self, PyObject *args)
 done:
     for (Py_ssize_t j = 0; j < opened; j++)
         col_close(&cols[j]);
-    if (!out && !PyErr_Occurred())
-        out = Py_NewRef(Py_None);
-    return out;
+    return none_if_out_of_memory(out);
 }
 
 /* str_dict_encode(d) -> (key blob, key ends, table, values), values a
@@ -540,18 +550,19 @@ static PyObject *str_dict_encode(PyObject *self, PyObject *arg)
         return NULL;
     }
     Py_ssize_t n = PyDict_GET_SIZE(arg), pos = 0, i = 0;
-    if (n == 0)
-        Py_RETURN_NONE;
     PyObject *key, *value, *out = NULL, *table = NULL, *values = NULL;
+    if (n == 0 || !PyDict_Next(arg, &pos, &key, &value) || col_kind(key) != COL_STR)
+        Py_RETURN_NONE;
+    pos = 0;
     col keys, vals;
-    uint64_t *hashes = PyMem_RawMalloc((size_t)n * sizeof *hashes);
+    memset(&keys, 0, sizeof keys);
     memset(&vals, 0, sizeof vals);
-    PyObject *probe = PyUnicode_FromString("");
-    int ok = probe && hashes && col_open(&keys, probe, n) == 0;
-    Py_XDECREF(probe);
-    if (!ok) {
+    uint64_t *hashes = PyMem_RawMalloc((size_t)n * sizeof *hashes);
+    if (!hashes || col_open(&keys, key, n) < 0) {
         PyMem_RawFree(hashes);
-        return hashes ? NULL : PyErr_NoMemory();
+        if (!hashes)
+            PyErr_NoMemory();
+        return none_if_out_of_memory(NULL);
     }
     int values_fit = 1;
     while (PyDict_Next(arg, &pos, &key, &value)) {
@@ -593,7 +604,7 @@ done:
     col_close(&keys);
     col_close(&vals);
     PyMem_RawFree(hashes);
-    return out;
+    return none_if_out_of_memory(out);
 }
 
 PyMethodDef ferry_py_column_methods[] = {

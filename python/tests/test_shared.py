@@ -141,6 +141,23 @@ def test_the_one_pass_encoders_give_what_the_general_path_gives(shape, monkeypat
     assert "/nope" not in fast_dict and fast_dict.get("") is None
 
 
+def test_one_long_first_value_does_not_size_the_whole_column():
+    """The one-pass encoder guesses a string column's size from its first
+    value: a first path of a megabyte among short ones once asked for
+    n megabytes (MemoryError); and a state with the old table (kind "str",
+    FNV-1a) still finds its keys."""
+    n = _shared.AUTO_MIN
+    rows = [{"p": "x" * (1 << 20) if k == 0 else "y", "k": k} for k in range(n)]
+    vocab = {("w" * (1 << 20) if k == 0 else "w%d" % k): k for k in range(n)}
+    got_rows, got_vocab = _round_trip((rows, vocab))
+    assert len(got_rows[0]["p"]) == 1 << 20 and got_rows[n - 1] == rows[n - 1]
+    assert got_vocab["w" * (1 << 20)] == 0 and got_vocab["w%d" % (n - 1)] == n - 1
+    n2, kind, keys, values, table = got_vocab._state
+    assert kind == "str8"
+    old = ferry.SharedDict((n2, "str", keys, values, np.zeros_like(table)))  # a stale table
+    assert old["w5"] == 5 and "nope" not in old and old._state[1] == "str8"
+
+
 def test_a_vocabulary_of_float_or_str_values_is_packed_too_and_finds_every_key():
     n = _shared.AUTO_MIN
     floats = {"k%d" % k: k / 3 for k in range(n)}

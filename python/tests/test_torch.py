@@ -930,6 +930,28 @@ def test_the_loader_draws_from_torchs_generators_what_torchs_draws(workers, how)
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_of_no_batch_draws_what_torchs_draws(workers):
+    """RandomSampler's second randperm, drawn as its iterator runs out,
+    falls with an epoch's last batch; an epoch with none (3 items,
+    drop_last batches of 4) draws it all the same, as torch's does."""
+    def run(cls):
+        g = torch.Generator().manual_seed(11)
+        dl = cls(tensors(3), batch_size=4, drop_last=True, shuffle=True, generator=g,
+                 num_workers=workers)
+        got = []
+        for _ in range(2):
+            got.append(len(list(dl)))
+            got.append(g.get_state())
+        if cls is DataLoader:
+            dl.close()
+        return got
+    mine, theirs = run(DataLoader), run(TorchLoader)
+    assert mine[0] == theirs[0] == 0
+    for a, b in zip(mine[1::2], theirs[1::2]):
+        assert torch.equal(a, b)
+
+
 class Boxes(Dataset):
     """A detection dataset's items: an image and its boxes, item 0 with none
     (every item's boxes empty with `always_empty`)."""

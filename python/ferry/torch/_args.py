@@ -344,11 +344,6 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
     # pin_tasks=0 opts out.
     if plan.mode == "workers" and opts["in_order"]:
         opts.setdefault("pin_tasks", 2)
-    # The first batch as soon as its worker is ready, the others starting
-    # meanwhile, as torch's workers start (the loader's own default waits
-    # for all of them; _workers waits for them when asked).
-    if plan.mode == "workers":
-        opts.setdefault("min_workers", 1)
     return plan
 
 

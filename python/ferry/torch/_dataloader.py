@@ -18,7 +18,6 @@ import hashlib
 import inspect
 import logging
 import os
-import time
 import types
 
 import torch
@@ -102,7 +101,6 @@ class DataLoader(_Closes):
         # what it draws as its iterator ends, still to draw (_draws_due).
         self._sampler_draw = plan.draw
         self._draws_due = None
-        self._all_started = False  # every worker seen started once (_workers)
         self._sampler_epoch0 = int(getattr(self.sampler, "epoch", 0) or 0)
         self._follows_set_epoch = False
         # The base seed, drawn as torch draws it (_torch_draws): from
@@ -253,6 +251,8 @@ class DataLoader(_Closes):
         on raises its error from next(), and the next call goes on with the
         batches after it, as torch's iterator does."""
         self._torch_draws()
+        if len(self) == 0:  # (drop_last and fewer items than a batch): torch's epoch is empty
+            return _EmptyEpoch(self)
         self._follow_set_epoch()
         self._follow_dataset()
         return _MapEpoch(self)
@@ -294,10 +294,13 @@ class DataLoader(_Closes):
         randperm, which torch draws as the sampler's iterator runs out, is
         drawn when the epoch's last batch is handed out (_end_draws), not
         here: it is not on the way to the first batch (27 ms for a million
-        items), and a `for` left early never draws it, as under torch. (A
-        sampler of the user's is iterated ahead, when ferry needs its
-        batches: its draws do not fall where torch's do.)"""
-        self._draws_due = None  # the last `for` stopped early: torch never drew them
+        items). An epoch left early does not draw it (torch's does when
+        the `for` stops within its last prefetch_factor x num_workers
+        batches, which its workers had asked the sampler for); an epoch of
+        no batch draws it here. (A sampler of the user's is iterated
+        ahead, when ferry needs its batches: its draws do not fall where
+        torch's do.)"""
+        self._draws_due = None  # the last `for` stopped early: not drawn
         drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         perm = None
         if self._sampler_draw is not None:
@@ -306,6 +309,8 @@ class DataLoader(_Closes):
                 perm = torch.randperm(n, generator=g)
                 if k > 1:
                     self._draws_due = (g, n, k - 1)
+                    if len(self) == 0:  # no last batch to draw them with
+                        self._end_draws()
             else:
                 torch.empty((), dtype=torch.int64).random_()
         if self._base_seed is None:
@@ -397,7 +402,6 @@ class DataLoader(_Closes):
             self._loader.close()
             self._loader = None
             self._pins = None
-            self._all_started = False
             if getattr(self, "_table", None) is not None:
                 self._table.loader = None  # what it drew for this one is drawn again
 
@@ -432,6 +436,19 @@ class _EpochIterator:
     def _workers(self):
         """torch's private attribute (read by torch's own tests)."""
         return _worker_processes(self._dl)
+
+
+class _EmptyEpoch(_EpochIterator):
+    """An epoch of no batch (torch's for drop_last and fewer items than a
+    batch), where ferry's loader would refuse to open."""
+
+    __slots__ = ()
+
+    def __init__(self, dl):
+        self._dl = dl
+
+    def __next__(self):
+        raise StopIteration
 
 
 class _MapEpoch(_EpochIterator):
@@ -498,14 +515,5 @@ def _worker_processes(dl):
     ld = dl._loader
     if ld is None:
         return []
-    # The first batch does not wait for every worker to start (min_workers
-    # 1): the list does, once, as torch's is whole once its iterator
-    # exists (not for a replacement: a worker being replaced is left out).
-    deadline = time.monotonic() + 10.0
-    while True:
-        procs = [ld.worker_process(i) for i in range(dl.num_workers)]
-        if None not in procs:
-            dl._all_started = True
-        if dl._all_started or time.monotonic() > deadline or ld.stats()["restarts"]:
-            return [p for p in procs if p is not None]
-        time.sleep(0.002)
+    procs = (ld.worker_process(i) for i in range(dl.num_workers))
+    return [p for p in procs if p is not None]
