@@ -58,12 +58,13 @@ jobs=${JOBS:-$(nproc)}
 # metrics endpoint (Loader(metrics=...)) and its test, gnuplot
 # for ferry-bench --plot (and its test), matplotlib for python -m
 # ferry.bench --plot (and its test), tmux for the live view's tests (a
-# terminal the test reads back), and clang for the fuzz target.
+# terminal the test reads back), pandas for the test that a DataFrame's
+# columns reach the workers without a copy, and clang for the fuzz target.
 packages=(build-essential cmake pkg-config libzmq3-dev libmsgpack-dev libssl-dev libcmocka-dev iproute2
           libjpeg-dev libpng-dev python3-dev python3-numpy)
 [ "$job" = test ] && packages+=(python3-pytest python3-torch python3-torchvision python3-pil python3-cloudpickle
                                    python3-pip python3-setuptools python3-prometheus-client
-                                   python3-matplotlib tmux)
+                                   python3-matplotlib tmux python3-pandas)
 case "$job" in test | bench) packages+=(gnuplot-nox) ;; esac
 case "$job" in fuzz | release) packages+=(clang) ;; esac
 missing=()

@@ -392,6 +392,29 @@ class HoldsArrays:
         return out
 
 
+class HoldsFrame:
+    """A dataset holding a pandas DataFrame of 200,000 rows: two numeric
+    columns and one of str (object). Item i: its row's values, and where
+    each numeric column's values lie in the worker."""
+
+    def __init__(self):
+        import pandas as pd
+        n = 200_000
+        self.df = pd.DataFrame({"a": np.arange(n, dtype=np.float64) / 2,
+                                "b": np.arange(n, dtype=np.int64) * 3,
+                                "s": ["row%d" % k for k in range(n)]})
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        row = self.df.iloc[i * 1000]
+        a, b = self.df["a"].to_numpy(), self.df["b"].to_numpy()
+        return {"a": float(row["a"]), "b": int(row["b"]), "s": row["s"],
+                "a_at": a.ctypes.data, "b_at": b.ctypes.data,
+                "a_map": _mapping_of(a.ctypes.data), "type": type(self.df).__name__}
+
+
 def _private_kb():
     """This process's private memory (kB): pages it wrote, or copied."""
     with open("/proc/self/smaps_rollup") as f:

@@ -1069,6 +1069,32 @@ def test_arrays_and_tensors_reach_the_workers_in_shared_memory_not_copied(tmp_pa
     assert json.loads(spec.split(" ", 1)[1])["bytes"] < 64 * 1024
 
 
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_a_pandas_frame_s_numeric_columns_reach_the_workers_without_a_copy(monkeypatch, how):
+    """A DataFrame in the dataset comes out right by the arrays' rule: its
+    numeric columns (numpy blocks) are pickle protocol 5 buffers, lent to
+    the clean parent's fork (the trainer's own memory, at its addresses)
+    or, spawned, written once into the loader's memfd; its str column
+    travels in the pickle. The worker's frame is a DataFrame with the
+    trainer's values."""
+    pytest.importorskip("pandas")
+    from ferry.torch import DataLoader
+    from datasets import HoldsFrame
+    monkeypatch.setenv("FERRY_CLEAN_PARENT", how)
+    ds = HoldsFrame()
+    with DataLoader(ds, batch_size=None, num_workers=2) as dl:
+        items = list(dl)
+    assert len(items) == 6
+    for i, it in enumerate(items):
+        k = i * 1000
+        assert (it["a"], it["b"], it["s"], it["type"]) == (k / 2, k * 3, "row%d" % k, "DataFrame")
+        if how == "fork":
+            assert it["a_at"] == ds.df["a"].to_numpy().ctypes.data
+            assert it["b_at"] == ds.df["b"].to_numpy().ctypes.data
+        else:
+            assert "memfd:ferry-dataset" in it["a_map"], it["a_map"]
+
+
 def test_a_memmap_twice_the_machine_s_memory_serves_random_batches(tmp_path):
     """A np.memmap of a file twice this machine's memory (sparse: it costs
     no disk) in a dataset object: the workers map the file again, the
