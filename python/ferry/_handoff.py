@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from . import _shared
+from . import _hostshare, _shared
 from ._template import clean_parent_spawned
 
 
@@ -261,6 +261,9 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None, inh
         if id(o) in done:  # one more reference to it: the same id (and object)
             return done[id(o)][1]
         pid = _shared.auto_encode(o)
+        if pid is not None and inherit:
+            # one copy of these bytes on the host, whatever the trainers
+            pid = pid[:2] + (_hostshare.adopt(pid[2]),)
         done[id(o)] = (o, pid)  # o kept: a temporary freed meanwhile would lend its id
         if not names:
             names.append(_shared.find_names(obj))
@@ -301,7 +304,13 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None, inh
     if decide is None:
         del HandoffPickler.persistent_id
     f = io.BytesIO()
-    HandoffPickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    try:
+        HandoffPickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    finally:
+        # The class made here is in a cycle (as every class is), and with
+        # it `done`: the encoded collections would live until the next
+        # collection, past the loader's close (a host's shared copy too).
+        done.clear()
     return f.getvalue()
 
 

@@ -52,9 +52,10 @@ loaders alternate within each round):
 - first batch: the constructor call to the first batch in hand, in the
   trainer; epoch: the constructor call to the last batch in hand.
 
-``--trainers N``: N trainers at once over the array dataset, each with its
-own loader, sampled together; their memory added in all against what one
-trainer adds (the array row at the same workers).
+``--trainers N``: N trainers at once over the array dataset (or
+``--trainers-over DATASET``), each with its own loader, sampled together;
+their memory added in all against what one trainer adds (that dataset's
+row at the same workers).
 """
 
 import argparse
@@ -582,18 +583,18 @@ def bench(a, cfg, progress):
 
 
 def bench_trainers(a, cfg, rows, progress):
-    """a.trainers trainers at once over the array dataset, at the first
-    worker count; against the array row's one trainer."""
-    workers = a.workers[0]
-    one = next((r for r in rows if r["dataset"] == "array" and r["workers"] == workers), None)
+    """a.trainers trainers at once over a.trainers_over (array by
+    default), at the first worker count; against that row's one trainer."""
+    workers, dataset = a.workers[0], a.trainers_over
+    one = next((r for r in rows if r["dataset"] == dataset and r["workers"] == workers), None)
     runs = {n: [] for n in LOADERS}
     for r in range(a.rounds):
         for name in LOADERS if r % 2 == 0 else LOADERS[::-1]:
-            c = dict(cfg, dataset="array", workers=workers, loader=name)
+            c = dict(cfg, dataset=dataset, workers=workers, loader=name)
             m = run_group([c] * a.trainers, a.run_timeout)
             runs[name].append(m)
-            progress(r, "array x%d" % a.trainers, workers, name, m)
-    out = {"trainers": a.trainers, "workers": workers, "loaders": {}}
+            progress(r, "%s x%d" % (dataset, a.trainers), workers, name, m)
+    out = {"trainers": a.trainers, "workers": workers, "dataset": dataset, "loaders": {}}
     for n in LOADERS:
         med = _medians(runs[n])
         single = one["loaders"][n]["median"]["added_peak_mib"] if one else None
@@ -649,8 +650,8 @@ def table(res):
             lines.append(line)
     tr = res.get("trainers")
     if tr:
-        lines += ["", "%d trainers at once, each its own loader over its own array (%d workers):"
-                  % (tr["trainers"], tr["workers"])]
+        lines += ["", "%d trainers at once, each its own loader over its own %s (%d workers):"
+                  % (tr["trainers"], tr.get("dataset", "array"), tr["workers"])]
         for n in LOADERS:
             ld = tr["loaders"][n]
             med = ld["median"]
@@ -727,6 +728,8 @@ def parse_args(argv):
     p.add_argument("--vocab", type=int, help="words in the dict (1000000; --quick: 20000)")
     p.add_argument("--trainers", type=int, default=0, metavar="N",
                    help="also N trainers at once over the array, each its own loader (0: not)")
+    p.add_argument("--trainers-over", choices=DATASETS, default="array", metavar="DATASET",
+                   help="the dataset the N trainers hold (array; it must be measured too)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (0)")
     p.add_argument("--run-timeout", type=float, default=300.0,
                    help="seconds a run (or a group of trainers) may take (300)")
@@ -752,6 +755,8 @@ def parse_args(argv):
         p.error("--array-mb and --mmap-mb must be above 0")
     if a.trainers < 0:
         p.error("--trainers must be >= 0")
+    if a.trainers > 1 and a.trainers_over not in a.datasets:
+        p.error("--trainers-over %s: measure it too (--datasets)" % a.trainers_over)
     return a
 
 

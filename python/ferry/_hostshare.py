@@ -1,0 +1,346 @@
+"""One copy of an encoded collection per host, whatever the number of
+trainers: loaders of different processes (the same user's) whose datasets
+hold the same big list or dict map one shared copy of its encoded form.
+
+A collection ferry encodes for its workers (_shared: a million dicts, a
+vocabulary) costs each trainer its encoded bytes, tens of MB a million
+items. When several experiments run on one machine over the same data,
+each trainer encodes the same bytes. Here the first puts them into a
+sealed memfd and serves it; the others find it by content and map it
+instead of keeping their own:
+
+- **Found by content.** The copy is named by a 128-bit hash of its bytes
+  (columns.c: content_hash), served on an abstract Unix socket
+  ``@ferry-share-UID-HASH``. A trainer that encoded the same bytes
+  connects, receives the memfd (SCM_RIGHTS) and compares it with its own
+  bytes in full (content_equal) before using it: a hash never decides.
+- **Nothing left behind.** An abstract socket is no file, and a memfd is
+  freed by the kernel when the last process mapping it is gone: a
+  trainer, a clean parent or a worker killed by SIGKILL leaves nothing in
+  /dev/shm or anywhere else. When the serving process closes its loaders
+  (or dies), another holder of the copy takes the name over, so later
+  trainers keep finding it.
+- **Between users.** Abstract names are open to every user of the network
+  namespace: the server answers only a peer of its own uid
+  (SO_PEERCRED), the client takes a copy only from a server of its own
+  uid, and the memfd is sealed against writes, growth and shrinking
+  before it is shared (F_SEAL_*), so no holder can change what others
+  map.
+- **Off:** ``FERRY_SHARE_HOST=0`` (or ``share_collections=False``, which
+  keeps collections as they are). Collections under 16 MiB encoded
+  (FERRY_SHARE_HOST_MIN_BYTES) are not worth it and stay the trainer's
+  own.
+
+Cost to the first batch: hashing (about 5 ms for 45 MB here) and either
+the copy into the memfd (the first trainer) or the comparison (the
+others).
+"""
+
+import array
+import errno
+import logging
+import os
+import socket
+import struct
+import threading
+import weakref
+
+import numpy as np
+
+from . import _ferry
+
+_logger = logging.getLogger("ferry")
+
+MIN_BYTES = 16 << 20
+_ALIGN = 64
+_SEALS = ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE")
+
+_lock = threading.RLock()  # (a finalizer may release a copy inside adopt)
+_copies = {}  # hex hash -> _Copy, this process's (never a fork's: see _forget)
+
+
+def min_bytes():
+    """The least encoded size shared (FERRY_SHARE_HOST_MIN_BYTES, 16 MiB)."""
+    try:
+        return int(os.environ.get("FERRY_SHARE_HOST_MIN_BYTES", MIN_BYTES))
+    except ValueError:
+        return MIN_BYTES
+
+
+def enabled():
+    """Whether loaders here share encoded collections with other processes."""
+    return os.environ.get("FERRY_SHARE_HOST", "1").strip().lower() not in ("0", "false", "no",
+                                                                            "off")
+
+
+def _name(key):
+    return b"\0ferry-share-%d-%s" % (os.geteuid(), key.encode())
+
+
+def _layout(arrays):
+    """(offsets, total size): the arrays end to end, each at a 64-byte
+    boundary (numpy's preferred alignment)."""
+    offsets, at = [], 0
+    for a in arrays:
+        offsets.append(at)
+        at += -(-a.nbytes // _ALIGN) * _ALIGN
+    return offsets, max(at, _ALIGN)
+
+
+def _views(mm, arrays, offsets):
+    return [np.frombuffer(mm, dtype=a.dtype, count=a.size, offset=o).reshape(a.shape)
+            for a, o in zip(arrays, offsets)]
+
+
+def _bytes_of(arrays):
+    return [memoryview(np.ascontiguousarray(a)).cast("B") for a in arrays]
+
+
+def _map(fd, size):
+    """A read-only shared mapping of a copy (each loader's own: it goes
+    when the last array over it does)."""
+    import mmap
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+
+
+class _Copy:
+    """This process's hold on one shared copy: the memfd, and the thread
+    that serves it (or waits to take over). The mappings are the loaders'
+    (adopt)."""
+
+    def __init__(self, key, fd, size):
+        self.key, self.fd, self.size, self.pid = key, fd, size, os.getpid()
+        self.users = 0
+        self.sock = None  # listening (serving) or connected (watching)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve_or_watch, daemon=True,
+                                       name="ferry-share")
+        self.thread.start()
+
+    # -- the name: serve it, or watch who does and take over when it goes
+    def _serve_or_watch(self):
+        while not self.stopping:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                s.bind(_name(self.key))
+                s.listen(16)
+            except OSError as e:
+                s.close()
+                if e.errno != errno.EADDRINUSE or not self._watch():
+                    return
+                continue
+            self.sock = s
+            self._serve(s)
+            return
+
+    def _watch(self):
+        """Waits, connected to the server, until it goes; False when the
+        copy is dropped here meanwhile (or the name cannot be reached)."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(_name(self.key))
+            if _peer_uid(s) != os.geteuid():
+                return False
+            self.sock = s
+            s.sendall(b"watch")
+            while not self.stopping and s.recv(16):
+                pass
+        except OSError:
+            pass
+        finally:
+            s.close()
+        return not self.stopping
+
+    def _serve(self, s):
+        watchers = []
+        try:
+            while not self.stopping:
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    return
+                try:
+                    if _peer_uid(conn) != os.geteuid():
+                        conn.close()  # another user's process: nothing for it
+                        continue
+                    conn.settimeout(5.0)
+                    what = conn.recv(16)
+                    if what == b"copy" and self.fd >= 0:
+                        socket.send_fds(conn, [struct.pack("=Q", self.size)], [self.fd])
+                        conn.close()
+                    elif what == b"watch":
+                        watchers.append(conn)  # closed when this stops: they take over
+                    else:
+                        conn.close()
+                except OSError:
+                    conn.close()
+        finally:
+            for w in watchers:
+                w.close()
+
+    def stop(self):
+        self.stopping = True
+        s, self.sock = self.sock, None
+        if s is not None:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        fd, self.fd = self.fd, -1
+        os.close(fd)
+        # the kernel frees the memfd when no process holds or maps it
+
+
+def _peer_uid(s):
+    creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _fetch(key, arrays, offsets, size):
+    """(copy, mapping) of the copy another process serves under key,
+    checked byte for byte against arrays; None when there is none (or it
+    is not the same)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    fd = None
+    try:
+        s.settimeout(2.0)
+        s.connect(_name(key))
+        if _peer_uid(s) != os.geteuid():
+            return None  # a name squatted by another user
+        s.sendall(b"copy")
+        msg, fds, _, _ = socket.recv_fds(s, 64, 1)
+        if len(fds) != 1 or len(msg) != 8:
+            for f in fds:
+                os.close(f)
+            return None
+        fd = fds[0]
+        import fcntl
+        want = 0
+        for name in _SEALS:
+            want |= getattr(fcntl, name)
+        if struct.unpack("=Q", msg)[0] != size or os.fstat(fd).st_size != size or \
+                (fcntl.fcntl(fd, fcntl.F_GET_SEALS) & want) != want:
+            return None
+        mm = _map(fd, size)
+        if not _ferry.content_equal(_bytes_of(_views(mm, arrays, offsets)), _bytes_of(arrays)):
+            mm.close()
+            _logger.warning("ferry: a shared copy named like this dataset's collection holds "
+                            "other bytes; the loader keeps its own")
+            return None
+        copy = _Copy(key, fd, size)
+        fd = None
+        return copy, mm
+    except OSError:
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+        s.close()
+
+
+def _make(key, arrays, offsets, size):
+    """(copy, mapping): a new sealed memfd holding arrays at offsets,
+    served under key."""
+    import fcntl
+    import mmap
+    fd = os.memfd_create("ferry-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            for v, a in zip(_views(mm, arrays, offsets), arrays):
+                v[...] = a
+            del v
+        finally:
+            mm.close()  # no writable mapping may remain before F_SEAL_WRITE
+        seals = 0
+        for name in _SEALS:
+            seals |= getattr(fcntl, name)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        mm = _map(fd, size)
+        return _Copy(key, fd, size), mm
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _leaves(state, out):
+    """The numpy arrays in a nested tuple/list state, in order."""
+    if isinstance(state, np.ndarray):
+        out.append(state)
+    elif isinstance(state, (tuple, list)):
+        for x in state:
+            _leaves(x, out)
+    return out
+
+
+def _rebuild(state, arrays):
+    if isinstance(state, np.ndarray):
+        return next(arrays)
+    if isinstance(state, (tuple, list)):
+        return type(state)(_rebuild(x, arrays) for x in state)
+    return state
+
+
+def _release(key):
+    with _lock:
+        copy = _copies.get(key)
+        if copy is None or copy.pid != os.getpid():
+            return
+        copy.users -= 1
+        if copy.users <= 0:
+            del _copies[key]
+            copy.stop()
+
+
+def adopt(state):
+    """An encoded collection's state, its arrays moved onto the host's
+    shared copy of the same bytes (found, or made and served); state as
+    it is when the arrays are small, sharing is off, or anything fails."""
+    arrays = _leaves(state, [])
+    total = sum(a.nbytes for a in arrays)
+    if not arrays or total < min_bytes() or not enabled():
+        return state
+    try:
+        key = _ferry.content_hash(_bytes_of(arrays)).hex()
+        offsets, size = _layout(arrays)
+        with _lock:
+            _forget_if_forked()
+            copy = _copies.get(key)
+            if copy is not None:
+                mm = _map(copy.fd, size)
+            else:
+                copy, mm = _fetch(key, arrays, offsets, size) or \
+                    _make(key, arrays, offsets, size)
+                _copies[key] = copy
+            copy.users += 1
+        views = _views(mm, arrays, offsets)
+    except (OSError, ValueError) as e:
+        _logger.debug("ferry: the collection is not shared with other processes: %s", e)
+        return state
+    # This loader holds the copy as long as an array over its mapping lives.
+    weakref.finalize(mm, _release, key)
+    return _rebuild(state, iter(views))
+
+
+def _forget_if_forked():
+    """In a fork: the parent's copies are not this process's to serve."""
+    for key in [k for k, c in _copies.items() if c.pid != os.getpid()]:
+        del _copies[key]
+
+
+def _after_fork_in_child():
+    # The parent's sockets would keep its names bound (and answer nothing)
+    # for as long as a child lived; its threads are not here.
+    for c in _copies.values():
+        if c.sock is not None:
+            try:
+                c.sock.close()
+            except OSError:
+                pass
+            c.sock = None
+    _copies.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
