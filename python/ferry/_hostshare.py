@@ -1,13 +1,13 @@
-"""One copy of an encoded collection per host, whatever the number of
-trainers: loaders of different processes (the same user's) whose datasets
-hold the same big list or dict map one shared copy of its encoded form.
+"""Encoded collections shared between trainers on a host: loaders of
+different processes (the same user's) whose datasets hold the same big
+list or dict map one shared copy of its encoded form, not one each.
 
 A collection ferry encodes for its workers (_shared: a million dicts, a
 vocabulary) costs each trainer its encoded bytes, tens of MB a million
 items. When several experiments run on one machine over the same data,
-each trainer encodes the same bytes. Here the first puts them into a
-sealed memfd and serves it; the others find it by content and map it
-instead of keeping their own:
+each trainer encodes the same bytes. Here the first serves them (as a
+sealed memfd, made when first asked for); the others find them by
+content and map that copy instead of keeping their own:
 
 - **Found by content.** The copy is named by a 128-bit hash of its bytes
   (columns.c: content_hash), served on an abstract Unix socket
@@ -31,12 +31,15 @@ instead of keeping their own:
   (FERRY_SHARE_HOST_MIN_BYTES) are not worth it and stay the trainer's
   own.
 
-Cost to the first batch: hashing (about 5 ms for 45 MB here) and either
-the copy into the memfd (the first trainer) or the comparison (the
-others).
+Cost: hashing the bytes on the way to the first batch (about 4 ms for
+38 MB here). The first trainer keeps its own bytes and makes the shared
+memfd only when another process first asks for it (about 15 ms, on its
+serving thread), so a trainer alone on its host pays for no copy; a
+later trainer compares the copy with its own bytes (about 6 ms) and maps
+it. With N trainers the host holds two copies, the first trainer's own
+and the shared one, whatever N.
 """
 
-import array
 import errno
 import logging
 import os
@@ -98,24 +101,38 @@ def _bytes_of(arrays):
 
 def _map(fd, size):
     """A read-only shared mapping of a copy (each loader's own: it goes
-    when the last array over it does)."""
+    when the last array over it does), made through a read-only open of
+    the memfd: a shared mapping of a writable fd could be made writable
+    later, so the kernel would refuse the write seal while it stands."""
     import mmap
-    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    ro = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return mmap.mmap(ro, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(ro)
 
 
 class _Copy:
-    """This process's hold on one shared copy: the memfd, and the thread
-    that serves it (or waits to take over). The mappings are the loaders'
-    (adopt)."""
+    """This process's hold on one shared copy, and the thread that serves
+    it (or waits to take over). Either the memfd of a copy received from
+    another process (fd; the mappings are the loaders', adopt), or, in
+    the first process to encode these bytes, its own arrays (weakly held),
+    of which a memfd is made only when another process first asks for
+    it: a trainer alone on its host pays for no copy."""
 
-    def __init__(self, key, fd, size):
+    def __init__(self, key, fd, size, arrays=None, offsets=None):
         self.key, self.fd, self.size, self.pid = key, fd, size, os.getpid()
+        self.own = None if arrays is None else [weakref.ref(a) for a in arrays]
+        self.offsets = offsets
         self.users = 0
         self.sock = None  # listening (serving) or connected (watching)
         self.stopping = False
         self.thread = threading.Thread(target=self._serve_or_watch, daemon=True,
                                        name="ferry-share")
+
+    def start(self):
         self.thread.start()
+        return self
 
     # -- the name: serve it, or watch who does and take over when it goes
     def _serve_or_watch(self):
@@ -165,8 +182,9 @@ class _Copy:
                         continue
                     conn.settimeout(5.0)
                     what = conn.recv(16)
-                    if what == b"copy" and self.fd >= 0:
-                        socket.send_fds(conn, [struct.pack("=Q", self.size)], [self.fd])
+                    fd = self._ensure_fd() if what == b"copy" else -1
+                    if fd >= 0:
+                        socket.send_fds(conn, [struct.pack("=Q", self.size)], [fd])
                         conn.close()
                     elif what == b"watch":
                         watchers.append(conn)  # closed when this stops: they take over
@@ -178,6 +196,21 @@ class _Copy:
             for w in watchers:
                 w.close()
 
+    def _ensure_fd(self):
+        """The copy's memfd, made from this process's own arrays at the
+        first request (-1 when they are gone, or it cannot be made)."""
+        if self.fd is None and self.own is not None:
+            arrays = [r() for r in self.own]
+            if any(a is None for a in arrays):
+                return -1
+            try:
+                self.fd = _make(arrays, self.offsets, self.size)
+            except OSError as e:
+                _logger.debug("ferry: could not share a collection with other processes: %s", e)
+                self.own = None
+                return -1
+        return -1 if self.fd is None else self.fd
+
     def stop(self):
         self.stopping = True
         s, self.sock = self.sock, None
@@ -187,8 +220,9 @@ class _Copy:
             except OSError:
                 pass
             s.close()
-        fd, self.fd = self.fd, -1
-        os.close(fd)
+        fd, self.fd, self.own = self.fd, None, None
+        if fd is not None:
+            os.close(fd)
         # the kernel frees the memfd when no process holds or maps it
 
 
@@ -228,7 +262,7 @@ def _fetch(key, arrays, offsets, size):
             _logger.warning("ferry: a shared copy named like this dataset's collection holds "
                             "other bytes; the loader keeps its own")
             return None
-        copy = _Copy(key, fd, size)
+        copy = _Copy(key, fd, size).start()
         fd = None
         return copy, mm
     except OSError:
@@ -239,27 +273,22 @@ def _fetch(key, arrays, offsets, size):
         s.close()
 
 
-def _make(key, arrays, offsets, size):
-    """(copy, mapping): a new sealed memfd holding arrays at offsets,
-    served under key."""
+def _make(arrays, offsets, size):
+    """A new memfd holding arrays at offsets, sealed against writes,
+    growth and shrinking."""
     import fcntl
-    import mmap
     fd = os.memfd_create("ferry-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        try:
-            for v, a in zip(_views(mm, arrays, offsets), arrays):
-                v[...] = a
-            del v
-        finally:
-            mm.close()  # no writable mapping may remain before F_SEAL_WRITE
+        for view, off in zip(_bytes_of(arrays), offsets):
+            while view:  # pwrite: no mapping (a writable one would stop the seal)
+                n = os.pwrite(fd, view, off)
+                view, off = view[n:], off + n
         seals = 0
         for name in _SEALS:
             seals |= getattr(fcntl, name)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-        mm = _map(fd, size)
-        return _Copy(key, fd, size), mm
+        return fd
     except BaseException:
         os.close(fd)
         raise
@@ -308,11 +337,22 @@ def adopt(state):
         with _lock:
             _forget_if_forked()
             copy = _copies.get(key)
+            if copy is not None and copy.own is not None:
+                # this process is the first to have these bytes (another
+                # loader of it): its own arrays, as that loader's
+                return state
             if copy is not None:
                 mm = _map(copy.fd, size)
             else:
-                copy, mm = _fetch(key, arrays, offsets, size) or \
-                    _make(key, arrays, offsets, size)
+                got = _fetch(key, arrays, offsets, size)
+                if got is None:
+                    # The first on the host: its own arrays, served on request.
+                    copy = _Copy(key, None, size, arrays, offsets).start()
+                    _copies[key] = copy
+                    copy.users += 1
+                    weakref.finalize(arrays[0], _release, key)
+                    return state
+                copy, mm = got
                 _copies[key] = copy
             copy.users += 1
         views = _views(mm, arrays, offsets)

@@ -35,12 +35,23 @@ class Rows:
         return {"label": self.items[i]["label"], "seed": int(p.split("/")[2]),
                 "num": int(p[-12:-4])}
 
-def shared(pid):
+def shared(pid):  # the inodes of the shared copies pid maps
     out = set()
     with open("/proc/%d/maps" % pid) as f:
         for line in f:
             if "memfd:ferry-shared" in line:
                 out.add(int(line.split()[4]))
+    return sorted(out)
+
+def held(pid):  # the inodes of the shared copies pid holds open (the one it serves)
+    d = "/proc/%d/fd" % pid
+    out = set()
+    for fd in os.listdir(d):
+        try:
+            if os.readlink(os.path.join(d, fd)).startswith("/memfd:ferry-shared"):
+                out.add(os.stat(os.path.join(d, fd)).st_ino)
+        except OSError:
+            pass
     return sorted(out)
 
 ld = ferry.Loader(Rows(), batch_size=64, workers=2, seed=1)
@@ -55,7 +66,9 @@ while True:
         break
     if line.strip() == "close":
         ld.close()
-        say(closed=True, inodes=shared(os.getpid()))
+        say(closed=True, inodes=shared(os.getpid()), held=held(os.getpid()))
+    elif line.strip() == "report":
+        say(inodes=shared(os.getpid()), held=held(os.getpid()))
 """
 
 
@@ -76,18 +89,24 @@ class Trainer:
         assert line, "the trainer exited: %s" % self.proc.wait()
         return json.loads(line)
 
-    def close_loader(self):
-        self.proc.stdin.write("close\n")
+    def ask(self, what):
+        self.proc.stdin.write(what + "\n")
         self.proc.stdin.flush()
         return self.read()
 
     def end(self):
         self.proc.stdin.close()
         assert self.proc.wait(timeout=30) == 0
+        self.proc.stdout.close()
 
     def kill(self):
         self.proc.kill()
         self.proc.wait(timeout=30)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
 
 
 def _bound(key_prefix="ferry-share-"):
@@ -108,25 +127,32 @@ def _gone(pids, seconds=20.0):
 
 def test_trainers_over_the_same_collection_map_one_copy_and_hand_it_on():
     a = Trainer()
-    b = Trainer()
+    b = c = d = None
     try:
-        assert len(a.first["inodes"]) == 1
-        assert b.first["inodes"] == a.first["inodes"]  # found by content: one copy
+        # Alone on the host: its own bytes, no copy made.
+        assert a.first["inodes"] == [] and a.ask("report")["held"] == []
+        b = Trainer()
+        # Found by content: a made the copy when b asked, b maps it.
+        assert len(b.first["inodes"]) == 1
+        assert a.ask("report")["held"] == b.first["inodes"]
         for t in (a, b):
             assert t.first["seed"] == 0 and t.first["ok"]  # the items read are the rows
-        # A different collection: its own copy.
-        c = Trainer(seed=1)
-        assert c.first["inodes"] and c.first["inodes"] != a.first["inodes"]
-        assert c.first["seed"] == 1 and c.first["ok"]
+        c = Trainer()
+        assert c.first["inodes"] == b.first["inodes"]  # a third: the same copy
         c.end()
+        # Another collection: nothing of theirs.
+        e = Trainer(seed=1)
+        assert e.first["inodes"] == [] and e.first["seed"] == 1 and e.first["ok"]
+        e.end()
         # The server (a) lets go: b serves the copy on, a newcomer finds it.
-        assert a.close_loader()["inodes"] == []
+        assert a.ask("close")["held"] == []
         d = Trainer()
         assert d.first["inodes"] == b.first["inodes"]
         d.end()
     finally:
         for t in (a, b):
-            t.kill()
+            if t is not None:
+                t.kill()
     assert _gone([a.proc.pid, b.proc.pid])
 
 
@@ -136,7 +162,7 @@ def test_off_and_nothing_left_after_sigkill():
     off.end()
     before_shm = set(os.listdir("/dev/shm"))
     a, b = Trainer(), Trainer()
-    assert a.first["inodes"] == b.first["inodes"] != []
+    assert a.ask("report")["held"] == b.first["inodes"] != []
     assert _bound()
     pids = [a.proc.pid, b.proc.pid] + a.first["workers"] + b.first["workers"]
     for t in (a, b):
@@ -192,12 +218,8 @@ def test_a_copy_served_by_another_user_is_refused():
         assert os.read(r, 1) == b"x"
         t = Trainer()
         try:
-            assert len(t.first["inodes"]) == 1  # its own copy, not the other user's
+            assert t.first["inodes"] == []  # its own bytes: nothing of the other user's mapped
             assert t.first["seed"] == 0 and t.first["ok"]
-            evil = "/proc/%d/fd" % pid
-            theirs = {os.stat(os.path.join(evil, f)).st_ino for f in os.listdir(evil)
-                      if os.readlink(os.path.join(evil, f)).startswith("/memfd:evil")}
-            assert not set(t.first["inodes"]) & theirs
             assert os.read(asked_r, 1) == b"a"  # it did ask there (the same name), and refused
         finally:
             t.end()
