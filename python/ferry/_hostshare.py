@@ -46,6 +46,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -125,8 +126,12 @@ class _Copy:
         self.own = None if arrays is None else [weakref.ref(a) for a in arrays]
         self.offsets = offsets
         self.users = 0
+        # fd, own and the sockets change under it: the serving thread, a
+        # loader's release (stop) and a fork's child all touch them
+        self.lock = threading.Lock()
         self.sock = None  # listening (serving) or connected (watching)
-        self.stopping = False
+        self.watchers = []  # the holders watching this server
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._serve_or_watch, daemon=True,
                                        name="ferry-share")
 
@@ -134,96 +139,171 @@ class _Copy:
         self.thread.start()
         return self
 
+    def _socket(self):
+        """A new socket, kept as self.sock (so stop() can wake it); None
+        once stopping. The thread alone closes its sockets."""
+        with self.lock:
+            if self.stopping.is_set():
+                return None
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            return self.sock
+
+    def _drop(self, s):
+        with self.lock:
+            if self.sock is s:
+                self.sock = None
+        s.close()
+
     # -- the name: serve it, or watch who does and take over when it goes
     def _serve_or_watch(self):
-        while not self.stopping:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        pause = 0.05
+        while True:
+            s = self._socket()
+            if s is None:
+                return
             try:
                 s.bind(_name(self.key))
                 s.listen(16)
             except OSError as e:
-                s.close()
+                self._drop(s)
+                # Taken: watch its server, to take over when it goes. A
+                # name held by another user, or by a socket that does not
+                # listen, is given up on (never spun on): this loader keeps
+                # its copy, unshared. A server that lets its watchers go at
+                # once is retried less and less often.
+                began = time.monotonic()
                 if e.errno != errno.EADDRINUSE or not self._watch():
                     return
+                pause = 0.05 if time.monotonic() - began > 1.0 else min(5.0, pause * 2)
+                if self.stopping.wait(pause):
+                    return
                 continue
-            self.sock = s
-            self._serve(s)
+            try:
+                self._serve(s)
+            finally:
+                self._drop(s)
             return
 
     def _watch(self):
-        """Waits, connected to the server, until it goes; False when the
-        copy is dropped here meanwhile (or the name cannot be reached)."""
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        """Waits, connected to the server, until it goes: True then (to
+        take over); False when stopping, or the server is not one of this
+        user's listening ones."""
+        s = self._socket()
+        if s is None:
+            return False
         try:
+            s.settimeout(2.0)
             s.connect(_name(self.key))
             if _peer_uid(s) != os.geteuid():
                 return False
-            self.sock = s
             s.sendall(b"watch")
-            while not self.stopping and s.recv(16):
-                pass
+            s.settimeout(None)
+            while s.recv(16):
+                pass  # the server sends nothing: EOF when it goes
+            return not self.stopping.is_set()
         except OSError:
-            pass
+            return False
         finally:
-            s.close()
-        return not self.stopping
+            self._drop(s)
 
     def _serve(self, s):
-        watchers = []
         try:
-            while not self.stopping:
+            while not self.stopping.is_set():
                 try:
                     conn, _ = s.accept()
-                except OSError:
+                except OSError as e:
+                    if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        self.stopping.wait(0.1)  # out of fds for a moment: not the end
+                        continue
+                    if e.errno == errno.ECONNABORTED:
+                        continue
                     return
                 try:
                     if _peer_uid(conn) != os.geteuid():
                         conn.close()  # another user's process: nothing for it
                         continue
-                    conn.settimeout(5.0)
+                    conn.settimeout(2.0)
                     what = conn.recv(16)
-                    fd = self._ensure_fd() if what == b"copy" else -1
+                    if what == b"watch":
+                        with self.lock:
+                            self.watchers.append(conn)  # closed as this stops: they take over
+                        continue
+                    fd = self._dup_fd() if what == b"copy" else -1
                     if fd >= 0:
-                        socket.send_fds(conn, [struct.pack("=Q", self.size)], [fd])
-                        conn.close()
-                    elif what == b"watch":
-                        watchers.append(conn)  # closed when this stops: they take over
-                    else:
-                        conn.close()
+                        try:
+                            socket.send_fds(conn, [struct.pack("=Q", self.size)], [fd])
+                        finally:
+                            os.close(fd)
+                    conn.close()
                 except OSError:
                     conn.close()
         finally:
+            with self.lock:
+                watchers, self.watchers = self.watchers, []
             for w in watchers:
                 w.close()
 
-    def _ensure_fd(self):
-        """The copy's memfd, made from this process's own arrays at the
-        first request (-1 when they are gone, or it cannot be made)."""
-        if self.fd is None and self.own is not None:
-            arrays = [r() for r in self.own]
-            if any(a is None for a in arrays):
+    def _dup_fd(self):
+        """A duplicate of the copy's memfd for a peer (-1: none), made at
+        the first request from this process's own arrays."""
+        with self.lock:
+            if self.stopping.is_set():
                 return -1
-            try:
-                self.fd = _make(arrays, self.offsets, self.size)
-            except OSError as e:
-                _logger.debug("ferry: could not share a collection with other processes: %s", e)
-                self.own = None
-                return -1
-        return -1 if self.fd is None else self.fd
+            if self.fd is None and self.own is not None:
+                arrays = [r() for r in self.own]
+                if any(a is None for a in arrays):
+                    return -1
+                try:
+                    self.fd = _make(arrays, self.offsets, self.size)
+                except OSError as e:
+                    _logger.debug("ferry: could not share a collection with other processes: "
+                                  "%s", e)
+                    self.own = None
+                    return -1
+            return -1 if self.fd is None else os.dup(self.fd)
+
+    def map(self, arrays, offsets):
+        """A mapping of the copy this process received, its bytes checked
+        against arrays (another loader here with the same hash); None when
+        there is none or they differ."""
+        with self.lock:
+            if self.fd is None or self.stopping.is_set():
+                return None
+            mm = _map(self.fd, self.size)
+        if not _ferry.content_equal(_bytes_of(_views(mm, arrays, offsets)), _bytes_of(arrays)):
+            mm.close()
+            return None
+        return mm
 
     def stop(self):
-        self.stopping = True
-        s, self.sock = self.sock, None
-        if s is not None:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        fd, self.fd, self.own = self.fd, None, None
+        """This process lets the copy go: the thread wakes and ends (its
+        sockets closed by it), the watchers are let go, the fd closed."""
+        with self.lock:
+            self.stopping.set()
+            if self.sock is not None:
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)  # wakes accept, connect, recv
+                except OSError:
+                    pass
+            fd, self.fd, self.own = self.fd, None, None
         if fd is not None:
             os.close(fd)
         # the kernel frees the memfd when no process holds or maps it
+
+    def forget_in_child(self):
+        """In a fork: nothing of this is the child's (no thread runs it)."""
+        for sock in [self.sock] + self.watchers:
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.sock, self.watchers, self.fd, self.own = None, [], None, None
 
 
 def _peer_uid(s):
@@ -238,7 +318,7 @@ def _fetch(key, arrays, offsets, size):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     fd = None
     try:
-        s.settimeout(2.0)
+        s.settimeout(1.0)
         s.connect(_name(key))
         if _peer_uid(s) != os.geteuid():
             return None  # a name squatted by another user
@@ -318,9 +398,20 @@ def _release(key):
         if copy is None or copy.pid != os.getpid():
             return
         copy.users -= 1
-        if copy.users <= 0:
-            del _copies[key]
-            copy.stop()
+        if copy.users > 0:
+            return
+        del _copies[key]
+    copy.stop()  # (outside _lock: stop takes the copy's own)
+
+
+def _released(key):
+    """A finalizer's call (it runs wherever the collector does, maybe on a
+    thread holding a copy's lock): the release on a thread of its own."""
+    try:
+        threading.Thread(target=_release, args=(key,), daemon=True,
+                         name="ferry-share-release").start()
+    except RuntimeError:  # the interpreter is shutting down: no thread is waited for
+        _release(key)
 
 
 def adopt(state):
@@ -337,12 +428,13 @@ def adopt(state):
         with _lock:
             _forget_if_forked()
             copy = _copies.get(key)
-            if copy is not None and copy.own is not None:
-                # this process is the first to have these bytes (another
-                # loader of it): its own arrays, as that loader's
-                return state
             if copy is not None:
-                mm = _map(copy.fd, size)
+                # Another loader of this process had these bytes: its own
+                # arrays (this loader keeps its own too), or a copy received,
+                # mapped again once its bytes are checked.
+                mm = copy.map(arrays, offsets) if copy.own is None else None
+                if mm is None:
+                    return state
             else:
                 got = _fetch(key, arrays, offsets, size)
                 if got is None:
@@ -350,17 +442,17 @@ def adopt(state):
                     copy = _Copy(key, None, size, arrays, offsets).start()
                     _copies[key] = copy
                     copy.users += 1
-                    weakref.finalize(arrays[0], _release, key)
+                    weakref.finalize(arrays[0], _released, key)
                     return state
                 copy, mm = got
                 _copies[key] = copy
             copy.users += 1
         views = _views(mm, arrays, offsets)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - sharing is an economy: never a failure
         _logger.debug("ferry: the collection is not shared with other processes: %s", e)
         return state
     # This loader holds the copy as long as an array over its mapping lives.
-    weakref.finalize(mm, _release, key)
+    weakref.finalize(mm, _released, key)
     return _rebuild(state, iter(views))
 
 
@@ -371,15 +463,14 @@ def _forget_if_forked():
 
 
 def _after_fork_in_child():
-    # The parent's sockets would keep its names bound (and answer nothing)
-    # for as long as a child lived; its threads are not here.
+    # The parent's sockets would keep its name bound (answering nothing),
+    # and its watchers connected, for as long as a child lived; its fds
+    # and threads are not the child's. A lock another thread held at the
+    # fork would never be released here.
+    global _lock
+    _lock = threading.RLock()
     for c in _copies.values():
-        if c.sock is not None:
-            try:
-                c.sock.close()
-            except OSError:
-                pass
-            c.sock = None
+        c.forget_in_child()
     _copies.clear()
 
 

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -109,10 +110,37 @@ class Trainer:
                 pass
 
 
-def _bound(key_prefix="ferry-share-"):
-    """The abstract names of ferry's shared copies bound now."""
+def _key(n=200_000, seed=0):
+    """The name's hash for a trainer's rows (encoded here as it encodes
+    them)."""
+    from ferry import _ferry, _hostshare, _shared
+    rows = [{"path": "/data/%d/%08d.jpg" % (seed, i), "label": i % 1000} for i in range(n)]
+    arrays = _hostshare._leaves(_shared.encode_list(rows), [])
+    return _ferry.content_hash(_hostshare._bytes_of(arrays)).hex(), arrays
+
+
+def _bound(key):
+    """Whether the abstract name of that copy is bound now."""
     with open("/proc/net/unix") as f:
-        return [line.split()[-1] for line in f if key_prefix in line]
+        return any(("ferry-share-%d-%s" % (os.geteuid(), key)) in line for line in f)
+
+
+def _memfds_left():
+    """Processes that hold or map a shared copy now (pids)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/maps" % pid) as f:
+                if "memfd:ferry-shared" in f.read():
+                    out.append(int(pid))
+                    continue
+            for fd in os.listdir("/proc/%s/fd" % pid):
+                if os.readlink("/proc/%s/fd/%s" % (pid, fd)).startswith("/memfd:ferry-shared"):
+                    out.append(int(pid))
+                    break
+        except OSError:
+            continue
+    return out
 
 
 def _gone(pids, seconds=20.0):
@@ -144,8 +172,14 @@ def test_trainers_over_the_same_collection_map_one_copy_and_hand_it_on():
         e = Trainer(seed=1)
         assert e.first["inodes"] == [] and e.first["seed"] == 1 and e.first["ok"]
         e.end()
-        # The server (a) lets go: b serves the copy on, a newcomer finds it.
-        assert a.ask("close")["held"] == []
+        # The server (a) lets go (its release runs on a thread of its own:
+        # waited for, with a deadline): b serves the copy on, a newcomer
+        # finds it.
+        a.ask("close")
+        deadline = time.monotonic() + 10
+        while a.ask("report")["held"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.ask("report")["held"] == []
         d = Trainer()
         assert d.first["inodes"] == b.first["inodes"]
         d.end()
@@ -157,74 +191,101 @@ def test_trainers_over_the_same_collection_map_one_copy_and_hand_it_on():
 
 
 def test_off_and_nothing_left_after_sigkill():
+    key, _ = _key()
     off = Trainer(env={"FERRY_SHARE_HOST": "0"})
-    assert off.first["inodes"] == []
+    assert off.first["inodes"] == [] and not _bound(key)
     off.end()
     before_shm = set(os.listdir("/dev/shm"))
     a, b = Trainer(), Trainer()
     assert a.ask("report")["held"] == b.first["inodes"] != []
-    assert _bound()
+    assert _bound(key) and _memfds_left()
     pids = [a.proc.pid, b.proc.pid] + a.first["workers"] + b.first["workers"]
     for t in (a, b):
         os.kill(t.proc.pid, signal.SIGKILL)
         t.proc.wait(timeout=30)
+        t.proc.stdin.close()
+        t.proc.stdout.close()
     assert _gone(pids), "a process of a killed trainer's loader is still alive"
     deadline = time.monotonic() + 20
-    while _bound() and time.monotonic() < deadline:
+    while (_bound(key) or _memfds_left()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _bound() == []  # no name left, and a memfd lives no longer than its holders
+    # no name, no process holding or mapping a copy (so no memfd), no file
+    assert not _bound(key) and _memfds_left() == []
     assert set(os.listdir("/dev/shm")) == before_shm
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a server as another user")
-def test_a_copy_served_by_another_user_is_refused():
-    """Another user binds the name first and serves a sealed memfd of the
-    same bytes: the trainer takes nothing from it and keeps its own."""
-    # The name the trainer will look for: its collection's hash, found by
-    # encoding the same rows here.
-    sys.path.insert(0, HERE)
-    from ferry import _ferry, _hostshare, _shared
-    rows = [{"path": "/data/0/%08d.jpg" % i, "label": i % 1000} for i in range(200_000)]
-    state = _shared.encode_list(rows)
-    arrays = _hostshare._leaves(state, [])
-    key = _ferry.content_hash(_hostshare._bytes_of(arrays)).hex()
-    r, w = os.pipe()
-    asked_r, asked_w = os.pipe()
+def _squat(key, arrays, uid, same_bytes):
+    """A process of uid bound to the trainers' name first, serving a
+    sealed copy (the same bytes, or others of the same size) with the
+    right header; it writes on `heard` what each peer sent. Returns (pid,
+    ready fd, heard fd)."""
+    from ferry import _hostshare
+    offsets, size = _hostshare._layout(arrays)
+    if not same_bytes:
+        arrays = [a.copy() for a in arrays]
+        arrays[0].reshape(-1).view("u1")[:64] ^= 0xFF
+    fd = _hostshare._make(arrays, offsets, size)
+    name = b"\0ferry-share-%d-%s" % (os.geteuid(), key.encode())  # the trainers' (our uid's)
+    ready_r, ready_w = os.pipe()
+    heard_r, heard_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the other user: binds the name, answers whoever asks
+    if pid == 0:
         try:
-            os.close(r)
-            os.setgid(65534)
-            os.setuid(65534)
+            os.close(ready_r)
+            os.close(heard_r)
+            if uid != os.geteuid():
+                os.setgid(uid)
+                os.setuid(uid)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.bind(b"\0ferry-share-0-" + key.encode())  # root's name
+            s.bind(name)
             s.listen(4)
-            os.write(w, b"x")
-            fd = os.memfd_create("evil")
-            os.ftruncate(fd, 1 << 20)
+            os.write(ready_w, b"x")
             while True:
                 conn, _ = s.accept()
-                os.write(asked_w, b"a")
-                try:
-                    conn.recv(16)
-                    socket.send_fds(conn, [b"\0" * 8], [fd])
-                finally:
-                    conn.close()
+                got = conn.recv(16)
+                os.write(heard_w, (got or b"EOF")[:5].ljust(5, b"."))
+                if got == b"copy":
+                    socket.send_fds(conn, [struct.pack("=Q", size)], [fd])
+                conn.close()
         finally:
             os._exit(0)
+    os.close(fd)
+    os.close(ready_w)
+    os.close(heard_w)
+    return pid, ready_r, heard_r
+
+
+def _read(fd, n, seconds=30.0):
+    assert select.select([fd], [], [], seconds)[0], "nothing said in time"
+    return os.read(fd, n)
+
+
+@pytest.mark.parametrize("who", ["another user, the same bytes", "this user, other bytes"])
+def test_a_copy_not_to_be_trusted_is_refused(who):
+    """A process bound to the trainers' name first serves a sealed copy:
+    of the same bytes but another user's (refused by its uid, before the
+    trainer says anything), or this user's with other bytes (refused by
+    the comparison). Either way the trainer keeps its own bytes."""
+    other_user = who.startswith("another")
+    if other_user and os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    key, arrays = _key()
+    pid, ready, heard = _squat(key, arrays, 65534 if other_user else os.geteuid(),
+                               same_bytes=other_user)
     try:
-        os.close(w)
-        os.close(asked_w)
-        assert os.read(r, 1) == b"x"
+        assert _read(ready, 1) == b"x"
         t = Trainer()
         try:
-            assert t.first["inodes"] == []  # its own bytes: nothing of the other user's mapped
+            assert t.first["inodes"] == []  # nothing of the squatter's mapped
             assert t.first["seed"] == 0 and t.first["ok"]
-            assert os.read(asked_r, 1) == b"a"  # it did ask there (the same name), and refused
+            got = _read(heard, 5)
+            # asked there (the same name): another user heard nothing from
+            # it (the uid checked first), this user was asked for the copy
+            assert got == (b"EOF.." if other_user else b"copy.")
         finally:
             t.end()
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        os.close(r)
-        os.close(asked_r)
+        os.close(ready)
+        os.close(heard)
