@@ -99,7 +99,19 @@ static void test_max_batches_per_worker_replaces_workers_losing_nothing(void **s
     assert_int_equal(st.restarts, 0);
     assert_int_equal(st.failed, 0);
     assert_int_equal(st.delivered, 150);
-    assert_int_equal(ft_wait_gone(first_pid, 2000) >= 0, 1);
+    /* The first process retired and is gone, unless it is still one of
+     * the two now: which process gets how many tasks is the scheduler's,
+     * and a process starved on a loaded machine may never reach 10. A
+     * retired one has said BYE and exits within its 200 ms linger. This
+     * check once failed on CI after 2 s (two tests at once beside a run of
+     * PyTorch's suite; not reproduced in 27 runs beside CPU hogs): which
+     * of the two it was is not known, so both are allowed for, the exit
+     * with 10 s. */
+    int now0 = 0, now1 = 0;
+    assert_int_equal(ferry_loader_worker_pid(ld, 0, &now0), FERRY_OK);
+    assert_int_equal(ferry_loader_worker_pid(ld, 1, &now1), FERRY_OK);
+    if (first_pid != now0 && first_pid != now1)
+        assert_true(ft_wait_gone(first_pid, 10000) >= 0);
     ft_close_within(ld, 5000);
 
     for (int i = 0; i < cap.n; i++)
