@@ -154,24 +154,26 @@ def _gone(pids, seconds=20.0):
 
 
 def test_trainers_over_the_same_collection_map_one_copy_and_hand_it_on():
-    a = Trainer()
-    b = c = d = None
+    started = []
+
+    def trainer(**kw):
+        started.append(Trainer(**kw))
+        return started[-1]
     try:
+        a = trainer()
         # Alone on the host: its own bytes, no copy made.
         assert a.first["inodes"] == [] and a.ask("report")["held"] == []
-        b = Trainer()
+        b = trainer()
         # Found by content: a made the copy when b asked, b maps it.
         assert len(b.first["inodes"]) == 1
         assert a.ask("report")["held"] == b.first["inodes"]
         for t in (a, b):
             assert t.first["seed"] == 0 and t.first["ok"]  # the items read are the rows
-        c = Trainer()
+        c = trainer()
         assert c.first["inodes"] == b.first["inodes"]  # a third: the same copy
-        c.end()
         # Another collection: nothing of theirs.
-        e = Trainer(seed=1)
+        e = trainer(seed=1)
         assert e.first["inodes"] == [] and e.first["seed"] == 1 and e.first["ok"]
-        e.end()
         # The server (a) lets go (its release runs on a thread of its own:
         # waited for, with a deadline): b serves the copy on, a newcomer
         # finds it.
@@ -180,14 +182,12 @@ def test_trainers_over_the_same_collection_map_one_copy_and_hand_it_on():
         while a.ask("report")["held"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert a.ask("report")["held"] == []
-        d = Trainer()
+        d = trainer()
         assert d.first["inodes"] == b.first["inodes"]
-        d.end()
     finally:
-        for t in (a, b):
-            if t is not None:
-                t.kill()
-    assert _gone([a.proc.pid, b.proc.pid])
+        for t in started:
+            t.kill()
+    assert _gone([t.proc.pid for t in started])
 
 
 def test_off_and_nothing_left_after_sigkill():
@@ -196,15 +196,16 @@ def test_off_and_nothing_left_after_sigkill():
     assert off.first["inodes"] == [] and not _bound(key)
     off.end()
     before_shm = set(os.listdir("/dev/shm"))
-    a, b = Trainer(), Trainer()
-    assert a.ask("report")["held"] == b.first["inodes"] != []
-    assert _bound(key) and _memfds_left()
-    pids = [a.proc.pid, b.proc.pid] + a.first["workers"] + b.first["workers"]
-    for t in (a, b):
-        os.kill(t.proc.pid, signal.SIGKILL)
-        t.proc.wait(timeout=30)
-        t.proc.stdin.close()
-        t.proc.stdout.close()
+    a = b = None
+    try:
+        a, b = Trainer(), Trainer()
+        assert a.ask("report")["held"] == b.first["inodes"] != []
+        assert _bound(key) and _memfds_left()
+        pids = [a.proc.pid, b.proc.pid] + a.first["workers"] + b.first["workers"]
+    finally:
+        for t in (a, b):  # SIGKILL: what is tested, and the cleanup if it failed before
+            if t is not None:
+                t.kill()
     assert _gone(pids), "a process of a killed trainer's loader is still alive"
     deadline = time.monotonic() + 20
     while (_bound(key) or _memfds_left()) and time.monotonic() < deadline:
