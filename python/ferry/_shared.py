@@ -84,18 +84,25 @@ def _pickle_column(values):
     return ("pickle", np.frombuffer(b"".join(raw), dtype=np.uint8), _ends(list(map(len, raw))))
 
 
+def _packed(col):
+    """A column packed in C (columns.c: col_result) as encode_column makes
+    it: numpy arrays over the bytes."""
+    if col[0] == "str":
+        return ("str", np.frombuffer(col[1], dtype=np.uint8), np.frombuffer(col[2], dtype=np.int64))
+    return (col[0], np.frombuffer(col[1], dtype=np.int64 if col[0] == "int" else np.float64))
+
+
 def encode_column(values, plain=False):
     """values (a list) as a column; with plain, None unless every value is
     a plain one (see _plain)."""
     if values and type(values[0]) is str:  # the common column: checked in C
         packed = _ferry.str_column(values)
         if packed is not None:
-            return ("str", np.frombuffer(packed[0], dtype=np.uint8),
-                    np.frombuffer(packed[1], dtype=np.int64))
+            return _packed(("str",) + packed)
     if values and type(values[0]) is int:  # the other common one
         packed = _ferry.int_column(values)
         if packed is not None:
-            return ("int", np.frombuffer(packed, dtype=np.int64))
+            return _packed(("int", packed))
     kinds = set(map(type, values))
     if plain and not _plain_list(values, kinds):
         return None
@@ -156,14 +163,6 @@ class _Column:
 #
 # A list's items: ("value", column) one value each; ("tuple", [columns]);
 # ("dict", keys, [columns]) dicts with the same keys in one order.
-
-def _packed(col):
-    """A column packed in C (columns.c: col_result) as encode_column makes
-    it: numpy arrays over the bytes."""
-    if col[0] == "str":
-        return ("str", np.frombuffer(col[1], dtype=np.uint8), np.frombuffer(col[2], dtype=np.int64))
-    return (col[0], np.frombuffer(col[1], dtype=np.int64 if col[0] == "int" else np.float64))
-
 
 def _encode_rows(items, auto):
     """The rows of list ``items``, or None when ``auto`` and its items are
@@ -548,7 +547,7 @@ def encode_dict(d, auto=True):
             _encode_rows(list(d.values()), auto)
         if rows is None:
             return None
-        key_col = ("str", np.frombuffer(blob, dtype=np.uint8), np.frombuffer(ends, dtype=np.int64))
+        key_col = _packed(("str", blob, ends))
         return (len(key_col[2]) - 1, "str8", key_col, rows, np.frombuffer(table, dtype=np.int64))
     keys = list(d)
     packed = _ferry.str_column(keys)  # all str (checked in C): the common case
@@ -568,8 +567,7 @@ def encode_dict(d, auto=True):
     if rows is None:
         return None
     if kind == "str8":  # the table in C, found in C
-        key_col = ("str", np.frombuffer(packed[0], dtype=np.uint8),
-                   np.frombuffer(packed[1], dtype=np.int64))
+        key_col = _packed(("str",) + packed)
         table = np.frombuffer(_ferry.str_index(packed[0], packed[1]), dtype=np.int64)
         return (len(keys), kind, key_col, rows, table)
     key_col = encode_column(keys)

@@ -252,6 +252,7 @@ class DataLoader(_Closes):
         batches after it, as torch's iterator does."""
         self._torch_draws()
         if len(self) == 0:  # (drop_last and fewer items than a batch): torch's epoch is empty
+            self._end_draws()  # and its sampler ran out at once
             return _EmptyEpoch(self)
         self._follow_set_epoch()
         self._follow_dataset()
@@ -297,7 +298,7 @@ class DataLoader(_Closes):
         items). An epoch left early does not draw it (torch's does when
         the `for` stops within its last prefetch_factor x num_workers
         batches, which its workers had asked the sampler for); an epoch of
-        no batch draws it here. (A sampler of the user's is iterated
+        no batch draws it at once (__iter__). (A sampler of the user's is iterated
         ahead, when ferry needs its batches: its draws do not fall where
         torch's do.)"""
         self._draws_due = None  # the last `for` stopped early: not drawn
@@ -309,8 +310,6 @@ class DataLoader(_Closes):
                 perm = torch.randperm(n, generator=g)
                 if k > 1:
                     self._draws_due = (g, n, k - 1)
-                    if len(self) == 0:  # no last batch to draw them with
-                        self._end_draws()
             else:
                 torch.empty((), dtype=torch.int64).random_()
         if self._base_seed is None:
