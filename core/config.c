@@ -99,6 +99,9 @@ static const opt_def options[] = {
     {"data_port", OPT_INT, OFF(data_port), 0, 65535, NULL,
      "port of admitted remote workers' data connections, 0: any free one"},
     {"min_workers", OPT_INT, OFF(min_workers), -1, 1280, NULL, "ready workers before open returns"},
+    {"open_local_ready", OPT_INT, OFF(open_local_ready), -1, 1024, NULL,
+     "local workers ready before open returns, -1: all (the others start meanwhile; one that "
+     "fails its start fails the loader, as before open)"},
     {"max_remote", OPT_INT, OFF(max_remote), 1, 1024, NULL, "remote workers at once"},
     {"heartbeat_ms", OPT_INT, OFF(heartbeat_ms), 10, 600000, NULL, "remote heartbeat interval"},
     {"heartbeat_liveness", OPT_INT, OFF(heartbeat_liveness), 1, 1000, NULL,
@@ -132,6 +135,7 @@ ferry_config *ferry_config_new(void)
     c->on_worker_failure = FERRY__ON_FAILURE_RESTART;
     c->max_attempts = 3;
     c->min_workers = -1;
+    c->open_local_ready = -1;
     c->fork_from = -1;
     c->dataset_fd = -1;
     c->max_remote = 16;
@@ -210,7 +214,11 @@ int64_t ferry__config_min_workers(const ferry_config *cfg)
 {
     if (cfg->min_workers >= 0)
         return cfg->min_workers;
-    return cfg->workers > 0 ? cfg->workers : 1;
+    /* by default, the local workers open waits for (every one) */
+    int64_t local = cfg->open_local_ready >= 0 && cfg->open_local_ready < cfg->workers
+                        ? cfg->open_local_ready
+                        : cfg->workers;
+    return local > 0 ? local : 1;
 }
 
 static const opt_def *find_option(const char *key)

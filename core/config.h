@@ -78,6 +78,7 @@ struct ferry_config {
     int64_t insecure;               /* plain TCP allowed (warned about) */
     int64_t data_port;              /* plain TCP: the data socket's port, 0: any free one */
     int64_t min_workers;            /* -1: workers, or 1 when there are none */
+    int64_t open_local_ready;       /* local workers ready before open returns; -1: all */
     int64_t max_remote;
     int64_t heartbeat_ms;
     int64_t heartbeat_liveness;

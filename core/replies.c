@@ -226,10 +226,13 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
 
 /* The window runs from the first READY (the dataset's length is known
  * then), so the first batch is under way while the other workers start;
- * open returns once every local worker and at least min_workers in all
- * are ready. Until then a start past start_timeout_ms, or the death of a
- * worker still starting, fails the loader, as a failed start (a ready
- * worker's death is handled as after open: supervise.c). */
+ * open returns once open_local_ready local workers (all by default) and
+ * at least min_workers in all are ready. Until then a start past
+ * start_timeout_ms, or the death of a worker still starting, fails the
+ * loader, as a failed start (a ready worker's death is handled as after
+ * open: supervise.c). After open, a worker still starting that dies or
+ * overstays start_timeout_ms is replaced as any other (one that keeps
+ * dying without delivering a batch fails the loader). */
 static void maybe_start(ferry__scheduler *s, uint32_t ready)
 {
     if (ferry__window_phase(s->win) == FERRY__PHASE_STARTING &&
@@ -237,10 +240,11 @@ static void maybe_start(ferry__scheduler *s, uint32_t ready)
         return;
     if (ready < s->min_workers || s->opened)
         return;
-    for (uint32_t i = 0; i < s->nlocal; i++) {
-        if (s->w[i].p.state != FERRY__PEER_READY)
-            return;
-    }
+    uint32_t local = 0;
+    for (uint32_t i = 0; i < s->nlocal; i++)
+        local += s->w[i].p.state == FERRY__PEER_READY;
+    if (local < s->open_local)
+        return;
     s->opened = 1;
     ferry__window_open(s->win);
 }

@@ -83,6 +83,7 @@ struct ferry__scheduler {
     uint32_t nworkers; /* slots: nlocal local ones, then the remote ones */
     uint32_t nlocal;
     uint32_t min_workers;
+    uint32_t open_local; /* local workers ready before open (open_local_ready) */
     int opened; /* every worker open waits for was ready once (maybe_start) */
     zmq_pollitem_t *items;     /* poll_once's scratch: 4 + 2 * nlocal */
     ferry__pool_event *events; /* nlocal */

@@ -670,6 +670,9 @@ int ferry__scheduler_start(ferry__scheduler **out, const ferry_config *cfg, ferr
     s->nworkers = (uint32_t)ferry__config_slots(cfg);
     s->nlocal = (uint32_t)cfg->workers;
     s->min_workers = (uint32_t)ferry__config_min_workers(cfg);
+    s->open_local = cfg->open_local_ready < 0 || cfg->open_local_ready > cfg->workers
+                        ? (uint32_t)cfg->workers
+                        : (uint32_t)cfg->open_local_ready;
     pthread_mutex_init(&s->names_lock, NULL); /* before anything destroy() undoes */
     int rc = setup(s);
     if (rc != FERRY_OK) {

@@ -13,6 +13,12 @@
  *                answer to the task of seq S says field 0 has another dtype
  *                of the same size (u1 <-> i1, ...): a batch every field of
  *                which is consistent, that does not match the schema.
+ *   late=N,serve,PATH
+ *   late=N,die,PATH
+ *                the worker of slot N waits for file PATH to exist before
+ *                it connects (exiting 4 if it does not within 10 s), then
+ *                serves as ferry-worker does, or exits 3 ("die") without a
+ *                word to the loader; the other slots serve at once.
  *
  * Only for tests. It exits when its loader stops it, when it hears nothing
  * for 10 s, or with its parent (PR_SET_PDEATHSIG).
@@ -23,6 +29,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -211,6 +218,21 @@ int main(int argc, char **argv)
         sc.version = (uint32_t)strtoul(what + 8, NULL, 10);
     else if (!strncmp(what, "wrong_at=", 9))
         sc.wrong_at = strtoll(what + 9, NULL, 10);
+    else if (!strncmp(what, "late=", 5) && atoi(what + 5) == slot) {
+        const char *how = strchr(what, ','), *path = how ? strchr(how + 1, ',') : NULL;
+        if (!path)
+            return 2;
+        struct timespec tick = {0, 5 * 1000 * 1000};
+        for (int i = 0; access(path + 1, F_OK) != 0; i++) {
+            if (i == 2000)
+                return 4;
+            nanosleep(&tick, NULL);
+        }
+        if (!strncmp(how + 1, "die,", 4)) {
+            fprintf(stderr, "scripted worker: slot %d gives up before its HELLO\n", slot);
+            return 3;
+        }
+    }
     void *ctx = zmq_ctx_new();
     sc.sock = zmq_socket(ctx, ZMQ_DEALER);
     int linger = 1000;

@@ -985,6 +985,101 @@ static void test_local_wrong_batch_fails_that_batch_only(void **state)
     ft_end(&snap);
 }
 
+/* The worker of slot 1 of a two-worker loader, held back by the script
+ * until the test creates the file `go`; then it serves (die 0) or exits
+ * without a word (die 1). */
+static ferry_loader *open_with_a_late_worker(char *dir, char *go, size_t cap, int die)
+{
+    assert_non_null(mkdtemp(dir));
+    snprintf(go, cap, "%s/go", dir);
+    char script[600];
+    snprintf(script, sizeof script, "late=1,%s,%s", die ? "die" : "serve", go);
+    assert_int_equal(setenv("FERRY_TEST_SCRIPT", script, 1), 0);
+    ferry_config *cfg = make_cfg(2, 16, "synthetic:n=160,dim=8");
+    assert_int_equal(ferry_config_set(cfg, "worker_path", FERRY_TEST_SCRIPTED), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "open_local_ready", 1), FERRY_OK);
+    return ft_open_ok(cfg);
+}
+
+static void let_go(const char *go)
+{
+    FILE *f = fopen(go, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
+/* open_local_ready=1: open returns once worker 0 is ready, while worker 1
+ * is still starting (its script holds it back until the test lets it go);
+ * worker 0 serves the batches meanwhile, in order; worker 1 then joins,
+ * and nothing is lost or repeated. */
+static void test_open_local_ready_opens_before_every_worker_is(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char dir[] = "/tmp/ferry-test-late-XXXXXX", go[64];
+    ferry_loader *ld = open_with_a_late_worker(dir, go, sizeof go, 0);
+    uint64_t k = 0;
+    for (; k < 20; k++) { /* more than the window: worker 0 alone made them */
+        ferry_batch *b = NULL;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, k);
+        ferry_batch_release(b);
+    }
+    assert_int_equal(ft_stats(ld).workers, 1);
+    let_go(go);
+    for (int joined = 0; !joined || k < 200; k++) {
+        ferry_batch *b = NULL;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_info info;
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.seq, k);
+        ferry_batch_release(b);
+        joined = joined || ft_stats(ld).workers == 2;
+    }
+    ferry_stats st = ft_stats(ld);
+    assert_int_equal(st.restarts, 0);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    unsetenv("FERRY_TEST_SCRIPT");
+    assert_int_equal(unlink(go), 0);
+    assert_int_equal(rmdir(dir), 0);
+    ft_end(&snap);
+}
+
+/* A worker still starting when open returned (open_local_ready) that
+ * dies is replaced as any worker is; one that keeps dying without a batch
+ * fails the loader with its last words: never a hang, never a loop. */
+static void test_a_worker_that_keeps_dying_as_it_starts_after_open_fails_the_loader(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char dir[] = "/tmp/ferry-test-late-XXXXXX", go[64];
+    ferry_loader *ld = open_with_a_late_worker(dir, go, sizeof go, 1);
+    ferry_batch *b = NULL;
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK); /* worker 0's */
+    ferry_batch_release(b);
+    let_go(go);
+    int rc = FERRY_OK;
+    while (rc == FERRY_OK) {
+        b = NULL;
+        rc = ferry_loader_next(ld, &b);
+        if (rc == FERRY_OK)
+            ferry_batch_release(b);
+    }
+    FT_EXPECT_ERROR(rc, FERRY_EWORKER, "worker 1 died 6 times in a row without delivering",
+                    "exited with code 3", "gives up before its HELLO", NULL);
+    assert_int_equal(ft_stats(ld).restarts, 5);
+    ferry_loader_close(ld);
+    unsetenv("FERRY_TEST_SCRIPT");
+    assert_int_equal(unlink(go), 0);
+    assert_int_equal(rmdir(dir), 0);
+    ft_end(&snap);
+}
+
 /* Every open-file limit from "no fd to spare" to "one fd short of an
  * eight-worker loader" gives FERRY_ELIMIT naming the limit: never an abort
  * (libzmq aborts when its own threads cannot get an fd, so ferry must refuse
@@ -1204,6 +1299,8 @@ int main(void)
         cmocka_unit_test(test_open_failures_are_clean_and_specific),
         cmocka_unit_test(test_open_fails_at_once_for_a_worker_of_another_version),
         cmocka_unit_test(test_local_wrong_batch_fails_that_batch_only),
+        cmocka_unit_test(test_open_local_ready_opens_before_every_worker_is),
+        cmocka_unit_test(test_a_worker_that_keeps_dying_as_it_starts_after_open_fails_the_loader),
         cmocka_unit_test(test_open_fails_clearly_at_the_fd_limit),
         cmocka_unit_test(test_a_replacement_that_cannot_start_is_tried_again),
         cmocka_unit_test(test_no_worker_left_to_start_fails_after_the_start_timeout),

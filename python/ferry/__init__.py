@@ -25,6 +25,7 @@ import math
 import numbers
 import os
 import sys
+import time
 import weakref
 from collections.abc import Mapping
 
@@ -324,6 +325,9 @@ class Loader(_Closes):
         self._exports = None  # metrics=, trace= (_profile.Exports)
         self._template = None  # the fork of the trainer that forks the clean parent
         self._payload = None  # the pickled dataset until _hand_over
+        self._forked = set()  # workers whose pid was seen (worker_pid)
+        self._opens_early = False  # before every local worker is ready (open_local_ready)
+        self._start_timeout = 30.0
         self._inherited = []  # tokens of objects the clean parent inherits (_dataset)
         if log is not None and not callable(log):
             raise TypeError("ferry.Loader: log must be a callable(level, message) or None, "
@@ -384,6 +388,11 @@ class Loader(_Closes):
                         workers > 0:
                     opts["prefetch"] = min(1024, 2 * int(workers))
                 # (no local worker, only remote ones: no clean parent to fork)
+                # open returns once the first worker is ready: it makes the
+                # first batch while the clean parent forks the others (each a
+                # fork of a process as big as the trainer); one that then
+                # fails its start still fails the loader
+                opts.setdefault("open_local_ready", 1)
                 if "fork_from" not in opts and _flag(opts["fork_server"]) and \
                         not (isinstance(workers, numbers.Integral) and workers <= 0):
                     self._fork_template()
@@ -403,6 +412,11 @@ class Loader(_Closes):
             if self._data_fd is not None:
                 pairs.append(("dataset_fd", str(self._data_fd)))
             self._pairs = pairs
+            self._opens_early = str(opts.get("open_local_ready", -1)) != "-1"
+            try:
+                self._start_timeout = int(opts.get("start_timeout_ms", 30000)) / 1000.0
+            except (TypeError, ValueError):
+                pass  # refused by the C side's check of its options, next
             self._adopt(self._open(state))
             self._exports = _profile.Exports(self, **exports)
         except BaseException:
@@ -650,10 +664,26 @@ class Loader(_Closes):
 
     def worker_pid(self, index):
         """The pid of local worker ``index`` (0 while it is being replaced or
-        for a thread)."""
+        for a thread). A Python dataset's loader opens once its first
+        worker is ready (option open_local_ready) while its clean parent
+        forks the others: a worker of that first start not forked yet is
+        waited for (tens of ms; at most start_timeout_ms)."""
         if not isinstance(index, numbers.Integral) or not 0 <= index < 2**32:
             raise InvalidValue("worker_pid: no worker %r" % (index,))
-        return self._live().worker_pid(int(index))
+        c = self._live()
+        pid = c.worker_pid(int(index))
+        if pid or index in self._forked or not self._opens_early:
+            if pid:
+                self._forked.add(index)
+            return pid
+        deadline = time.monotonic() + self._start_timeout
+        # polled: the C side says a pid, not when one comes (a few ms)
+        while not pid and time.monotonic() < deadline and c.stats()["restarts"] == 0:
+            time.sleep(0.001)
+            pid = c.worker_pid(int(index))
+        if pid:
+            self._forked.add(index)
+        return pid
 
     def worker_process(self, index):
         """Local worker ``index``'s process as it is now: a

@@ -47,22 +47,10 @@ static uint64_t key_hash(const unsigned char *p, size_t n)
 }
 
 /* A table of int64 slots (position + 1; 0: empty), a power of two >= 2n
- * of them, linear probing, filled from the keys' hashes. The slots are
- * fetched a block ahead: a table past the caches costs a miss a key
- * otherwise (a million keys: 16 MiB). */
-static void fill_table(int64_t *t, uint64_t size, const uint64_t *hashes, Py_ssize_t n)
-{
-    enum { AHEAD = 16 };
-    memset(t, 0, size * sizeof *t);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + AHEAD < n)
-            __builtin_prefetch(&t[hashes[i + AHEAD] & (size - 1)], 1);
-        uint64_t slot = hashes[i] & (size - 1);
-        while (t[slot])
-            slot = (slot + 1) & (size - 1);
-        t[slot] = i + 1;
-    }
-}
+ * of them, linear probing, filled from the keys' hashes (fill_table,
+ * below the threads it uses). */
+static int fill_table(int64_t *t, uint64_t size, const uint64_t *hashes, Py_ssize_t n,
+                      int wanted);
 
 static uint64_t table_size(Py_ssize_t n)
 {
@@ -289,9 +277,13 @@ static PyObject *str_index(PyObject *self, PyObject *args)
         }
         hashes[i] = key_hash(p, n);
     }
-    fill_table((int64_t *)PyBytes_AS_STRING(table), size, hashes, s.n);
+    int filled = fill_table((int64_t *)PyBytes_AS_STRING(table), size, hashes, s.n, 0);
     PyMem_RawFree(hashes);
     put_strings(&s);
+    if (filled < 0) {
+        Py_DECREF(table);
+        return PyErr_NoMemory();
+    }
     return table;
 }
 
@@ -337,7 +329,47 @@ static PyObject *str_find(PyObject *self, PyObject *args)
 
 /* ------------------------------------------------------------------------
  * One pass each: a list of dicts, a dict of str keys
+ *
+ * A big collection is cut into parts of consecutive items, one a thread
+ * (encode_threads: the CPUs this process may run on, at most 8, a part at
+ * least PART_MIN items), so that a million dicts take half the time on two
+ * cores: the walk is bound by the cache misses of reading scattered
+ * objects, which threads overlap. The calling thread holds the GIL
+ * throughout and encodes part 0; the helper threads read the other parts
+ * without it. That is safe because no Python code runs meanwhile (the GIL
+ * is never released) and what the helpers do runs none and changes
+ * nothing: they read exact dicts (PyDict_Next), exact str (ready, ASCII),
+ * exact int and float, compare keys byte for byte, take no reference, set
+ * no error, and allocate with malloc only. Anything else is "does not fit",
+ * as in one thread. Part 0 writes straight into the columns handed out;
+ * part t > 0 writes the fixed-width values (ends, ints, floats, hashes) at
+ * its own indices there too, and its str bytes into a buffer of its own,
+ * appended after the parts before it once all are done (its ends shifted
+ * by what those wrote). The result is byte for byte the one thread's.
  */
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+enum { PART_MIN = 1 << 15, PARTS_MAX = 8 };
+
+/* The threads to encode n items with: 1 below 2 * PART_MIN; wanted > 0
+ * (the encoders' optional argument, for tests) decides alone. */
+static int encode_threads(Py_ssize_t n, int wanted)
+{
+    cpu_set_t cpus;
+    Py_ssize_t t = wanted;
+    if (t <= 0) {
+        t = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+        if (t > n / PART_MIN)
+            t = n / PART_MIN;
+    }
+    if (t > n) /* no empty part */
+        t = n;
+    return t < 1 ? 1 : t > PARTS_MAX ? PARTS_MAX : (int)t;
+}
 
 /* A column a one-pass encoder packs: ASCII str (exact), int (exact, 64
  * bits), float (exact). A value of any other kind sends the whole
@@ -347,21 +379,43 @@ enum { COL_STR, COL_INT, COL_FLOAT };
 typedef struct col {
     int kind;
     /* bytes objects, written in place and handed out as they are */
-    PyObject *blob; /* COL_STR: the bytes end to end (resized as it grows) */
+    PyObject *blob; /* COL_STR: part 0's bytes end to end (resized as it grows) */
     size_t len, cap;
     PyObject *ends; /* COL_STR: n + 1 int64 offsets */
     PyObject *vals; /* COL_INT: int64, COL_FLOAT: double; n */
+    size_t each;    /* COL_STR: bytes of room an item, to start with */
 } col;
+
+/* A helper thread's str bytes for one column (malloc'd). */
+typedef struct strbuf {
+    char *p;
+    size_t len, cap;
+} strbuf;
 
 static int col_kind(PyObject *v)
 {
-    if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v))
+    if (PyUnicode_CheckExact(v) && PyUnicode_IS_READY(v) && PyUnicode_IS_ASCII(v))
         return COL_STR;
     if (PyLong_CheckExact(v))
         return COL_INT;
     if (PyFloat_CheckExact(v))
         return COL_FLOAT;
     return -1;
+}
+
+/* Whether str a and b (exact, ready) hold the same text; compared here,
+ * not by PyUnicode_Compare, which a helper thread may not call. */
+static int same_str(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b) || !PyUnicode_IS_READY(a) ||
+        !PyUnicode_IS_READY(b))
+        return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+    int kind = PyUnicode_KIND(a);
+    return n == PyUnicode_GET_LENGTH(b) && kind == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * (size_t)kind) == 0;
 }
 
 static void col_close(col *c)
@@ -372,18 +426,19 @@ static void col_close(col *c)
     memset(c, 0, sizeof *c);
 }
 
-/* A column of n values of the kind of v (kind -1: none fits); -1 with an
- * error set. */
-static int col_open(col *c, PyObject *v, Py_ssize_t n)
+/* A column of n values of the kind of v (kind -1: none fits), its str
+ * bytes room for `room` items (part 0's); -1 with an error set. */
+static int col_open(col *c, PyObject *v, Py_ssize_t n, Py_ssize_t room)
 {
     memset(c, 0, sizeof *c);
     c->kind = col_kind(v);
     if (c->kind == COL_STR) {
-        /* room for n like the first, a quarter more (a copy to grow is
-         * the blob's size again), but no more than 64 bytes an item: one
-         * long first value must not ask for n of its size */
-        size_t first = (size_t)PyUnicode_GET_LENGTH(v), each = first + first / 4 + 4;
-        c->cap = (size_t)n * (each < 64 ? each : 64) + 64;
+        /* room for the items like the first, a quarter more (a copy to
+         * grow is the blob's size again), but no more than 64 bytes an
+         * item: one long first value must not ask for n of its size */
+        size_t first = (size_t)PyUnicode_GET_LENGTH(v);
+        c->each = first + first / 4 + 4 < 64 ? first + first / 4 + 4 : 64;
+        c->cap = (size_t)room * c->each + 64;
         c->blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c->cap);
         c->ends = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int64_t));
         if (!c->blob || !c->ends)
@@ -401,34 +456,49 @@ fail:
 }
 
 /* Value i of the column: 0, 1 when v does not fit it (another kind, a
- * non-ASCII str, an int past 64 bits), -1 with an error set. */
-static int col_put(col *c, Py_ssize_t i, PyObject *v)
+ * non-ASCII str, an int past 64 bits), -1 when out of memory (an error set
+ * only when own is NULL). Its str bytes go to the column's blob (own NULL:
+ * the thread holding the GIL) or to own (a helper thread; its ends then
+ * count from own's start). Nothing here runs Python code or sets an error
+ * but the blob's growth: exact ints and floats cannot fail to convert. */
+static int col_put(col *c, strbuf *own, Py_ssize_t i, PyObject *v)
 {
     switch (c->kind) {
     case COL_STR: {
-        if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v))
+        if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_READY(v) || !PyUnicode_IS_ASCII(v))
             return 1;
-        size_t n = (size_t)PyUnicode_GET_LENGTH(v);
-        if (c->len + n > c->cap) {
-            size_t cap = c->cap * 2 > c->len + n ? c->cap * 2 : c->len + n;
-            if (_PyBytes_Resize(&c->blob, (Py_ssize_t)cap) < 0)
-                return -1; /* c->blob is NULL now */
-            c->cap = cap;
+        size_t n = (size_t)PyUnicode_GET_LENGTH(v), len;
+        if (own) {
+            if (own->len + n > own->cap) {
+                size_t cap = own->cap * 2 > own->len + n ? own->cap * 2 : own->len + n;
+                char *p = realloc(own->p, cap);
+                if (!p)
+                    return -1;
+                own->p = p;
+                own->cap = cap;
+            }
+            memcpy(own->p + own->len, PyUnicode_DATA(v), n);
+            len = own->len += n;
+        } else {
+            if (c->len + n > c->cap) {
+                size_t cap = c->cap * 2 > c->len + n ? c->cap * 2 : c->len + n;
+                if (_PyBytes_Resize(&c->blob, (Py_ssize_t)cap) < 0)
+                    return -1; /* c->blob is NULL now */
+                c->cap = cap;
+            }
+            memcpy(PyBytes_AS_STRING(c->blob) + c->len, PyUnicode_DATA(v), n);
+            len = c->len += n;
         }
-        memcpy(PyBytes_AS_STRING(c->blob) + c->len, PyUnicode_DATA(v), n);
-        c->len += n;
-        ((int64_t *)PyBytes_AS_STRING(c->ends))[i + 1] = (int64_t)c->len;
+        ((int64_t *)PyBytes_AS_STRING(c->ends))[i + 1] = (int64_t)len;
         return 0;
     }
     case COL_INT: {
         if (!PyLong_CheckExact(v))
             return 1;
         int overflow = 0;
-        long long y = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow || (y == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
+        long long y = PyLong_AsLongLongAndOverflow(v, &overflow); /* exact: no error */
+        if (overflow)
             return 1;
-        }
         ((int64_t *)PyBytes_AS_STRING(c->vals))[i] = (int64_t)y;
         return 0;
     }
@@ -439,6 +509,26 @@ static int col_put(col *c, Py_ssize_t i, PyObject *v)
         return 0;
     }
     return 1;
+}
+
+/* Part own's str bytes after the column's (the parts before it), its
+ * items' ends [a + 1, b] shifted to match; -1 with an error set. */
+static int col_append(col *c, const strbuf *own, Py_ssize_t a, Py_ssize_t b)
+{
+    if (c->kind != COL_STR)
+        return 0;
+    if (c->len + own->len > c->cap) {
+        if (_PyBytes_Resize(&c->blob, (Py_ssize_t)(c->len + own->len)) < 0)
+            return -1;
+        c->cap = c->len + own->len;
+    }
+    if (own->len)
+        memcpy(PyBytes_AS_STRING(c->blob) + c->len, own->p, own->len);
+    int64_t *e = (int64_t *)PyBytes_AS_STRING(c->ends), base = (int64_t)c->len;
+    for (Py_ssize_t i = a + 1; i <= b; i++)
+        e[i] += base;
+    c->len += own->len;
+    return 0;
 }
 
 /* The column as ("str", blob, ends), ("int", int64s) or ("float",
@@ -466,15 +556,246 @@ static PyObject *none_if_out_of_memory(PyObject *out)
     return out;
 }
 
-/* records_encode(items, keys) -> [column per key] (see col_result), or
- * None when some item is not a dict (exactly) with exactly these keys in
- * this order, or some value does not fit its key's column (the kind of
- * items[0]'s). One pass over the items; nothing is referenced. */
+/* One part of an encoding: items [a, b). Its outcome: 0 done, 1 some item
+ * does not fit, -1 out of memory (an error set only for part 0). */
+typedef struct part {
+    void *job;
+    int index;
+    Py_ssize_t a, b, pos; /* pos: a dict's entry position of item a */
+    strbuf own[2];        /* part > 0: str bytes of (up to) two columns */
+    int outcome;
+} part;
+
+/* Runs fn on parts 1..t-1 in threads of their own and on part 0 here;
+ * returns once all are done. A part whose thread cannot start runs here
+ * too, after part 0. */
+static void run_parts(part *parts, int t, void *(*fn)(void *))
+{
+    pthread_t th[PARTS_MAX];
+    int started[PARTS_MAX] = {0};
+    for (int i = 1; i < t; i++)
+        started[i] = pthread_create(&th[i], NULL, fn, &parts[i]) == 0;
+    fn(&parts[0]);
+    for (int i = 1; i < t; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            fn(&parts[i]);
+    }
+}
+
+/* Whether some part failed: an item that does not fit, or out of memory
+ * (either sends the collection down the general path); any error part 0
+ * set is cleared. */
+static int parts_failed(const part *parts, int t)
+{
+    for (int i = 0; i < t; i++) {
+        if (parts[i].outcome) {
+            PyErr_Clear();
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void free_parts(part *parts, int t)
+{
+    for (int i = 0; i < t; i++)
+        for (int j = 0; j < 2; j++)
+            free(parts[i].own[j].p);
+}
+
+/* Cuts n items into t parts of consecutive items. */
+static void cut_parts(part *parts, int t, Py_ssize_t n, void *job)
+{
+    memset(parts, 0, (size_t)t * sizeof *parts);
+    for (int i = 0; i < t; i++) {
+        parts[i].job = job;
+        parts[i].index = i;
+        parts[i].a = n * i / t;
+        parts[i].b = n * (i + 1) / t;
+    }
+}
+
+/* ---- the lookup table of a dict's keys
+ *
+ * Filled in regions, a fixed number of them whatever the threads (so the
+ * table's bytes, which name a host's shared copy, are the same on every
+ * machine): each region's keys, in key order, probe within the region;
+ * one that runs off its end is put aside, and those are placed last, in
+ * key order, probing on past the region (wrapping at the table's end).
+ * Any order of insertion gives a table linear probing reads correctly
+ * (no key is ever removed); this one lets the regions be filled at once.
+ * A table past the caches costs a miss a key: the slots are fetched a
+ * block ahead. */
+
+enum { TABLE_REGIONS = 16, TABLE_REGION_MIN = 1 << 14, AHEAD = 16 };
+
+typedef struct table_job {
+    int64_t *t;
+    uint64_t size, rsize; /* slots, and slots a region */
+    const uint64_t *hashes;
+    Py_ssize_t n;
+    Py_ssize_t *aside[TABLE_REGIONS]; /* a region's keys put aside (malloc'd) */
+    size_t naside[TABLE_REGIONS], cap[TABLE_REGIONS];
+} table_job;
+
+/* Regions [a, b) of the table: cleared, then their keys placed. */
+static void *table_part(void *arg)
+{
+    part *pt = arg;
+    table_job *job = pt->job;
+    uint64_t mask = job->size - 1, lo = (uint64_t)pt->a * job->rsize,
+             hi = (uint64_t)pt->b * job->rsize;
+    int64_t *t = job->t;
+    memset(t + lo, 0, (hi - lo) * sizeof *t);
+    for (Py_ssize_t i = 0; i < job->n; i++) {
+        if (i + AHEAD < job->n) {
+            uint64_t ahead = job->hashes[i + AHEAD] & mask;
+            if (ahead >= lo && ahead < hi)
+                __builtin_prefetch(&t[ahead], 1);
+        }
+        uint64_t slot = job->hashes[i] & mask;
+        if (slot < lo || slot >= hi)
+            continue;
+        uint64_t r = slot / job->rsize, end = (r + 1) * job->rsize;
+        while (slot < end && t[slot])
+            slot++;
+        if (slot < end) {
+            t[slot] = i + 1;
+            continue;
+        }
+        if (job->naside[r] == job->cap[r]) {
+            size_t cap = job->cap[r] ? 2 * job->cap[r] : 64;
+            Py_ssize_t *p = realloc(job->aside[r], cap * sizeof *p);
+            if (!p) {
+                pt->outcome = -1;
+                return NULL;
+            }
+            job->aside[r] = p;
+            job->cap[r] = cap;
+        }
+        job->aside[r][job->naside[r]++] = i;
+    }
+    return NULL;
+}
+
+static int by_position(const void *a, const void *b)
+{
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The table of n keys from their hashes, the regions in threads when
+ * there are many keys (encode_threads; wanted as there); 0, or -1 when memory ran out for
+ * the keys put aside (the table is then unfinished: no error is set). */
+static int fill_table(int64_t *t, uint64_t size, const uint64_t *hashes, Py_ssize_t n,
+                      int wanted)
+{
+    int regions = size >= (uint64_t)TABLE_REGIONS * TABLE_REGION_MIN ? TABLE_REGIONS : 1;
+    int threads = encode_threads(n, wanted);
+    if (threads > regions)
+        threads = regions;
+    {
+        table_job job = {.t = t, .size = size, .rsize = size / (uint64_t)regions,
+                         .hashes = hashes, .n = n};
+        part parts[PARTS_MAX];
+        cut_parts(parts, threads, regions, &job);
+        run_parts(parts, threads, table_part);
+        int failed = 0;
+        for (int i = 0; i < threads; i++)
+            failed |= parts[i].outcome != 0;
+        size_t total = 0;
+        for (int r = 0; r < regions; r++)
+            total += job.naside[r];
+        Py_ssize_t *all = failed ? NULL : malloc((total ? total : 1) * sizeof *all);
+        if (all) {
+            for (int r = 0, k = 0; r < regions; k += (int)job.naside[r], r++)
+                if (job.naside[r])
+                    memcpy(all + k, job.aside[r], job.naside[r] * sizeof *all);
+            qsort(all, total, sizeof *all, by_position); /* key order */
+            for (size_t k = 0; k < total; k++) {
+                uint64_t slot = hashes[all[k]] & (size - 1);
+                while (t[slot])
+                    slot = (slot + 1) & (size - 1);
+                t[slot] = all[k] + 1;
+            }
+        }
+        free(all);
+        for (int r = 0; r < regions; r++)
+            free(job.aside[r]);
+        return all ? 0 : -1;
+    }
+}
+
+/* ---- a list of dicts */
+
+typedef struct records_job {
+    PyObject *items, *keys;
+    Py_ssize_t k;
+    col *cols;
+    atomic_int stop; /* some part found an item that does not fit */
+} records_job;
+
+static void *records_part(void *arg)
+{
+    part *pt = arg;
+    records_job *job = pt->job;
+    PyObject *key, *value;
+    strbuf *own[64] = {NULL};
+    for (Py_ssize_t j = 0, s = 0; pt->index > 0 && j < job->k; j++) {
+        if (job->cols[j].kind == COL_STR) { /* at most two str columns go in threads */
+            own[j] = &pt->own[s++];
+            own[j]->cap = (size_t)(pt->b - pt->a) * job->cols[j].each + 64;
+            own[j]->p = malloc(own[j]->cap);
+            if (!own[j]->p) {
+                pt->outcome = -1;
+                return NULL;
+            }
+        }
+    }
+    for (Py_ssize_t i = pt->a; i < pt->b; i++) {
+        if ((i & 4095) == 0 && atomic_load_explicit(&job->stop, memory_order_relaxed)) {
+            pt->outcome = 1;
+            return NULL;
+        }
+        PyObject *d = PyList_GET_ITEM(job->items, i);
+        if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) != job->k)
+            goto misfit;
+        Py_ssize_t j = 0, pos = 0;
+        while (PyDict_Next(d, &pos, &key, &value)) {
+            /* as dict_columns: exact str keys compared, nothing else run */
+            if (!same_str(key, PyTuple_GET_ITEM(job->keys, j)))
+                goto misfit;
+            int r = col_put(&job->cols[j], own[j], i, value);
+            if (r) {
+                if (r > 0)
+                    goto misfit;
+                pt->outcome = -1;
+                atomic_store(&job->stop, 1);
+                return NULL;
+            }
+            j++;
+        }
+    }
+    return NULL;
+misfit:
+    pt->outcome = 1;
+    atomic_store(&job->stop, 1);
+    return NULL;
+}
+
+/* records_encode(items, keys[, threads]) -> [column per key] (see
+ * col_result), or None when some item is not a dict (exactly) with exactly
+ * these keys in this order, or some value does not fit its key's column
+ * (the kind of items[0]'s). One pass over the items, in parts (see above);
+ * nothing is referenced. */
 static PyObject *records_encode(PyObject *self, PyObject *args)
 {
     PyObject *items, *keys, *out = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!:records_encode", &PyList_Type, &items, &PyTuple_Type,
-                          &keys))
+    int wanted = 0;
+    if (!PyArg_ParseTuple(args, "O!O!|i:records_encode", &PyList_Type, &items, &PyTuple_Type,
+                          &keys, &wanted))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items), k = PyTuple_GET_SIZE(keys);
     if (n == 0 || k == 0 || k > 64)
@@ -482,48 +803,37 @@ static PyObject *records_encode(PyObject *self, PyObject *args)
     PyObject *first = PyList_GET_ITEM(items, 0);
     if (!PyDict_CheckExact(first) || PyDict_GET_SIZE(first) != k)
         Py_RETURN_NONE;
+    int t = encode_threads(n, wanted), strs = 0, nparts = 0;
     col cols[64];
+    part parts[PARTS_MAX];
     Py_ssize_t opened = 0, pos = 0;
     PyObject *key, *value;
-    int fits = 1;
     while (PyDict_Next(first, &pos, &key, &value)) {
-        if (col_open(&cols[opened], value, n) < 0)
+        if (col_open(&cols[opened], value, n, t > 1 ? n / t + 1 : n) < 0)
             goto done;
         opened++;
         if (cols[opened - 1].kind < 0) {
-            fits = 0;
+            out = Py_NewRef(Py_None);
             goto done;
         }
+        strs += cols[opened - 1].kind == COL_STR;
     }
-    for (Py_ssize_t i = 0; i < n && fits; i++) {
-        PyObject *d = PyList_GET_ITEM(items, i);
-        if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) != k) {
-            fits = 0;
-            break;
-        }
-        Py_ssize_t j = 0;
-        pos = 0;
-        while (PyDict_Next(d, &pos, &key, &value)) {
-            PyObject *want = PyTuple_GET_ITEM(keys, j);
-            /* as dict_columns: exact str keys compared, nothing else run */
-            if (key != want && (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(want) ||
-                                PyUnicode_Compare(key, want) != 0)) {
-                fits = 0;
-                break;
-            }
-            int r = col_put(&cols[j], i, value);
-            if (r < 0)
-                goto done;
-            if (r > 0) {
-                fits = 0;
-                break;
-            }
-            j++;
-        }
-    }
-    if (!fits) {
+    if (strs > 2)
+        t = 1; /* a part holds the bytes of two str columns at most */
+    records_job job = {items, keys, k, cols, 0};
+    cut_parts(parts, t, n, &job);
+    nparts = t;
+    run_parts(parts, t, records_part);
+    if (parts_failed(parts, t)) { /* a misfit, or out of memory: the general path */
         out = Py_NewRef(Py_None);
         goto done;
+    }
+    for (int i = 1; i < t; i++) {
+        for (Py_ssize_t j = 0, s = 0; j < k; j++) {
+            if (cols[j].kind == COL_STR &&
+                col_append(&cols[j], &parts[i].own[s++], parts[i].a, parts[i].b) < 0)
+                goto done;
+        }
     }
     out = PyList_New(k);
     for (Py_ssize_t j = 0; out && j < k; j++) {
@@ -534,73 +844,137 @@ static PyObject *records_encode(PyObject *self, PyObject *args)
             PyList_SET_ITEM(out, j, c);
     }
 done:
+    free_parts(parts, nparts);
     for (Py_ssize_t j = 0; j < opened; j++)
         col_close(&cols[j]);
     return none_if_out_of_memory(out);
 }
 
-/* str_dict_encode(d) -> (key blob, key ends, table, values), values a
- * column (col_result) or None when they do not fit one (the Python path
- * encodes them); or None when some key is not an ASCII str (exactly).
- * One pass over the dict, then the table (see str_index). */
-static PyObject *str_dict_encode(PyObject *self, PyObject *arg)
+/* ---- a dict of str keys */
+
+typedef struct dict_job {
+    PyObject *d;
+    col *keys, *vals;
+    uint64_t *hashes;
+    atomic_int stop;       /* some key is not an ASCII str */
+    atomic_int values_out; /* some value does not fit the values' column */
+} dict_job;
+
+static void *dict_part(void *arg)
 {
-    if (!PyDict_CheckExact(arg)) {
+    part *pt = arg;
+    dict_job *job = pt->job;
+    strbuf *own = pt->index > 0 ? &pt->own[0] : NULL, *vown = NULL;
+    if (own) {
+        own->cap = (size_t)(pt->b - pt->a) * job->keys->each + 64;
+        own->p = malloc(own->cap);
+        if (job->vals->kind == COL_STR) {
+            vown = &pt->own[1];
+            vown->cap = (size_t)(pt->b - pt->a) * job->vals->each + 64;
+            vown->p = malloc(vown->cap);
+        }
+        if (!own->p || (vown && !vown->p)) {
+            pt->outcome = -1;
+            return NULL;
+        }
+    }
+    Py_ssize_t pos = pt->pos;
+    PyObject *key, *value;
+    for (Py_ssize_t i = pt->a; i < pt->b && PyDict_Next(job->d, &pos, &key, &value); i++) {
+        if ((i & 4095) == 0 && atomic_load_explicit(&job->stop, memory_order_relaxed)) {
+            pt->outcome = 1;
+            return NULL;
+        }
+        size_t at = own ? own->len : job->keys->len;
+        int r = col_put(job->keys, own, i, key);
+        if (r) {
+            pt->outcome = r > 0 ? 1 : -1;
+            atomic_store(&job->stop, 1);
+            return NULL;
+        }
+        const char *bytes = own ? own->p : PyBytes_AS_STRING(job->keys->blob);
+        size_t end = own ? own->len : job->keys->len;
+        job->hashes[i] = key_hash((const unsigned char *)bytes + at, end - at);
+        if (job->vals->kind < 0 || atomic_load_explicit(&job->values_out, memory_order_relaxed))
+            continue;
+        r = col_put(job->vals, vown, i, value);
+        if (r < 0) {
+            pt->outcome = -1;
+            atomic_store(&job->stop, 1);
+            return NULL;
+        }
+        if (r > 0)
+            atomic_store(&job->values_out, 1);
+    }
+    return NULL;
+}
+
+/* str_dict_encode(d[, threads]) -> (key blob, key ends, table, values),
+ * values a column (col_result) or None when they do not fit one (the
+ * Python path encodes them); or None when some key is not an ASCII str
+ * (exactly). One pass over the dict, in parts (see above), then the table
+ * (see str_index). */
+static PyObject *str_dict_encode(PyObject *self, PyObject *args)
+{
+    PyObject *d;
+    int wanted = 0;
+    if (!PyArg_ParseTuple(args, "O|i:str_dict_encode", &d, &wanted))
+        return NULL;
+    if (!PyDict_CheckExact(d)) {
         PyErr_SetString(PyExc_TypeError, "str_dict_encode takes a dict");
         return NULL;
     }
-    Py_ssize_t n = PyDict_GET_SIZE(arg), pos = 0, i = 0;
+    Py_ssize_t n = PyDict_GET_SIZE(d), pos = 0;
     PyObject *key, *value, *out = NULL, *table = NULL, *values = NULL;
-    if (n == 0 || !PyDict_Next(arg, &pos, &key, &value) || col_kind(key) != COL_STR)
+    if (n == 0 || !PyDict_Next(d, &pos, &key, &value) || col_kind(key) != COL_STR)
         Py_RETURN_NONE;
-    pos = 0;
+    int t = encode_threads(n, wanted), nparts = 0;
     col keys, vals;
     memset(&keys, 0, sizeof keys);
     memset(&vals, 0, sizeof vals);
+    part parts[PARTS_MAX];
     uint64_t *hashes = PyMem_RawMalloc((size_t)n * sizeof *hashes);
-    if (!hashes || col_open(&keys, key, n) < 0) {
-        PyMem_RawFree(hashes);
+    if (!hashes || col_open(&keys, key, n, t > 1 ? n / t + 1 : n) < 0 ||
+        col_open(&vals, value, n, t > 1 ? n / t + 1 : n) < 0) {
         if (!hashes)
             PyErr_NoMemory();
-        return none_if_out_of_memory(NULL);
+        goto done;
     }
-    int values_fit = 1;
-    while (PyDict_Next(arg, &pos, &key, &value)) {
-        if (i == 0) {
-            if (col_open(&vals, value, n) < 0)
-                goto done;
-            values_fit = vals.kind >= 0;
-        }
-        int r = col_put(&keys, i, key);
-        if (r < 0)
+    dict_job job = {d, &keys, &vals, hashes, 0, 0};
+    cut_parts(parts, t, n, &job);
+    nparts = t;
+    /* where each part starts: a walk over the entries alone, no key read */
+    pos = 0;
+    for (Py_ssize_t i = 0, p = 1; p < t && PyDict_Next(d, &pos, &key, &value); i++) {
+        if (i + 1 == parts[p].a)
+            parts[p++].pos = pos;
+    }
+    run_parts(parts, t, dict_part);
+    if (parts_failed(parts, t)) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    for (int i = 1; i < t; i++) {
+        if (col_append(&keys, &parts[i].own[0], parts[i].a, parts[i].b) < 0 ||
+            (!job.values_out && col_append(&vals, &parts[i].own[1], parts[i].a, parts[i].b) < 0))
             goto done;
-        if (r > 0) {
-            out = Py_NewRef(Py_None);
-            goto done;
-        }
-        const int64_t *e = (const int64_t *)PyBytes_AS_STRING(keys.ends);
-        hashes[i] = key_hash((const unsigned char *)PyBytes_AS_STRING(keys.blob) + e[i],
-                             (size_t)(e[i + 1] - e[i]));
-        if (values_fit) {
-            r = col_put(&vals, i, value);
-            if (r < 0)
-                goto done;
-            values_fit = r == 0;
-        }
-        i++;
     }
     uint64_t size = table_size(n);
     table = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(size * sizeof(int64_t)));
     if (!table)
         goto done;
-    fill_table((int64_t *)PyBytes_AS_STRING(table), size, hashes, n);
-    values = values_fit ? col_result(&vals) : Py_NewRef(Py_None);
+    if (fill_table((int64_t *)PyBytes_AS_STRING(table), size, hashes, n, wanted) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    values = vals.kind >= 0 && !job.values_out ? col_result(&vals) : Py_NewRef(Py_None);
     if (!values || _PyBytes_Resize(&keys.blob, (Py_ssize_t)keys.len) < 0)
         goto done;
     out = Py_BuildValue("(OOOO)", keys.blob, keys.ends, table, values);
 done:
     Py_XDECREF(table);
     Py_XDECREF(values);
+    free_parts(parts, nparts);
     col_close(&keys);
     col_close(&vals);
     PyMem_RawFree(hashes);
@@ -728,9 +1102,10 @@ PyMethodDef ferry_py_column_methods[] = {
      "content_equal(a, b) -> whether two sequences of buffers hold the same bytes"},
 
     {"records_encode", records_encode, METH_VARARGS,
-     "records_encode(items, keys) -> a packed column per key, or None"},
-    {"str_dict_encode", str_dict_encode, METH_O,
-     "str_dict_encode(d) -> (key blob, key ends, table, values column or None), or None"},
+     "records_encode(items, keys[, threads]) -> a packed column per key, or None"},
+    {"str_dict_encode", str_dict_encode, METH_VARARGS,
+     "str_dict_encode(d[, threads]) -> (key blob, key ends, table, values column or None), "
+     "or None"},
     {"dict_columns", dict_columns, METH_VARARGS,
      "dict_columns(items, keys) -> a list per key, or None (not all dicts of those keys)"},
     {"tuple_columns", tuple_columns, METH_VARARGS,

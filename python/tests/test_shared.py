@@ -31,6 +31,54 @@ def _rows(n):
     return [{"path": "/d/%d.jpg" % k, "label": k % 10} for k in range(n)]
 
 
+
+@pytest.mark.parametrize("misfit", [None, 0, "middle", -1])
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_the_encoders_in_threads_give_the_bytes_one_thread_gives(misfit, threads):
+    """The one-pass encoders cut a big collection into parts, one a thread
+    (python/src/columns.c): whatever the parts, the columns, ends and table
+    are the one thread's byte for byte, and an item that does not fit,
+    wherever it is, sends the whole down the general path (None)."""
+    from ferry import _ferry
+    n = 3001
+    rows = [{"path": "/d/%d.jpg" % k * (1 + k % 7), "label": k - 1500, "w": k / 7}
+            for k in range(n)]
+    vocab = {r["path"] + str(k): r["label"] for k, r in enumerate(rows)}
+    names = {"name%d" % k: "/d/%d.jpg" % k * (1 + k % 5) for k in range(n)}  # str values
+    if misfit is not None:
+        at = n // 2 if misfit == "middle" else misfit
+        rows[at]["label"] = 2**64
+        vocab[list(vocab)[at]] = 1.5  # the values' column only: the keys still go
+        names[list(names)[at]] = b"bytes"
+    keys = tuple(rows[0])
+    one = _ferry.records_encode(rows, keys, 1)
+    assert (one is None) == (misfit is not None)
+    assert _ferry.records_encode(rows, keys, threads) == one
+    for d in (vocab, names):
+        one = _ferry.str_dict_encode(d, 1)
+        assert one is not None and (one[3] is None) == (misfit is not None)
+        assert _ferry.str_dict_encode(d, threads) == one
+    assert _ferry.str_dict_encode({**vocab, "ü": 1}, threads) is None  # a key not ASCII
+
+
+def test_a_big_dicts_table_is_the_same_whatever_the_threads_and_finds_every_key():
+    """Past 2^17 keys the lookup table is filled in 16 regions at once: the
+    keys that run off their region's end are placed last. The table's bytes
+    (which name a host's shared copy) do not depend on the threads, and
+    every key, those placed last included, is found where it is."""
+    from ferry import _ferry
+    n = 140000
+    d = {"k%d" % (k * 7919 % 1000003): k for k in range(n)}
+    tables = {t: _ferry.str_dict_encode(d, t) for t in (1, 2, 5)}
+    assert tables[1] == tables[2] == tables[5]
+    blob, ends, table, _ = tables[1]
+    ends = np.frombuffer(ends, dtype=np.int64)
+    keys = list(d)
+    for i in list(range(0, n, 7)) + [n - 1]:
+        assert _ferry.str_find(table, blob, ends, keys[i]) == i
+    assert _ferry.str_find(table, blob, ends, "absent") == -1
+    assert _ferry.str_index(blob, ends) == table  # the general path's table too
+
 def test_a_big_list_of_dicts_reads_as_the_list():
     rows = _rows(_shared.AUTO_MIN)
     s = _round_trip({"rows": rows})["rows"]
