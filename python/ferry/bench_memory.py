@@ -48,7 +48,9 @@ loaders alternate within each round):
 - memory added, peak: the largest sample, from the constructor call to
   the end of the epoch, less the baseline; at end: a reading after the
   last batch, the loader still open; growth: the reading at the end less
-  the first sample after the first batch (what the epoch added);
+  the first sample after the first batch with every process of the end
+  there (what the epoch added: ferry's loader opens on its first ready
+  worker, and forks the others while it makes the first batches);
 - first batch: the constructor call to the first batch in hand, in the
   trainer; epoch: the constructor call to the last batch in hand.
 
@@ -348,23 +350,24 @@ class Sampler(threading.Thread):
     def __init__(self, roots, every=0.05):
         super().__init__(daemon=True)
         self.roots, self.every = roots, every
-        self.samples = []  # (time, kB)
+        self.samples = []  # (time, kB, processes)
         self.stopping = threading.Event()
 
     def run(self):
         while not self.stopping.is_set():
             t = time.monotonic()
-            kb, _ = memory_kb(self.roots)
-            self.samples.append((t, kb))
+            kb, pids = memory_kb(self.roots)
+            self.samples.append((t, kb, len(pids)))
             self.stopping.wait(max(self.every, 2 * (time.monotonic() - t)))
 
     def stop(self):
         self.stopping.set()
         self.join()
 
-    def after(self, t):
-        """The first sample taken at or after monotonic time t, kB."""
-        later = [kb for ts, kb in self.samples if ts >= t]
+    def after(self, t, processes):
+        """The first sample taken at or after monotonic time t with this
+        many processes (or more) in the tree, kB."""
+        later = [kb for ts, kb, n in self.samples if ts >= t and n >= processes]
         return later[0] if later else None
 
 
@@ -457,7 +460,9 @@ def run_group(cfgs, timeout, sample=True):
         if sample:
             sampler.stop()
         end, pids = memory_kb(roots)
-        at_first = sampler.after(max(firsts))
+        # (ferry's loader opens on its first ready worker: those forked
+        # after the first batch are the loader's start, not the epoch's growth)
+        at_first = sampler.after(max(firsts), len(pids))
         for t in trainers:
             t.tell()
         for t in trainers:
@@ -469,7 +474,7 @@ def run_group(cfgs, timeout, sample=True):
             t.kill()
         raise
     left = _gone([p for p in pids if p not in roots])
-    peak = max([kb for _, kb in sampler.samples] + [end])
+    peak = max([kb for _, kb, _ in sampler.samples] + [end])
     if at_first is None:
         at_first = end
     for r, d in zip(ready, done):
@@ -673,7 +678,7 @@ def table(res):
         "parents and the template they are forked from), shared-memory files (memfd, /dev/shm) counted",
         "whole and once in place of their PSS, less the trainer's just before the loader was",
         "built; at end: after the last batch, the loader open; growth: at end less the first",
-        "sample after the first batch.",
+        "sample after the first batch with every process of the end there.",
         "1st batch: constructor call to the first batch in hand; epoch: to the last batch;",
         "both from runs of their own with no sampler beside them (ABBA after the sampled ones).",
         "Ratios f/t: ferry's median over torch's (peak memory added, first batch).",

@@ -138,6 +138,26 @@ def test_the_clean_parent_killed_is_replaced_and_nothing_is_lost():
         assert ld.worker_pid(0) not in (0, victim)
 
 
+
+@pytest.mark.parametrize("victim", ["ferry-parent", "ferry-worker"])
+def test_a_loader_opened_on_its_first_worker_survives_a_kill_before_the_others_exist(victim):
+    """A Python dataset's loader opens on its first ready worker while the
+    clean parent forks the others (open_local_ready=1). The clean parent,
+    or that first worker, SIGKILLed at once (the second worker may not be
+    forked yet): every item of both epochs arrives once, and both workers
+    are there at the end (a new clean parent forks what the old one had
+    not)."""
+    with ferry.Loader(Items(300, slow_ms=1), batch_size=5, workers=2, epochs=2, shuffle=True,
+                      seed=3) as ld:
+        first = [p for p in children() if comm(p) == victim]
+        assert first, "no %s under the trainer" % victim
+        os.kill(first[0], signal.SIGKILL)
+        got = sorted(int(v) for b in ld.stream() for v in b["y"])
+        assert got == sorted([i * i for i in range(300)] * 2)
+        wait_for(lambda: ld.stats()["workers"] == 2, 10, "both workers ready")
+        assert ld.stats()["restarts"] >= 1
+        assert first[0] not in (ld.worker_pid(0), ld.worker_pid(1))
+
 def test_the_clean_parent_killed_under_fail_policy_raises():
     ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_failure="fail")
     try:
