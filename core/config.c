@@ -100,8 +100,8 @@ static const opt_def options[] = {
      "port of admitted remote workers' data connections, 0: any free one"},
     {"min_workers", OPT_INT, OFF(min_workers), -1, 1280, NULL, "ready workers before open returns"},
     {"open_local_ready", OPT_INT, OFF(open_local_ready), -1, 1024, NULL,
-     "local workers ready before open returns, -1: all (the others start meanwhile; one that "
-     "fails its start fails the loader, as before open)"},
+     "local workers ready before open returns, -1: all (the others start meanwhile and are "
+     "replaced as any worker is when they die)"},
     {"max_remote", OPT_INT, OFF(max_remote), 1, 1024, NULL, "remote workers at once"},
     {"heartbeat_ms", OPT_INT, OFF(heartbeat_ms), 10, 600000, NULL, "remote heartbeat interval"},
     {"heartbeat_liveness", OPT_INT, OFF(heartbeat_liveness), 1, 1000, NULL,

@@ -5,7 +5,8 @@
  *
  * A loader is its options, its prefetch window and its scheduler. Open
  * builds the window, starts the scheduler, and waits until the window runs
- * (every local worker and min_workers in all are ready) or fails; close
+ * (open_local_ready local workers, every one by default, and min_workers
+ * in all are ready) or fails; close
  * stops the scheduler, which shuts the workers down, then frees the window.
  *
  * Threads: one trainer thread at a time calls these; the scheduler thread

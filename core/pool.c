@@ -287,6 +287,12 @@ int ferry__pool_ready_overdue(ferry__pool *p, uint32_t i, uint64_t now_ms)
     return ferry__pool_killable(p, i) && now_ms >= p->w[i].ready_by_ms;
 }
 
+int ferry__pool_start_overdue(ferry__pool *p, uint32_t i, uint64_t now_ms)
+{
+    return p->w[i].pidfd < 0 && !p->w[i].killing && p->w[i].ready_by_ms &&
+           now_ms >= p->w[i].ready_by_ms;
+}
+
 /* ------------------------------------------------------------------------
  * Shutdown
  */

@@ -123,6 +123,10 @@ int ferry__pool_kill(ferry__pool *p, uint32_t i, const char *reason);
  * deadline (set when it was started). */
 int ferry__pool_ready_overdue(ferry__pool *p, uint32_t i, uint64_t now_ms);
 
+/* Worker i was started start_timeout_ms ago or more and has no process to
+ * kill: one asked of the clean parent and never forked, or a thread. */
+int ferry__pool_start_overdue(ferry__pool *p, uint32_t i, uint64_t now_ms);
+
 /* Whether worker i can be killed (a process, not being killed already),
  * and whether it is being killed. */
 int ferry__pool_killable(ferry__pool *p, uint32_t i);

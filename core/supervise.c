@@ -384,9 +384,10 @@ static void check_start_deadline(ferry__scheduler *s, uint64_t now)
     if (s->remote)
         snprintf(msg, sizeof msg,
                  "only %u workers were ready after %lld ms (%u of %u local, %u remote on %s); "
-                 "open waits for every local worker and min_workers %u in all%s%s",
+                 "open waits for %u local workers and min_workers %u in all%s%s",
                  st.workers, (long long)s->cfg.start_timeout_ms, local_ready, s->nlocal,
-                 st.workers - local_ready, ferry__remote_endpoint(s->remote), s->min_workers,
+                 st.workers - local_ready, ferry__remote_endpoint(s->remote), s->open_local,
+                 s->min_workers,
                  s->last_refusal[0] ? "; the last remote worker refused: " : "",
                  s->last_refusal);
     else
@@ -506,12 +507,25 @@ static void check_replacements(ferry__scheduler *s, uint64_t now)
 {
     for (uint32_t i = 0; i < s->nlocal; i++) {
         ferry__peer_state st = s->w[i].p.state;
-        if ((st == FERRY__PEER_SPAWNED || st == FERRY__PEER_CONFIGURED) &&
-            ferry__pool_ready_overdue(s->pool, i, now)) {
+        if (st != FERRY__PEER_SPAWNED && st != FERRY__PEER_CONFIGURED)
+            continue;
+        if (ferry__pool_ready_overdue(s->pool, i, now)) {
             char why[128];
             snprintf(why, sizeof why, "it was not ready within start_timeout_ms %lld",
                      (long long)s->cfg.start_timeout_ms);
             ferry__pool_kill(s->pool, i, why);
+        } else if (ferry__pool_start_overdue(s->pool, i, now)) {
+            /* No process to kill and start again (the clean parent never
+             * forked it, or a thread is stuck opening the dataset): the
+             * loader fails, as open did when it waited for every worker. */
+            char msg[FERRY__ERRMSG_MAX];
+            snprintf(msg, sizeof msg,
+                     "worker %u was not ready within start_timeout_ms %lld (%s)", i,
+                     (long long)s->cfg.start_timeout_ms,
+                     s->cfg.fork_server ? "its clean parent never forked it"
+                                        : "its thread is still opening the dataset");
+            ferry__window_fail(s->win, FERRY_ETIMEDOUT, msg);
+            return;
         }
     }
 }

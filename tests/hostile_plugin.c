@@ -13,6 +13,8 @@
  *   spin_at=I         spin forever while reading item I
  *   exit_at_open=C    the worker exits with code C while opening
  *   fail_open_worker=K  opening fails in worker K only
+ *   wait_open_worker=K  opening waits in worker K until the file wait_file
+ *                       (a path) exists, 20 s at most
  *   length_by_worker=1  worker K reports n + K items
  *   dim_by_worker=1   worker K's items have dim + K bytes of x (another schema)
  *   ignore_term=1     the worker ignores SIGTERM from the moment it opens
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry_dataset.h"
@@ -52,7 +55,8 @@ static int hostile_open(void **handle, const char *args, const ferry_dataset_ctx
     h->dim = 16;
     h->crash_at = h->abort_at = h->bus_at = h->hang_at = h->spin_at = -1;
     int64_t exit_at_open = -1, fail_open_worker = -1, length_by_worker = 0, ignore_term = 0;
-    int64_t dim_by_worker = 0;
+    int64_t dim_by_worker = 0, wait_open_worker = -1;
+    char wait_file[256] = "";
 
     char buf[512];
     snprintf(buf, sizeof buf, "%s", args ? args : "");
@@ -92,6 +96,10 @@ static int hostile_open(void **handle, const char *args, const ferry_dataset_ctx
             ignore_term = x;
         else if (!strcmp(kv, "omp"))
             h->omp = (int)x;
+        else if (!strcmp(kv, "wait_open_worker"))
+            wait_open_worker = x;
+        else if (!strcmp(kv, "wait_file"))
+            snprintf(wait_file, sizeof wait_file, "%s", v);
         else if (!strcmp(kv, "say"))
             snprintf(h->say, sizeof h->say, "%s", v);
         else {
@@ -109,6 +117,11 @@ static int hostile_open(void **handle, const char *args, const ferry_dataset_ctx
         snprintf(errbuf, errlen, "hostile: refusing to open in worker %u", ctx->worker_index);
         free(h);
         return FERRY_EDATASET;
+    }
+    if (wait_open_worker >= 0 && (uint32_t)wait_open_worker == ctx->worker_index) {
+        struct timespec tick = {0, 5 * 1000 * 1000};
+        for (int i = 0; i < 4000 && access(wait_file, F_OK) != 0; i++)
+            nanosleep(&tick, NULL);
     }
     if (length_by_worker)
         h->n += ctx->worker_index;

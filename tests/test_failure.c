@@ -1008,6 +1008,14 @@ static void let_go(const char *go)
     fclose(f);
 }
 
+/* After the loader closed: the script and its file gone. */
+static void forget_the_late_worker(const char *dir, const char *go)
+{
+    unsetenv("FERRY_TEST_SCRIPT");
+    assert_int_equal(unlink(go), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* open_local_ready=1: open returns once worker 0 is ready, while worker 1
  * is still starting (its script holds it back until the test lets it go);
  * worker 0 serves the batches meanwhile, in order; worker 1 then joins,
@@ -1043,9 +1051,7 @@ static void test_open_local_ready_opens_before_every_worker_is(void **state)
     assert_int_equal(st.restarts, 0);
     assert_int_equal(st.failed, 0);
     assert_int_equal(ferry_loader_close(ld), FERRY_OK);
-    unsetenv("FERRY_TEST_SCRIPT");
-    assert_int_equal(unlink(go), 0);
-    assert_int_equal(rmdir(dir), 0);
+    forget_the_late_worker(dir, go);
     ft_end(&snap);
 }
 
@@ -1074,7 +1080,48 @@ static void test_a_worker_that_keeps_dying_as_it_starts_after_open_fails_the_loa
                     "exited with code 3", "gives up before its HELLO", NULL);
     assert_int_equal(ft_stats(ld).restarts, 5);
     ferry_loader_close(ld);
-    unsetenv("FERRY_TEST_SCRIPT");
+    forget_the_late_worker(dir, go);
+    ft_end(&snap);
+}
+
+/* A worker still opening its dataset when open returned (open_local_ready)
+ * that has no process to kill and start again (a thread here; or one its
+ * clean parent never forked) fails the loader once it is not ready within
+ * start_timeout_ms, with a timeout naming it, as open did when it waited
+ * for every worker: its batches (torch's assignment: every other one) are
+ * never waited for forever. */
+static void test_a_worker_not_ready_by_the_start_timeout_after_open_fails_the_loader(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 30);
+    char dir[] = "/tmp/ferry-test-late-XXXXXX", go[64], args[200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(go, sizeof go, "%s/go", dir);
+    snprintf(args, sizeof args, "n=100000,wait_open_worker=1,wait_file=%s", go);
+    ferry_config *cfg = make_cfg(2, 16, hostile(args));
+    assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "open_local_ready", 1), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "start_timeout_ms", 1000), FERRY_OK);
+    assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", 2), FERRY_OK);
+    uint64_t t0 = ft_now_ms();
+    ferry_loader *ld = ft_open_ok(cfg);
+    int rc = FERRY_OK;
+    uint64_t got = 0;
+    while (rc == FERRY_OK) {
+        ferry_batch *b = NULL;
+        rc = ferry_loader_next(ld, &b);
+        if (rc == FERRY_OK) {
+            got++;
+            ferry_batch_release(b);
+        }
+    }
+    FT_EXPECT_ERROR(rc, FERRY_ETIMEDOUT, "worker 1 was not ready within start_timeout_ms 1000",
+                    "its thread is still opening the dataset", NULL);
+    assert_true(ft_now_ms() - t0 >= 1000);
+    assert_true(got >= 1); /* worker 0's first batch, before batch 1 waited for worker 1 */
+    let_go(go);
+    ferry_loader_close(ld);
     assert_int_equal(unlink(go), 0);
     assert_int_equal(rmdir(dir), 0);
     ft_end(&snap);
@@ -1301,6 +1348,7 @@ int main(void)
         cmocka_unit_test(test_local_wrong_batch_fails_that_batch_only),
         cmocka_unit_test(test_open_local_ready_opens_before_every_worker_is),
         cmocka_unit_test(test_a_worker_that_keeps_dying_as_it_starts_after_open_fails_the_loader),
+        cmocka_unit_test(test_a_worker_not_ready_by_the_start_timeout_after_open_fails_the_loader),
         cmocka_unit_test(test_open_fails_clearly_at_the_fd_limit),
         cmocka_unit_test(test_a_replacement_that_cannot_start_is_tried_again),
         cmocka_unit_test(test_no_worker_left_to_start_fails_after_the_start_timeout),

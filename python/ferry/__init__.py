@@ -327,6 +327,7 @@ class Loader(_Closes):
         self._payload = None  # the pickled dataset until _hand_over
         self._forked = set()  # workers whose pid was seen (worker_pid)
         self._opens_early = False  # before every local worker is ready (open_local_ready)
+        self._local = 0  # local workers
         self._start_timeout = 30.0
         self._inherited = []  # tokens of objects the clean parent inherits (_dataset)
         if log is not None and not callable(log):
@@ -388,11 +389,12 @@ class Loader(_Closes):
                         workers > 0:
                     opts["prefetch"] = min(1024, 2 * int(workers))
                 # (no local worker, only remote ones: no clean parent to fork)
-                # open returns once the first worker is ready: it makes the
-                # first batch while the clean parent forks the others (each a
-                # fork of a process as big as the trainer); one that then
-                # fails its start still fails the loader
-                opts.setdefault("open_local_ready", 1)
+                if _flag(opts["fork_server"]) and \
+                        not (isinstance(workers, numbers.Integral) and workers <= 0):
+                    # open returns once the first worker is ready: it makes
+                    # the first batches while the clean parent forks the
+                    # others (each a fork of a process as big as the trainer)
+                    opts.setdefault("open_local_ready", 1)
                 if "fork_from" not in opts and _flag(opts["fork_server"]) and \
                         not (isinstance(workers, numbers.Integral) and workers <= 0):
                     self._fork_template()
@@ -412,7 +414,11 @@ class Loader(_Closes):
             if self._data_fd is not None:
                 pairs.append(("dataset_fd", str(self._data_fd)))
             self._pairs = pairs
-            self._opens_early = str(opts.get("open_local_ready", -1)) != "-1"
+            # a worker of the first start may have no pid yet after open
+            self._opens_early = str(opts.get("open_local_ready", -1)) != "-1" and \
+                not threads and _flag(opts.get("fork_server", False))
+            self._local = opts.get("workers", 2) if isinstance(opts.get("workers", 2),
+                                                              numbers.Integral) else 0
             try:
                 self._start_timeout = int(opts.get("start_timeout_ms", 30000)) / 1000.0
             except (TypeError, ValueError):
@@ -667,12 +673,13 @@ class Loader(_Closes):
         for a thread). A Python dataset's loader opens once its first
         worker is ready (option open_local_ready) while its clean parent
         forks the others: a worker of that first start not forked yet is
-        waited for (tens of ms; at most start_timeout_ms)."""
+        waited for (tens of ms; at most start_timeout_ms, after which the
+        loader fails if it is still not forked)."""
         if not isinstance(index, numbers.Integral) or not 0 <= index < 2**32:
             raise InvalidValue("worker_pid: no worker %r" % (index,))
         c = self._live()
         pid = c.worker_pid(int(index))
-        if pid or index in self._forked or not self._opens_early:
+        if pid or index in self._forked or not self._opens_early or index >= self._local:
             if pid:
                 self._forked.add(index)
             return pid

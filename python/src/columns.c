@@ -808,6 +808,11 @@ static PyObject *records_encode(PyObject *self, PyObject *args)
     part parts[PARTS_MAX];
     Py_ssize_t opened = 0, pos = 0;
     PyObject *key, *value;
+    while (PyDict_Next(first, &pos, &key, &value))
+        strs += col_kind(value) == COL_STR;
+    if (strs > 2)
+        t = 1; /* a part holds the bytes of two str columns at most */
+    pos = 0;
     while (PyDict_Next(first, &pos, &key, &value)) {
         if (col_open(&cols[opened], value, n, t > 1 ? n / t + 1 : n) < 0)
             goto done;
@@ -816,10 +821,7 @@ static PyObject *records_encode(PyObject *self, PyObject *args)
             out = Py_NewRef(Py_None);
             goto done;
         }
-        strs += cols[opened - 1].kind == COL_STR;
     }
-    if (strs > 2)
-        t = 1; /* a part holds the bytes of two str columns at most */
     records_job job = {items, keys, k, cols, 0};
     cut_parts(parts, t, n, &job);
     nparts = t;

@@ -61,23 +61,57 @@ def test_the_encoders_in_threads_give_the_bytes_one_thread_gives(misfit, threads
     assert _ferry.str_dict_encode({**vocab, "ü": 1}, threads) is None  # a key not ASCII
 
 
+def _key_hash8(keys):
+    """columns.c's key_hash of 8-byte ASCII keys, in numpy (one word each)."""
+    w = np.frombuffer("".join(keys).encode(), dtype="<u8")
+    with np.errstate(over="ignore"):
+        h = (np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(8)) ^ w
+        h = h * np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(29)
+        h ^= h >> np.uint64(33)
+        h = h * np.uint64(0xC4CEB9FE1A85EC53)
+        h ^= h >> np.uint64(33)
+    return h
+
+
 def test_a_big_dicts_table_is_the_same_whatever_the_threads_and_finds_every_key():
-    """Past 2^17 keys the lookup table is filled in 16 regions at once: the
-    keys that run off their region's end are placed last. The table's bytes
-    (which name a host's shared copy) do not depend on the threads, and
-    every key, those placed last included, is found where it is."""
+    """Past 2^17 keys the lookup table is filled in 16 regions at once, and
+    a key that runs off its region's end is put aside and placed last. Keys
+    chosen so that some region has three whose home is one of its last two
+    slots (one of them must be put aside): the table's bytes (which name a
+    host's shared copy) do not depend on the threads, a key put aside lies
+    past its region, and every key is found where it is."""
     from ferry import _ferry
-    n = 140000
-    d = {"k%d" % (k * 7919 % 1000003): k for k in range(n)}
+    size, rsize = 1 << 19, (1 << 19) // 16  # the table of 131,073 to 262,144 keys
+    cands = ["x%07d" % k for k in range(1000000)]
+    home = _key_hash8(cands) & np.uint64(size - 1)
+    last = np.nonzero(home % np.uint64(rsize) >= np.uint64(rsize - 2))[0]
+    crafted = [cands[i] for i in last]
+    per_region = np.bincount((home[last] // np.uint64(rsize)).astype(np.int64), minlength=16)
+    assert per_region.max() >= 3, per_region
+    d = {k: i for i, k in enumerate(crafted)}
+    for k in range(140000 - len(d)):
+        d["k%d" % k] = k
     tables = {t: _ferry.str_dict_encode(d, t) for t in (1, 2, 5)}
     assert tables[1] == tables[2] == tables[5]
     blob, ends, table, _ = tables[1]
     ends = np.frombuffer(ends, dtype=np.int64)
+    slots = np.frombuffer(table, dtype=np.int64)
+    assert len(slots) == size
+    where = np.empty(len(d), dtype=np.int64)
+    where[slots[slots > 0] - 1] = np.nonzero(slots > 0)[0]
+    past = 0
+    for pos, key in enumerate(crafted):
+        h = int(_key_hash8([key])[0]) & (size - 1)
+        assert 0 <= (int(where[pos]) - h) % size < 64  # at its home or probed on from it
+        past += int(where[pos]) // rsize != h // rsize
+    assert past >= 1  # put aside, then placed in the next region
     keys = list(d)
-    for i in list(range(0, n, 7)) + [n - 1]:
+    for i in list(range(0, len(keys), 7)) + list(range(len(crafted))) + [len(keys) - 1]:
         assert _ferry.str_find(table, blob, ends, keys[i]) == i
     assert _ferry.str_find(table, blob, ends, "absent") == -1
     assert _ferry.str_index(blob, ends) == table  # the general path's table too
+
 
 def test_a_big_list_of_dicts_reads_as_the_list():
     rows = _rows(_shared.AUTO_MIN)
