@@ -395,11 +395,10 @@ class Loader(_Closes):
                     # the first batches while the clean parent forks the
                     # others (each a fork of a process as big as the trainer)
                     opts.setdefault("open_local_ready", 1)
-                if "fork_from" not in opts and _flag(opts["fork_server"]) and \
-                        not (isinstance(workers, numbers.Integral) and workers <= 0):
-                    self._fork_template()
-                    if self._template is not None:
-                        opts["fork_from"] = self._template.fileno()
+                    if "fork_from" not in opts:
+                        self._fork_template()
+                        if self._template is not None:
+                            opts["fork_from"] = self._template.fileno()
             if isinstance(dataset, Mix):
                 # The mix's own order over its sources (sampler/mix.h).
                 opts.setdefault("mix", dataset.spec)
@@ -417,8 +416,8 @@ class Loader(_Closes):
             # a worker of the first start may have no pid yet after open
             self._opens_early = str(opts.get("open_local_ready", -1)) != "-1" and \
                 not threads and _flag(opts.get("fork_server", False))
-            self._local = opts.get("workers", 2) if isinstance(opts.get("workers", 2),
-                                                              numbers.Integral) else 0
+            workers = opts.get("workers", 2)
+            self._local = int(workers) if isinstance(workers, numbers.Integral) else 0
             try:
                 self._start_timeout = int(opts.get("start_timeout_ms", 30000)) / 1000.0
             except (TypeError, ValueError):

@@ -232,13 +232,15 @@ def _open_ferry(a):
                     epochs=a.epochs)
         if a.prefetch is not None:
             opts["prefetch"] = a.prefetch
+        opts.update(a.ferry_options)
         ld = ferry.Loader(_bench_module().MnistLike, dataset_kwargs={"n": a.items, "seed": a.seed},
                           **opts)
         how = "the class ferry.bench:MnistLike"
     else:  # what a torch user switching one import runs
         from ferry.torch import DataLoader
         native = {"native": False} if a.native_off else {}
-        ld = DataLoader(imagefolder(a.root), epochs=a.epochs, **native, **_imagefolder_args(a))
+        ld = DataLoader(imagefolder(a.root), epochs=a.epochs, **native, **_imagefolder_args(a),
+                        **a.ferry_options)
         how = "ferry.torch.DataLoader, the ImageFolder object (%s)" % (
             "its transform in C" if ld._native else "Python workers")
     return ld.__iter__, len(ld), _profiled_close(ld), how
@@ -600,7 +602,7 @@ def bench(a, on_run=None):
         raise RuntimeError("the loaders disagree on batches per epoch: %s" % per_epoch)
     loaders = {n: dict(rounds=rounds[n], **_aggregate(rounds[n], metrics)) for n in names}
     keys = ["pipeline", "items", "batch_size", "workers", "prefetch", "epochs", "rounds",
-            "step_ms", "step_mode", "seed", "only"]
+            "step_ms", "step_mode", "seed", "only", "ferry_options"]
     if a.pipeline != "mnist":
         keys += ["classes", "size", "data", "native_off"]
     ratios = _ratios(loaders, ratio_keys)
@@ -694,8 +696,22 @@ def parse_args(argv=None):
                    help="plot the waits of the last round, and below them ferry's stages "
                         "over the run (mean ms per batch in each, about 40 windows; needs "
                         "matplotlib)")
+    p.add_argument("--ferry-option", dest="ferry_options", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="mnist, imagefolder: a loader option for ferry's loader (an int when it "
+                        "reads as one), to compare ferry with itself: --only ferry, alternating "
+                        "runs with and without it; repeatable")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
+    opts = {}
+    for kv in a.ferry_options:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            p.error("--ferry-option: KEY=VALUE, not %r" % kv)
+        opts[key] = int(value) if value.lstrip("-").isdigit() else value
+    a.ferry_options = opts
+    if a.ferry_options and a.pipeline not in ("mnist", "imagefolder"):
+        p.error("--ferry-option goes with --pipeline mnist or imagefolder")
     if a.pipeline == "mnist" and (a.classes, a.size, a.data) != (None, None, None):
         p.error("--classes, --size and --data go with --pipeline imagefolder or jpeg")
     for name, value in DEFAULTS[a.pipeline].items():

@@ -67,6 +67,22 @@ def test_bench_ferry_only():
     assert check_loader(res, "ferry")["batches_per_s"] > 0
 
 
+
+def test_bench_passes_ferry_options_to_ferry_s_loader():
+    """--ferry-option KEY=VALUE (ferry against itself): the run says what it
+    was given, and the option reaches the loader (a value it refuses fails
+    the run naming it); a malformed one is refused at the command line."""
+    res = run_bench("--only", "ferry", "--ferry-option", "prefetch=3")
+    assert res["config"]["ferry_options"] == {"prefetch": 3}
+    assert check_loader(res, "ferry")["batches_per_s"] > 0
+    p = subprocess.run([sys.executable, "-m", "ferry.bench"] + ARGS +
+                       ["--only", "ferry", "--ferry-option", "credits=100000"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "credits" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "ferry.bench", "--ferry-option", "credits"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "KEY=VALUE" in p.stderr
+
 def test_bench_ferry_and_torch():
     pytest.importorskip("torch")
     res = run_bench()
