@@ -423,6 +423,10 @@ class Loader(_Closes):
             except (TypeError, ValueError):
                 pass  # refused by the C side's check of its options, next
             self._adopt(self._open(state))
+            if self._template is not None:
+                # its second fork, made on ferry's forking thread while the
+                # first became the clean parent and forked the first worker
+                self._template.settle()
             self._exports = _profile.Exports(self, **exports)
         except BaseException:
             # Not left to __del__: the exception's traceback keeps this

@@ -48,72 +48,120 @@ def threads_running():
 
 
 class Template:
-    """A fork of the trainer that forks a loader's clean parent on request
-    (its control socket is the loader's option fork_from). It lives as
-    long as the loader and dies with the trainer (PR_SET_PDEATHSIG)."""
+    """The forks of the trainer that give a loader its clean parents (their
+    control socket is the loader's option fork_from). Two: the first
+    becomes the loader's first clean parent itself when asked for one (no
+    fork of its own on the way to the first batch); the second, forked
+    while the loader opens (settle), forks every clean parent after that,
+    and starts serving only once the first has taken its request (or is
+    gone): so the first clean parent is always the first fork's. Both live
+    as long as the loader and die with the trainer (PR_SET_PDEATHSIG)."""
 
-    __slots__ = ("pid", "pidfd", "sock", "owner", "threads")
+    __slots__ = ("procs", "sock", "owner", "threads", "_pending")
 
-    def __init__(self, pid, pidfd, sock, threads):
-        self.pid, self.pidfd, self.sock, self.owner, self.threads = \
-            pid, pidfd, sock, os.getpid(), threads
+    def __init__(self, pid, pidfd, sock, threads, pending):
+        self.procs = [(pid, pidfd)]  # (pid, pidfd or None): the first, then the second
+        self.sock, self.owner, self.threads = sock, os.getpid(), threads
+        self._pending = pending  # (job, fds the trainer closes once it is forked)
+
+    @property
+    def pid(self):
+        """The process that forks the loader's clean parents now: the
+        second once forked (the first is the clean parent by then)."""
+        return self.procs[-1][0] if self.procs else None
 
     def fileno(self):
         return self.sock.fileno()
 
+    def settle(self):
+        """The second fork, asked for on ferry's forking thread as the
+        loader opens, waited for; the trainer's copies of the templates'
+        ends closed. Twice is fine."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        job, fds = pending
+        try:
+            pid = job.result()
+        except OSError:
+            pid = None  # the first alone: clean parents after it are spawned
+        for fd in fds:
+            os.close(fd)
+        if pid is not None:
+            self.procs.append((pid, _pidfd(pid)))
+
     def forget(self):
-        """In a child forked from the trainer: the socket is not its own."""
+        """In a child forked from the trainer: the sockets are not its own."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            for fd in pending[1]:
+                os.close(fd)
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        for _, pidfd in self.procs:
+            if pidfd is not None:
+                os.close(pidfd)
+        self.procs = []
 
     def close(self):
-        """Killed and reaped (in the process that forked it); twice is fine."""
+        """Killed and reaped (in the process that forked them); twice is
+        fine."""
         if self.owner != os.getpid():
             self.forget()
             return
-        pidfd, self.pidfd = self.pidfd, None
-        self.forget()
-        if pidfd is None and self.pid is None:
-            return
+        self.settle()
+        procs, self.procs = self.procs, []
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
         import signal
-        pid, self.pid = self.pid, None
-        try:
-            if pidfd is not None:
-                # By pidfd: a trainer that reaps every child may have
-                # reaped it already, and its pid be another process's now.
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        except OSError:
-            pass
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
-        try:
-            while True:
-                try:
-                    os.waitpid(pid, 0)
-                    break
-                except InterruptedError:
-                    continue
-        except ChildProcessError:  # reaped by the trainer's own handler
-            pass
+        for pid, pidfd in procs:
+            try:
+                if pidfd is not None:
+                    # By pidfd: a trainer that reaps every child may have
+                    # reaped it already, and its pid be another process's now.
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+            try:
+                while True:
+                    try:
+                        os.waitpid(pid, 0)
+                        break
+                    except InterruptedError:
+                        continue
+            except ChildProcessError:  # reaped by the trainer's own handler
+                pass
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
 
 
 def fork_template():
-    """A new Template, forked from this process now, or None when clean
-    parents are spawned here (clean_parent_spawned) or the fork fails (the
-    loader then spawns its clean parent)."""
+    """A new Template: its first fork made now, its second asked of
+    ferry's forking thread (Template.settle waits for it); or None when
+    clean parents are spawned here (clean_parent_spawned) or the fork
+    fails (the loader then spawns its clean parent)."""
     if clean_parent_spawned():
         return None
     import socket
     threads = threads_running()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs = theirs.detach()  # an fd: both forks take it, the trainer closes it at settle
+    # the second serves once every write end of the gate is closed: the
+    # first's when it takes its request (or dies), the trainer's at settle
+    gate_r, gate_w = os.pipe()
     trainer = os.getpid()
 
-    def fork():
+    def fork(first):
         # What the trainer printed and has not flushed yet would be in the
         # fork's buffers too, and said twice (as multiprocessing's fork
         # start, torch's workers', flushes first).
@@ -125,23 +173,61 @@ def fork_template():
         pid = os.fork()
         if pid == 0:  # on whichever thread forked: the child's only one
             ours.close()
-            _run_template(theirs, trainer)  # never returns
+            os.close(gate_r if first else gate_w)
+            _run_template(theirs, trainer, first, gate_w if first else gate_r)  # never returns
         return pid
     try:
-        pid = _on_a_lasting_thread(fork)
+        pid = _on_a_lasting_thread(lambda: fork(True))
     except OSError:
         ours.close()
-        theirs.close()
+        for fd in (theirs, gate_r, gate_w):
+            os.close(fd)
         return None
-    theirs.close()
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        pidfd = None
-    return Template(pid, pidfd, ours, threads)
+    job = _on_the_forking_thread(lambda: fork(False))
+    return Template(pid, _pidfd(pid), ours, threads, (job, (theirs, gate_r, gate_w)))
 
 
 _forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread
+
+
+class _Job:
+    """fn's result, or its exception raised, once the forking thread ran it."""
+
+    __slots__ = ("box", "done")
+
+    def __init__(self):
+        import threading
+        self.box, self.done = [], threading.Event()
+
+    def result(self):
+        self.done.wait()
+        ok, value = self.box[0]
+        if ok:
+            return value
+        raise value
+
+
+def _on_the_forking_thread(fn):
+    """fn() put on ferry's forking thread (a daemon thread that lasts as
+    long as the process): a _Job."""
+    import threading
+    if _forker.get("pid") != os.getpid():
+        import queue
+
+        def serve(jobs):
+            while True:
+                job, fn = jobs.get()
+                try:
+                    job.box.append((True, fn()))
+                except BaseException as e:  # noqa: BLE001 - raised in the caller
+                    job.box.append((False, e))
+                job.done.set()
+        jobs = queue.SimpleQueue()
+        threading.Thread(target=serve, args=(jobs,), name="ferry-fork", daemon=True).start()
+        _forker.update(pid=os.getpid(), queue=jobs)
+    job = _Job()
+    _forker["queue"].put((job, fn))
+    return job
 
 
 def _on_a_lasting_thread(fn):
@@ -153,33 +239,15 @@ def _on_a_lasting_thread(fn):
     import threading
     if threading.current_thread() is threading.main_thread():
         return fn()
-    if _forker.get("pid") != os.getpid():
-        import queue
-
-        def serve(jobs):
-            while True:
-                job, box, done = jobs.get()
-                try:
-                    box.append((True, job()))
-                except BaseException as e:  # noqa: BLE001 - raised in the caller
-                    box.append((False, e))
-                done.set()
-        jobs = queue.SimpleQueue()
-        threading.Thread(target=serve, args=(jobs,), name="ferry-fork", daemon=True).start()
-        _forker.update(pid=os.getpid(), queue=jobs)
-    box, done = [], threading.Event()
-    _forker["queue"].put((fn, box, done))
-    done.wait()
-    ok, value = box[0]
-    if ok:
-        return value
-    raise value
+    return _on_the_forking_thread(fn).result()
 
 
-def _run_template(sock, trainer):
+def _run_template(sock_fd, trainer, first, gate):
     """In the fork: made a process of ferry's, then the fork-server loop
     without a dataset (ferry.worker.fork_server), until the loader (or the
-    trainer) goes; never returns, never runs the trainer's exit handlers."""
+    trainer) goes; never returns, never runs the trainer's exit handlers.
+    first: it becomes the first clean parent asked of it, holding the
+    gate's write end until then; else it serves once the gate is closed."""
     rc = 1
     try:
         import gc
@@ -190,7 +258,8 @@ def _run_template(sock, trainer):
         become_ferry_process()
         set_name("ferry-template")
         from . import worker
-        rc = worker.fork_server(["--control-fd", str(sock.detach()), "--parent", str(trainer)])
+        rc = worker.fork_server(["--control-fd", str(sock_fd), "--parent", str(trainer),
+                                 "--first" if first else "--after", str(gate)])
     except BaseException:  # noqa: BLE001 - said on stderr, then the exit code
         try:
             traceback.print_exc()

@@ -174,9 +174,13 @@ def fork_server(argv):
     --parent PID``: loads the dataset once, then forks a child for each
     request until the loader closes the connection. Without --dataset: a
     template (``ferry._template.fork_template``), whose children are
-    clean parents."""
+    clean parents; ``--first GATE``: the template that becomes the first
+    clean parent asked of it itself (no fork), closing GATE then;
+    ``--after GATE``: the one that serves once GATE reads its end."""
     from . import _dataset, _ferry, _handoff, _template
     ctl = int(_take_option(argv, "--control-fd"))
+    first = _take_option(argv, "--first")
+    after = _take_option(argv, "--after")
     spec = _take_option(argv, "--dataset")
     data_fd = _take_option(argv, "--data-fd")
     parent = _take_option(argv, "--parent")
@@ -197,6 +201,10 @@ def fork_server(argv):
         socket.getprotobyname("tcp")
     except OSError:
         pass
+    if after is not None:  # until the first template took its request, or is gone
+        while os.read(int(after), 1):
+            pass
+        os.close(int(after))
     try:
         sock.send(b"R")
     except OSError:  # the loader (or trainer) is gone already: nothing to serve
@@ -220,6 +228,13 @@ def fork_server(argv):
         if not fds:
             sock.send(b"Ethe request carried no stderr")
             continue
+        if first is not None and "--fork-server" in args:
+            # The first template: this process becomes the loader's first
+            # clean parent itself, a fork sooner than forking one; the
+            # second template serves the requests from now on.
+            sock.send(b"P%d" % os.getpid())
+            os.close(int(first))
+            _child(sock, args, fds)  # never returns
         if _threads_running() > 1 and not warned:
             warned = True
             print("ferry: warning: the clean parent (pid %d) runs %d threads; a fork copies "

@@ -163,6 +163,24 @@ def test_a_loader_opened_on_its_first_worker_survives_a_kill_before_the_others_e
         assert first[0] not in (ld.worker_pid(0), ld.worker_pid(1))
 
 
+
+def test_the_first_clean_parent_is_the_template_s_first_fork_itself():
+    """A loader's template is two forks of the trainer. The first becomes
+    the first clean parent itself (a fork less on the way to the first
+    batch); the second, forked while the loader opened, serves after it:
+    a clean parent killed is forked again by it, and nothing is lost."""
+    with ferry.Loader(Items(300, slow_ms=1), batch_size=5, workers=2, epochs=1) as ld:
+        (first, _), (second, _) = ld._template.procs
+        it = iter(ld)
+        got = [int(v) for v in next(it)["y"]]
+        assert parent_of_workers(ld) == first
+        assert ld._template.pid == second and comm(second) == "ferry-template"
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: parent_of_workers(ld) not in (None, first), 10, "a new clean parent")
+        assert comm(second) == "ferry-template"  # it forked the new one and serves on
+        got += [int(v) for b in it for v in b["y"]]
+        assert sorted(got) == [i * i for i in range(300)]
+
 def test_the_clean_parent_killed_under_fail_policy_raises():
     ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_failure="fail")
     try:
