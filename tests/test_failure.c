@@ -988,10 +988,16 @@ static void test_local_wrong_batch_fails_that_batch_only(void **state)
 /* The worker of slot 1 of a two-worker loader, held back by the script
  * until the test creates the file `go`; then it serves (die 0) or exits
  * without a word (die 1). */
-static ferry_loader *open_with_a_late_worker(char *dir, char *go, size_t cap, int die)
+/* A fresh folder dir and the path of the file `go` in it (not made yet). */
+static void make_go_path(char *dir, char *go, size_t cap)
 {
     assert_non_null(mkdtemp(dir));
     snprintf(go, cap, "%s/go", dir);
+}
+
+static ferry_loader *open_with_a_late_worker(char *dir, char *go, size_t cap, int die)
+{
+    make_go_path(dir, go, cap);
     char script[600];
     snprintf(script, sizeof script, "late=1,%s,%s", die ? "die" : "serve", go);
     assert_int_equal(setenv("FERRY_TEST_SCRIPT", script, 1), 0);
@@ -1008,7 +1014,19 @@ static void let_go(const char *go)
     fclose(f);
 }
 
-/* After the loader closed: the script and its file gone. */
+/* next() until it fails: its error code; *got counts the batches before. */
+static int next_until_error(ferry_loader *ld, uint64_t *got)
+{
+    for (*got = 0;; ++*got) {
+        ferry_batch *b = NULL;
+        int rc = ferry_loader_next(ld, &b);
+        if (rc != FERRY_OK)
+            return rc;
+        ferry_batch_release(b);
+    }
+}
+
+/* After the loader closed: the script (if any) and its file gone. */
 static void forget_the_late_worker(const char *dir, const char *go)
 {
     unsetenv("FERRY_TEST_SCRIPT");
@@ -1069,13 +1087,8 @@ static void test_a_worker_that_keeps_dying_as_it_starts_after_open_fails_the_loa
     assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK); /* worker 0's */
     ferry_batch_release(b);
     let_go(go);
-    int rc = FERRY_OK;
-    while (rc == FERRY_OK) {
-        b = NULL;
-        rc = ferry_loader_next(ld, &b);
-        if (rc == FERRY_OK)
-            ferry_batch_release(b);
-    }
+    uint64_t got;
+    int rc = next_until_error(ld, &got);
     FT_EXPECT_ERROR(rc, FERRY_EWORKER, "worker 1 died 6 times in a row without delivering",
                     "exited with code 3", "gives up before its HELLO", NULL);
     assert_int_equal(ft_stats(ld).restarts, 5);
@@ -1096,8 +1109,7 @@ static void test_a_worker_not_ready_by_the_start_timeout_after_open_fails_the_lo
     ft_snapshot snap;
     ft_begin(&snap, 30);
     char dir[] = "/tmp/ferry-test-late-XXXXXX", go[64], args[200];
-    assert_non_null(mkdtemp(dir));
-    snprintf(go, sizeof go, "%s/go", dir);
+    make_go_path(dir, go, sizeof go);
     snprintf(args, sizeof args, "n=100000,wait_open_worker=1,wait_file=%s", go);
     ferry_config *cfg = make_cfg(2, 16, hostile(args));
     assert_int_equal(ferry_config_set(cfg, "worker_mode", "thread"), FERRY_OK);
@@ -1106,24 +1118,15 @@ static void test_a_worker_not_ready_by_the_start_timeout_after_open_fails_the_lo
     assert_int_equal(ferry_config_set_int(cfg, "pin_tasks", 2), FERRY_OK);
     uint64_t t0 = ft_now_ms();
     ferry_loader *ld = ft_open_ok(cfg);
-    int rc = FERRY_OK;
-    uint64_t got = 0;
-    while (rc == FERRY_OK) {
-        ferry_batch *b = NULL;
-        rc = ferry_loader_next(ld, &b);
-        if (rc == FERRY_OK) {
-            got++;
-            ferry_batch_release(b);
-        }
-    }
+    uint64_t got;
+    int rc = next_until_error(ld, &got);
     FT_EXPECT_ERROR(rc, FERRY_ETIMEDOUT, "worker 1 was not ready within start_timeout_ms 1000",
                     "its thread is still opening the dataset", NULL);
     assert_true(ft_now_ms() - t0 >= 1000);
     assert_true(got >= 1); /* worker 0's first batch, before batch 1 waited for worker 1 */
     let_go(go);
     ferry_loader_close(ld);
-    assert_int_equal(unlink(go), 0);
-    assert_int_equal(rmdir(dir), 0);
+    forget_the_late_worker(dir, go);
     ft_end(&snap);
 }
 
