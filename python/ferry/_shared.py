@@ -344,6 +344,13 @@ def _key_hash(kind, key):
     return key & 0x7FFFFFFFFFFFFFFF
 
 
+def _str8_slots(table, n):
+    """The slots of a table _ferry made for n str keys (str_dict_encode,
+    str_index): 4 bytes each below 2**31 - 1 keys, else 8 (columns.c's
+    table_width)."""
+    return np.frombuffer(table, dtype=np.uint32 if n < 2**31 - 1 else np.uint64)
+
+
 def _index(hashes):
     """An open-addressing table (linear probing) of positions: slot ->
     position + 1, 0 empty; 2 slots or more per key."""
@@ -380,17 +387,21 @@ class SharedDict(_Local, collections.abc.Mapping):
             # A state from before the table's hash changed (FNV-1a; now
             # columns.c's key_hash, kind "str8"): its table is built again.
             kind = "str8"
-            table = np.frombuffer(_ferry.str_index(keys[1], keys[2]), dtype=np.int64)
+            table = _str8_slots(_ferry.str_index(keys[1], keys[2]), n)
             state = (n, kind, keys, values, table)
         self._state = state
         self._n, self._kind = n, kind
         self._key = _Column(keys).at
         self._value = _Rows(values).at
-        self._table = memoryview(np.ascontiguousarray(table)).cast("B").cast("q")
-        self._mask = len(table) - 1
-        # str_find's buffers, as memoryviews: the cheapest to hand to C
-        self._raw_key = tuple(memoryview(np.ascontiguousarray(a)).cast("B")
-                              for a in (table, keys[1], keys[2])) if kind == "str8" else None
+        if kind == "str8":
+            # str_find's buffers, as memoryviews: the cheapest to hand to C
+            self._raw_key = tuple(memoryview(np.ascontiguousarray(a)).cast("B")
+                                  for a in (table, keys[1], keys[2]))
+            self._table = self._mask = None
+        else:
+            self._raw_key = None
+            self._table = memoryview(np.ascontiguousarray(table)).cast("B").cast("q")
+            self._mask = len(table) - 1
         self._local = None
 
     def __reduce__(self):
@@ -548,7 +559,8 @@ def encode_dict(d, auto=True):
         if rows is None:
             return None
         key_col = _packed(("str", blob, ends))
-        return (len(key_col[2]) - 1, "str8", key_col, rows, np.frombuffer(table, dtype=np.int64))
+        n = len(key_col[2]) - 1
+        return (n, "str8", key_col, rows, _str8_slots(table, n))
     keys = list(d)
     packed = _ferry.str_column(keys)  # all str (checked in C): the common case
     if packed is not None:
@@ -568,7 +580,7 @@ def encode_dict(d, auto=True):
         return None
     if kind == "str8":  # the table in C, found in C
         key_col = _packed(("str",) + packed)
-        table = np.frombuffer(_ferry.str_index(packed[0], packed[1]), dtype=np.int64)
+        table = _str8_slots(_ferry.str_index(packed[0], packed[1]), len(keys))
         return (len(keys), kind, key_col, rows, table)
     key_col = encode_column(keys)
     if kind == "int" and key_col[0] != "int":

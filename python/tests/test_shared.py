@@ -96,10 +96,10 @@ def test_a_big_dicts_table_is_the_same_whatever_the_threads_and_finds_every_key(
     assert tables[1] == tables[2] == tables[5]
     blob, ends, table, _ = tables[1]
     ends = np.frombuffer(ends, dtype=np.int64)
-    slots = np.frombuffer(table, dtype=np.int64)
+    slots = np.frombuffer(table, dtype=np.uint32)  # 4-byte slots below 2**31 keys
     assert len(slots) == size
     where = np.empty(len(d), dtype=np.int64)
-    where[slots[slots > 0] - 1] = np.nonzero(slots > 0)[0]
+    where[slots[slots > 0].astype(np.int64) - 1] = np.nonzero(slots > 0)[0]
     past = 0
     for pos, key in enumerate(crafted):
         h = int(_key_hash8([key])[0]) & (size - 1)
@@ -111,6 +111,13 @@ def test_a_big_dicts_table_is_the_same_whatever_the_threads_and_finds_every_key(
         assert _ferry.str_find(table, blob, ends, keys[i]) == i
     assert _ferry.str_find(table, blob, ends, "absent") == -1
     assert _ferry.str_index(blob, ends) == table  # the general path's table too
+    # A table of 8-byte slots (every table before 4-byte ones) still finds
+    # its keys; a table of another length is an error, not "absent".
+    wide = slots.astype(np.uint64).tobytes()
+    assert all(_ferry.str_find(wide, blob, ends, keys[i]) == i for i in (0, 7, len(keys) - 1))
+    assert _ferry.str_find(wide, blob, ends, "absent") == -1
+    with pytest.raises(ValueError, match="not that of"):
+        _ferry.str_find(table[:-4], blob, ends, keys[0])
 
 
 def test_a_big_list_of_dicts_reads_as_the_list():
