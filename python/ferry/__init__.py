@@ -422,6 +422,8 @@ class Loader(_Closes):
                 self._start_timeout = int(opts.get("start_timeout_ms", 30000)) / 1000.0
             except (TypeError, ValueError):
                 pass  # refused by the C side's check of its options, next
+            if self._template is not None:
+                self._template.fork_second()  # while the C open runs, GIL released
             self._adopt(self._open(state))
             if self._template is not None:
                 # its second fork, made on ferry's forking thread while the

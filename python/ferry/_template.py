@@ -62,7 +62,9 @@ class Template:
     def __init__(self, pid, pidfd, sock, threads, pending):
         self.procs = [(pid, pidfd)]  # (pid, pidfd or None): the first, then the second
         self.sock, self.owner, self.threads = sock, os.getpid(), threads
-        self._pending = pending  # (job, fds the trainer closes once it is forked)
+        # (the second fork's function, then its _Job once asked of ferry's
+        # forking thread; fds the trainer closes once it is forked)
+        self._pending = pending
 
     @property
     def pid(self):
@@ -73,10 +75,22 @@ class Template:
     def fileno(self):
         return self.sock.fileno()
 
+    def fork_second(self):
+        """The second fork asked of ferry's forking thread, to be made while
+        the loader opens: call it just before the C open, which releases
+        the GIL that os.fork holds while it copies the trainer (10-15 ms
+        for a big heap), and not earlier: the trainer's last steps before
+        the open (the pickled dataset into its memfd) waited for it then.
+        Twice is fine."""
+        if self._pending is not None and not isinstance(self._pending[0], _Job):
+            fn, fds = self._pending
+            self._pending = (_on_the_forking_thread(fn), fds)
+
     def settle(self):
-        """The second fork, asked for on ferry's forking thread as the
-        loader opens, waited for; the trainer's copies of the templates'
-        ends closed. Twice is fine."""
+        """The second fork (fork_second, asked now if it was not yet)
+        waited for; the trainer's copies of the templates' ends closed.
+        Twice is fine."""
+        self.fork_second()
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -110,6 +124,11 @@ class Template:
         if self.owner != os.getpid():
             self.forget()
             return
+        pending = self._pending
+        if pending is not None and not isinstance(pending[0], _Job):
+            self._pending = None  # never asked for: not forked only to be killed
+            for fd in pending[1]:
+                os.close(fd)
         self.settle()
         procs, self.procs = self.procs, []
         if self.sock is not None:
@@ -146,8 +165,9 @@ def _pidfd(pid):
 
 
 def fork_template():
-    """A new Template: its first fork made now, its second asked of
-    ferry's forking thread (Template.settle waits for it); or None when
+    """A new Template: its first fork made now, its second to be made on
+    ferry's forking thread (Template.fork_second asks for it, settle waits
+    for it); or None when
     clean parents are spawned here (clean_parent_spawned) or the fork
     fails (the loader then spawns its clean parent)."""
     if clean_parent_spawned():
@@ -183,8 +203,8 @@ def fork_template():
         for fd in (theirs, gate_r, gate_w):
             os.close(fd)
         return None
-    job = _on_the_forking_thread(lambda: fork(False))
-    return Template(pid, _pidfd(pid), ours, threads, (job, (theirs, gate_r, gate_w)))
+    return Template(pid, _pidfd(pid), ours, threads,
+                    (lambda: fork(False), (theirs, gate_r, gate_w)))
 
 
 _forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread
