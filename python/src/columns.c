@@ -332,8 +332,9 @@ static PyObject *str_find(PyObject *self, PyObject *args)
         return NULL;
     }
     const void *t = tb.buf;
+    Py_ssize_t tlen = tb.len;
     uint64_t size = table_size(s.n), found = 0;
-    int w = (uint64_t)tb.len == 4 * size ? 4 : (uint64_t)tb.len == 8 * size ? 8 : 0;
+    int w = (uint64_t)tlen == 4 * size ? 4 : (uint64_t)tlen == 8 * size ? 8 : 0;
     if (w) {
         uint64_t slot = key_hash((const unsigned char *)k, (size_t)klen) & (size - 1), v;
         for (uint64_t probes = 0; probes < size && (v = slot_get(t, w, slot)); probes++) {
@@ -352,7 +353,7 @@ static PyObject *str_find(PyObject *self, PyObject *args)
     PyBuffer_Release(&tb);
     if (!w) {
         PyErr_Format(PyExc_ValueError, "a table of %zd bytes is not that of %zd keys",
-                     tb.len, s.n);
+                     tlen, s.n);
         return NULL;
     }
     return PyLong_FromLongLong(found ? (long long)found - 1 : -1);
