@@ -181,6 +181,25 @@ def test_the_first_clean_parent_is_the_template_s_first_fork_itself():
         got += [int(v) for b in it for v in b["y"]]
         assert sorted(got) == [i * i for i in range(300)]
 
+# Every fork this (the trainer's) process makes, on any thread.
+_forks = []
+os.register_at_fork(after_in_parent=lambda: _forks.append(1))
+
+
+def test_the_trainer_forks_twice_for_a_loader_and_a_refused_one_leaves_nothing():
+    """The trainer forks twice for a loader, the template's two forks (the
+    second as the C open runs); the workers are the clean parent's forks.
+    A loader the C open refuses (an unknown option) leaves no process."""
+    before = len(_forks)
+    with ferry.Loader(Items(10), batch_size=5, workers=2, epochs=1) as ld:
+        assert sorted(int(v) for b in ld for v in b["y"]) == [i * i for i in range(10)]
+        assert len(ld._template.procs) == 2
+    assert len(_forks) - before == 2
+    with pytest.raises(ferry.OptionError, match="no_such_option"):
+        ferry.Loader(Items(10), batch_size=5, workers=2, no_such_option=3)
+    assert children() == []
+
+
 def test_the_clean_parent_killed_under_fail_policy_raises():
     ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_failure="fail")
     try:
