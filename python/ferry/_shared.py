@@ -180,11 +180,21 @@ def _encode_rows(items, auto):
             if None not in encoded:
                 return ("dict", list(keys), encoded)
     if items and type(items[0]) is tuple:
+        # the common case in one pass: places of ASCII str, int, float
+        # (an ImageFolder's samples, (path, class index))
+        cols = _ferry.tuples_encode(items, len(items[0]))
+        if cols is not None:
+            return ("tuple", [_packed(c) for c in cols])
         cols = _ferry.tuple_columns(items, len(items[0]))  # tuples alike (C)
         if cols is not None:
             encoded = [encode_column(c, plain=True) for c in cols]
             if None not in encoded:
                 return ("tuple", encoded)
+    if items and type(items[0]) in (str, int, float):
+        # all of the first's kind (ASCII str, 64-bit int, float) in one pass
+        cols = _ferry.values_encode(items)
+        if cols is not None:
+            return ("value", _packed(cols[0]))
     kinds = set(map(type, items))
     if auto and not _plain_list(items, kinds):
         return None

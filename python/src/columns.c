@@ -842,12 +842,27 @@ static int fill_table(void *t, int w, uint64_t size, const uint64_t *hashes, Py_
 
 /* ---- a list of dicts */
 
+/* What a list's items are: dicts of the same keys, tuples of the same
+ * width, or values (one column of the items themselves). */
+enum { ROWS_DICT, ROWS_TUPLE, ROWS_VALUE };
+
 typedef struct records_job {
-    PyObject *items, *keys;
+    int shape;
+    PyObject *items, *keys; /* keys: ROWS_DICT's */
     Py_ssize_t k;
     col *cols;
     atomic_int stop; /* some part found an item that does not fit */
 } records_job;
+
+/* Field j of item i into its column: 0, 1 it does not fit, -1 out of
+ * memory (col_put). */
+static int put_field(records_job *job, strbuf **own, Py_ssize_t j, Py_ssize_t i, PyObject *v)
+{
+    int r = col_put(&job->cols[j], own[j], i, v);
+    if (r)
+        atomic_store(&job->stop, 1);
+    return r;
+}
 
 static void *records_part(void *arg)
 {
@@ -855,6 +870,7 @@ static void *records_part(void *arg)
     records_job *job = pt->job;
     PyObject *key, *value;
     strbuf *own[64] = {NULL};
+    int r = 0;
     for (Py_ssize_t j = 0, s = 0; pt->index > 0 && j < job->k; j++) {
         if (job->cols[j].kind == COL_STR) { /* at most two str columns go in threads */
             own[j] = &pt->own[s++];
@@ -872,6 +888,19 @@ static void *records_part(void *arg)
             return NULL;
         }
         PyObject *d = PyList_GET_ITEM(job->items, i);
+        if (job->shape == ROWS_VALUE) {
+            if ((r = put_field(job, own, 0, i, d)))
+                goto failed;
+            continue;
+        }
+        if (job->shape == ROWS_TUPLE) {
+            if (!PyTuple_CheckExact(d) || PyTuple_GET_SIZE(d) != job->k)
+                goto misfit;
+            for (Py_ssize_t j = 0; j < job->k; j++)
+                if ((r = put_field(job, own, j, i, PyTuple_GET_ITEM(d, j))))
+                    goto failed;
+            continue;
+        }
         if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) != job->k)
             goto misfit;
         Py_ssize_t j = 0, pos = 0;
@@ -879,17 +908,14 @@ static void *records_part(void *arg)
             /* as dict_columns: exact str keys compared, nothing else run */
             if (!same_str(key, PyTuple_GET_ITEM(job->keys, j)))
                 goto misfit;
-            int r = col_put(&job->cols[j], own[j], i, value);
-            if (r) {
-                if (r > 0)
-                    goto misfit;
-                pt->outcome = -1;
-                atomic_store(&job->stop, 1);
-                return NULL;
-            }
+            if ((r = put_field(job, own, j, i, value)))
+                goto failed;
             j++;
         }
     }
+    return NULL;
+failed:
+    pt->outcome = r > 0 ? 1 : -1;
     return NULL;
 misfit:
     pt->outcome = 1;
@@ -897,36 +923,42 @@ misfit:
     return NULL;
 }
 
-/* records_encode(items, keys[, threads]) -> [column per key] (see
- * col_result), or None when some item is not a dict (exactly) with exactly
- * these keys in this order, or some value does not fit its key's column
- * (the kind of items[0]'s). One pass over the items, in parts (see above);
- * nothing is referenced. */
-static PyObject *records_encode(PyObject *self, PyObject *args)
+/* The columns of a list of items of the shape (ROWS_*): dicts of keys
+ * `keys` in this order, tuples of k items, or values (k 1); see
+ * records_encode. */
+static PyObject *rows_encode(int shape, PyObject *items, PyObject *keys, Py_ssize_t k,
+                             int wanted)
 {
-    PyObject *items, *keys, *out = NULL;
-    int wanted = 0;
-    if (!PyArg_ParseTuple(args, "O!O!|i:records_encode", &PyList_Type, &items, &PyTuple_Type,
-                          &keys, &wanted))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(items), k = PyTuple_GET_SIZE(keys);
-    if (n == 0 || k == 0 || k > 64)
+    PyObject *out = NULL, *first_values[64];
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n == 0 || k <= 0 || k > 64)
         Py_RETURN_NONE;
     PyObject *first = PyList_GET_ITEM(items, 0);
-    if (!PyDict_CheckExact(first) || PyDict_GET_SIZE(first) != k)
-        Py_RETURN_NONE;
+    if (shape == ROWS_VALUE) {
+        first_values[0] = first;
+    } else if (shape == ROWS_DICT) {
+        if (!PyDict_CheckExact(first) || PyDict_GET_SIZE(first) != k)
+            Py_RETURN_NONE;
+        Py_ssize_t pos = 0, j = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(first, &pos, &key, &value))
+            first_values[j++] = value;
+    } else {
+        if (!PyTuple_CheckExact(first) || PyTuple_GET_SIZE(first) != k)
+            Py_RETURN_NONE;
+        for (Py_ssize_t j = 0; j < k; j++)
+            first_values[j] = PyTuple_GET_ITEM(first, j);
+    }
     int t = encode_threads(n, wanted), strs = 0, nparts = 0;
     col cols[64];
     part parts[PARTS_MAX];
-    Py_ssize_t opened = 0, pos = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(first, &pos, &key, &value))
-        strs += col_kind(value) == COL_STR;
+    Py_ssize_t opened = 0;
+    for (Py_ssize_t j = 0; j < k; j++)
+        strs += col_kind(first_values[j]) == COL_STR;
     if (strs > 2)
         t = 1; /* a part holds the bytes of two str columns at most */
-    pos = 0;
-    while (PyDict_Next(first, &pos, &key, &value)) {
-        if (col_open(&cols[opened], value, n) < 0)
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (col_open(&cols[opened], first_values[j], n) < 0)
             goto done;
         opened++;
         if (cols[opened - 1].kind < 0) {
@@ -934,7 +966,7 @@ static PyObject *records_encode(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    records_job job = {items, keys, k, cols, 0};
+    records_job job = {shape, items, keys, k, cols, 0};
     cut_parts(parts, t, n, &job);
     nparts = t;
     run_parts(parts, t, records_part);
@@ -962,6 +994,47 @@ done:
     for (Py_ssize_t j = 0; j < opened; j++)
         col_close(&cols[j]);
     return none_if_out_of_memory(out);
+}
+
+/* records_encode(items, keys[, threads]) -> [column per key] (see
+ * col_result), or None when some item is not a dict (exactly) with exactly
+ * these keys in this order, or some value does not fit its key's column
+ * (the kind of items[0]'s). One pass over the items, in parts (see above);
+ * nothing is referenced. */
+static PyObject *records_encode(PyObject *self, PyObject *args)
+{
+    PyObject *items, *keys;
+    int wanted = 0;
+    if (!PyArg_ParseTuple(args, "O!O!|i:records_encode", &PyList_Type, &items, &PyTuple_Type,
+                          &keys, &wanted))
+        return NULL;
+    return rows_encode(ROWS_DICT, items, keys, PyTuple_GET_SIZE(keys), wanted);
+}
+
+/* tuples_encode(items, width[, threads]) -> [column per place], or None:
+ * records_encode for a list of tuples (exactly) of `width` items, such as
+ * an ImageFolder's samples, (path, class index). */
+static PyObject *tuples_encode(PyObject *self, PyObject *args)
+{
+    PyObject *items;
+    Py_ssize_t width;
+    int wanted = 0;
+    if (!PyArg_ParseTuple(args, "O!n|i:tuples_encode", &PyList_Type, &items, &width, &wanted))
+        return NULL;
+    return rows_encode(ROWS_TUPLE, items, NULL, width, wanted);
+}
+
+/* values_encode(items[, threads]) -> [the column of the items], or None
+ * when they do not all fit the kind of items[0]'s (ASCII str, int of 64
+ * bits, float: see col_put): records_encode for a list of the values
+ * themselves, such as a list of paths or of labels. */
+static PyObject *values_encode(PyObject *self, PyObject *args)
+{
+    PyObject *items;
+    int wanted = 0;
+    if (!PyArg_ParseTuple(args, "O!|i:values_encode", &PyList_Type, &items, &wanted))
+        return NULL;
+    return rows_encode(ROWS_VALUE, items, NULL, 1, wanted);
 }
 
 /* ---- a dict of str keys */
@@ -1217,6 +1290,10 @@ PyMethodDef ferry_py_column_methods[] = {
 
     {"records_encode", records_encode, METH_VARARGS,
      "records_encode(items, keys[, threads]) -> a packed column per key, or None"},
+    {"tuples_encode", tuples_encode, METH_VARARGS,
+     "tuples_encode(items, width[, threads]) -> a packed column per place, or None"},
+    {"values_encode", values_encode, METH_VARARGS,
+     "values_encode(items[, threads]) -> [the packed column of the items], or None"},
     {"str_dict_encode", str_dict_encode, METH_VARARGS,
      "str_dict_encode(d[, threads]) -> (key blob, key ends, table, values column or None), "
      "or None"},

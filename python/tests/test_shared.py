@@ -61,6 +61,59 @@ def test_the_encoders_in_threads_give_the_bytes_one_thread_gives(misfit, threads
     assert _ferry.str_dict_encode({**vocab, "ü": 1}, threads) is None  # a key not ASCII
 
 
+@pytest.mark.parametrize("misfit", [None, 0, "middle", -1])
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_lists_of_tuples_and_of_values_encode_in_one_pass_as_the_general_path_does(
+        misfit, threads):
+    """A list of tuples (an ImageFolder's samples) and a list of values
+    (paths, labels, weights) are encoded in one pass in C, in threads: the
+    same rows, byte for byte, as the general path (each place's list, then
+    its column); an item that does not fit, wherever it is, sends the whole
+    list down the general path, which encodes it as it always did."""
+    from ferry import _ferry
+    n = 3001
+    samples = [("/d/%d.jpg" % k * (1 + k % 7), k - 1500, k / 7) for k in range(n)]
+    paths = [p for p, _, _ in samples]
+    labels = [c for _, c, _ in samples]
+    weights = [w for _, _, w in samples]
+    odd = {"samples": ("/d/ü.jpg", 1, 1.0), "paths": "/d/ü.jpg", "labels": True,
+           "weights": 1}  # not ASCII, a bool, an int among floats
+    lists = {"samples": samples, "paths": paths, "labels": labels, "weights": weights}
+    if misfit is not None:
+        at = n // 2 if misfit == "middle" else misfit
+        for name, items in lists.items():
+            items[at] = odd[name]
+    for name, items in lists.items():
+        if name == "samples":
+            got = _ferry.tuples_encode(items, 3, threads)
+            general = ("tuple", [_shared.encode_column(c, plain=True)
+                                 for c in _ferry.tuple_columns(items, 3)])
+        else:
+            got = _ferry.values_encode(items, threads)
+            general = ("value", _shared.encode_column(items))
+        assert (got is None) == (misfit is not None), name
+        assert _same_rows(_shared._encode_rows(items, True), general), name
+        if got is not None:
+            assert got == _ferry.tuples_encode(items, 3, 1) if name == "samples" else \
+                got == _ferry.values_encode(items, 1)
+    assert _ferry.tuples_encode(samples, 2) is None  # another width
+    assert _ferry.tuples_encode([tuple(x) for x in samples[:3]] + [list(samples[3])], 3) \
+        is None  # a list among the tuples
+    s = ferry.shared(samples)
+    assert list(s) == samples and s[n // 2] == samples[n // 2]
+
+
+def _same_rows(a, b):
+    """Whether two encoded rows hold the same kinds, dtypes and bytes."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and \
+            a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and \
+            all(_same_rows(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def _key_hash8(keys):
     """columns.c's key_hash of 8-byte ASCII keys, in numpy (one word each)."""
     w = np.frombuffer("".join(keys).encode(), dtype="<u8")
