@@ -54,6 +54,14 @@ void ferry__forkfds_add(int fd)
     pthread_mutex_unlock(&mu);
 }
 
+void ferry__forkfds_close(int fd)
+{
+    if (fd < 0)
+        return;
+    ferry__forkfds_remove(fd);
+    close(fd);
+}
+
 void ferry__forkfds_remove(int fd)
 {
     if (fd < 0)

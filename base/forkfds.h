@@ -6,7 +6,10 @@
  * the trainer, close-on-exec or not. The loader's memfds (the pickled
  * dataset, the workers' task words) would then keep their memory alive
  * until the child exits, although the child can never use them: its copy
- * of the loader has no threads. Each such fd is registered here while the
+ * of the loader has no threads. The pool's control socket, stderr pipes
+ * and pidfds would be held too: a loader's template forked while another
+ * loader (or its own) opens would keep them for its whole life, and pass
+ * them to every clean parent it forks. Each such fd is registered here while the
  * loader holds it, and a pthread_atfork child handler closes them all.
  *
  * Thread safety: one mutex; the prepare handler takes it, so no
@@ -21,5 +24,9 @@ void ferry__forkfds_add(int fd);
 
 /* Unregisters fd: call before closing it. */
 void ferry__forkfds_remove(int fd);
+
+/* Unregisters fd and closes it (fd < 0: nothing); for an fd that may or
+ * may not be registered. */
+void ferry__forkfds_close(int fd);
 
 #endif /* FERRY_BASE_FORKFDS_H */

@@ -100,8 +100,7 @@ void ferry__pool_free(ferry__pool *p)
         ferry__forkfds_remove(p->task_fd);
         close(p->task_fd);
     }
-    if (p->ctl >= 0)
-        close(p->ctl);
+    ferry__forkfds_close(p->ctl);
     free(p->w);
     free(p->owner);
     free(p->asked);

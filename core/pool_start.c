@@ -113,6 +113,19 @@ static ferry__worker_launch launch_of(const ferry__pool *p, uint32_t i)
                                   .data_fd = p->o.data_fd};
 }
 
+/* The fds the pool holds for its processes (the clean parent's control
+ * socket, each process's stderr pipe and pidfd) are closed in any fork of
+ * the trainer (forkfds.h), and so closed with ferry__forkfds_close. */
+static int stderr_pipe(int fds[2])
+{
+    int rc = ferry__stderr_pipe(fds);
+    if (rc == FERRY_OK) {
+        ferry__forkfds_add(fds[0]);
+        ferry__forkfds_add(fds[1]);
+    }
+    return rc;
+}
+
 /* Worker w as a fresh process image. */
 static int spawn_process(ferry__pool *p, local_worker *w)
 {
@@ -120,8 +133,11 @@ static int spawn_process(ferry__pool *p, local_worker *w)
     pid_t pid;
     int rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, &l, &pid, &w->pidfd,
                                  &w->errfd);
-    if (rc == FERRY_OK)
+    if (rc == FERRY_OK) {
+        ferry__forkfds_add(w->pidfd);
+        ferry__forkfds_add(w->errfd);
         atomic_store(&w->pid, pid);
+    }
     return rc;
 }
 
@@ -135,6 +151,8 @@ static int start_parent(ferry__pool *p)
     int theirs, rc = ferry__fork_socketpair(&p->ctl, &theirs);
     if (rc != FERRY_OK)
         return rc;
+    ferry__forkfds_add(p->ctl);
+    ferry__forkfds_add(theirs);
     char parent_s[24], data_s[16];
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
     snprintf(data_s, sizeof data_s, "%d", FERRY__PASSED_FD + 1);
@@ -147,16 +165,17 @@ static int start_parent(ferry__pool *p)
     rc = FERRY_ESPAWN;
     if (p->o.fork_from >= 0) {
         int errpipe[2];
-        if (ferry__stderr_pipe(errpipe) == FERRY_OK) {
+        if (stderr_pipe(errpipe) == FERRY_OK) {
             int fds[] = {errpipe[1], theirs, p->o.data_fd};
             rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms, &pid);
-            close(errpipe[1]);
+            ferry__forkfds_close(errpipe[1]);
             if (rc == FERRY_OK && (w->pidfd = pidfd_open(pid, 0)) < 0)
                 rc = ferry__syserr(FERRY_ESPAWN, "watching the clean parent: pidfd_open", errno);
+            ferry__forkfds_add(w->pidfd);
             if (rc == FERRY_OK)
                 w->errfd = errpipe[0];
             else
-                close(errpipe[0]);
+                ferry__forkfds_close(errpipe[0]);
         }
         if (rc != FERRY_OK)
             ferry__logf(&p->o.log, FERRY_LOG_INFO,
@@ -164,12 +183,17 @@ static int start_parent(ferry__pool *p)
                         "spawning it",
                         ferry_last_error());
     }
-    if (rc != FERRY_OK)
+    if (rc != FERRY_OK) {
         rc = ferry__spawn_piped(p->o.worker_path, p->o.worker_args, own, pass, npass, &pid,
                                 &w->pidfd, &w->errfd);
-    close(theirs);
+        if (rc == FERRY_OK) {
+            ferry__forkfds_add(w->pidfd);
+            ferry__forkfds_add(w->errfd);
+        }
+    }
+    ferry__forkfds_close(theirs);
     if (rc != FERRY_OK) {
-        close(p->ctl);
+        ferry__forkfds_close(p->ctl);
         p->ctl = -1;
         return rc;
     }
@@ -193,13 +217,13 @@ static int ask_parent(ferry__pool *p, uint32_t i)
     ferry__worker_launch l = launch_of(p, i);
     ferry__worker_own_args(&l, own, fds + 1, &npass, nums);
     int errpipe[2];
-    if (ferry__stderr_pipe(errpipe) != FERRY_OK)
+    if (stderr_pipe(errpipe) != FERRY_OK)
         return FERRY_ESPAWN;
     fds[0] = errpipe[1];
     rc = ferry__fork_request(p->ctl, own, fds, npass + 1);
-    close(errpipe[1]);
+    ferry__forkfds_close(errpipe[1]);
     if (rc != FERRY_OK) {
-        close(errpipe[0]);
+        ferry__forkfds_close(errpipe[0]);
         return rc;
     }
     w->errfd = errpipe[0];
@@ -222,8 +246,7 @@ static int64_t take_asked(ferry__pool *p)
  * stays unstarted and its start deadline catches it. */
 static void spawn_instead(ferry__pool *p, local_worker *w)
 {
-    if (w->errfd >= 0)
-        close(w->errfd);
+    ferry__forkfds_close(w->errfd);
     w->errfd = -1;
     if (spawn_process(p, w) != FERRY_OK)
         ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s", w->index,
@@ -246,8 +269,7 @@ static void reap_parent(ferry__pool *p)
 static void kill_parent(ferry__pool *p)
 {
     reap_parent(p);
-    if (p->ctl >= 0)
-        close(p->ctl);
+    ferry__forkfds_close(p->ctl);
     p->ctl = -1;
 }
 
@@ -289,6 +311,7 @@ void ferry__pool_read_parent(ferry__pool *p)
              * reaps every child has done so already; its death is then seen
              * as an exit of unknown status when the worker fails to connect. */
             w->pidfd = pidfd_open(a.pid, 0);
+            ferry__forkfds_add(w->pidfd);
             if (w->pidfd >= 0)
                 atomic_store(&w->pid, a.pid);
             continue;
@@ -308,8 +331,7 @@ void ferry__pool_parent_restart(ferry__pool *p)
     for (uint32_t k = 0; k < n; k++) {
         again[k] = p->asked[k];
         local_worker *w = &p->w[again[k]];
-        if (w->errfd >= 0)
-            close(w->errfd);
+        ferry__forkfds_close(w->errfd);
         w->errfd = -1;
     }
     p->nasked = 0;
@@ -380,11 +402,11 @@ int ferry__pool_start(ferry__pool *p, uint32_t i)
 /* Closes what the pool held for a process that is gone. */
 void ferry__pool_forget_process(local_worker *w)
 {
-    close(w->pidfd);
+    ferry__forkfds_close(w->pidfd);
     w->pidfd = -1;
     if (w->errfd >= 0) {
         ferry__pool_pump_stderr(w);
-        close(w->errfd);
+        ferry__forkfds_close(w->errfd);
         w->errfd = -1;
     }
     atomic_store(&w->pid, 0);
@@ -403,8 +425,7 @@ int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
     ev->kind = FERRY__POOL_PARENT_DIED;
     if (p->ctl >= 0)
         ferry__pool_read_parent(p); /* answers it gave before dying */
-    if (p->ctl >= 0)
-        close(p->ctl);
+    ferry__forkfds_close(p->ctl);
     p->ctl = -1;
     int was_ready = p->parent_ready;
     p->parent_ready = 0;
@@ -450,7 +471,7 @@ void ferry__pool_parent_stop(ferry__pool *p)
     kill_parent(p);
     p->fork = 0; /* closing: nothing is forked any more */
     for (int64_t i; (i = take_asked(p)) >= 0;) {
-        close(p->w[i].errfd);
+        ferry__forkfds_close(p->w[i].errfd);
         p->w[i].errfd = -1;
     }
 }

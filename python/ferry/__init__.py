@@ -423,7 +423,8 @@ class Loader(_Closes):
             except (TypeError, ValueError):
                 pass  # refused by the C side's check of its options, next
             if self._template is not None:
-                self._template.fork_second()  # while the C open runs, GIL released
+                # while the C open runs, GIL released
+                self._template.fork_second(() if self._data_fd is None else (self._data_fd,))
             self._adopt(self._open(state))
             if self._template is not None:
                 # its second fork, made on ferry's forking thread while the

@@ -75,16 +75,20 @@ class Template:
     def fileno(self):
         return self.sock.fileno()
 
-    def fork_second(self):
+    def fork_second(self, close=()):
         """The second fork asked of ferry's forking thread, to be made while
         the loader opens: call it just before the C open, which releases
         the GIL that os.fork holds while it copies the trainer (10-15 ms
         for a big heap), and not earlier: the trainer's last steps before
         the open (the pickled dataset into its memfd) waited for it then.
-        Twice is fine."""
+        The fork closes the fds in close (the loader's, made since the
+        first fork) and the pidfd of the first, none of them its own; the
+        C open's are closed in any fork already (base/forkfds.h). Twice is
+        fine."""
         if self._pending is not None and not isinstance(self._pending[0], _Job):
             fn, fds = self._pending
-            self._pending = (_on_the_forking_thread(fn), fds)
+            theirs = tuple(close) + tuple(pidfd for _, pidfd in self.procs if pidfd is not None)
+            self._pending = (_on_the_forking_thread(lambda: fn(theirs)), fds)
 
     def settle(self):
         """The second fork (fork_second, asked now if it was not yet)
@@ -181,7 +185,7 @@ def fork_template():
     gate_r, gate_w = os.pipe()
     trainer = os.getpid()
 
-    def fork(first):
+    def fork(first, close=()):
         # What the trainer printed and has not flushed yet would be in the
         # fork's buffers too, and said twice (as multiprocessing's fork
         # start, torch's workers', flushes first).
@@ -194,6 +198,8 @@ def fork_template():
         if pid == 0:  # on whichever thread forked: the child's only one
             ours.close()
             os.close(gate_r if first else gate_w)
+            for fd in close:
+                os.close(fd)
             _run_template(theirs, trainer, first, gate_w if first else gate_r)  # never returns
         return pid
     try:
@@ -204,7 +210,7 @@ def fork_template():
             os.close(fd)
         return None
     return Template(pid, _pidfd(pid), ours, threads,
-                    (lambda: fork(False), (theirs, gate_r, gate_w)))
+                    (lambda close: fork(False, close), (theirs, gate_r, gate_w)))
 
 
 _forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread

@@ -200,6 +200,49 @@ def test_the_trainer_forks_twice_for_a_loader_and_a_refused_one_leaves_nothing()
     assert children() == []
 
 
+def _fd_links(pid="self"):
+    out = set()
+    for fd in os.listdir("/proc/%s/fd" % pid):
+        try:
+            out.add(os.readlink("/proc/%s/fd/%s" % (pid, fd)))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_fork_of_the_trainer_holds_none_of_an_open_loader_s_process_fds():
+    """The pool's fds for its processes (each stderr pipe and pidfd, the
+    clean parent's control socket) are closed in any fork of the trainer
+    (forkfds.h): a template forked while a loader opens, or a fork of the
+    training script's own, holds none of them."""
+    with ferry.Loader(Items(100), batch_size=5, workers=2) as ld:
+        it = iter(ld)
+        next(it)
+        wait_for(lambda: all(ld.worker_pid(i) for i in range(2)), 10, "both workers")
+        pipes = {os.readlink("/proc/%d/fd/2" % ld.worker_pid(i)) for i in range(2)}
+        assert all(p.startswith("pipe:") for p in pipes) and pipes <= _fd_links()
+        assert any("pidfd" in link for link in _fd_links())
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(w, "\n".join(sorted(_fd_links())).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            held = set(f.read().decode().split("\n"))
+        os.waitpid(pid, 0)
+        assert held and not held & pipes
+        assert not [link for link in held if "pidfd" in link]
+        # The second template, forked as the loader opened: neither the C
+        # open's fds nor the loader's (its dataset's memfd, the first
+        # template's pidfd)
+        second = _fd_links(ld._template.procs[1][0])
+        assert not second & pipes
+        assert not [link for link in second if "pidfd" in link or "ferry-dataset" in link]
+
+
 def test_the_clean_parent_killed_under_fail_policy_raises():
     ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_failure="fail")
     try:
