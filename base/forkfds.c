@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+/* Recursive: a thread that holds off forks (ferry__forkfds_hold) adds its
+ * fds with the lock held. */
+static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int *fds;
 static size_t nfds, cap;
@@ -51,6 +53,17 @@ void ferry__forkfds_add(int fd)
     }
     if (nfds < cap)
         fds[nfds++] = fd;
+    pthread_mutex_unlock(&mu);
+}
+
+void ferry__forkfds_hold(void)
+{
+    pthread_once(&once, install);
+    pthread_mutex_lock(&mu);
+}
+
+void ferry__forkfds_release(void)
+{
     pthread_mutex_unlock(&mu);
 }
 

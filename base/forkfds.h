@@ -29,4 +29,12 @@ void ferry__forkfds_remove(int fd);
  * may not be registered. */
 void ferry__forkfds_close(int fd);
 
+/* Holds off every fork of the process (another thread's waits in the
+ * prepare handler) until ferry__forkfds_release: made and added between
+ * the two, an fd is never in a fork. A fork between making an fd and
+ * adding it would inherit it (a template forked while a loader opens,
+ * on another thread). Not to be held across a fork of one's own. */
+void ferry__forkfds_hold(void);
+void ferry__forkfds_release(void);
+
 #endif /* FERRY_BASE_FORKFDS_H */

@@ -44,10 +44,13 @@
 static int map_task_words(ferry__pool *p)
 {
     p->words_len = (size_t)p->o.n * FERRY__TASK_WORD_BYTES;
+    ferry__forkfds_hold();
     p->task_fd = memfd_create("ferry-task-words", MFD_CLOEXEC);
-    if (p->task_fd < 0)
-        return ferry__syserr(FERRY_ESYS, "memfd_create for the task words", errno);
+    int e = errno;
     ferry__forkfds_add(p->task_fd);
+    ferry__forkfds_release();
+    if (p->task_fd < 0)
+        return ferry__syserr(FERRY_ESYS, "memfd_create for the task words", e);
     if (ftruncate(p->task_fd, (off_t)p->words_len) != 0)
         return ferry__syserr(FERRY_ESYS, "sizing the task words", errno);
     void *m = mmap(NULL, p->words_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->task_fd, 0);

@@ -34,6 +34,8 @@ typedef struct local_worker {
     int errfd;         /* read end of its stderr, -1 when none */
     char tail[512];    /* the end of what it wrote to stderr */
     size_t tail_len;
+    int marked;        /* forked by the clean parent: its stderr starts with its pid (MARK) */
+    pid_t said;        /* the pid its stderr started with (0: none yet) */
     int killing;           /* the pool has sent it SIGKILL */
     char kill_reason[256]; /* why, or "" */
     uint64_t ready_by_ms;

@@ -31,8 +31,55 @@
  * asked for and leave before it is killed. */
 #define PARENT_STOP_MS 200
 
+/* What a fork of the clean parent writes first on its stderr: its pid and
+ * a newline (python/ferry/worker.py, PID_MARK), in one write (so one read
+ * has it whole). The clean parent answers each request with the pid too;
+ * one killed between its fork and that answer would leave the fork
+ * running, unknown to the pool, until its handshake timed out (and then a
+ * zombie of the trainer's): adopt_forked reads the pid here instead. */
+#define MARK "\001ferry-pid "
+
+/* The pid at the start of buf[0, *n) if it begins with the mark (which is
+ * then cut from buf), else 0 (buf as it was). */
+static pid_t take_mark(char *buf, ssize_t *n)
+{
+    size_t len = sizeof MARK - 1;
+    if ((size_t)*n < len || memcmp(buf, MARK, len) != 0)
+        return 0;
+    char *end = memchr(buf + len, '\n', (size_t)*n - len);
+    if (!end)
+        return 0;
+    long pid = strtol(buf + len, NULL, 10);
+    ssize_t cut = end + 1 - buf;
+    memmove(buf, end + 1, (size_t)(*n - cut));
+    *n -= cut;
+    return pid > 0 ? (pid_t)pid : 0;
+}
+
+/* buf[0, n), what worker w wrote to stderr, passed on to ours; the end of
+ * it kept for the message if the worker dies. */
+static void pass_on(local_worker *w, const char *buf, ssize_t n)
+{
+    ssize_t off = 0;
+    while (off < n) {
+        ssize_t m = write(STDERR_FILENO, buf + off, (size_t)(n - off));
+        if (m <= 0)
+            break;
+        off += m;
+    }
+    size_t keep = sizeof w->tail - 1;
+    size_t add = (size_t)n > keep ? keep : (size_t)n;
+    if (w->tail_len + add > keep) {
+        size_t drop = w->tail_len + add - keep;
+        memmove(w->tail, w->tail + drop, w->tail_len - drop);
+        w->tail_len -= drop;
+    }
+    memcpy(w->tail + w->tail_len, buf + n - add, add);
+    w->tail_len += add;
+}
+
 /* Passes whatever worker w wrote to stderr on to ours, keeping the end of it
- * for the message if the worker dies. */
+ * for the message if the worker dies (its pid mark, if any, dropped). */
 void ferry__pool_pump_stderr(local_worker *w)
 {
     char buf[4096];
@@ -42,22 +89,11 @@ void ferry__pool_pump_stderr(local_worker *w)
             continue;
         if (n <= 0)
             return;
-        ssize_t off = 0;
-        while (off < n) {
-            ssize_t m = write(STDERR_FILENO, buf + off, (size_t)(n - off));
-            if (m <= 0)
-                break;
-            off += m;
+        if (w->marked) {
+            w->marked = 0;
+            w->said = take_mark(buf, &n);
         }
-        size_t keep = sizeof w->tail - 1;
-        size_t add = (size_t)n > keep ? keep : (size_t)n;
-        if (w->tail_len + add > keep) {
-            size_t drop = w->tail_len + add - keep;
-            memmove(w->tail, w->tail + drop, w->tail_len - drop);
-            w->tail_len -= drop;
-        }
-        memcpy(w->tail + w->tail_len, buf + n - add, add);
-        w->tail_len += add;
+        pass_on(w, buf, n);
     }
 }
 
@@ -115,15 +151,28 @@ static ferry__worker_launch launch_of(const ferry__pool *p, uint32_t i)
 
 /* The fds the pool holds for its processes (the clean parent's control
  * socket, each process's stderr pipe and pidfd) are closed in any fork of
- * the trainer (forkfds.h), and so closed with ferry__forkfds_close. */
+ * the trainer (forkfds.h), and so closed with ferry__forkfds_close. Each
+ * is made with forks held off, so that none lands between. */
 static int stderr_pipe(int fds[2])
 {
+    ferry__forkfds_hold();
     int rc = ferry__stderr_pipe(fds);
     if (rc == FERRY_OK) {
         ferry__forkfds_add(fds[0]);
         ferry__forkfds_add(fds[1]);
     }
+    ferry__forkfds_release();
     return rc;
+}
+
+static int watch(pid_t pid)
+{
+    ferry__forkfds_hold();
+    int fd = pidfd_open(pid, 0), e = errno;
+    ferry__forkfds_add(fd);
+    ferry__forkfds_release();
+    errno = e;
+    return fd;
 }
 
 /* Worker w as a fresh process image. */
@@ -131,13 +180,18 @@ static int spawn_process(ferry__pool *p, local_worker *w)
 {
     ferry__worker_launch l = launch_of(p, w->index);
     pid_t pid;
+    ferry__forkfds_hold();
     int rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, &l, &pid, &w->pidfd,
                                  &w->errfd);
     if (rc == FERRY_OK) {
         ferry__forkfds_add(w->pidfd);
         ferry__forkfds_add(w->errfd);
-        atomic_store(&w->pid, pid);
+        w->marked = 0;
+        w->said = 0;
     }
+    ferry__forkfds_release();
+    if (rc == FERRY_OK)
+        atomic_store(&w->pid, pid);
     return rc;
 }
 
@@ -148,11 +202,15 @@ static int spawn_process(ferry__pool *p, local_worker *w)
 static int start_parent(ferry__pool *p)
 {
     local_worker *w = &p->w[p->o.n];
+    ferry__forkfds_hold();
     int theirs, rc = ferry__fork_socketpair(&p->ctl, &theirs);
+    if (rc == FERRY_OK) {
+        ferry__forkfds_add(p->ctl);
+        ferry__forkfds_add(theirs);
+    }
+    ferry__forkfds_release();
     if (rc != FERRY_OK)
         return rc;
-    ferry__forkfds_add(p->ctl);
-    ferry__forkfds_add(theirs);
     char parent_s[24], data_s[16];
     snprintf(parent_s, sizeof parent_s, "%d", (int)getpid());
     snprintf(data_s, sizeof data_s, "%d", FERRY__PASSED_FD + 1);
@@ -169,13 +227,15 @@ static int start_parent(ferry__pool *p)
             int fds[] = {errpipe[1], theirs, p->o.data_fd};
             rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms, &pid);
             ferry__forkfds_close(errpipe[1]);
-            if (rc == FERRY_OK && (w->pidfd = pidfd_open(pid, 0)) < 0)
+            if (rc == FERRY_OK && (w->pidfd = watch(pid)) < 0)
                 rc = ferry__syserr(FERRY_ESPAWN, "watching the clean parent: pidfd_open", errno);
-            ferry__forkfds_add(w->pidfd);
-            if (rc == FERRY_OK)
+            if (rc == FERRY_OK) {
                 w->errfd = errpipe[0];
-            else
+                w->marked = 1;
+                w->said = 0;
+            } else {
                 ferry__forkfds_close(errpipe[0]);
+            }
         }
         if (rc != FERRY_OK)
             ferry__logf(&p->o.log, FERRY_LOG_INFO,
@@ -184,12 +244,15 @@ static int start_parent(ferry__pool *p)
                         ferry_last_error());
     }
     if (rc != FERRY_OK) {
+        ferry__forkfds_hold();
         rc = ferry__spawn_piped(p->o.worker_path, p->o.worker_args, own, pass, npass, &pid,
                                 &w->pidfd, &w->errfd);
         if (rc == FERRY_OK) {
             ferry__forkfds_add(w->pidfd);
             ferry__forkfds_add(w->errfd);
+            w->marked = 0;
         }
+        ferry__forkfds_release();
     }
     ferry__forkfds_close(theirs);
     if (rc != FERRY_OK) {
@@ -227,6 +290,8 @@ static int ask_parent(ferry__pool *p, uint32_t i)
         return rc;
     }
     w->errfd = errpipe[0];
+    w->marked = 1;
+    w->said = 0;
     p->asked[p->nasked++] = i;
     return FERRY_OK;
 }
@@ -251,6 +316,82 @@ static void spawn_instead(ferry__pool *p, local_worker *w)
     if (spawn_process(p, w) != FERRY_OK)
         ferry__logf(&p->o.log, FERRY_LOG_ERROR, "could not start worker %u: %s", w->index,
                     ferry_last_error());
+}
+
+/* The most the pool waits, the clean parent gone, for the forks of the
+ * requests it had not answered to say their pids (adopt_forked). */
+#define ADOPT_MS 1000
+
+/* The pid worker w's stderr starts with (MARK), read by deadline; 0 when
+ * its pipe has no writer left (the clean parent never forked it) or
+ * nothing came. What it wrote after the mark goes on as its stderr. */
+static pid_t read_mark(local_worker *w, uint64_t deadline)
+{
+    char buf[4096];
+    for (uint64_t now; (now = ferry__now_ms()) < deadline;) {
+        struct pollfd pf = {.fd = w->errfd, .events = POLLIN};
+        int r = poll(&pf, 1, (int)(deadline - now));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return 0;
+        ssize_t n = read(w->errfd, buf, sizeof buf);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n <= 0)
+            return 0; /* EOF: no fork holds the pipe */
+        w->marked = 0;
+        w->said = take_mark(buf, &n);
+        pass_on(w, buf, n);
+        return w->said;
+    }
+    return 0;
+}
+
+/* Whether pid is a child of this process (the clean parent's forks are:
+ * CLONE_PARENT), read from /proc/PID/stat: a pid said on a pipe is taken
+ * only then. */
+static int is_our_child(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *after = strrchr(buf, ')'); /* the name may hold spaces and parens */
+    int ppid;
+    char state;
+    return after && sscanf(after + 1, " %c %d", &state, &ppid) == 2 && ppid == (int)getpid();
+}
+
+/* The clean parent gone (dead or stopped), the workers asked of it and not
+ * answered for: one it forked says its pid first on its stderr (MARK) and
+ * is taken as answered, where it would have been left running, unknown,
+ * until its handshake timed out (a clean parent SIGKILLed between a fork
+ * and its answer); one it never forked leaves its pipe with no writer
+ * (EOF at once) and stays asked, to be asked again or spawned. */
+static void adopt_forked(ferry__pool *p)
+{
+    uint64_t deadline = ferry__now_ms() + ADOPT_MS;
+    for (uint32_t k = 0; k < p->nasked;) {
+        local_worker *w = &p->w[p->asked[k]];
+        pid_t pid = w->said ? w->said : w->errfd >= 0 && w->marked ? read_mark(w, deadline) : 0;
+        if (pid > 0 && is_our_child(pid) && (w->pidfd = watch(pid)) >= 0) {
+            ferry__logf(&p->o.log, FERRY_LOG_INFO,
+                        "worker %u (pid %d) was forked as its clean parent went: kept",
+                        w->index, (int)pid);
+            atomic_store(&w->pid, pid);
+            p->nasked--;
+            memmove(p->asked + k, p->asked + k + 1, (p->nasked - k) * sizeof *p->asked);
+            continue;
+        }
+        k++;
+    }
 }
 
 /* The clean parent, if one runs, killed and reaped: it forks nothing more. */
@@ -284,6 +425,7 @@ static void give_up_forking(ferry__pool *p, const char *why)
     if (p->ctl >= 0)
         ferry__pool_read_parent(p);
     kill_parent(p);
+    adopt_forked(p);
     p->fork = 0;
     for (int64_t i; (i = take_asked(p)) >= 0;)
         spawn_instead(p, &p->w[i]);
@@ -310,8 +452,7 @@ void ferry__pool_read_parent(ferry__pool *p)
              * we reap it: pidfd_open is race-free. ESRCH: a trainer that
              * reaps every child has done so already; its death is then seen
              * as an exit of unknown status when the worker fails to connect. */
-            w->pidfd = pidfd_open(a.pid, 0);
-            ferry__forkfds_add(w->pidfd);
+            w->pidfd = watch(a.pid);
             if (w->pidfd >= 0)
                 atomic_store(&w->pid, a.pid);
             continue;
@@ -427,6 +568,7 @@ int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
         ferry__pool_read_parent(p); /* answers it gave before dying */
     ferry__forkfds_close(p->ctl);
     p->ctl = -1;
+    adopt_forked(p); /* forks it made and had not answered for */
     int was_ready = p->parent_ready;
     p->parent_ready = 0;
     if (was_ready)
@@ -469,6 +611,7 @@ void ferry__pool_parent_stop(ferry__pool *p)
     if (p->ctl >= 0)
         ferry__pool_read_parent(p);
     kill_parent(p);
+    adopt_forked(p); /* so that they are stopped with the others */
     p->fork = 0; /* closing: nothing is forked any more */
     for (int64_t i; (i = take_asked(p)) >= 0;) {
         ferry__forkfds_close(p->w[i].errfd);

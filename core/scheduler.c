@@ -618,12 +618,16 @@ static int setup(ferry__scheduler *s)
     if (rc == FERRY_OK && !threads && s->nlocal)
         rc = ferry__find_worker(s->cfg.worker_path, s->worker_path, sizeof s->worker_path);
     /* The caller's fd may be closed once open returns: ours is a copy. */
-    if (rc == FERRY_OK && s->cfg.dataset_fd >= 0 &&
-        (s->data_fd = fcntl((int)s->cfg.dataset_fd, F_DUPFD_CLOEXEC, 3)) < 0)
-        rc = ferry__seterr(FERRY_EINVAL, "option dataset_fd: %lld is not an open file (%s)",
-                           (long long)s->cfg.dataset_fd, strerror(errno));
-    if (rc == FERRY_OK)
+    if (rc == FERRY_OK && s->cfg.dataset_fd >= 0) {
+        ferry__forkfds_hold();
+        s->data_fd = fcntl((int)s->cfg.dataset_fd, F_DUPFD_CLOEXEC, 3);
+        int e = errno;
         ferry__forkfds_add(s->data_fd);
+        ferry__forkfds_release();
+        if (s->data_fd < 0)
+            rc = ferry__seterr(FERRY_EINVAL, "option dataset_fd: %lld is not an open file (%s)",
+                               (long long)s->cfg.dataset_fd, strerror(e));
+    }
     if (rc == FERRY_OK)
         rc = ferry__endpoint_local(threads, s, s->ipc_dir, sizeof s->ipc_dir, s->endpoint,
                                    sizeof s->endpoint);

@@ -105,11 +105,19 @@ def _preload(modules):
                 pass
 
 
+# What a fork says first on its stderr (the request's pipe to the loader):
+# its pid. The clean parent answers each request with the pid too, but one
+# killed between its fork and that answer would leave the fork unknown to
+# the loader; the loader reads this instead (core/pool_start.c, MARK).
+PID_MARK = b"\x01ferry-pid %d\n"
+
+
 def _child(sock, args, fds):
     """In a fork: the request's fds put in place and the worker program (or
     a loader's clean parent) run; never returns."""
     rc = 1
     try:
+        os.write(fds[0], PID_MARK % os.getpid())  # before anything else (see PID_MARK)
         from . import _template
         _template.set_name("ferry-worker")  # a clean parent renames itself (fork_server)
         os.close(sock.detach())  # the parent's control socket: not the child's

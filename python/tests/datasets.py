@@ -34,6 +34,32 @@ class Items:
         return {"x": np.full(3, i, dtype=np.float32), "y": i * i}
 
 
+class KillsItsCleanParentAfterAFork(Items):
+    """Items whose clean parent (the process that unpickles it and forks
+    the workers, named ferry-parent) SIGKILLs itself right after its fork
+    number `fork`, on the parent's side, before it can answer with the
+    fork's pid; once per file parent_flag. (Items' own die and flag kill a
+    worker, so that a replacement is forked once the loader is open.)"""
+
+    def __init__(self, n, parent_flag, fork, **kw):
+        super().__init__(n, **kw)
+        self.parent_flag, self.fork = parent_flag, fork
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        with open("/proc/self/comm") as f:
+            if f.read().strip() != "ferry-parent" or os.path.exists(self.parent_flag):
+                return
+        flag, forks = self.parent_flag, [0]
+
+        def after_a_fork():
+            forks[0] += 1
+            if forks[0] == self.fork and not os.path.exists(flag):
+                open(flag, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        os.register_at_fork(after_in_parent=after_a_fork)
+
+
 class Pairs:
     """get_batch: a tuple (int64 indices * 2, float64 (n, 2) of the epoch)."""
 

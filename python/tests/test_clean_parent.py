@@ -3,6 +3,7 @@ from (a fork of the trainer), what it loads, whose children the workers
 are, replacements, its own death, threads, datasets passed as objects, and
 the trainer's multiprocessing objects shared with the workers."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import ferry
 from conftest import children, wait_for
-from datasets import Items
+from datasets import Items, KillsItsCleanParentAfterAFork
 
 
 def ppid_of(pid):
@@ -149,12 +150,12 @@ def test_a_loader_opened_on_its_first_worker_survives_a_kill_before_the_others_e
     not)."""
     with ferry.Loader(Items(300, slow_ms=1), batch_size=5, workers=2, epochs=2, shuffle=True,
                       seed=3) as ld:
-        # (ld._c: the pids as they are, without waiting for worker 1's; a
-        # worker just forked is still named ferry-parent for a moment)
-        forked = {ld._c.worker_pid(i) for i in range(2)}
-        first = [p for p in children() if comm(p) == victim and
-                 (victim == "ferry-worker" or p not in forked)]
-        assert first, "no %s under the trainer" % victim
+        # (ld._c: the pids as they are, without waiting for worker 1's; the
+        # clean parent: the template's first fork, become it)
+        forked = [ld._c.worker_pid(i) for i in range(2)]
+        first = [p for p in forked if p] if victim == "ferry-worker" else \
+            [ld._template.procs[0][0]]
+        assert first and all(comm(p) == victim for p in first[:1]), (victim, first)
         os.kill(first[0], signal.SIGKILL)
         got = sorted(int(v) for b in ld.stream() for v in b["y"])
         assert got == sorted([i * i for i in range(300)] * 2)
@@ -241,6 +242,26 @@ def test_a_fork_of_the_trainer_holds_none_of_an_open_loader_s_process_fds():
         second = _fd_links(ld._template.procs[1][0])
         assert not second & pipes
         assert not [link for link in second if "pidfd" in link or "ferry-dataset" in link]
+
+
+def test_a_worker_forked_as_its_clean_parent_is_killed_is_kept_not_left_running(
+        tmp_path, caplog):
+    """A clean parent SIGKILLed between a fork and its answer (the dataset
+    has it kill itself right after forking the replacement of a worker that
+    died on item 40) never says the fork's pid; the fork says it first on
+    its stderr, and the loader keeps it as that worker: every item arrives
+    once, and close leaves nothing (the fork was left running, unknown,
+    until its handshake timed out)."""
+    flag = tmp_path / "parent-killed"
+    data = KillsItsCleanParentAfterAFork(100, str(flag), 3, die=40, flag=str(tmp_path / "died"),
+                                         slow_ms=1)
+    caplog.set_level(logging.INFO, logger="ferry")
+    with ferry.Loader(data, batch_size=5, workers=2, epochs=2) as ld:
+        got = sorted(int(v) for b in ld.stream() for v in b["y"])
+        assert flag.exists()
+        assert got == sorted([i * i for i in range(100)] * 2)
+    assert "was forked as its clean parent went: kept" in caplog.text
+    assert children() == []
 
 
 def test_the_clean_parent_killed_under_fail_policy_raises():
