@@ -103,6 +103,12 @@ class Template:
             pid = job.result()
         except OSError:
             pid = None  # the first alone: clean parents after it are spawned
+        except BaseException:
+            # Interrupted (Ctrl-C) while waiting: the fork goes on on its
+            # thread. Kept pending, so that close waits for it again, then
+            # closes these fds and kills the fork.
+            self._pending = pending
+            raise
         for fd in fds:
             os.close(fd)
         if pid is not None:

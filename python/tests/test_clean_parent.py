@@ -264,6 +264,32 @@ def test_a_worker_forked_as_its_clean_parent_is_killed_is_kept_not_left_running(
     assert children() == []
 
 
+def test_a_template_interrupted_while_it_settles_is_closed_whole(monkeypatch):
+    """Ctrl-C while the trainer waits for the template's second fork: the
+    fork goes on on its thread, and close still waits for it, kills both
+    and closes every fd the template held."""
+    from ferry import _template
+
+    def open_fds():  # (listdir's own fd is closed by the time exists() looks)
+        return {fd for fd in os.listdir("/proc/self/fd") if os.path.exists("/proc/self/fd/" + fd)}
+    fds_before = open_fds()
+    t = _template.fork_template()
+    t.fork_second()
+    real, calls = _template._Job.result, []
+
+    def interrupted(job):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(job)
+    monkeypatch.setattr(_template._Job, "result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        t.settle()
+    t.close()
+    assert len(calls) == 2 and children() == []
+    assert open_fds() == fds_before
+
+
 def test_the_clean_parent_killed_under_fail_policy_raises():
     ld = ferry.Loader(Items(100, slow_ms=5), batch_size=5, workers=1, on_worker_failure="fail")
     try:
