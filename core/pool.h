@@ -96,6 +96,12 @@ void ferry__pool_parent_restart(ferry__pool *p);
  * names it (the parent sends it just after the fork). */
 void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms);
 
+/* The pid worker i's fork said first on its stderr (the mark), 0 if none
+ * yet: the fork's own word, for a HELLO that comes before its clean
+ * parent's answer, which may never come (a clean parent killed between
+ * the fork and the answer). Scheduler thread. */
+pid_t ferry__pool_said(ferry__pool *p, uint32_t i);
+
 /* Stops the clean parent (SIGKILL: it holds no work) and reaps it. */
 void ferry__pool_parent_stop(ferry__pool *p);
 

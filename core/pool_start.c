@@ -513,6 +513,16 @@ void ferry__pool_await_fork(ferry__pool *p, uint32_t i, int timeout_ms)
     }
 }
 
+pid_t ferry__pool_said(ferry__pool *p, uint32_t i)
+{
+    if (i >= p->o.n)
+        return 0;
+    local_worker *w = &p->w[i];
+    if (w->errfd >= 0 && w->marked)
+        ferry__pool_pump_stderr(w); /* the mark may be in the pipe, unread */
+    return w->said;
+}
+
 int ferry__pool_start(ferry__pool *p, uint32_t i)
 {
     local_worker *w = &p->w[i];

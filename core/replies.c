@@ -208,6 +208,8 @@ static void on_hello(ferry__scheduler *s, void *sock, const ferry__ident *id)
     if (!pid && w->p.state == FERRY__PEER_SPAWNED) {
         ferry__pool_await_fork(s->pool, w->p.index, 500);
         pid = ferry__pool_pid(s->pool, w->p.index);
+        if (!pid) /* no answer: the fork's own word, if its clean parent died first */
+            pid = ferry__pool_said(s->pool, w->p.index);
     }
     if (w->p.state != FERRY__PEER_SPAWNED || (pid_t)h->pid != (pid ? pid : getpid())) {
         /* The HELLO of the process this slot had before (it died or was
