@@ -9,11 +9,13 @@
  * of the loader has no threads. The pool's control socket, stderr pipes
  * and pidfds would be held too: a loader's template forked while another
  * loader (or its own) opens would keep them for its whole life, and pass
- * them to every clean parent it forks. Each such fd is registered here while the
- * loader holds it, and a pthread_atfork child handler closes them all.
+ * them to every clean parent it forks. Each such fd is registered here
+ * while the loader holds it, and a pthread_atfork child handler closes
+ * them all.
  *
- * Thread safety: one mutex; the prepare handler takes it, so no
- * registration is mid-change at the fork.
+ * Thread safety: one (recursive) mutex; the prepare handler takes it, so
+ * no registration is mid-change at the fork, and a thread holding it
+ * (ferry__forkfds_hold) holds off every fork.
  */
 #ifndef FERRY_BASE_FORKFDS_H
 #define FERRY_BASE_FORKFDS_H

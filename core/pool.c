@@ -99,10 +99,7 @@ void ferry__pool_free(ferry__pool *p)
         return;
     if (p->words)
         munmap((void *)p->words, p->words_len);
-    if (p->task_fd >= 0) {
-        ferry__forkfds_remove(p->task_fd);
-        close(p->task_fd);
-    }
+    ferry__forkfds_close(p->task_fd);
     ferry__forkfds_close(p->ctl);
     free(p->w);
     free(p->owner);

@@ -175,6 +175,17 @@ static int watch(pid_t pid)
     return fd;
 }
 
+/* w's process just spawned, forks held off: its pidfd and stderr pipe
+ * registered, and no pid mark to look for on its stderr (spawned, not
+ * forked by the clean parent). */
+static void took_spawned(local_worker *w)
+{
+    ferry__forkfds_add(w->pidfd);
+    ferry__forkfds_add(w->errfd);
+    w->marked = 0;
+    w->said = 0;
+}
+
 /* Worker w as a fresh process image. */
 static int spawn_process(ferry__pool *p, local_worker *w)
 {
@@ -183,12 +194,8 @@ static int spawn_process(ferry__pool *p, local_worker *w)
     ferry__forkfds_hold();
     int rc = ferry__spawn_worker(p->o.worker_path, p->o.worker_args, &l, &pid, &w->pidfd,
                                  &w->errfd);
-    if (rc == FERRY_OK) {
-        ferry__forkfds_add(w->pidfd);
-        ferry__forkfds_add(w->errfd);
-        w->marked = 0;
-        w->said = 0;
-    }
+    if (rc == FERRY_OK)
+        took_spawned(w);
     ferry__forkfds_release();
     if (rc == FERRY_OK)
         atomic_store(&w->pid, pid);
@@ -247,11 +254,8 @@ static int start_parent(ferry__pool *p)
         ferry__forkfds_hold();
         rc = ferry__spawn_piped(p->o.worker_path, p->o.worker_args, own, pass, npass, &pid,
                                 &w->pidfd, &w->errfd);
-        if (rc == FERRY_OK) {
-            ferry__forkfds_add(w->pidfd);
-            ferry__forkfds_add(w->errfd);
-            w->marked = 0;
-        }
+        if (rc == FERRY_OK)
+            took_spawned(w);
         ferry__forkfds_release();
     }
     ferry__forkfds_close(theirs);

@@ -494,10 +494,7 @@ static void destroy(ferry__scheduler *s)
         zmq_ctx_term(s->zctx);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
-    if (s->data_fd >= 0) {
-        ferry__forkfds_remove(s->data_fd);
-        close(s->data_fd);
-    }
+    ferry__forkfds_close(s->data_fd);
     ferry__endpoint_remove(s->ipc_dir);
     for (uint32_t i = 0; s->w && i < s->nworkers; i++)
         free(s->w[i].held_ready);

@@ -87,8 +87,9 @@ class Template:
         fine."""
         if self._pending is not None and not isinstance(self._pending[0], _Job):
             fn, fds = self._pending
-            theirs = tuple(close) + tuple(pidfd for _, pidfd in self.procs if pidfd is not None)
-            self._pending = (_on_the_forking_thread(lambda: fn(theirs)), fds)
+            not_its_own = tuple(close) + tuple(pidfd for _, pidfd in self.procs
+                                               if pidfd is not None)
+            self._pending = (_on_the_forking_thread(lambda: fn(not_its_own)), fds)
 
     def settle(self):
         """The second fork (fork_second, asked now if it was not yet)
@@ -177,9 +178,9 @@ def _pidfd(pid):
 def fork_template():
     """A new Template: its first fork made now, its second to be made on
     ferry's forking thread (Template.fork_second asks for it, settle waits
-    for it); or None when
-    clean parents are spawned here (clean_parent_spawned) or the fork
-    fails (the loader then spawns its clean parent)."""
+    for it); or None when clean parents are spawned here
+    (clean_parent_spawned) or the fork fails (the loader then spawns its
+    clean parent)."""
     if clean_parent_spawned():
         return None
     import socket

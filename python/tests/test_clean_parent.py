@@ -283,9 +283,11 @@ def test_a_template_interrupted_while_it_settles_is_closed_whole(monkeypatch):
             raise KeyboardInterrupt
         return real(job)
     monkeypatch.setattr(_template._Job, "result", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        t.settle()
-    t.close()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.settle()
+    finally:
+        t.close()  # (also when settle did not raise: nothing left behind)
     assert len(calls) == 2 and children() == []
     assert open_fds() == fds_before
 
