@@ -13,6 +13,10 @@ static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int *fds;
 static size_t nfds, cap;
+/* Mutexes a child re-initialises (ferry__forkfds_unlock_in_child). */
+#define RELOCK_MAX 8
+static pthread_mutex_t *relock[RELOCK_MAX];
+static size_t nrelock;
 
 static void prepare(void)
 {
@@ -29,6 +33,10 @@ static void child(void)
     for (size_t i = 0; i < nfds; i++)
         close(fds[i]);
     nfds = 0;
+    /* The thread that held one at the fork is not in the child: nothing
+     * would ever unlock it. */
+    for (size_t i = 0; i < nrelock; i++)
+        *relock[i] = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_unlock(&mu);
 }
 
@@ -53,6 +61,18 @@ void ferry__forkfds_add(int fd)
     }
     if (nfds < cap)
         fds[nfds++] = fd;
+    pthread_mutex_unlock(&mu);
+}
+
+void ferry__forkfds_unlock_in_child(pthread_mutex_t *lock)
+{
+    pthread_once(&once, install);
+    pthread_mutex_lock(&mu);
+    size_t i = 0;
+    while (i < nrelock && relock[i] != lock)
+        i++;
+    if (i == nrelock && nrelock < RELOCK_MAX)
+        relock[nrelock++] = lock;
     pthread_mutex_unlock(&mu);
 }
 

@@ -20,6 +20,8 @@
 #ifndef FERRY_BASE_FORKFDS_H
 #define FERRY_BASE_FORKFDS_H
 
+#include <pthread.h>
+
 /* Registers fd (>= 0) to be closed in forked children; without memory for
  * it, the child keeps it (as it would without this). */
 void ferry__forkfds_add(int fd);
@@ -38,5 +40,15 @@ void ferry__forkfds_close(int fd);
  * on another thread). Not to be held across a fork of one's own. */
 void ferry__forkfds_hold(void);
 void ferry__forkfds_release(void);
+
+/* Registers a static, plain (not recursive) mutex that forked children
+ * re-initialise, unlocked: one of the parent's threads may hold it at the
+ * fork (the loader's log lock while a Python log callback waits for the
+ * GIL that the forking thread holds), and that thread does not exist in
+ * the child, which would wait for it forever (a template, a clean parent
+ * or a worker that logs, or opens a loader of its own). Only for locks
+ * whose data stays consistent at any instant a holder could be forked
+ * in. At most 8; call before the first lock (pthread_once). */
+void ferry__forkfds_unlock_in_child(pthread_mutex_t *lock);
 
 #endif /* FERRY_BASE_FORKFDS_H */

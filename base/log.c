@@ -4,12 +4,20 @@
  */
 #include "log.h"
 
+#include "forkfds.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+static void log_lock_forks(void)
+{
+    ferry__forkfds_unlock_in_child(&log_lock);
+}
 
 static const struct {
     int level;
@@ -61,6 +69,7 @@ void ferry__logf(const ferry__log *lg, int level, const char *fmt, ...)
         if (*p == '\n' || *p == '\r')
             *p = ' ';
     const char *name = ferry_log_level_name(level);
+    pthread_once(&log_once, log_lock_forks);
     pthread_mutex_lock(&log_lock);
     if (lg->fn)
         lg->fn(lg->user, level, line);

@@ -48,6 +48,7 @@
 
 #include "datasets/kinds.h"
 #include "error.h"
+#include "forkfds.h"
 
 
 /* The kinds a spec may name, found by the text before its ':'. */
@@ -66,6 +67,21 @@ static const ferry__dataset_kind *const dataset_kinds[] = {
 #define FERRY__REGISTERED_MAX 8
 #define FERRY__KIND_NAME_MAX 32
 static pthread_mutex_t registered_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t registered_once = PTHREAD_ONCE_INIT;
+
+/* A fork taken while a thread registers or looks up a kind: the child's
+ * lock would never be released (a registration changes
+ * one entry at a time). */
+static void registered_lock_forks(void)
+{
+    ferry__forkfds_unlock_in_child(&registered_lock);
+}
+
+static void lock_registered(void)
+{
+    pthread_once(&registered_once, registered_lock_forks);
+    pthread_mutex_lock(&registered_lock);
+}
 static ferry__dataset_kind registered[FERRY__REGISTERED_MAX];
 static char registered_names[FERRY__REGISTERED_MAX][FERRY__KIND_NAME_MAX];
 static size_t nregistered;
@@ -91,7 +107,7 @@ int ferry_dataset_register(const ferry_dataset_ops *ops)
             return ferry__seterr(FERRY_EINVAL,
                                  "ferry_dataset_register: '%s' is a built-in dataset kind", name);
     }
-    pthread_mutex_lock(&registered_lock);
+    lock_registered();
     size_t slot = nregistered;
     for (size_t k = 0; k < nregistered; k++) {
         if (strcmp(registered_names[k], name) == 0)
@@ -253,7 +269,7 @@ static int find_kind(const char *spec, const ferry__dataset_kind **kind, const c
     }
     char also[FERRY__REGISTERED_MAX * (FERRY__KIND_NAME_MAX + 2)] = "";
     size_t used = 0;
-    pthread_mutex_lock(&registered_lock);
+    lock_registered();
     for (size_t k = 0; k < nregistered && !*kind; k++) {
         if (strlen(registered_names[k]) == klen && memcmp(registered_names[k], spec, klen) == 0)
             *kind = &registered[k];

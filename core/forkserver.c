@@ -17,6 +17,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "forkfds.h"
 
 /* The longest request: the arguments of one worker (an endpoint and a few
  * numbers) or of a clean parent (the dataset spec, at most 4 KiB). */
@@ -124,6 +125,7 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a)
 }
 
 static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t ask_once = PTHREAD_ONCE_INIT;
 /* The socket whose answer was not waited for (its order is lost), by inode:
  * each loader has a template of its own, and a later one's socket may get
  * the same fd number. */
@@ -136,9 +138,17 @@ static ino_t socket_inode(int fd)
     return fstat(fd, &st) == 0 ? st.st_ino : 0;
 }
 
+/* A trainer's fork (a loader's next template) taken while another loader
+ * waits for its template's answer would hold ask_lock for ever. */
+static void ask_lock_forks(void)
+{
+    ferry__forkfds_unlock_in_child(&ask_lock);
+}
+
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
                     pid_t *pid)
 {
+    pthread_once(&ask_once, ask_lock_forks);
     pthread_mutex_lock(&ask_lock);
     int rc;
     ino_t ino = socket_inode(ctl);
