@@ -273,6 +273,14 @@ static int start_parent(ferry__pool *p)
 }
 
 /* Asks the clean parent (started if none runs) for worker i. */
+/* Whether the clean parent's end of its control socket is closed (it
+ * died). */
+static int parent_hung_up(const ferry__pool *p)
+{
+    struct pollfd pf = {.fd = p->ctl, .events = 0};
+    return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLERR));
+}
+
 static int ask_parent(ferry__pool *p, uint32_t i)
 {
     local_worker *w = &p->w[i];
@@ -289,10 +297,14 @@ static int ask_parent(ferry__pool *p, uint32_t i)
     fds[0] = errpipe[1];
     rc = ferry__fork_request(p->ctl, own, fds, npass + 1);
     ferry__forkfds_close(errpipe[1]);
-    if (rc != FERRY_OK) {
+    if (rc != FERRY_OK && !parent_hung_up(p)) {
         ferry__forkfds_close(errpipe[0]);
         return rc;
     }
+    /* Asked, or asked of a clean parent that has just died (killed as the
+     * loader opens): its death, on its pidfd, asks the next one for every
+     * worker on the list, and this pipe, with no writer, says that this
+     * one was never forked. */
     w->errfd = errpipe[0];
     w->marked = 1;
     w->said = 0;
@@ -571,10 +583,14 @@ void ferry__pool_forget_process(local_worker *w)
  * closed. One that had been ready goes out as FERRY__POOL_PARENT_DIED
  * (returns 1): the workers it forked are the loader's children and go on,
  * and those it had not forked yet are asked of the next one
- * (ferry__pool_parent_restart). One that died before it was ready (a
+ * (ferry__pool_parent_restart). So does the first that died before it was
+ * ready: killed from outside as the loader opened (the OOM killer, a
+ * user), it is no sign the next will die too, and spawned workers cannot
+ * have what only a fork of the trainer has (a dataset lent by fork, a
+ * multiprocessing Value). One more that dies before it was ready (a
  * worker program without --fork-server, a dataset module that crashes the
- * interpreter on import) is no reason to fail: workers are spawned from
- * then on, and their own start says what is wrong (returns 0). */
+ * interpreter on import) is no reason to fail either: workers are spawned
+ * from then on, and their own start says what is wrong (returns 0). */
 int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
 {
     ev->kind = FERRY__POOL_PARENT_DIED;
@@ -585,7 +601,7 @@ int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
     adopt_forked(p); /* forks it made and had not answered for */
     int was_ready = p->parent_ready;
     p->parent_ready = 0;
-    if (was_ready)
+    if (was_ready || p->parent_early_deaths++ == 0)
         return 1;
     char how[256], why[FERRY__ERRMSG_MAX];
     if (ev->status == -1)

@@ -84,8 +84,10 @@ void ferry__sched_on_parent_death(ferry__scheduler *s, const ferry__pool_event *
         ferry__describe_status(ev->status, how, sizeof how);
     snprintf(msg, sizeof msg, "the workers' clean parent (pid %d) %s%s%s", (int)ev->pid, how,
              ev->words[0] ? "; its last words: " : "", ev->words);
-    if (s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL || !s->opened ||
-        ferry__window_phase(s->win) != FERRY__PHASE_RUNNING) {
+    /* Before open too: the workers it forked go on, and the next one forks
+     * those it had not (a clean parent killed as the loader opens). */
+    if (s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL ||
+        ferry__window_phase(s->win) == FERRY__PHASE_FAILED) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
         return;
     }

@@ -187,8 +187,11 @@ def fork_template():
     threads = threads_running()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     theirs = theirs.detach()  # an fd: both forks take it, the trainer closes it at settle
-    # the second serves once every write end of the gate is closed: the
-    # first's when it takes its request (or dies), the trainer's at settle
+    # the second serves once the gate's write end is closed: the first
+    # holds the only one (the trainer's is closed once the first is
+    # forked) and closes it when it takes its request, or dies. So a
+    # clean parent killed as the loader opens is replaced at once, not
+    # after the open (where the trainer's end used to be closed).
     gate_r, gate_w = os.pipe()
     trainer = os.getpid()
 
@@ -204,7 +207,8 @@ def fork_template():
         pid = os.fork()
         if pid == 0:  # on whichever thread forked: the child's only one
             ours.close()
-            os.close(gate_r if first else gate_w)
+            if first:
+                os.close(gate_r)
             for fd in close:
                 os.close(fd)
             _run_template(theirs, trainer, first, gate_w if first else gate_r)  # never returns
@@ -216,8 +220,9 @@ def fork_template():
         for fd in (theirs, gate_r, gate_w):
             os.close(fd)
         return None
+    os.close(gate_w)
     return Template(pid, _pidfd(pid), ours, threads,
-                    (lambda close: fork(False, close), (theirs, gate_r, gate_w)))
+                    (lambda close: fork(False, close), (theirs, gate_r)))
 
 
 _forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread

@@ -38,8 +38,9 @@ class KillsItsCleanParentAfterAFork(Items):
     """Items whose clean parent (the process that unpickles it and forks
     the workers, named ferry-parent) SIGKILLs itself right after its fork
     number `fork`, on the parent's side, before it can answer with the
-    fork's pid; once per file parent_flag. (Items' own die and flag kill a
-    worker, so that a replacement is forked once the loader is open.)"""
+    fork's pid (fork 0: as it loads the dataset, before it is ready); once
+    per file parent_flag. (Items' own die and flag kill a worker, so that a
+    replacement is forked once the loader is open.)"""
 
     def __init__(self, n, parent_flag, fork, **kw):
         super().__init__(n, **kw)
@@ -51,6 +52,9 @@ class KillsItsCleanParentAfterAFork(Items):
             if f.read().strip() != "ferry-parent" or os.path.exists(self.parent_flag):
                 return
         flag, forks = self.parent_flag, [0]
+        if self.fork == 0:
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
 
         def after_a_fork():
             forks[0] += 1

@@ -4,6 +4,7 @@ are, replacements, its own death, threads, datasets passed as objects, and
 the trainer's multiprocessing objects shared with the workers."""
 
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -261,6 +262,28 @@ def test_a_worker_forked_as_its_clean_parent_is_killed_is_kept_not_left_running(
         assert flag.exists()
         assert got == sorted([i * i for i in range(100)] * 2)
     assert "was forked as its clean parent went: kept" in caplog.text
+    assert children() == []
+
+
+@pytest.mark.parametrize("fork", [0, 1], ids=["before-ready", "after-first-fork"])
+def test_a_clean_parent_killed_as_the_loader_opens_is_replaced_by_a_fork(tmp_path, caplog, fork):
+    """The clean parent SIGKILLed as the loader opens (as it loads the
+    dataset, or right after forking worker 0): the template forks another,
+    and the open goes on. The dataset holds a multiprocessing Value, which
+    only a fork of the trainer can have: spawned workers (what a clean
+    parent dead before it was ready used to leave) would refuse it, and a
+    death after it was ready used to fail the open."""
+    flag = tmp_path / "parent-killed"
+    data = KillsItsCleanParentAfterAFork(60, str(flag), fork, slow_ms=1)
+    data.shared = multiprocessing.Value("i", 7)
+    caplog.set_level(logging.INFO, logger="ferry")
+    with ferry.Loader(data, batch_size=5, workers=2, epochs=1, shuffle=True, seed=1) as ld:
+        got = sorted(int(v) for b in ld.stream() for v in b["y"])
+        assert flag.exists()
+        assert got == [i * i for i in range(60)]
+        assert ld.stats()["workers"] == 2
+    assert "starting another" in caplog.text
+    assert "spawned, not forked" not in caplog.text
     assert children() == []
 
 
