@@ -10,6 +10,7 @@
  * counted against it, under either policy, and it is said at info level.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -247,6 +248,13 @@ static void replace_retired(ferry__scheduler *s, sched_worker *w)
     try_restart(s, w, ferry__now_ms());
 }
 
+/* Whether the death was a SIGKILL that ferry did not send. */
+static int killed_from_outside(const ferry__pool_event *ev)
+{
+    return ev->status != -1 && WIFSIGNALED(ev->status) && WTERMSIG(ev->status) == SIGKILL &&
+           !ev->kill_reason[0];
+}
+
 /* The settled death of local worker w: its tasks go back to the window
  * (the one it was on charged), and under the restart policy the slot is
  * started again, unless it keeps dying without delivering anything. */
@@ -270,11 +278,15 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
             replace_retired(s, w);
         return;
     }
-    /* Before open, a worker that dies still starting is a failed start; one
-     * that was ready (serving the first tasks while others start) is
-     * replaced as after open. */
-    if ((!s->opened && was != FERRY__PEER_READY) ||
-        ferry__window_phase(s->win) != FERRY__PHASE_RUNNING ||
+    /* Before open, a worker that dies still starting is a failed start (its
+     * dataset crashed as it opened, say: the next would too), unless it was
+     * SIGKILLed from outside (the OOM killer as the workers start, a user):
+     * that one, and one that was ready (serving the first tasks while
+     * others start), is replaced as after open. Before the first READY
+     * (phase STARTING) no task is out to requeue. */
+    ferry__phase ph = ferry__window_phase(s->win);
+    int failed_start = !s->opened && was != FERRY__PEER_READY && !killed_from_outside(&w->death);
+    if (failed_start || ph == FERRY__PHASE_FAILED ||
         s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
         return;
@@ -295,8 +307,9 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
     /* Charged to the task its word names; none when it died between tasks
      * (killed from outside, say). */
     uint64_t task = w->death.task;
-    ferry__window_requeue(s->win, w->p.index, task ? FERRY__CHARGE_TASK : FERRY__CHARGE_NONE,
-                          task - 1, msg);
+    if (ph == FERRY__PHASE_RUNNING)
+        ferry__window_requeue(s->win, w->p.index, task ? FERRY__CHARGE_TASK : FERRY__CHARGE_NONE,
+                              task - 1, msg);
     ferry__logf(&s->log, FERRY_LOG_WARN, "%s; starting a replacement", msg);
     w->p.delivered_any = 0;
     w->p.ident.len = 0;

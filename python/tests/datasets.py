@@ -351,6 +351,18 @@ class CountsItemZero:
         return {"x": np.int64(i), "r": r}
 
 
+class KillsItsWorkerAsItOpens(Items):
+    """Items whose worker SIGKILLs itself as it opens the dataset (as the
+    OOM killer would while the workers start), once: the file `flag` says
+    it did."""
+
+    def __init__(self, n, flag):
+        super().__init__(n)
+        if ferry.worker_info() is not None and not os.path.exists(flag):
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class WaitsForFirstTask:
     """Worker 1 finishes opening only once some worker has made an item of
     a task (item 1 or later: a worker may read item 0 while it opens), or

@@ -3,6 +3,7 @@ Python datasets, errors, worker deaths, Ctrl-C."""
 
 import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import wait_for
-from datasets import (Augmented, CountsItemZero, HoldsArrays, Items, Missing, Pairs, SlowInWorkers,
-                      WaitsForFirstTask, WrongShape)
+from conftest import children, wait_for
+from datasets import (Augmented, CountsItemZero, HoldsArrays, Items, KillsItsWorkerAsItOpens,
+                      Missing, Pairs, SlowInWorkers, WaitsForFirstTask, WrongShape)
 
 SYN = "synthetic:n=1000,dim=8"
 
@@ -51,6 +52,22 @@ def test_a_ready_worker_killed_while_others_start_is_replaced_and_loses_nothing(
         assert ld.stats()["restarts"] == 1
     with open(marker + ".saw") as f:
         assert f.read() == "1"
+
+
+def test_a_worker_killed_from_outside_while_the_loader_opens_is_replaced(tmp_path, caplog):
+    # The only worker is SIGKILLed as it opens the dataset, before the
+    # loader is open: not a failed start (its dataset did not crash; the
+    # OOM killer as the workers start, say), so it is replaced, and the open
+    # goes on. A worker whose start fails by itself still fails the open
+    # (test_failure.c: "exited with code 3 while starting").
+    flag = tmp_path / "killed"
+    caplog.set_level(logging.INFO, logger="ferry")
+    with ferry.Loader(KillsItsWorkerAsItOpens, dataset_kwargs={"n": 40, "flag": str(flag)},
+                      batch_size=4, workers=1, fork_server=False, epochs=1) as ld:
+        assert sorted(int(v) for b in ld for v in b["y"]) == [i * i for i in range(40)]
+        assert flag.exists() and ld.stats()["restarts"] == 1
+    assert "while starting; starting a replacement" in caplog.text
+    assert children() == []
 
 
 def test_epochs_len_and_one_epoch_per_for():
