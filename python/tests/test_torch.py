@@ -1404,6 +1404,46 @@ def test_a_new_for_starts_a_new_epoch_as_torchs_does():
         same_batches(dl, TorchLoader(ds, batch_size=5))
 
 
+class CountsItemsMade(Dataset):
+    """Items 0..n-1 (each `slow_ms` to make), counting every item made in
+    any process (a multiprocessing Value, shared as with torch's workers)."""
+
+    def __init__(self, n, slow_ms):
+        import multiprocessing
+        self.n, self.slow_ms = n, slow_ms
+        self.made = multiprocessing.Value("l", 0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.slow_ms / 1000)  # the item's cost, not a wait on anything
+        with self.made.get_lock():
+            self.made.value += 1
+        return i
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_for_left_early_leaves_the_rest_of_its_epoch_unmade(caplog, persistent):
+    # torch's next `for` starts a new epoch and never makes the rest of the
+    # one left. ferry's workers run on into it: a peek at the first batch
+    # used to cost a whole epoch's work (drained at the next `for`). Many
+    # batches left: the workers start again at the next epoch.
+    caplog.set_level(logging.INFO, logger="ferry")
+    ds = CountsItemsMade(2000, 1)
+    with DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=persistent) as dl:
+        next(iter(dl))  # a peek
+        assert [int(v) for b in dl for v in b] == list(range(2000))
+        assert ds.made.value < 2000 + 600  # the peeked epoch: what was in flight
+        assert "left epoch 0 with 199 of its 200 batches not taken" in caplog.text
+        # One batch left, already in flight: taken, no start of the workers.
+        caplog.clear()
+        it = iter(dl)
+        head = [int(v) for _ in range(199) for v in next(it)]
+        assert [int(v) for b in dl for v in b] == list(range(2000))
+        assert head == list(range(1990)) and "not taken" not in caplog.text
+
+
 def test_a_used_loader_resumes_a_user_sampler_exactly():
     ds = tensors(30)
     with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2) as dl:

@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import logging
 import os
+import time
 import types
 
 import torch
@@ -115,6 +116,11 @@ class DataLoader(_Closes):
                                         plan.feed.nbatches, plan.feed.ahead, len(dataset))
         self._next_epoch = 0
         self._mid_epoch = False  # a `for` stopped inside an epoch
+        # For a `for` left early (_leave_epoch): the batches of the epoch
+        # handed out and since when, and what a start of the workers took
+        # (open to first batch; None until one came).
+        self._epoch_got, self._epoch_since = 0, 0.0
+        self._opened_at, self._start_s = 0.0, None
         self._batches = _Batches(dataset, plan.indices, collate_fn, plan.auto_batch,
                                  plan.base_seed, plan.reseed, worker_init_fn, self.num_workers,
                                  os.getpid(), self._table)
@@ -182,6 +188,7 @@ class DataLoader(_Closes):
                 kind = getattr(self._table.batch_sampler, "key_kind", None)
                 self._batches.key_kind = None if kind in (None, "int") else kind
             self._mid_epoch = False
+            self._opened_at, self._start_s = time.monotonic(), None
             self._loader, self._mode = self._mode.open(self._opts)
             if self._table is not None:
                 self._table.attach(self._loader, self._opts["batch_size"])
@@ -338,9 +345,32 @@ class DataLoader(_Closes):
         self._batches.base_seed = seed
         self._opts.setdefault("seed", seed)
 
+    def _leave_epoch(self):
+        """A `for` left its epoch early (a break, a peek with
+        next(iter(loader))): torch's next `for` starts a new epoch, and the
+        rest of this one is never made. ferry's workers run on into it, so
+        the workers start again at the next epoch's first batch, unless
+        taking the rest is cheaper than that start (what is left is
+        already in flight, or would come sooner than a start took): the
+        rest is then drained (_begin_epoch). Draining it all made a peek at
+        the first batch cost the script a whole epoch's work."""
+        left = len(self) - self._epoch_got
+        if left <= 0 or self._start_s is None or self._loader is None:
+            return
+        in_flight = max(1, self.num_workers) * (self.prefetch_factor or 2)
+        per_batch = (time.monotonic() - self._epoch_since) / max(1, self._epoch_got)
+        if left <= in_flight or left * per_batch <= self._start_s:
+            return
+        self._restart_at(self._next_epoch + 1,
+                         "a `for` left epoch %d with %d of its %d batches not taken (torch "
+                         "makes none of them)" % (self._next_epoch, left, len(self)))
+
     def _begin_epoch(self):
         """The ferry epoch iterator of a new `for`: what a `for` left early
-        left of its epoch is drained first. Returns (iterator, epoch)."""
+        left of its epoch is left behind (_leave_epoch) or drained first.
+        Returns (iterator, epoch)."""
+        if self._mid_epoch:
+            self._leave_epoch()
         if self._table is not None and self._loader is not None:
             want = self._next_epoch + (1 if self._mid_epoch else 0)
             self._table.fill_to(want + self._table.ahead)
@@ -367,6 +397,7 @@ class DataLoader(_Closes):
             self._mid_epoch = False
             if self._table is not None:
                 self._table.fill_to(self._next_epoch + self._table.ahead)
+        self._epoch_got, self._epoch_since = 0, time.monotonic()
         return _Epoch(ld, timeout), self._next_epoch
 
     def _structure(self, b):
@@ -471,6 +502,7 @@ class _MapEpoch(_EpochIterator):
             with _as_torch_says(dl):
                 b = next(self._it)
         except BatchError:
+            dl._epoch_got += 1
             # The failure took a batch's place: the epoch ends there if it
             # was the last one.
             done = self._it._done
@@ -479,6 +511,9 @@ class _MapEpoch(_EpochIterator):
                 dl._next_epoch = self._epoch + 1
                 dl._end_draws()
             raise
+        dl._epoch_got += 1
+        if dl._start_s is None:
+            dl._start_s = time.monotonic() - dl._opened_at
         dl._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
         dl._mid_epoch = not b.last_in_epoch
         if b.last_in_epoch:
