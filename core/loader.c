@@ -225,6 +225,17 @@ int ferry_loader_feed(ferry_loader *ld, uint64_t first_seq, uint64_t n, const ui
     return ferry__window_feed(ld->win, first_seq, n, counts, indices);
 }
 
+int ferry_loader_skip_epoch(ferry_loader *ld, uint64_t *skipped)
+{
+    uint64_t n = 0;
+    if (!ld)
+        return ferry__seterr(FERRY_EINVAL, "loader must not be NULL");
+    int rc = ferry__window_skip_epoch(ld->win, &n);
+    if (skipped)
+        *skipped = n;
+    return rc;
+}
+
 int ferry_loader_state_at_epoch(ferry_loader *ld, uint64_t epoch, void *buf, size_t cap,
                                 size_t *len)
 {

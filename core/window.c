@@ -65,8 +65,12 @@ struct ferry__window {
     char fatal_msg[FERRY__ERRMSG_MAX];
     ferry__sampler sampler;
     uint64_t n;
+    /* The stream position of the trainer's first batch, moved on past
+     * what it skipped (ferry__window_skip_epoch): the position of its next
+     * batch is start_seq + st.delivered. */
     uint64_t start_seq;
     uint64_t next_seq;
+    uint64_t drop_below; /* entries of lower seq are dropped when done */
     uint64_t asked; /* next() calls so far: the trainer wants batch asked-1 */
     uint32_t in_flight;
     wlist free, done;
@@ -421,6 +425,24 @@ int ferry__window_full(ferry__window *win)
  * The scheduler's side
  */
 
+/* Entry e (on no list) freed unused: a batch of an epoch the trainer
+ * skipped. Returns its batch, to be released once mu is let go. Caller
+ * holds mu. */
+static ferry_batch *drop_locked(ferry__window *win, ferry__window_entry *e)
+{
+    ferry_batch *b = e->batch;
+    free(e->errmsg);
+    e->batch = NULL;
+    e->errmsg = NULL;
+    e->err = 0;
+    e->state = E_FREE;
+    e->worker = NONE;
+    e->id = UINT64_MAX;
+    list_push(win, &win->free, slot_of(win, e));
+    win->in_flight--;
+    return b;
+}
+
 /* A free entry for the task at next_seq: with in_order, slot seq % entries
  * (free, since the seqs in flight are contiguous); else any. Caller holds
  * mu and has checked in_flight < prefetch. */
@@ -446,12 +468,18 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
     ferry__sampler_task t;
     if (win->phase != FERRY__PHASE_RUNNING)
         goto out;
-    if (win->resend.head != NONE) {
+    while (win->resend.head != NONE) {
         e = &win->e[win->resend.head];
         list_remove(win, &win->resend, win->resend.head);
-        goto out;
+        if (e->t.seq >= win->drop_below)
+            goto out;
+        drop_locked(win, e); /* of a skipped epoch: made by no one (a pending one holds no batch) */
+        e = NULL;
     }
+    /* In order, a task's entry is slot seq % entries: one still held by a
+     * task of a skipped epoch (in flight) is waited for. */
     if (win->in_flight >= win->prefetch ||
+        (win->in_order && win->e[win->next_seq % win->entries].state != E_FREE) ||
         ferry__sampler_at(&win->sampler, win->next_seq, &t) != FERRY_OK ||
         barrier_holds_locked(win, &t) || (win->feed_max && !ferry__feed_has(&win->feed, t.seq)))
         goto out;
@@ -565,6 +593,14 @@ void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_ba
 {
     off_worker(win, e, now_ms);
     pthread_mutex_lock(&win->mu);
+    if (e->t.seq < win->drop_below) { /* of an epoch the trainer skipped */
+        e->batch = b;
+        e->errmsg = errmsg;
+        b = drop_locked(win, e);
+        pthread_mutex_unlock(&win->mu);
+        ferry_batch_release(b);
+        return;
+    }
     int waiting = done_locked(win, e, b, err, errmsg);
     pthread_mutex_unlock(&win->mu);
     wake_unlocked(win, waiting);
@@ -624,6 +660,12 @@ static void give_up(ferry__window *win, ferry__window_entry *e, const char *deat
                  (unsigned long long)e->t.batch_in_epoch, idx, e->attempts, death);
     list_remove(win, &win->resend, slot_of(win, e));
     pthread_mutex_lock(&win->mu);
+    if (e->t.seq < win->drop_below) { /* of an epoch the trainer skipped */
+        e->errmsg = msg;
+        drop_locked(win, e);
+        pthread_mutex_unlock(&win->mu);
+        return;
+    }
     int waiting = done_locked(win, e, NULL, FERRY_EBATCH, msg);
     pthread_mutex_unlock(&win->mu);
     wake_unlocked(win, waiting);
@@ -665,8 +707,9 @@ static ferry__window_entry *deliverable_locked(ferry__window *win)
         }
         return NULL;
     }
-    ferry__window_entry *e = &win->e[(win->start_seq + win->st.delivered) % win->entries];
-    return e->state == E_DONE ? e : NULL;
+    uint64_t pos = win->start_seq + win->st.delivered;
+    ferry__window_entry *e = &win->e[pos % win->entries];
+    return e->state == E_DONE && e->t.seq == pos ? e : NULL;
 }
 
 /* Hands entry e's batch or failure to the trainer and frees the slot. Caller
@@ -757,6 +800,50 @@ int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms
         }
         wait_cv(win, deadline - now < WAIT_MS ? deadline - now : WAIT_MS);
     }
+}
+
+int ferry__window_skip_epoch(ferry__window *win, uint64_t *skipped)
+{
+    *skipped = 0;
+    if (!win->in_order)
+        return ferry__seterr(FERRY_EINVAL, "the rest of an epoch can be skipped only with "
+                                           "in_order on");
+    if (win->feed_max)
+        return ferry__seterr(FERRY_EINVAL, "the rest of an epoch can be skipped only when the "
+                                           "loader draws its own indices (not fed)");
+    ferry_batch *drop[FERRY__WINDOW_MAX];
+    uint32_t ndrop = 0;
+    pthread_mutex_lock(&win->mu);
+    if (win->phase == FERRY__PHASE_FAILED)
+        return report_failure_locked(win);
+    uint64_t pos = win->start_seq + win->st.delivered;
+    uint64_t bpe = win->sampler.batches_per_epoch;
+    uint64_t to = pos % bpe ? pos - pos % bpe + bpe : pos;
+    if (to > win->sampler.end_seq)
+        to = win->sampler.end_seq;
+    if (win->phase == FERRY__PHASE_RUNNING && to > pos) {
+        /* Done ones go now; those in flight when they come (complete,
+         * give_up), or when taken to be sent again (take); those not yet
+         * taken are never made. */
+        for (int32_t i = win->done.head, next; i != NONE; i = next) {
+            next = win->e[i].next;
+            if (win->e[i].t.seq < to) {
+                list_remove(win, &win->done, i);
+                drop[ndrop++] = drop_locked(win, &win->e[i]);
+            }
+        }
+        win->start_seq += to - pos;
+        if (win->next_seq < to)
+            win->next_seq = to;
+        win->drop_below = to;
+        *skipped = to - pos;
+    }
+    pthread_mutex_unlock(&win->mu);
+    for (uint32_t i = 0; i < ndrop; i++)
+        ferry_batch_release(drop[i]);
+    if (*skipped && win->wake)
+        win->wake(win->wake_arg); /* room for the next epoch's tasks */
+    return FERRY_OK;
 }
 
 int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_per_epoch)

@@ -223,6 +223,13 @@ void ferry__window_requeue(ferry__window *win, uint32_t worker, ferry__charge ch
  * ready by then, with nothing changed. */
 int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms);
 
+/* The rest of the epoch the trainer is in is never handed out: its next
+ * batch is the next epoch's first. Batches of it that are done are
+ * released now, those in flight when they come, and those not yet sent
+ * are never made. *skipped: how many batches it passed over (0 at an
+ * epoch's start). FERRY_EINVAL out of order or when fed. */
+int ferry__window_skip_epoch(ferry__window *win, uint64_t *skipped);
+
 int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_per_epoch);
 
 /* The trainer's feed (feed_max > 0): the indices of batches first_seq ..

@@ -268,6 +268,17 @@ FERRY_API int ferry_loader_state(ferry_loader *ld, void *buf, size_t cap, size_t
 FERRY_API int ferry_loader_state_at_epoch(ferry_loader *ld, uint64_t epoch, void *buf,
                                           size_t cap, size_t *len);
 
+/* Skips the rest of the epoch the trainer is in: the next batch is the
+ * next epoch's first, and the batches of this one never come (a loop that
+ * leaves its epoch early, as torch's DataLoader drops the rest at the next
+ * `for`). What is done of them is released now, what is in flight when it
+ * comes, and what was not sent yet is never made; the next epoch's tasks,
+ * prefetched already, stay. The state (ferry_loader_state) is the next
+ * epoch's start after it. *skipped (may be NULL): the batches passed over,
+ * 0 at an epoch's start. Only in in_order mode and when the loader draws
+ * its own indices (not fed): FERRY_EINVAL otherwise. */
+FERRY_API int ferry_loader_skip_epoch(ferry_loader *ld, uint64_t *skipped);
+
 typedef struct ferry_stats {
     uint64_t dispatched; /* tasks sent to workers */
     uint64_t completed;  /* batches (or failures) received from workers */

@@ -877,6 +877,97 @@ static void test_a_state_at_an_epoch_starts_there(void **state)
     ft_end(&snap);
 }
 
+/* The first index and epoch position of each batch of a loader's whole
+ * stream (4 epochs of 20 batches), uninterrupted. */
+static void whole_stream(ferry_config *cfg, uint64_t first[80])
+{
+    ferry_loader *ld;
+    ferry_batch *b;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    for (int i = 0; i < 80; i++) {
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        first[i] = ferry_batch_indices(b)[0];
+        ferry_batch_release(b);
+    }
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+}
+
+/* Takes n batches and checks each is the uninterrupted stream's batch at
+ * epoch `epoch`, from `from` on. */
+static void take_of_epoch(ferry_loader *ld, const uint64_t first[80], uint64_t epoch,
+                          uint64_t from, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ferry_batch *b;
+        ferry_batch_info info;
+        assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+        ferry_batch_get_info(b, &info);
+        assert_int_equal(info.epoch, epoch);
+        assert_int_equal(info.batch_in_epoch, from + (uint64_t)i);
+        assert_int_equal(ferry_batch_indices(b)[0], first[epoch * 20 + from + (uint64_t)i]);
+        ferry_batch_release(b);
+    }
+}
+
+/* Skipping the rest of an epoch (ferry_loader_skip_epoch) passes over
+ * exactly what is left of it: the next batch is the next epoch's first,
+ * the same the uninterrupted stream gives there, and every later batch is
+ * too, whether the skipped batches were made already, in flight (a window
+ * of 8 with one batch taken: most of it is the skipped epoch's), or never
+ * sent; at an epoch's start it skips nothing; the state after it is the
+ * next epoch's start; in the last epoch the stream ends. */
+static void test_skipping_an_epoch_passes_over_its_rest_exactly(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    ferry_config *cfg = make_cfg("process", 2, 8, 50, "synthetic:n=1000,dim=40,augment=1");
+    ferry_config_set_int(cfg, "seed", 7);
+    ferry_config_set_int(cfg, "epochs", 4);
+    uint64_t first[80];
+    whole_stream(cfg, first);
+
+    ferry_loader *ld;
+    ferry_batch *b;
+    uint64_t skipped = 99;
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    take_of_epoch(ld, first, 0, 0, 1);
+    assert_int_equal(ferry_loader_skip_epoch(ld, &skipped), FERRY_OK);
+    assert_int_equal(skipped, 19);
+    take_of_epoch(ld, first, 1, 0, 20);
+    assert_int_equal(ferry_loader_skip_epoch(ld, &skipped), FERRY_OK); /* at epoch 2's start */
+    assert_int_equal(skipped, 0);
+    take_of_epoch(ld, first, 2, 0, 5);
+    assert_int_equal(ferry_loader_skip_epoch(ld, NULL), FERRY_OK);
+    unsigned char now[FERRY_STATE_MAX], at3[FERRY_STATE_MAX];
+    size_t now_len = 0, at3_len = 0;
+    assert_int_equal(ferry_loader_state(ld, now, sizeof now, &now_len), FERRY_OK);
+    assert_int_equal(ferry_loader_state_at_epoch(ld, 3, at3, sizeof at3, &at3_len), FERRY_OK);
+    assert_int_equal(now_len, at3_len);
+    assert_memory_equal(now, at3, now_len);
+    take_of_epoch(ld, first, 3, 0, 2);
+    assert_int_equal(ferry_loader_skip_epoch(ld, &skipped), FERRY_OK);
+    assert_int_equal(skipped, 18);
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_EOF);
+    ferry_stats st;
+    assert_int_equal(ferry_loader_stats(ld, &st), FERRY_OK);
+    assert_int_equal(st.delivered, 1 + 20 + 5 + 2);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+
+    /* Out of order, the position is not one: refused, nothing changed. */
+    ferry_config_set_int(cfg, "in_order", 0);
+    assert_int_equal(ferry_loader_open(&ld, cfg), FERRY_OK);
+    assert_int_equal(ferry_loader_next(ld, &b), FERRY_OK);
+    ferry_batch_release(b);
+    ft_expect_error(ferry_loader_skip_epoch(ld, &skipped), FERRY_EINVAL,
+                    (const char *const[]){"in_order", NULL});
+    assert_int_equal(skipped, 0);
+    assert_int_equal(ferry_loader_close(ld), FERRY_OK);
+    ferry_config_free(cfg);
+    ft_end(&snap);
+}
+
 /* ------------------------------------------------------------------------
  * A hostile peer on the loader's socket
  */
@@ -1173,6 +1264,7 @@ int main(void)
         cmocka_unit_test(test_close_mid_epoch_leaves_nothing_behind),
         cmocka_unit_test(test_resume_after_batch_k_reproduces_the_stream),
         cmocka_unit_test(test_a_state_at_an_epoch_starts_there),
+        cmocka_unit_test(test_skipping_an_epoch_passes_over_its_rest_exactly),
         cmocka_unit_test(test_malformed_messages_from_a_raw_peer_change_nothing),
         cmocka_unit_test(test_late_hello_of_a_replaced_worker_is_stale),
         cmocka_unit_test(test_exit_callback_hears_each_reaped_worker_with_its_status),

@@ -600,6 +600,18 @@ class Loader(_Closes):
             raise IndexOutOfRange("feed: index %d is negative" % int(flat[flat < 0][0]))
         self._live().feed(int(first_seq), counts, flat)
 
+    def skip_epoch(self):
+        """The rest of the current epoch is never handed out: the next
+        batch is the next epoch's first (what torch's DataLoader does with
+        an epoch a `for` left early). Its batches that are made already are
+        dropped, those being made are dropped when they come, the others
+        are never made; the next epoch's, prefetched already, stay.
+        Returns how many batches were passed over (0 at an epoch's start).
+        Only with in_order (ferry.InvalidValue otherwise, and for a loader
+        fed by a sampler of the user's)."""
+        self._seen = 0
+        return self._live().skip_epoch()
+
     def state_at_epoch(self, epoch):
         """The state that starts the stream at the first batch of ``epoch``
         (what :meth:`state_dict` would say just before it), whatever has

@@ -561,6 +561,22 @@ static PyObject *loader_state_at_epoch(LoaderObject *self, PyObject *arg)
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
 }
 
+/* skip_epoch() -> the batches passed over: the rest of the current epoch
+ * never handed out (ferry_loader_skip_epoch). The GIL stays held: the call
+ * only frees entries under the window's lock. */
+static PyObject *loader_skip_epoch(LoaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    ferry_loader *ld = usable(self);
+    if (!ld)
+        return NULL;
+    uint64_t n = 0;
+    int rc = ferry_loader_skip_epoch(ld, &n);
+    if (rc != FERRY_OK)
+        return ferry_py_raise(rc, ferry_last_error());
+    return PyLong_FromUnsignedLongLong(n);
+}
+
 /* feed(first_seq, counts, indices): ferry_loader_feed, from two
  * C-contiguous buffers (uint32 counts, 64-bit indices), read without a copy.
  * The GIL stays held: the call only copies into the window under its lock,
@@ -823,6 +839,8 @@ static PyMethodDef loader_methods[] = {
      "(option feed_batches)"},
     {"state_at_epoch", (PyCFunction)loader_state_at_epoch, METH_O,
      "resume blob (bytes) that starts at the first batch of an epoch"},
+    {"skip_epoch", (PyCFunction)loader_skip_epoch, METH_NOARGS,
+     "the rest of the current epoch never handed out; returns how many batches"},
     {"schema", (PyCFunction)loader_schema, METH_NOARGS, "[(name, dtype code, item shape)]"},
     {"stats", (PyCFunction)loader_stats, METH_VARARGS, "counters (dict); stats(False): "
                                                         "without handing over messages"},

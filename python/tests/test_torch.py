@@ -1423,20 +1423,37 @@ class CountsItemsMade(Dataset):
         return i
 
 
+class InOrder(torch.utils.data.Sampler):
+    """0..n-1, a sampler of the user's (its batches are fed to ferry)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_for_left_early_leaves_the_rest_of_its_epoch_unmade(caplog, persistent):
+@pytest.mark.parametrize("fed", [False, True], ids=["ferrys-sampler", "users-sampler"])
+def test_a_for_left_early_leaves_the_rest_of_its_epoch_unmade(caplog, persistent, fed):
     # torch's next `for` starts a new epoch and never makes the rest of the
     # one left. ferry's workers run on into it: a peek at the first batch
-    # used to cost a whole epoch's work (drained at the next `for`). Many
-    # batches left: the workers start again at the next epoch.
+    # used to cost a whole epoch's work (drained at the next `for`). The C
+    # loader skips the rest; a loader fed by a user's sampler, which it
+    # cannot skip, starts its workers again at the next epoch.
     caplog.set_level(logging.INFO, logger="ferry")
     ds = CountsItemsMade(2000, 1)
-    with DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=persistent) as dl:
+    kw = {"sampler": InOrder(2000)} if fed else {}
+    with DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=persistent, **kw) as dl:
         next(iter(dl))  # a peek
         assert [int(v) for b in dl for v in b] == list(range(2000))
         assert ds.made.value < 2000 + 600  # the peeked epoch: what was in flight
-        assert "left epoch 0 with 199 of its 200 batches not taken" in caplog.text
-        # One batch left, already in flight: taken, no start of the workers.
+        restarted = "left epoch 0 with 199 of its 200 batches not taken" in caplog.text
+        assert restarted == fed
+        # One batch left, already in flight: skipped, or taken when fed.
         caplog.clear()
         it = iter(dl)
         head = [int(v) for _ in range(199) for v in next(it)]

@@ -348,14 +348,27 @@ class DataLoader(_Closes):
     def _leave_epoch(self):
         """A `for` left its epoch early (a break, a peek with
         next(iter(loader))): torch's next `for` starts a new epoch, and the
-        rest of this one is never made. ferry's workers run on into it, so
-        the workers start again at the next epoch's first batch, unless
-        taking the rest is cheaper than that start (what is left is
-        already in flight, or would come sooner than a start took): the
-        rest is then drained (_begin_epoch). Draining it all made a peek at
-        the first batch cost the script a whole epoch's work."""
+        rest of this one is never made. The C loader skips it (what is
+        made of it is dropped, the rest never made; the next epoch's
+        batches, prefetched, stay). Where it cannot (a sampler of the
+        user's feeds it), the workers start again at the next epoch's first
+        batch, unless taking the rest is cheaper than that start (what is
+        left is already in flight, or would come sooner than a start
+        took): the rest is then drained (_begin_epoch). Draining it all
+        made a peek at the first batch cost the script a whole epoch's
+        work."""
         left = len(self) - self._epoch_got
-        if left <= 0 or self._start_s is None or self._loader is None:
+        if left <= 0 or self._loader is None:
+            return
+        try:
+            self._loader.skip_epoch()
+        except InvalidValue:
+            pass
+        else:
+            self._next_epoch += 1
+            self._mid_epoch = False
+            return
+        if self._start_s is None:
             return
         in_flight = max(1, self.num_workers) * (self.prefetch_factor or 2)
         per_batch = (time.monotonic() - self._epoch_since) / max(1, self._epoch_got)
