@@ -85,9 +85,10 @@ int ferry__pool_start(ferry__pool *p, uint32_t i);
 
 /* After FERRY__POOL_PARENT_DIED, under the restart policy (before the
  * loader opened too): a new clean parent, asked again for the workers the
- * dead one had not forked yet (after two deaths before it was ready, those
- * workers are spawned instead, and so are all later ones; a spawn that
- * fails is logged, and the worker's start deadline catches it). */
+ * dead one had not forked yet (after a death before it was ready other
+ * than a first SIGKILL, those workers are spawned instead, and so are all
+ * later ones; a spawn that fails is logged, and the worker's start
+ * deadline catches it). */
 void ferry__pool_parent_restart(ferry__pool *p);
 
 /* Worker i was asked of the clean parent and its pid is not known yet:

@@ -71,7 +71,7 @@ struct ferry__pool {
     int fork;                   /* workers are forked by the clean parent */
     int ctl;
     int parent_ready;           /* it said "R" */
-    int parent_early_deaths;    /* clean parents that died before "R" */
+    int parent_early_deaths;    /* SIGKILLed before "R" since one said it */
     uint32_t *asked;
     uint32_t nasked;
 };

@@ -457,6 +457,7 @@ void ferry__pool_read_parent(ferry__pool *p)
             return; /* gone: its pidfd says so, with the status */
         if (a.kind == FERRY__FORK_READY) {
             p->parent_ready = 1;
+            p->parent_early_deaths = 0;
             continue;
         }
         int64_t i = take_asked(p);
@@ -579,18 +580,26 @@ void ferry__pool_forget_process(local_worker *w)
     atomic_store(&w->pid, 0);
 }
 
+/* Whether a wait status is a SIGKILL (ferry kills a clean parent only
+ * when it stops it, and then it is not asked to restart). */
+static int killed_from_outside(int status)
+{
+    return status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
 /* The clean parent was reaped (ev says how): its control socket is
  * closed. One that had been ready goes out as FERRY__POOL_PARENT_DIED
  * (returns 1): the workers it forked are the loader's children and go on,
  * and those it had not forked yet are asked of the next one
- * (ferry__pool_parent_restart). So does the first that died before it was
- * ready: killed from outside as the loader opened (the OOM killer, a
- * user), it is no sign the next will die too, and spawned workers cannot
- * have what only a fork of the trainer has (a dataset lent by fork, a
- * multiprocessing Value). One more that dies before it was ready (a
- * worker program without --fork-server, a dataset module that crashes the
- * interpreter on import) is no reason to fail either: workers are spawned
- * from then on, and their own start says what is wrong (returns 0). */
+ * (ferry__pool_parent_restart). So does one SIGKILLed before it was ready
+ * (the first since one was ready): killed from outside as the loader
+ * opened (the OOM killer, a user), it is no sign the next will die too,
+ * and spawned workers cannot have what only a fork of the trainer has (a
+ * dataset lent by fork, a multiprocessing Value). One that dies otherwise
+ * before it was ready (a worker program without --fork-server, a dataset
+ * module that crashes the interpreter on import), or is SIGKILLed again,
+ * is no reason to fail: workers are spawned from then on, and their own
+ * start says what is wrong (returns 0). */
 int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
 {
     ev->kind = FERRY__POOL_PARENT_DIED;
@@ -601,7 +610,7 @@ int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
     adopt_forked(p); /* forks it made and had not answered for */
     int was_ready = p->parent_ready;
     p->parent_ready = 0;
-    if (was_ready || p->parent_early_deaths++ == 0)
+    if (was_ready || (killed_from_outside(ev->status) && p->parent_early_deaths++ == 0))
         return 1;
     char how[256], why[FERRY__ERRMSG_MAX];
     if (ev->status == -1)

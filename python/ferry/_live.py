@@ -511,7 +511,7 @@ def _forget_in_child():
     if _hub is not None:
         _hub.forget_in_child()
         _hub = None
-    _hub_lock = threading.Lock()  # the parent's may have been held by another thread
+    _hub_lock = threading.RLock()  # the parent's may have been held by another thread
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

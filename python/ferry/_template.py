@@ -89,17 +89,31 @@ class Template:
             fn, fds = self._pending
             not_its_own = tuple(close) + tuple(pidfd for _, pidfd in self.procs
                                                if pidfd is not None)
-            self._pending = (_on_the_forking_thread(lambda: fn(not_its_own)), fds)
+
+            def second():
+                try:
+                    return fn(not_its_own)
+                finally:
+                    # The trainer's copies of the templates' ends, closed as
+                    # soon as the second has its own (or could not be
+                    # forked), not at settle, after the open: a template
+                    # gone while the loader opens then leaves its socket
+                    # with no other end, and an ask for a clean parent
+                    # fails at once (workers are spawned) instead of
+                    # waiting out start_timeout_ms.
+                    while fds:
+                        os.close(fds.pop())
+            self._pending = (_on_the_forking_thread(second), fds)
 
     def settle(self):
         """The second fork (fork_second, asked now if it was not yet)
-        waited for; the trainer's copies of the templates' ends closed.
-        Twice is fine."""
+        waited for (the job closes the trainer's copies of the templates'
+        ends). Twice is fine."""
         self.fork_second()
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        job, fds = pending
+        job = pending[0]
         try:
             pid = job.result()
         except OSError:
@@ -107,18 +121,16 @@ class Template:
         except BaseException:
             # Interrupted (Ctrl-C) while waiting: the fork goes on on its
             # thread. Kept pending, so that close waits for it again, then
-            # closes these fds and kills the fork.
+            # kills the fork.
             self._pending = pending
             raise
-        for fd in fds:
-            os.close(fd)
         if pid is not None:
             self.procs.append((pid, _pidfd(pid)))
 
     def forget(self):
         """In a child forked from the trainer: the sockets are not its own."""
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if pending is not None:  # (those the trainer's job had not closed at the fork)
             for fd in pending[1]:
                 os.close(fd)
         if self.sock is not None:
@@ -222,7 +234,7 @@ def fork_template():
         return None
     os.close(gate_w)
     return Template(pid, _pidfd(pid), ours, threads,
-                    (lambda close: fork(False, close), (theirs, gate_r)))
+                    (lambda close: fork(False, close), [theirs, gate_r]))
 
 
 _forker = {}  # {"pid": owner, "queue": ...}: the thread that forks off the main thread

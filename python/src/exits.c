@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Worker processes reaped, in the order ferry reaped them. */
 typedef struct exit_entry {
@@ -25,6 +26,7 @@ typedef struct exit_entry {
 } exit_entry;
 
 struct ferry_py_exits {
+    pid_t owner; /* the process that made it */
     pthread_mutex_t mu;
     pthread_cond_t changed; /* an entry was added */
     exit_entry *e;
@@ -55,6 +57,7 @@ ferry_py_exits *ferry_py_exits_new(void)
     ferry_py_exits *b = calloc(1, sizeof *b);
     if (!b)
         return NULL;
+    b->owner = getpid();
     pthread_mutex_init(&b->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -69,8 +72,14 @@ void ferry_py_exits_free(ferry_py_exits *b)
     if (!b)
         return;
     free(b->e);
-    pthread_cond_destroy(&b->changed);
-    pthread_mutex_destroy(&b->mu);
+    /* In a child forked from its owner (a loader object collected there),
+     * a thread of the parent may have been waiting on the condition at the
+     * fork: glibc's pthread_cond_destroy would wait for it for ever. The
+     * copy is only freed. */
+    if (getpid() == b->owner) {
+        pthread_cond_destroy(&b->changed);
+        pthread_mutex_destroy(&b->mu);
+    }
     free(b);
 }
 
