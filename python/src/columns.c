@@ -383,18 +383,42 @@ static PyObject *str_find(PyObject *self, PyObject *args)
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 enum { PART_MIN = 1 << 15, PARTS_MAX = 8 };
 
-/* The threads to encode n items with: 1 below 2 * PART_MIN; wanted > 0
- * (the encoders' optional argument, for tests) decides alone. */
+/* The CPUs a cgroup v2 quota gives this process (cpu.max "QUOTA PERIOD",
+ * rounded up), or 0 without one: a container limited to 2 CPUs on a
+ * 64-core host sees all 64 in its affinity mask. */
+static long cgroup_cpus(void)
+{
+    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "re");
+    if (!f)
+        return 0;
+    char quota[32] = "";
+    long period = 0;
+    int got = fscanf(f, "%31s %ld", quota, &period);
+    fclose(f);
+    char *end;
+    long q = got == 2 ? strtol(quota, &end, 10) : 0;
+    if (got != 2 || *end != '\0' || q <= 0 || period <= 0)
+        return 0; /* "max": no quota */
+    return (q + period - 1) / period;
+}
+
+/* The threads to encode n items with: 1 below 2 * PART_MIN, at most the
+ * CPUs the affinity mask and a cgroup quota allow; wanted > 0 (the
+ * encoders' optional argument, for tests) decides alone. */
 static int encode_threads(Py_ssize_t n, int wanted)
 {
     cpu_set_t cpus;
     Py_ssize_t t = wanted;
     if (t <= 0) {
         t = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+        long quota = cgroup_cpus();
+        if (quota > 0 && quota < t)
+            t = quota;
         if (t > n / PART_MIN)
             t = n / PART_MIN;
     }
