@@ -233,6 +233,8 @@ int ferry_loader_skip_epoch(ferry_loader *ld, uint64_t *skipped)
     int rc = ferry__window_skip_epoch(ld->win, &n);
     if (skipped)
         *skipped = n;
+    if (rc == FERRY_OK && n && ferry__window_ended(ld->win))
+        ferry__scheduler_stream_ended(ld->sched); /* as next() does at the stream's last batch */
     return rc;
 }
 

@@ -425,9 +425,9 @@ int ferry__window_full(ferry__window *win)
  * The scheduler's side
  */
 
-/* Entry e (on no list) freed unused: a batch of an epoch the trainer
- * skipped. Returns its batch, to be released once mu is let go. Caller
- * holds mu. */
+/* Entry e (on no list, found by no reply: worker NONE, id UINT64_MAX)
+ * freed unused: a batch of an epoch the trainer skipped. Returns its
+ * batch, to be released once mu is let go. Caller holds mu. */
 static ferry_batch *drop_locked(ferry__window *win, ferry__window_entry *e)
 {
     ferry_batch *b = e->batch;
@@ -436,8 +436,6 @@ static ferry_batch *drop_locked(ferry__window *win, ferry__window_entry *e)
     e->errmsg = NULL;
     e->err = 0;
     e->state = E_FREE;
-    e->worker = NONE;
-    e->id = UINT64_MAX;
     list_push(win, &win->free, slot_of(win, e));
     win->in_flight--;
     return b;
@@ -473,7 +471,8 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
         list_remove(win, &win->resend, win->resend.head);
         if (e->t.seq >= win->drop_below)
             goto out;
-        drop_locked(win, e); /* of a skipped epoch: made by no one (a pending one holds no batch) */
+        e->id = UINT64_MAX; /* of a skipped epoch: made by no one, holding no batch */
+        drop_locked(win, e);
         e = NULL;
     }
     /* In order, a task's entry is slot seq % entries: one still held by a
@@ -594,6 +593,8 @@ void ferry__window_complete(ferry__window *win, ferry__window_entry *e, ferry_ba
     off_worker(win, e, now_ms);
     pthread_mutex_lock(&win->mu);
     if (e->t.seq < win->drop_below) { /* of an epoch the trainer skipped */
+        e->worker = NONE;
+        e->id = UINT64_MAX;
         e->batch = b;
         e->errmsg = errmsg;
         b = drop_locked(win, e);
@@ -661,6 +662,8 @@ static void give_up(ferry__window *win, ferry__window_entry *e, const char *deat
     list_remove(win, &win->resend, slot_of(win, e));
     pthread_mutex_lock(&win->mu);
     if (e->t.seq < win->drop_below) { /* of an epoch the trainer skipped */
+        e->worker = NONE;
+        e->id = UINT64_MAX;
         e->errmsg = msg;
         drop_locked(win, e);
         pthread_mutex_unlock(&win->mu);
@@ -816,12 +819,14 @@ int ferry__window_skip_epoch(ferry__window *win, uint64_t *skipped)
     pthread_mutex_lock(&win->mu);
     if (win->phase == FERRY__PHASE_FAILED)
         return report_failure_locked(win);
-    uint64_t pos = win->start_seq + win->st.delivered;
-    uint64_t bpe = win->sampler.batches_per_epoch;
-    uint64_t to = pos % bpe ? pos - pos % bpe + bpe : pos;
-    if (to > win->sampler.end_seq)
-        to = win->sampler.end_seq;
-    if (win->phase == FERRY__PHASE_RUNNING && to > pos) {
+    uint64_t pos = win->start_seq + win->st.delivered, to = pos;
+    if (win->phase == FERRY__PHASE_RUNNING) {
+        uint64_t bpe = win->sampler.batches_per_epoch;
+        to = pos % bpe ? pos - pos % bpe + bpe : pos;
+        if (to > win->sampler.end_seq)
+            to = win->sampler.end_seq;
+    }
+    if (to > pos) {
         /* Done ones go now; those in flight when they come (complete,
          * give_up), or when taken to be sent again (take); those not yet
          * taken are never made. */

@@ -609,8 +609,9 @@ class Loader(_Closes):
         Returns how many batches were passed over (0 at an epoch's start).
         Only with in_order (ferry.InvalidValue otherwise, and for a loader
         fed by a sampler of the user's)."""
-        self._seen = 0
-        return self._live().skip_epoch()
+        n = self._live().skip_epoch()
+        self._seen = 0  # (only once skipped: out of order it counts the epoch's batches)
+        return n
 
     def state_at_epoch(self, epoch):
         """The state that starts the stream at the first batch of ``epoch``

@@ -1461,6 +1461,39 @@ def test_a_for_left_early_leaves_the_rest_of_its_epoch_unmade(caplog, persistent
         assert head == list(range(1990)) and "not taken" not in caplog.text
 
 
+class FailsOnItem19(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if i == 19:
+            raise ValueError("bad item 19")
+        return i
+
+
+def test_a_for_left_early_out_of_order_gets_the_next_epoch_whole():
+    # Out of order the C loader cannot skip (refused): the rest is taken
+    # and dropped, and the epoch's count must survive the refusal (its
+    # last batch a failure, which carries no end-of-epoch mark): the next
+    # `for` is the next epoch, whole, ending at its failure.
+    with DataLoader(FailsOnItem19(), batch_size=4, num_workers=1, in_order=False,
+                    persistent_workers=True) as dl:
+        it = iter(dl)
+        next(it), next(it)  # left early
+        got = []
+        it = iter(dl)
+        while True:
+            try:
+                got.append(sorted(next(it).tolist()))
+            except StopIteration:
+                break
+            except ValueError:
+                got.append("bad")
+        # (one worker makes its tasks in order: the failure is the last)
+        assert got[-1] == "bad" and len(got) == 5
+        assert sorted(v for b in got[:-1] for v in b) == list(range(16))
+
+
 def test_a_used_loader_resumes_a_user_sampler_exactly():
     ds = tensors(30)
     with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2) as dl:
