@@ -811,9 +811,6 @@ int ferry__window_skip_epoch(ferry__window *win, uint64_t *skipped)
     if (!win->in_order)
         return ferry__seterr(FERRY_EINVAL, "the rest of an epoch can be skipped only with "
                                            "in_order on");
-    if (win->feed_max)
-        return ferry__seterr(FERRY_EINVAL, "the rest of an epoch can be skipped only when the "
-                                           "loader draws its own indices (not fed)");
     ferry_batch *drop[FERRY__WINDOW_MAX];
     uint32_t ndrop = 0;
     pthread_mutex_lock(&win->mu);

@@ -227,7 +227,7 @@ int ferry__window_next(ferry__window *win, ferry_batch **out, int64_t timeout_ms
  * batch is the next epoch's first. Batches of it that are done are
  * released now, those in flight when they come, and those not yet sent
  * are never made. *skipped: how many batches it passed over (0 at an
- * epoch's start). FERRY_EINVAL out of order or when fed. */
+ * epoch's start). FERRY_EINVAL out of order. */
 int ferry__window_skip_epoch(ferry__window *win, uint64_t *skipped);
 
 int ferry__window_length(ferry__window *win, uint64_t *items, uint64_t *batches_per_epoch);

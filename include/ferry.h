@@ -275,8 +275,9 @@ FERRY_API int ferry_loader_state_at_epoch(ferry_loader *ld, uint64_t epoch, void
  * comes, and what was not sent yet is never made; the next epoch's tasks,
  * prefetched already, stay. The state (ferry_loader_state) is the next
  * epoch's start after it. *skipped (may be NULL): the batches passed over,
- * 0 at an epoch's start. Only in in_order mode and when the loader draws
- * its own indices (not fed): FERRY_EINVAL otherwise. */
+ * 0 at an epoch's start. A fed loader (option feed_batches) takes the next
+ * epoch's batches as they are fed. Only in in_order mode: FERRY_EINVAL
+ * otherwise. */
 FERRY_API int ferry_loader_skip_epoch(ferry_loader *ld, uint64_t *skipped);
 
 typedef struct ferry_stats {

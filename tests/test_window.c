@@ -415,6 +415,67 @@ static void test_window_fed_batches_carry_the_fed_indices_and_wait_for_them(void
     ferry__window_free(win);
 }
 
+/* A fed window skips the rest of an epoch as one that draws its own
+ * indices: the batch in flight is dropped when it comes, the one fed and
+ * never taken is never sent, and the next epoch's batches carry their fed
+ * indices; the next epoch's first slot held by the dropped batch is
+ * waited for; a skip past what was fed waits for the feed. */
+static void test_window_fed_skips_the_rest_of_an_epoch(void **state)
+{
+    (void)state;
+    ferry__window_opts o = fed_opts();
+    ferry__window *win = open_window(&o);
+    uint32_t counts[6] = {1, 1, 1, 2, 3, 4};
+    uint64_t idx[12] = {0, 1, 2, 3, 3, 4, 4, 4, 5, 5, 5, 5};
+    assert_int_equal(ferry__window_feed(win, 0, 6, counts, idx), FERRY_OK);
+    ferry__window_entry *a = take_and_send(win, 0), *b = take_and_send(win, 1);
+    answer(win, a);
+    assert_int_equal(next_seq(win), 0);
+    uint64_t skipped = 0;
+    assert_int_equal(ferry__window_skip_epoch(win, &skipped), FERRY_OK);
+    assert_int_equal(skipped, 2); /* seq 1 in flight, seq 2 never taken */
+    ferry__window_entry *c = take_and_send(win, 0), *d = take_and_send(win, 0);
+    assert_int_equal(c->t.seq, 3);
+    assert_int_equal(c->t.count, 2);
+    assert_int_equal(c->indices[1], 3);
+    assert_int_equal(d->t.seq, 4);
+    assert_int_equal(d->indices[2], 4);
+    assert_null(ferry__window_take(win)); /* seq 5's slot is seq 1's, in flight */
+    answer(win, b); /* dropped */
+    ferry__window_entry *e = take_and_send(win, 1);
+    assert_int_equal(e->t.seq, 5);
+    assert_int_equal(e->t.count, 4);
+    answer(win, d);
+    answer(win, c);
+    answer(win, e);
+    assert_int_equal(next_seq(win), 3);
+    assert_int_equal(next_seq(win), 4);
+    assert_int_equal(next_seq(win), 5);
+    ferry_batch *end = NULL;
+    assert_int_equal(ferry__window_next(win, &end, 0), FERRY_EOF);
+    ferry__window_free(win);
+
+    /* Fed only up to the skip's end: the next epoch waits for its feed. */
+    win = open_window(&o);
+    assert_int_equal(ferry__window_feed(win, 0, 2, counts, idx), FERRY_OK);
+    answer(win, take_and_send(win, 0));
+    assert_int_equal(next_seq(win), 0);
+    assert_int_equal(ferry__window_skip_epoch(win, &skipped), FERRY_OK);
+    assert_int_equal(skipped, 2);
+    assert_null(ferry__window_take(win));
+    assert_int_equal(ferry__window_feed(win, 2, 4, counts + 2, idx + 2), FERRY_OK);
+    e = take_and_send(win, 0);
+    assert_int_equal(e->t.seq, 3);
+    assert_int_equal(e->indices[0], 3);
+    ferry__window_entry *f = take_and_send(win, 0); /* slot 0, seq 0's: delivered */
+    assert_int_equal(f->t.seq, 4);
+    answer(win, e);
+    answer(win, f);
+    assert_int_equal(next_seq(win), 3);
+    assert_int_equal(next_seq(win), 4);
+    ferry__window_free(win);
+}
+
 /* A feed with a gap, a count out of range or an index past the dataset
  * is refused whole, saying why, and changes nothing. */
 static void test_window_a_bad_feed_is_refused_whole(void **state)
@@ -511,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_window_fills_to_prefetch_and_no_further),
         cmocka_unit_test(test_window_fed_batches_carry_the_fed_indices_and_wait_for_them),
         cmocka_unit_test(test_window_a_bad_feed_is_refused_whole),
+        cmocka_unit_test(test_window_fed_skips_the_rest_of_an_epoch),
         cmocka_unit_test(test_window_feed_forgets_what_was_taken),
         cmocka_unit_test(test_window_wakes_the_scheduler_once_per_quarter_drained),
         cmocka_unit_test(test_window_delivers_in_order_whatever_the_completion_order),

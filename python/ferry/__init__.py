@@ -607,8 +607,7 @@ class Loader(_Closes):
         dropped, those being made are dropped when they come, the others
         are never made; the next epoch's, prefetched already, stay.
         Returns how many batches were passed over (0 at an epoch's start).
-        Only with in_order (ferry.InvalidValue otherwise, and for a loader
-        fed by a sampler of the user's)."""
+        Only with in_order (ferry.InvalidValue otherwise)."""
         n = self._live().skip_epoch()
         self._seen = 0  # (only once skipped: out of order it counts the epoch's batches)
         return n

@@ -350,8 +350,8 @@ class DataLoader(_Closes):
         next(iter(loader))): torch's next `for` starts a new epoch, and the
         rest of this one is never made. The C loader skips it (what is
         made of it is dropped, the rest never made; the next epoch's
-        batches, prefetched, stay). Where it cannot (a sampler of the
-        user's feeds it), the workers start again at the next epoch's first
+        batches, prefetched, stay). Where it cannot (in_order=False),
+        the workers start again at the next epoch's first
         batch, unless taking the rest is cheaper than that start (what is
         left is already in flight, or would come sooner than a start
         took): the rest is then drained (_begin_epoch). Draining it all
