@@ -442,11 +442,14 @@ static ferry_batch *drop_locked(ferry__window *win, ferry__window_entry *e)
 }
 
 /* A free entry for the task at next_seq: with in_order, slot seq % entries
- * (free, since the seqs in flight are contiguous); else any. Caller holds
- * mu and has checked in_flight < prefetch. */
+ * (free, since the seqs in flight are contiguous, unless a task of a
+ * skipped epoch still holds it: NULL until it comes); else any. Caller
+ * holds mu and has checked in_flight < prefetch. */
 static ferry__window_entry *claim_locked(ferry__window *win, uint64_t seq)
 {
     int32_t i = win->in_order ? (int32_t)(seq % win->entries) : win->free.head;
+    if (win->e[i].state != E_FREE)
+        return NULL;
     list_remove(win, &win->free, i);
     return &win->e[i];
 }
@@ -475,14 +478,11 @@ ferry__window_entry *ferry__window_take(ferry__window *win)
         drop_locked(win, e);
         e = NULL;
     }
-    /* In order, a task's entry is slot seq % entries: one still held by a
-     * task of a skipped epoch (in flight) is waited for. */
     if (win->in_flight >= win->prefetch ||
-        (win->in_order && win->e[win->next_seq % win->entries].state != E_FREE) ||
         ferry__sampler_at(&win->sampler, win->next_seq, &t) != FERRY_OK ||
-        barrier_holds_locked(win, &t) || (win->feed_max && !ferry__feed_has(&win->feed, t.seq)))
+        barrier_holds_locked(win, &t) || (win->feed_max && !ferry__feed_has(&win->feed, t.seq)) ||
+        !(e = claim_locked(win, t.seq)))
         goto out;
-    e = claim_locked(win, t.seq);
     e->state = E_PENDING;
     e->t = t;
     e->id = t.seq << SLOT_BITS | (uint64_t)slot_of(win, e);
@@ -710,9 +710,8 @@ static ferry__window_entry *deliverable_locked(ferry__window *win)
         }
         return NULL;
     }
-    uint64_t pos = win->start_seq + win->st.delivered;
-    ferry__window_entry *e = &win->e[pos % win->entries];
-    return e->state == E_DONE && e->t.seq == pos ? e : NULL;
+    ferry__window_entry *e = &win->e[(win->start_seq + win->st.delivered) % win->entries];
+    return e->state == E_DONE ? e : NULL;
 }
 
 /* Hands entry e's batch or failure to the trainer and frees the slot. Caller
