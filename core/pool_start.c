@@ -272,7 +272,6 @@ static int start_parent(ferry__pool *p)
     return FERRY_OK;
 }
 
-/* Asks the clean parent (started if none runs) for worker i. */
 /* Whether the clean parent's end of its control socket is closed (it
  * died). */
 static int parent_hung_up(const ferry__pool *p)
@@ -281,6 +280,7 @@ static int parent_hung_up(const ferry__pool *p)
     return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLERR));
 }
 
+/* Asks the clean parent (started if none runs) for worker i. */
 static int ask_parent(ferry__pool *p, uint32_t i)
 {
     local_worker *w = &p->w[i];
@@ -580,13 +580,6 @@ void ferry__pool_forget_process(local_worker *w)
     atomic_store(&w->pid, 0);
 }
 
-/* Whether a wait status is a SIGKILL (ferry kills a clean parent only
- * when it stops it, and then it is not asked to restart). */
-static int killed_from_outside(int status)
-{
-    return status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-}
-
 /* The clean parent was reaped (ev says how): its control socket is
  * closed. One that had been ready goes out as FERRY__POOL_PARENT_DIED
  * (returns 1): the workers it forked are the loader's children and go on,
@@ -610,7 +603,9 @@ int ferry__pool_parent_gone(ferry__pool *p, ferry__pool_event *ev)
     adopt_forked(p); /* forks it made and had not answered for */
     int was_ready = p->parent_ready;
     p->parent_ready = 0;
-    if (was_ready || (killed_from_outside(ev->status) && p->parent_early_deaths++ == 0))
+    /* (ferry kills a clean parent only when it stops it, and does not
+     * restart it then) */
+    if (was_ready || (ferry__sigkilled(ev->status) && p->parent_early_deaths++ == 0))
         return 1;
     char how[256], why[FERRY__ERRMSG_MAX];
     if (ev->status == -1)

@@ -455,6 +455,11 @@ const char *ferry__signal_name(int sig, char *buf, size_t cap)
     return buf;
 }
 
+int ferry__sigkilled(int status)
+{
+    return status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
 void ferry__describe_status(int status, char *buf, size_t cap)
 {
     char name[32];

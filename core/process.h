@@ -110,4 +110,8 @@ const char *ferry__signal_name(int sig, char *buf, size_t cap);
 /* "exited with code 3" / "was killed by signal SIGSEGV (...hint...)". */
 void ferry__describe_status(int status, char *buf, size_t cap);
 
+/* Whether wait status `status` (-1: unknown) is a death by SIGKILL: the
+ * OOM killer or a user, when ferry did not send it. */
+int ferry__sigkilled(int status);
+
 #endif

@@ -10,7 +10,6 @@
  * counted against it, under either policy, and it is said at info level.
  */
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -248,13 +247,6 @@ static void replace_retired(ferry__scheduler *s, sched_worker *w)
     try_restart(s, w, ferry__now_ms());
 }
 
-/* Whether the death was a SIGKILL that ferry did not send. */
-static int killed_from_outside(const ferry__pool_event *ev)
-{
-    return ev->status != -1 && WIFSIGNALED(ev->status) && WTERMSIG(ev->status) == SIGKILL &&
-           !ev->kill_reason[0];
-}
-
 /* The settled death of local worker w: its tasks go back to the window
  * (the one it was on charged), and under the restart policy the slot is
  * started again, unless it keeps dying without delivering anything. */
@@ -285,7 +277,8 @@ static void handle_death(ferry__scheduler *s, sched_worker *w)
      * others start), is replaced as after open. Before the first READY
      * (phase STARTING) no task is out to requeue. */
     ferry__phase ph = ferry__window_phase(s->win);
-    int failed_start = !s->opened && was != FERRY__PEER_READY && !killed_from_outside(&w->death);
+    int failed_start = !s->opened && was != FERRY__PEER_READY &&
+        !(ferry__sigkilled(w->death.status) && !w->death.kill_reason[0]);
     if (failed_start || ph == FERRY__PHASE_FAILED ||
         s->cfg.on_worker_failure == FERRY__ON_FAILURE_FAIL) {
         ferry__window_fail(s->win, FERRY_EWORKER, msg);
