@@ -654,7 +654,8 @@ def parse_args(argv=None):
     from ferry import __version__  # loaded already: this module is inside the package
     p.add_argument("--version", action="version",
                    version="python -m ferry.bench %s" % __version__)
-    p.add_argument("--pipeline", choices=tuple(DEFAULTS) + ("dataset-memory", "mix", "exports"),
+    p.add_argument("--pipeline", choices=tuple(DEFAULTS) + ("dataset-memory", "mix", "exports",
+                                                            "early-break"),
                    default="mnist",
                    help="the dataset and its loading (mnist)")
     p.add_argument("--workers", type=int,
@@ -749,6 +750,9 @@ def main(argv=None):
     if pre.parse_known_args(argv)[0].pipeline == "exports":  # and this
         from . import bench_exports
         return bench_exports.main(argv)
+    if pre.parse_known_args(argv)[0].pipeline == "early-break":  # and this
+        from . import bench_epochs
+        return bench_epochs.main(argv)
     a = parse_args(argv)
     # Now, outside every timing: what the trainer (and torch's forked workers) use.
     need = ["torch"] if a.only != "ferry" else []

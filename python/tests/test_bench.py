@@ -214,6 +214,23 @@ def test_bench_mix_compares_a_mix_with_one_source_and_a_resume_with_a_fresh_star
     assert res["mix_vs_one_items_per_s"] > 0 and res["resumed_vs_fresh_first_batch"] > 0
 
 
+def test_bench_early_break_measures_each_epoch_s_first_batch_for_both_loaders():
+    """--pipeline early-break, small: both loaders run every round, each
+    later epoch's first batch is measured (the epoch before left early),
+    and the ratios are made from the medians."""
+    p = subprocess.run([sys.executable, "-m", "ferry.bench", "--pipeline", "early-break",
+                        "--items", "4096", "--batch-size", "64", "--epochs", "3", "--take", "5",
+                        "--rounds", "1", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    for kind in ("torch", "ferry"):
+        (m,) = res["rounds"][kind]
+        assert m["first_batch_s"] > 0 and len(m["later_first_ms"]) == 2
+        assert all(x > 0 for x in m["later_first_ms"]) and m["total_s"] >= m["first_batch_s"]
+    assert {"first_batch_s", "later_first_p50_ms", "total_s"} <= set(res["ratios_ferry_over_torch"])
+
+
 def test_bench_plot_draws_the_waits_and_ferry_s_stages_over_the_run(tmp_path):
     """--plot: the PNG is written, and the JSON holds the stages it drew:
     windows of batches in order, each with the stages' mean ms, among them
