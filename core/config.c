@@ -89,8 +89,6 @@ static const opt_def options[] = {
      "local processes are forked by one clean parent that loads the dataset once"},
     {"fork_from", OPT_INT, OFF(fork_from), -1, INT_MAX, NULL,
      "fd of a running clean parent to fork this loader's from (-1: spawn one)"},
-    {"fork_from_pidfd", OPT_INT, OFF(fork_from_pidfd), -1, INT_MAX, NULL,
-     "pidfd of the process at fork_from that takes the first request (-1: none)"},
     {"dataset_fd", OPT_INT, OFF(dataset_fd), -1, INT_MAX, NULL,
      "fd of bytes every local process worker is given (-1: none)"},
     {"bind", OPT_STR, OFF(bind), 0, FERRY__ENDPOINT_MAX, NULL,
@@ -139,7 +137,6 @@ ferry_config *ferry_config_new(void)
     c->min_workers = -1;
     c->open_local_ready = -1;
     c->fork_from = -1;
-    c->fork_from_pidfd = -1;
     c->dataset_fd = -1;
     c->max_remote = 16;
     c->heartbeat_ms = 400;

@@ -71,7 +71,6 @@ struct ferry_config {
     char worker_args[FERRY__WORKER_ARGS_MAX]; /* newline-separated, before ferry's own */
     int64_t fork_server;     /* local processes are forked by one clean parent (pool.h) */
     int64_t fork_from;       /* a clean parent's control socket to fork ours from, -1: none */
-    int64_t fork_from_pidfd; /* the pidfd of the process there that takes the first request */
     int64_t dataset_fd;      /* bytes every local process worker is given (--data-fd), -1: none */
     char bind[FERRY__ENDPOINT_MAX]; /* tcp:// endpoint for remote workers, "" = none */
     char curve_key[PATH_MAX];       /* the loader's key pair file */

@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -147,22 +145,8 @@ static void ask_lock_forks(void)
     ferry__forkfds_unlock_in_child(&ask_lock);
 }
 
-/* Whether pidfd (>= 0) says its process has exited. */
-static int exited(int pidfd)
-{
-    struct pollfd p = {.fd = pidfd, .events = POLLIN};
-    return pidfd >= 0 && poll(&p, 1, 0) == 1;
-}
-
-/* Whether everything sent on ctl has been taken off it by a reader. */
-static int all_taken(int ctl)
-{
-    int queued = 0;
-    return ioctl(ctl, SIOCOUTQ, &queued) == 0 && queued == 0;
-}
-
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
-                    int taker, pid_t *pid)
+                    pid_t *pid)
 {
     pthread_once(&ask_once, ask_lock_forks);
     pthread_mutex_lock(&ask_lock);
@@ -173,9 +157,6 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
                                          "before; it is not asked again");
         goto out;
     }
-    /* A taker dead already is not the one that takes it. */
-    if (exited(taker))
-        taker = -1;
     rc = ferry__fork_request(ctl, args, fds, nfds);
     if (rc != FERRY_OK)
         goto out;
@@ -199,18 +180,6 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
         /* "R" is only said by a loader's own parent; skipped here. */
         if (a.kind == FERRY__FORK_READY)
             continue;
-        if (exited(taker)) {
-            /* Its answer, had it sent one, was read above. Taken off the
-             * socket, the request died with it: sent again, for another
-             * reader. Still queued, it is another's to take. */
-            if (all_taken(ctl)) {
-                rc = ferry__fork_request(ctl, args, fds, nfds);
-                if (rc != FERRY_OK)
-                    goto out;
-            }
-            taker = -1;
-            continue;
-        }
         uint64_t now = ferry__now_ms();
         if (now >= deadline) {
             ask_broken = ino;
@@ -219,8 +188,8 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
                                timeout_ms);
             goto out;
         }
-        struct pollfd p[2] = {{.fd = ctl, .events = POLLIN}, {.fd = taker, .events = POLLIN}};
-        poll(p, taker >= 0 ? 2 : 1, (int)(deadline - now));
+        struct pollfd p = {.fd = ctl, .events = POLLIN};
+        poll(&p, 1, (int)(deadline - now));
     }
 out:
     pthread_mutex_unlock(&ask_lock);

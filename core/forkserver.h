@@ -70,12 +70,8 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a);
  * timeout_ms (callers of the same fd are serialised): the child's pid, or
  * FERRY_ESPAWN saying why not (the parent's own error, gone, no answer in
  * time). A late answer would be read as the next caller's, so a timeout
- * also marks the fd unusable for this process. taker (-1: none) is the
- * pidfd of the one of the processes reading ctl that takes this request
- * first: when it dies with the request taken off the socket and no
- * answer, the request is lost (the others never see it) and is sent
- * again once. */
+ * also marks the fd unusable for this process. */
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
-                    int taker, pid_t *pid);
+                    pid_t *pid);
 
 #endif

@@ -46,7 +46,6 @@ typedef struct ferry__pool_opts {
      * spawned or forked from the clean parent at fork_from (-1: none). */
     int fork_server;
     int fork_from;
-    int fork_from_pidfd; /* the process that takes fork_from's first request (-1: none) */
     const char *dataset;
     int start_timeout_ms;    /* a (re)started worker must be ready by then */
     int wake_fd;             /* written when a thread worker stops */

@@ -232,8 +232,7 @@ static int start_parent(ferry__pool *p)
         int errpipe[2];
         if (stderr_pipe(errpipe) == FERRY_OK) {
             int fds[] = {errpipe[1], theirs, p->o.data_fd};
-            rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms,
-                                 p->o.fork_from_pidfd, &pid);
+            rc = ferry__fork_ask(p->o.fork_from, own, fds, npass + 1, p->o.start_timeout_ms, &pid);
             ferry__forkfds_close(errpipe[1]);
             if (rc == FERRY_OK && (w->pidfd = watch(pid)) < 0)
                 rc = ferry__syserr(FERRY_ESPAWN, "watching the clean parent: pidfd_open", errno);

@@ -649,7 +649,6 @@ static int setup(ferry__scheduler *s)
                            .data_fd = s->data_fd,
                            .fork_server = (int)s->cfg.fork_server,
                            .fork_from = (int)s->cfg.fork_from,
-                           .fork_from_pidfd = (int)s->cfg.fork_from_pidfd,
                            .dataset = s->cfg.dataset,
                            .start_timeout_ms = (int)s->cfg.start_timeout_ms,
                            .wake_fd = s->wake_fd,

@@ -152,7 +152,7 @@ static void *ask_template(void *arg)
     ask *a = arg;
     char *args[] = {"--fork-server", NULL};
     int fds[] = {a->ctl};
-    a->rc = ferry__fork_ask(a->ctl, args, fds, 1, 20000, -1, &a->pid);
+    a->rc = ferry__fork_ask(a->ctl, args, fds, 1, 20000, &a->pid);
     return NULL;
 }
 
@@ -166,7 +166,7 @@ static int child_asks(void)
     char *args[] = {"--fork-server", NULL};
     int fds[] = {theirs};
     pid_t pid = 0;
-    int rc = ferry__fork_ask(ours, args, fds, 1, 100, -1, &pid);
+    int rc = ferry__fork_ask(ours, args, fds, 1, 100, &pid);
     return rc == FERRY_ESPAWN && strstr(ferry_last_error(), "did not answer") ? 0 : 1;
 }
 

@@ -399,9 +399,6 @@ class Loader(_Closes):
                         self._fork_template()
                         if self._template is not None:
                             opts["fork_from"] = self._template.fileno()
-                            first = self._template.procs[0][1]  # its pidfd: see fork_ask
-                            if first is not None:
-                                opts["fork_from_pidfd"] = first
             if isinstance(dataset, Mix):
                 # The mix's own order over its sources (sampler/mix.h).
                 opts.setdefault("mix", dataset.spec)

@@ -287,39 +287,6 @@ def test_a_clean_parent_killed_as_the_loader_opens_is_replaced_by_a_fork(tmp_pat
     assert children() == []
 
 
-def test_a_template_killed_with_the_request_taken_is_asked_again(tmp_path, caplog, monkeypatch):
-    """The first template dies right after it took the loader's request
-    for a clean parent off the socket it shares with the second, before
-    answering: the request died with it, and the second never sees it.
-    The pool, watching the first's pidfd, asks again, and the second
-    forks the clean parent; the open does not wait out start_timeout_ms
-    (it did, then spawned workers too late). The templates are forks of
-    this process, so they run the patched reader; the flag lets only the
-    first die."""
-    from ferry import worker
-    flag = str(tmp_path / "template-died")
-    real = worker._recv_request
-
-    def dies_with_the_request(sock, timeout=None):
-        req = real(sock, timeout)
-        if isinstance(req, tuple) and "--fork-server" in req[0] and not os.path.exists(flag):
-            open(flag, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
-        return req
-    monkeypatch.setattr(worker, "_recv_request", dies_with_the_request)
-    caplog.set_level(logging.INFO, logger="ferry")
-    data = Items(40)
-    data.shared = multiprocessing.Value("i", 1)  # only forks of the trainer can have it
-    t0 = time.monotonic()
-    with ferry.Loader(data, batch_size=5, workers=2, epochs=1, start_timeout_ms=8000) as ld:
-        got = sorted(int(v) for b in ld for v in b["y"])
-    assert os.path.exists(flag)
-    assert got == [i * i for i in range(40)]
-    assert time.monotonic() - t0 < 6  # not the ask's 8 s
-    assert "spawned, not forked" not in caplog.text
-    assert children() == []
-
-
 def test_a_template_interrupted_while_it_settles_is_closed_whole(monkeypatch):
     """Ctrl-C while the trainer waits for the template's second fork: the
     fork goes on on its thread, and close still waits for it, kills both
