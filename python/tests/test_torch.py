@@ -1482,14 +1482,15 @@ class FailsOnItem19(Dataset):
 
 
 def test_a_for_left_early_out_of_order_gets_the_next_epoch_whole():
-    # Out of order the C loader cannot skip (refused): the rest is taken
-    # and dropped, and the epoch's count must survive the refusal (its
-    # last batch a failure, which carries no end-of-epoch mark): the next
-    # `for` is the next epoch, whole, ending at its failure.
+    # Out of order the C loader cannot skip (refused): the one batch left,
+    # in flight, is taken and dropped, and the epoch's count must survive
+    # the refusal (its last batch a failure, which carries no end-of-epoch
+    # mark): the next `for` is the next epoch, whole, ending at its failure.
     with DataLoader(FailsOnItem19(), batch_size=4, num_workers=1, in_order=False,
                     persistent_workers=True) as dl:
         it = iter(dl)
-        next(it), next(it)  # left early
+        for _ in range(4):  # left early, the failing batch not taken
+            next(it)
         got = []
         it = iter(dl)
         while True:

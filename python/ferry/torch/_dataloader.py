@@ -18,7 +18,6 @@ import hashlib
 import inspect
 import logging
 import os
-import time
 import types
 
 import torch
@@ -116,11 +115,7 @@ class DataLoader(_Closes):
                                         plan.feed.nbatches, plan.feed.ahead, len(dataset))
         self._next_epoch = 0
         self._mid_epoch = False  # a `for` stopped inside an epoch
-        # For a `for` left early (_leave_epoch): the batches of the epoch
-        # handed out and since when, and what a start of the workers took
-        # (open to first batch; None until one came).
-        self._epoch_got, self._epoch_since = 0, 0.0
-        self._opened_at, self._start_s = 0.0, None
+        self._epoch_got = 0  # batches of the epoch handed out (_leave_epoch)
         self._batches = _Batches(dataset, plan.indices, collate_fn, plan.auto_batch,
                                  plan.base_seed, plan.reseed, worker_init_fn, self.num_workers,
                                  os.getpid(), self._table)
@@ -188,7 +183,6 @@ class DataLoader(_Closes):
                 kind = getattr(self._table.batch_sampler, "key_kind", None)
                 self._batches.key_kind = None if kind in (None, "int") else kind
             self._mid_epoch = False
-            self._opened_at, self._start_s = time.monotonic(), None
             self._loader, self._mode = self._mode.open(self._opts)
             if self._table is not None:
                 self._table.attach(self._loader, self._opts["batch_size"])
@@ -351,12 +345,10 @@ class DataLoader(_Closes):
         rest of this one is never made. The C loader skips it (what is
         made of it is dropped, the rest never made; the next epoch's
         batches, prefetched, stay). Where it cannot (in_order=False),
-        the workers start again at the next epoch's first
-        batch, unless taking the rest is cheaper than that start (what is
-        left is already in flight, or would come sooner than a start
-        took): the rest is then drained (_begin_epoch). Draining it all
-        made a peek at the first batch cost the script a whole epoch's
-        work."""
+        the workers start again at the next epoch's first batch, unless
+        what is left is no more than what is in flight: that is drained
+        (_begin_epoch). Draining it all made a peek at the first batch
+        cost the script a whole epoch's work."""
         left = len(self) - self._epoch_got
         if left <= 0 or self._loader is None:
             return
@@ -368,11 +360,7 @@ class DataLoader(_Closes):
             self._next_epoch += 1
             self._mid_epoch = False
             return
-        if self._start_s is None:
-            return
-        in_flight = max(1, self.num_workers) * (self.prefetch_factor or 2)
-        per_batch = (time.monotonic() - self._epoch_since) / max(1, self._epoch_got)
-        if left <= in_flight or left * per_batch <= self._start_s:
+        if left <= max(1, self.num_workers) * (self.prefetch_factor or 2):
             return
         self._restart_at(self._next_epoch + 1,
                          "a `for` left epoch %d with %d of its %d batches not taken (torch "
@@ -410,7 +398,7 @@ class DataLoader(_Closes):
             self._mid_epoch = False
             if self._table is not None:
                 self._table.fill_to(self._next_epoch + self._table.ahead)
-        self._epoch_got, self._epoch_since = 0, time.monotonic()
+        self._epoch_got = 0
         return _Epoch(ld, timeout), self._next_epoch
 
     def _structure(self, b):
@@ -525,8 +513,6 @@ class _MapEpoch(_EpochIterator):
                 dl._end_draws()
             raise
         dl._epoch_got += 1
-        if dl._start_s is None:
-            dl._start_s = time.monotonic() - dl._opened_at
         dl._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
         dl._mid_epoch = not b.last_in_epoch
         if b.last_in_epoch:
