@@ -11,8 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -34,7 +36,9 @@ int ferry__fork_socketpair(int *ours, int *theirs)
     return FERRY_OK;
 }
 
-int ferry__fork_request(int ctl, char *const args[], const int *fds, int nfds)
+/* Sends kind, then head (when not NULL) and args, each NUL-terminated. */
+static int send_request(int ctl, char kind, const char *head, char *const args[],
+                        const int *fds, int nfds)
 {
     if (nfds < 1 || nfds > FERRY__FORK_FDS_MAX)
         return ferry__seterr(FERRY_EINVAL, "a fork request carries 1 to %d fds, not %d",
@@ -43,15 +47,16 @@ int ferry__fork_request(int ctl, char *const args[], const int *fds, int nfds)
     if (!buf)
         return ferry__seterr(FERRY_ENOMEM, "out of memory for a fork request");
     size_t len = 0;
-    buf[len++] = 'F';
-    for (int i = 0; args[i]; i++) {
-        size_t n = strlen(args[i]) + 1;
+    buf[len++] = kind;
+    for (int i = head ? -1 : 0; i < 0 || args[i]; i++) {
+        const char *a = i < 0 ? head : args[i];
+        size_t n = strlen(a) + 1;
         if (len + n > REQUEST_MAX) {
             free(buf);
             return ferry__seterr(FERRY_EINVAL, "a fork request is longer than %d bytes",
                                  REQUEST_MAX);
         }
-        memcpy(buf + len, args[i], n);
+        memcpy(buf + len, a, n);
         len += n;
     }
     union {
@@ -80,6 +85,11 @@ int ferry__fork_request(int ctl, char *const args[], const int *fds, int nfds)
     return FERRY_OK;
 }
 
+int ferry__fork_request(int ctl, char *const args[], const int *fds, int nfds)
+{
+    return send_request(ctl, 'F', NULL, args, fds, nfds);
+}
+
 int ferry__fork_read(int ctl, ferry__fork_answer *a)
 {
     char buf[sizeof a->text + 1];
@@ -96,13 +106,16 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a)
                      : FERRY_OK;
     }
     buf[n] = '\0';
+    char *end;
     switch (buf[0]) {
     case 'R':
         a->kind = FERRY__FORK_READY;
         return FERRY_OK;
-    case 'P': {
-        char *end;
+    case 'P':
+    case 'p': {
         long pid = strtol(buf + 1, &end, 10);
+        if (buf[0] == 'p' && pid > 0 && *end == ' ')
+            a->id = strtoull(end + 1, &end, 10);
         if (pid > 0 && *end == '\0') {
             a->kind = FERRY__FORK_PID;
             a->pid = (pid_t)pid;
@@ -110,6 +123,13 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a)
         }
         break;
     }
+    case 'e':
+        a->id = strtoull(buf + 1, &end, 10);
+        if (*end != ' ')
+            break;
+        a->kind = FERRY__FORK_ERROR;
+        snprintf(a->text, sizeof a->text, "%s", end + 1);
+        return FERRY_OK;
     case 'E':
         a->kind = FERRY__FORK_ERROR;
         snprintf(a->text, sizeof a->text, "%s", buf + 1);
@@ -126,17 +146,8 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a)
 
 static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t ask_once = PTHREAD_ONCE_INIT;
-/* The socket whose answer was not waited for (its order is lost), by inode:
- * each loader has a template of its own, and a later one's socket may get
- * the same fd number. */
-static ino_t ask_broken;
-
-/* The inode of socket fd (0 when fstat fails). */
-static ino_t socket_inode(int fd)
-{
-    struct stat st;
-    return fstat(fd, &st) == 0 ? st.st_ino : 0;
-}
+/* The last ask's id (under ask_lock). */
+static unsigned long long ask_id;
 
 /* A trainer's fork (a loader's next template) taken while another loader
  * waits for its template's answer would hold ask_lock for ever. */
@@ -145,30 +156,54 @@ static void ask_lock_forks(void)
     ferry__forkfds_unlock_in_child(&ask_lock);
 }
 
+/* The clean parent a template forked for an ask nobody waits for any more
+ * (one that timed out, or one a dying template answered and left on the
+ * socket for the other): killed and reaped. It is this process's child
+ * (CLONE_PARENT; or the template itself), so its pid is not anyone
+ * else's until reaped here; pidfd_open fails when the trainer reaped it. */
+static void reap_stale(pid_t pid)
+{
+    int fd = pidfd_open(pid, 0);
+    if (fd < 0)
+        return;
+    siginfo_t si;
+    if (waitid(P_PIDFD, (id_t)fd, &si, WEXITED | WNOHANG | WNOWAIT) == 0) {
+        pidfd_send_signal(fd, SIGKILL, NULL, 0);
+        while (waitid(P_PIDFD, (id_t)fd, &si, WEXITED) < 0 && errno == EINTR)
+            ;
+    }
+    close(fd);  /* (ECHILD: not this process's child; left alone) */
+}
+
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
                     pid_t *pid)
 {
     pthread_once(&ask_once, ask_lock_forks);
     pthread_mutex_lock(&ask_lock);
-    int rc;
-    ino_t ino = socket_inode(ctl);
-    if (ino != 0 && ino == ask_broken) {
-        rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template did not answer in time "
-                                         "before; it is not asked again");
-        goto out;
-    }
-    rc = ferry__fork_request(ctl, args, fds, nfds);
+    unsigned long long id = ++ask_id;
+    char head[24];
+    snprintf(head, sizeof head, "%llu", id);
+    int rc = send_request(ctl, 'A', head, args, fds, nfds);
     if (rc != FERRY_OK)
         goto out;
     uint64_t deadline = ferry__now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         ferry__fork_answer a;
         rc = ferry__fork_read(ctl, &a);
+        if (a.kind == FERRY__FORK_PID && a.id != id) {
+            if (a.id != 0)
+                reap_stale(a.pid);
+            continue;
+        }
         if (a.kind == FERRY__FORK_PID) {
             *pid = a.pid;
             rc = FERRY_OK;
             goto out;
         }
+        /* Another ask's error, or "R" (said only by a loader's own
+         * parent): skipped. */
+        if ((a.kind == FERRY__FORK_ERROR && a.id != id) || a.kind == FERRY__FORK_READY)
+            continue;
         if (a.kind == FERRY__FORK_ERROR) {
             rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template: %s", a.text);
             goto out;
@@ -177,12 +212,8 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
             rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template is gone");
             goto out;
         }
-        /* "R" is only said by a loader's own parent; skipped here. */
-        if (a.kind == FERRY__FORK_READY)
-            continue;
         uint64_t now = ferry__now_ms();
         if (now >= deadline) {
-            ask_broken = ino;
             rc = ferry__seterr(FERRY_ESPAWN,
                                "the clean parent's template did not answer within %d ms",
                                timeout_ms);

@@ -20,10 +20,16 @@
  *                     worker program with these arguments; SCM_RIGHTS
  *                     carries its fds: the first becomes its stderr, the
  *                     others fds 3, 4, ... (as ferry__spawn passes them)
+ *   loader -> template "A" ID \0 ARG \0 ...  the same, from ferry__fork_ask:
+ *                     ID (decimal) comes back in the answer
  *   parent -> loader  "R"                     ready: the dataset is loaded
  *                     "P" PID                 the child of the oldest request
  *                     "E" TEXT                that request failed, and why
- * Answers come in the order of the requests.
+ *                     "p" PID " " ID          the child of ask ID
+ *                     "e" ID " " TEXT         ask ID failed, and why
+ * Answers come in the order of the requests. An ask carries its id because
+ * two templates serve one socket (the Python package's, _template.py): an
+ * answer may belong to an ask no longer waited for.
  *
  * Thread safety: a control fd is used by one thread at a time; the
  * synchronous ferry__fork_ask serialises its callers itself, since the
@@ -50,6 +56,7 @@ typedef enum ferry__fork_answer_kind {
 typedef struct ferry__fork_answer {
     ferry__fork_answer_kind kind;
     pid_t pid;
+    unsigned long long id; /* the ask answered ("p", "e"; 0 for "P", "E") */
     char text[512];
 } ferry__fork_answer;
 
@@ -66,11 +73,12 @@ int ferry__fork_request(int ctl, char *const args[], const int *fds, int nfds);
  * there. FERRY_OK, or FERRY_ESYS on a read error (taken as CLOSED). */
 int ferry__fork_read(int ctl, ferry__fork_answer *a);
 
-/* One request to a shared clean parent and its answer, waited for at most
+/* One ask ("A") of a template and its answer, waited for at most
  * timeout_ms (callers of the same fd are serialised): the child's pid, or
- * FERRY_ESPAWN saying why not (the parent's own error, gone, no answer in
- * time). A late answer would be read as the next caller's, so a timeout
- * also marks the fd unusable for this process. */
+ * FERRY_ESPAWN saying why not (the template's own error, gone, no answer
+ * in time). A child forked for an earlier ask, answered too late (after a
+ * timeout, or by a template that died before taking the ask off the
+ * socket, so that the other took it too), is killed and reaped. */
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
                     pid_t *pid);
 

@@ -183,16 +183,74 @@ static void test_a_fork_while_a_template_is_asked_can_ask_its_own(void **state)
     /* The request has come: the asking thread holds the lock until the
      * answer below. */
     wait_readable(theirs, 10000);
-    char buf[256];
+    char buf[256], answer[64];
     assert_true(recv(theirs, buf, sizeof buf, 0) > 0);
-    assert_int_equal(buf[0], 'F');
+    assert_int_equal(buf[0], 'A');
 
     in_a_fork(child_asks);
 
-    assert_int_equal(send(theirs, "P4242", 5, 0), 5);
+    int n = snprintf(answer, sizeof answer, "p4242 %s", buf + 1);
+    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
     assert_int_equal(pthread_join(t, NULL), 0);
     assert_int_equal(a.rc, FERRY_OK);
     assert_int_equal(a.pid, 4242);
+    close(ours);
+    close(theirs);
+    ft_end(&snap);
+}
+
+/* ------------------------------------------------------------------------
+ * Asks carry ids: an answer to an earlier ask (a clean parent forked for
+ * an ask nobody waits for any more) is not taken for this one's; the
+ * process it names, this one's child, is killed and reaped. An answer
+ * without an id is skipped, its pid left alone.
+ */
+
+static void test_an_answer_to_another_ask_is_not_taken_and_its_child_is_reaped(void **state)
+{
+    (void)state;
+    ft_snapshot snap;
+    ft_begin(&snap, 60);
+    int ours, theirs;
+    assert_int_equal(ferry__fork_socketpair(&ours, &theirs), FERRY_OK);
+    pid_t stale = fork();
+    assert_true(stale >= 0);
+    if (stale == 0) {
+        for (;;)
+            pause();
+    }
+    pid_t bystander = fork();
+    assert_true(bystander >= 0);
+    if (bystander == 0) {
+        for (;;)
+            pause();
+    }
+    ask a = {.ctl = ours};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, ask_template, &a), 0);
+    wait_readable(theirs, 10000);
+    char buf[256], answer[64];
+    assert_true(recv(theirs, buf, sizeof buf, 0) > 0);
+    assert_int_equal(buf[0], 'A');
+    unsigned long long id = strtoull(buf + 1, NULL, 10);
+    assert_true(id > 0);
+    int n = snprintf(answer, sizeof answer, "p%d %llu", (int)stale, id + 1000);
+    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
+    n = snprintf(answer, sizeof answer, "e%llu not this ask's error", id + 1000);
+    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
+    n = snprintf(answer, sizeof answer, "P%d", (int)bystander);
+    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
+    n = snprintf(answer, sizeof answer, "p4343 %llu", id);
+    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(a.rc, FERRY_OK);
+    assert_int_equal(a.pid, 4343);
+    /* the stale one is reaped already; the bystander lives */
+    assert_int_equal(waitpid(stale, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+    assert_int_equal(waitpid(bystander, NULL, WNOHANG), 0);
+    kill(bystander, SIGKILL);
+    assert_int_equal(waitpid(bystander, NULL, 0), bystander);
     close(ours);
     close(theirs);
     ft_end(&snap);
@@ -203,6 +261,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_fork_while_a_log_callback_runs_can_log),
         cmocka_unit_test(test_a_fork_while_a_template_is_asked_can_ask_its_own),
+        cmocka_unit_test(test_an_answer_to_another_ask_is_not_taken_and_its_child_is_reaped),
     };
     return ft_run_each(tests, sizeof tests / sizeof tests[0]) ? 1 : 0;
 }

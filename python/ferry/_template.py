@@ -154,9 +154,6 @@ class Template:
                 os.close(fd)
         self.settle()
         procs, self.procs = self.procs, []
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
         import signal
         for pid, pidfd in procs:
             try:
@@ -178,6 +175,45 @@ class Template:
                         continue
             except ChildProcessError:  # reaped by the trainer's own handler
                 pass
+        if self.sock is not None:
+            _reap_unclaimed(self.sock)
+            self.sock.close()
+            self.sock = None
+
+
+def _reap_unclaimed(sock):
+    """The clean parents the templates forked for asks no loader read the
+    answer of (a first template killed between its answer and taking the
+    ask off the socket leaves it to the second): this process's children
+    (CLONE_PARENT), killed and reaped. The templates are gone by now, so
+    nothing more comes."""
+    import signal
+    sock.setblocking(False)
+    while True:
+        try:
+            msg = sock.recv(512)
+        except OSError:
+            return
+        if not msg:
+            return
+        if msg[:1] != b"p":
+            continue
+        try:
+            pidfd = os.pidfd_open(int(msg[1:].split()[0]))
+        except (ValueError, OSError):
+            continue
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            while True:
+                try:
+                    os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+                    break
+                except InterruptedError:
+                    continue
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
 
 
 def _pidfd(pid):

@@ -70,13 +70,15 @@ def _threads_running():
         return 1
 
 
-def _recv_request(sock, timeout=None):
-    """(args, fds) of one request, ("I", modules) of an import hint, "idle"
-    when none came within timeout seconds, or None when the loader is
-    gone."""
+def _recv_request(sock, timeout=None, peek=False):
+    """(args, fds, ask) of one request (ask: the id of a template's ask,
+    "A", which its answer carries; None for "F"), ("I", modules, None) of
+    an import hint, "idle" when none came within timeout seconds, or None
+    when the loader is gone. peek: the request stays on the socket (its
+    fds are this process's all the same); _drop_peeked takes it off."""
     sock.settimeout(timeout)
     try:
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 65536, 16)
+        msg, fds = _recv_fds(sock, socket.MSG_PEEK if peek else 0)
     except socket.timeout:
         return "idle"
     except (ConnectionError, OSError):
@@ -87,9 +89,44 @@ def _recv_request(sock, timeout=None):
         return None
     kind, body = msg[:1], msg[1:]
     if kind == b"I":
-        return "I", body.decode().split(",")
+        return "I", body.decode().split(","), None
     args = [a.decode() for a in body.split(b"\0")[:-1]]
-    return args, fds
+    ask = args.pop(0) if kind == b"A" and args else None
+    return args, fds, ask
+
+
+def _recv_fds(sock, flags):
+    """(message, fds) of one message (socket.recv_fds, which ignores its
+    flags argument before Python 3.12)."""
+    import array
+    fds = array.array("i")
+    msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_LEN(16 * fds.itemsize), flags)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return msg, list(fds)
+
+
+def _drop_peeked(sock):
+    """The request _recv_request peeked at taken off the socket (its fds,
+    received again, closed)."""
+    sock.settimeout(None)
+    try:
+        _msg, fds = _recv_fds(sock, 0)
+    except OSError:
+        return
+    for fd in fds:
+        os.close(fd)
+
+
+def _answer(sock, ask, pid=None, error=None):
+    """A request's answer: its child's pid, or why it failed; for an ask
+    ("A"), with its id (forkserver.h)."""
+    if ask is None:
+        sock.send(b"P%d" % pid if error is None else ("E" + error).encode())
+    else:
+        sock.send(b"p%d %s" % (pid, ask.encode()) if error is None
+                  else ("e%s %s" % (ask, error)).encode())
 
 
 def _preload(modules):
@@ -219,7 +256,10 @@ def fork_server(argv):
         return 0
     warned, settled = False, False
     while True:
-        req = _recv_request(sock, None if settled else SETTLE_AFTER_S)
+        # The first template only peeks at a request before answering it:
+        # killed in between, it leaves the request to the second (which
+        # serves once the gate is closed, here by its death), not lost.
+        req = _recv_request(sock, None if settled else SETTLE_AFTER_S, peek=first is not None)
         if req is None:
             return 0
         if req == "idle":
@@ -227,22 +267,29 @@ def fork_server(argv):
             _release_file_pages()
             settled = True
             continue
-        args, fds = req
+        args, fds, ask = req
+        if first is not None and args != "I" and "--fork-server" in args:
+            # The first template: this process becomes the loader's first
+            # clean parent itself, a fork sooner than forking one; the
+            # second template serves the requests from now on. Killed
+            # after answering and before the request is off the socket,
+            # the second forks a clean parent for it too: the loader
+            # (ferry__fork_ask) knows the answer is not its ask's, and
+            # kills that one.
+            _answer(sock, ask, pid=os.getpid())
+            _drop_peeked(sock)
+            os.close(int(first))
+            _child(sock, args, fds)  # never returns
+        if first is not None:
+            _drop_peeked(sock)
         if args == "I":
             _preload(fds)
             _trim_heap()
             settled = False  # what these imports touched goes too, once idle
             continue
         if not fds:
-            sock.send(b"Ethe request carried no stderr")
+            _answer(sock, ask, error="the request carried no stderr")
             continue
-        if first is not None and "--fork-server" in args:
-            # The first template: this process becomes the loader's first
-            # clean parent itself, a fork sooner than forking one; the
-            # second template serves the requests from now on.
-            sock.send(b"P%d" % os.getpid())
-            os.close(int(first))
-            _child(sock, args, fds)  # never returns
         if _threads_running() > 1 and not warned:
             warned = True
             print("ferry: warning: the clean parent (pid %d) runs %d threads; a fork copies "
@@ -259,13 +306,13 @@ def fork_server(argv):
         except OSError as e:
             for fd in fds:
                 os.close(fd)
-            sock.send(("E" + str(e)).encode())
+            _answer(sock, ask, error=str(e))
             continue
         if pid == 0:
             _child(sock, args, fds)
         for fd in fds:
             os.close(fd)
-        sock.send(b"P%d" % pid)
+        _answer(sock, ask, pid=pid)
 
 
 # ---------------------------------------------------------------- a worker

@@ -287,6 +287,55 @@ def test_a_clean_parent_killed_as_the_loader_opens_is_replaced_by_a_fork(tmp_pat
     assert children() == []
 
 
+@pytest.mark.parametrize("dies", ["before answering", "after answering"])
+def test_a_template_killed_with_the_ask_in_hand_loses_nothing(tmp_path, caplog, monkeypatch,
+                                                              dies):
+    """The first template dies with the loader's ask for a clean parent in
+    hand. Before answering: the ask, only peeked at, is still on the
+    socket it shares with the second, which forks the clean parent (taken
+    off the socket instead, it was lost, and the open waited out
+    start_timeout_ms). After answering and before taking the ask off the
+    socket: the loader has the first's pid (dead: replaced as any clean
+    parent killed), and the second forks a clean parent for the old ask
+    too, whose answer the loader's next ask knows is not its own: that
+    one is killed and reaped, not taken for the new clean parent. The
+    templates are forks of this process, so they run the patched
+    functions; the flag lets only the first die. Spawning cannot stand
+    in: the dataset holds what only a fork can have."""
+    from ferry import worker
+    flag = str(tmp_path / "template-died")
+
+    def die_once():
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    if dies == "before answering":
+        real = worker._recv_request
+
+        def dies_with_the_ask(sock, timeout=None, peek=False):
+            req = real(sock, timeout, peek)
+            if isinstance(req, tuple) and "--fork-server" in req[0]:
+                die_once()
+            return req
+        monkeypatch.setattr(worker, "_recv_request", dies_with_the_ask)
+    else:
+        real = worker._drop_peeked
+
+        def dies_before_dropping(sock):
+            die_once()
+            real(sock)
+        monkeypatch.setattr(worker, "_drop_peeked", dies_before_dropping)
+    caplog.set_level(logging.INFO, logger="ferry")
+    data = Items(40)
+    data.shared = multiprocessing.Value("i", 1)  # only forks of the trainer can have it
+    with ferry.Loader(data, batch_size=5, workers=2, epochs=1, start_timeout_ms=60000) as ld:
+        got = sorted(int(v) for b in ld for v in b["y"])
+    assert os.path.exists(flag)
+    assert got == [i * i for i in range(40)]
+    assert "did not answer" not in caplog.text
+    assert children() == []
+
+
 def test_a_template_interrupted_while_it_settles_is_closed_whole(monkeypatch):
     """Ctrl-C while the trainer waits for the template's second fork: the
     fork goes on on its thread, and close still waits for it, kills both
