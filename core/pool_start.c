@@ -244,11 +244,29 @@ static int start_parent(ferry__pool *p)
                 ferry__forkfds_close(errpipe[0]);
             }
         }
-        if (rc != FERRY_OK)
+        if (rc != FERRY_OK) {
             ferry__logf(&p->o.log, FERRY_LOG_INFO,
                         "the clean parent's template could not fork it (%s); "
                         "spawning it",
                         ferry_last_error());
+            /* A control socket of its own for the spawned one: a template
+             * that answers late forks a clean parent with the one it was
+             * sent, which must not serve this loader too (it finds its
+             * peer closed and exits; the next ask reaps it). */
+            ferry__forkfds_close(p->ctl);
+            ferry__forkfds_close(theirs);
+            p->ctl = -1;
+            ferry__forkfds_hold();
+            int again = ferry__fork_socketpair(&p->ctl, &theirs);
+            if (again == FERRY_OK) {
+                ferry__forkfds_add(p->ctl);
+                ferry__forkfds_add(theirs);
+            }
+            ferry__forkfds_release();
+            if (again != FERRY_OK)
+                return again;
+            pass[0] = theirs;
+        }
     }
     if (rc != FERRY_OK) {
         ferry__forkfds_hold();

@@ -336,6 +336,54 @@ def test_a_template_killed_with_the_ask_in_hand_loses_nothing(tmp_path, caplog, 
     assert children() == []
 
 
+def test_a_template_that_answers_too_late_gives_the_loader_no_second_clean_parent(
+        tmp_path, monkeypatch):
+    """The clean parent killed, the template asked for another answers
+    only after start_timeout_ms (patched to take longer), so the loader
+    spawns one instead, on a control socket of its own. The template's
+    late one, forked with the socket the ask carried, finds its other end
+    closed and exits (before, it served the loader's socket beside the
+    spawned one, and answers to the loader's requests came from two
+    processes); its answer, read by no ask, is reaped at close."""
+    from ferry import worker
+    flag = str(tmp_path / "answered-late")
+    real = worker._answer
+
+    def late(sock, ask, pid=None, error=None):
+        if ask is not None and pid is not None and pid != os.getpid():
+            time.sleep(5)  # a template too slow to answer, not a synchronisation
+            real(sock, ask, pid, error)
+            open(flag, "w").close()
+            return
+        real(sock, ask, pid, error)
+    monkeypatch.setattr(worker, "_answer", late)
+
+    def live_parents():
+        return [p for p in children()
+                if comm(p) == "ferry-parent" and _state(p) not in ("Z", "X", "")]
+    with ferry.Loader(Items(300, slow_ms=1), batch_size=5, workers=2, epochs=1,
+                      start_timeout_ms=3000) as ld:
+        it = iter(ld)
+        got = [int(v) for v in next(it)["y"]]
+        parent = parent_of_workers(ld)
+        os.kill(parent, signal.SIGKILL)
+        wait_for(lambda: os.path.exists(flag), 30, "the template's late answer")
+        wait_for(lambda: len(live_parents()) == 1, 10, "one clean parent")
+        victim = ld.worker_pid(0)
+        os.kill(victim, signal.SIGKILL)  # its replacement is the spawned parent's fork
+        got += [int(v) for b in it for v in b["y"]]
+        assert sorted(got) == [i * i for i in range(300)]
+    assert children() == []
+
+
+def _state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def test_a_template_interrupted_while_it_settles_is_closed_whole(monkeypatch):
     """Ctrl-C while the trainer waits for the template's second fork: the
     fork goes on on its thread, and close still waits for it, kills both
