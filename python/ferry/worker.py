@@ -268,7 +268,7 @@ def fork_server(argv):
             settled = True
             continue
         args, fds, ask = req
-        if first is not None and args != "I" and "--fork-server" in args:
+        if first is not None and args != "I" and fds and "--fork-server" in args:
             # The first template: this process becomes the loader's first
             # clean parent itself, a fork sooner than forking one; the
             # second template serves the requests from now on. Killed
