@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -148,6 +149,18 @@ static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t ask_once = PTHREAD_ONCE_INIT;
 /* The last ask's id (under ask_lock). */
 static unsigned long long ask_id;
+/* The template that did not answer in time, by its socket's inode (each
+ * loader has a template of its own, and a later one's socket may get the
+ * fd number): stuck, most likely, and not asked again, so that each later
+ * ask does not wait start_timeout_ms too. */
+static ino_t ask_stuck;
+
+/* The inode of socket fd (0 when fstat fails). */
+static ino_t socket_inode(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
 
 /* A trainer's fork (a loader's next template) taken while another loader
  * waits for its template's answer would hold ask_lock for ever. */
@@ -180,10 +193,17 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
 {
     pthread_once(&ask_once, ask_lock_forks);
     pthread_mutex_lock(&ask_lock);
+    int rc;
+    ino_t ino = socket_inode(ctl);
+    if (ino != 0 && ino == ask_stuck) {
+        rc = ferry__seterr(FERRY_ESPAWN, "the clean parent's template did not answer in time "
+                                         "before; it is not asked again");
+        goto out;
+    }
     unsigned long long id = ++ask_id;
     char head[24];
     snprintf(head, sizeof head, "%llu", id);
-    int rc = send_request(ctl, 'A', head, args, fds, nfds);
+    rc = send_request(ctl, 'A', head, args, fds, nfds);
     if (rc != FERRY_OK)
         goto out;
     uint64_t deadline = ferry__now_ms() + (uint64_t)timeout_ms;
@@ -214,6 +234,7 @@ int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int t
         }
         uint64_t now = ferry__now_ms();
         if (now >= deadline) {
+            ask_stuck = ino;
             rc = ferry__seterr(FERRY_ESPAWN,
                                "the clean parent's template did not answer within %d ms",
                                timeout_ms);

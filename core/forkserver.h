@@ -76,9 +76,10 @@ int ferry__fork_read(int ctl, ferry__fork_answer *a);
 /* One ask ("A") of a template and its answer, waited for at most
  * timeout_ms (callers of the same fd are serialised): the child's pid, or
  * FERRY_ESPAWN saying why not (the template's own error, gone, no answer
- * in time). A child forked for an earlier ask, answered too late (after a
- * timeout, or by a template that died before taking the ask off the
- * socket, so that the other took it too), is killed and reaped. */
+ * in time; a template that once did not is not asked again). A child
+ * forked for an earlier ask (answered by a template that died before it
+ * took the ask off the socket, so that the other took it too) is killed
+ * and reaped; the Python package reaps those left unread at close. */
 int ferry__fork_ask(int ctl, char *const args[], const int *fds, int nfds, int timeout_ms,
                     pid_t *pid);
 
