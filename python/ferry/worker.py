@@ -154,7 +154,13 @@ def _child(sock, args, fds):
     a loader's clean parent) run; never returns."""
     rc = 1
     try:
-        os.write(fds[0], PID_MARK % os.getpid())  # before anything else (see PID_MARK)
+        try:
+            os.write(fds[0], PID_MARK % os.getpid())  # before anything else (see PID_MARK)
+        except BrokenPipeError:
+            # Nobody reads its stderr: forked for an ask the loader no
+            # longer waits for (see fork_server), it leaves, saying nothing.
+            rc = 0
+            return
         from . import _template
         _template.set_name("ferry-worker")  # a clean parent renames itself (fork_server)
         os.close(sock.detach())  # the parent's control socket: not the child's
