@@ -479,11 +479,100 @@ def preload(args):
     own open error, except one that says it is the same for every worker
     (``_ferry_replay``: ferry.torch's item 0 past the DataLoader's timeout),
     which each worker raises again at once instead of meeting it anew."""
+    _probe_apart[0] = True
     try:
         _preloaded[args] = open_dataset(args)
     except BaseException as e:  # noqa: BLE001 - reported by the workers
         if getattr(e, "_ferry_replay", False):
             _preloaded[args] = e
+    finally:
+        _probe_apart[0] = False
+
+
+# Item 0 is built to learn a batch's fields before the workers exist. Built
+# in the clean parent itself, whatever building it did to the dataset would
+# be every worker's: a file opened lazily in __getitem__ (the h5py, LMDB,
+# open-on-first-read pattern) shared by all of them, one file offset for
+# all, each reading another's bytes; a counter already counting. torch's
+# workers never see an item built in the trainer. So in a clean parent the
+# probe runs in a fork of it that is thrown away, and only what it learnt
+# comes back.
+_probe_apart = [False]
+
+
+def probed(fn, lighter=None):
+    """fn() (a probe of item 0): in a clean parent opening its dataset, run
+    in a throwaway fork of it and its result returned here (pickled; when
+    it cannot be, lighter(result) is tried: the result without the item
+    kept for the first batch); its exception raised here. Elsewhere (a
+    worker, the trainer with thread workers, whose dataset is what the
+    items are built from anyway) run here."""
+    if not _probe_apart[0]:
+        return fn()
+    import pickle
+    r, w = os.pipe()
+    me = os.getpid()
+    try:
+        pid = _ferry.fork_child()  # (a clean parent runs no thread)
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return fn()
+    if pid == 0:
+        try:
+            _ferry.tie_to_parent(me)  # killed with the clean parent
+            os.close(r)
+            try:
+                out = (True, fn())
+            except BaseException as e:  # noqa: BLE001 - raised in the clean parent
+                out = (False, e)
+            try:
+                data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException as e:  # noqa: BLE001 - what cannot travel, said
+                try:
+                    if not out[0] or lighter is None:
+                        raise
+                    data = pickle.dumps((True, lighter(out[1])),
+                                        protocol=pickle.HIGHEST_PROTOCOL)
+                except BaseException:  # noqa: BLE001
+                    data = pickle.dumps((False, RuntimeError(
+                        "ferry: item 0, built to learn the batch's fields, could not be "
+                        "sent back from the probe: %s: %s" % (type(e).__name__, e))))
+            for stream in (sys.stdout, sys.stderr):  # what item 0 printed
+                try:
+                    stream.flush()
+                except BaseException:  # noqa: BLE001
+                    pass
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    try:
+        while True:
+            b = os.read(r, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        os.close(r)
+        while True:
+            try:
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
+    if not chunks:
+        raise RuntimeError("ferry: the fork that built item 0 to learn the batch's fields "
+                           "died before it answered")
+    ok, value = pickle.loads(b"".join(chunks))
+    if ok:
+        return value
+    raise value
 
 
 # ------------------------------------------------------------ item 0, built once
@@ -573,9 +662,13 @@ def _describe(ds, asked_before):
         return n, _ferry.LAYOUT_FILL, list(fields()), ds.__ferry_fill__, None
     gb = getattr(ds, "get_batch", None)
     gb = gb if callable(gb) else None
-    sample, first = _probe(ds, gb, asked_before)
-    layout = _layout(sample)
-    return n, layout, _fields(sample, layout, gb is not None), gb, first
+
+    def probe():
+        sample, first = _probe(ds, gb, asked_before)
+        layout = _layout(sample)
+        return layout, _fields(sample, layout, gb is not None), first
+    layout, fields, first = probed(probe, lambda out: out[:2] + (None,))
+    return n, layout, fields, gb, first
 
 
 def open_dataset(args):

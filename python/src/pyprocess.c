@@ -96,17 +96,16 @@ static PyObject *sample_seed(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(ferry_sample_seed(seed, epoch, index));
 }
 
-/* fork_sibling() -> pid in the parent, 0 in the child: a fork of this
- * process whose parent is this process's parent (clone CLONE_PARENT), so
- * that a clean parent's workers are its loader's children, reaped and
- * watched by pidfd there like spawned ones, and outlive a clean parent that
- * dies. Python's own before/after-fork work is done around it, as
- * os.fork() does (its locks, threading's state, os.register_at_fork). Only
- * safe in a process that has started no thread: the caller checks. */
-static PyObject *fork_sibling(PyObject *self, PyObject *unused)
+/* A fork by clone(flags | SIGCHLD), with Python's own before/after-fork
+ * work around it, as os.fork() does (its locks, threading's state,
+ * os.register_at_fork), but not the C library's: its pthread_atfork
+ * handlers (a library's lock, copied held from a thread of the trainer
+ * this process is a fork of) could wait for ever. Only safe in a process
+ * that has started no thread: the callers check. */
+static PyObject *raw_fork(unsigned long flags)
 {
     PyOS_BeforeFork();
-    long pid = syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), NULL, NULL, NULL, 0);
+    long pid = syscall(SYS_clone, flags | SIGCHLD, NULL, NULL, NULL, 0);
     int e = errno;
     if (pid == 0) {
         PyOS_AfterFork_Child();
@@ -118,6 +117,22 @@ static PyObject *fork_sibling(PyObject *self, PyObject *unused)
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     return PyLong_FromLong(pid);
+}
+
+/* fork_sibling() -> pid in the parent, 0 in the child: a fork of this
+ * process whose parent is this process's parent (CLONE_PARENT), so that a
+ * clean parent's workers are its loader's children, reaped and watched by
+ * pidfd there like spawned ones, and outlive a clean parent that dies. */
+static PyObject *fork_sibling(PyObject *self, PyObject *unused)
+{
+    return raw_fork(CLONE_PARENT);
+}
+
+/* fork_child() -> pid in the parent, 0 in the child: a fork of this
+ * process, its child (a clean parent's probe of item 0: _dataset.probed). */
+static PyObject *fork_child(PyObject *self, PyObject *unused)
+{
+    return raw_fork(0);
 }
 
 /* tie_to_parent(pid): this process is killed when its parent goes
@@ -210,6 +225,9 @@ PyMethodDef ferry_py_process_methods[] = {
      "tie_to_parent(pid): killed when the parent goes; exits now if it is not pid"},
     {"fork_sibling", fork_sibling, METH_NOARGS,
      "fork_sibling() -> pid, 0 in the child: a fork whose parent is this process's parent"},
+    {"fork_child", fork_child, METH_NOARGS,
+     "fork_child() -> pid, 0 in the child: a fork of this process without the C library's "
+     "fork handlers"},
     {"worker_main", worker_main, METH_VARARGS,
      "worker_main(argv, relaunch, name) -> exit code: the ferry-worker program"},
     {"sample_seed", sample_seed, METH_VARARGS,

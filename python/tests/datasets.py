@@ -533,3 +533,29 @@ class BigMemmap:
             self.m._mmap.madvise(mmap.MADV_RANDOM)
             self.advised = True
         return {"i": np.int64(i), "row": np.array(self.m[i])}
+
+
+class OpensLazily:
+    """Opens a file at its first item, as the h5py / LMDB advice goes
+    (``if self.f is None: self.f = open(...)``), and reads item i at offset
+    i: {"y": the byte read, "own": whether this process opened the file}.
+    Item 0 built before the workers exist (to learn the batch's fields)
+    must not leave them the one file, with its one offset."""
+
+    K = 512
+
+    def __init__(self, path, n=48):
+        self.path, self.n, self.f, self.opener = path, n, None, None
+        with open(path, "wb") as f:
+            for i in range(n):
+                f.write(bytes([i]) * self.K)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.f is None:
+            self.f, self.opener = open(self.path, "rb", buffering=0), os.getpid()
+        self.f.seek(i * self.K)
+        time.sleep(0.001)  # (item work, so that workers' reads interleave)
+        return {"y": np.int64(self.f.read(self.K)[0]), "own": self.opener == os.getpid()}

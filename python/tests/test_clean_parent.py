@@ -16,7 +16,7 @@ import pytest
 
 import ferry
 from conftest import children, wait_for
-from datasets import Items, KillsItsCleanParentAfterAFork
+from datasets import Items, KillsItsCleanParentAfterAFork, OpensLazily
 
 
 def ppid_of(pid):
@@ -875,3 +875,16 @@ def test_what_the_trainer_has_not_flushed_is_said_once(tmp_path):
     p = subprocess.run([sys.executable, "unflushed.py"], capture_output=True, text=True,
                        timeout=60, env=env, cwd=str(tmp_path))
     assert p.returncode == 0 and p.stdout == "said once\n8\n", (p.stdout, p.stderr)
+
+
+def test_item_0_built_before_the_workers_leaves_them_nothing_of_its_own(tmp_path):
+    """The clean parent learns the batch's fields from item 0 in a fork it
+    throws away: a file the dataset opens at its first item is each
+    worker's own, not one shared file (one offset for all, each worker
+    reading another's bytes)."""
+    with ferry.Loader(OpensLazily(str(tmp_path / "records")), batch_size=4, workers=2,
+                      epochs=2) as ld:
+        batches = list(ld.stream())
+    assert sorted(int(v) for b in batches for v in b["y"]) == sorted(list(range(48)) * 2)
+    assert all(bool(v) for b in batches for v in b["own"])
+    assert children() == []

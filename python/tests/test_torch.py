@@ -1738,3 +1738,22 @@ def test_a_changed_dataset_starts_the_workers_again_out_of_order_too():
         assert sorted(torch.cat(list(dl)).tolist()) == [[i, 8, 0] for i in range(6)]
         ds.max_len = 9
         assert sorted(torch.cat(list(dl)).tolist()) == [[i, 9, 0] for i in range(6)]
+
+
+def test_a_file_the_dataset_opens_at_its_first_item_is_each_workers_own(tmp_path):
+    """Item 0, built before the workers to learn the batch's fields, is
+    built in a fork that is thrown away: the file the dataset opens
+    lazily is each worker's, as in torch, not one file with one offset
+    shared by all (reads then got another item's bytes)."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from datasets import OpensLazily
+    ds = OpensLazily(str(tmp_path / "records"))
+    for persistent in (False, True):
+        loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=persistent)
+        for _ in range(2):
+            got = [b for b in loader]
+            assert [int(v) for b in got for v in b["y"]] == list(range(48))
+            assert all(bool(v) for b in got for v in b["own"])
+        del loader
+    assert ds.f is None  # the trainer's own object untouched

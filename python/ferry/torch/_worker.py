@@ -179,6 +179,21 @@ class _Batches:
             # structure.
             self._fields = [(_SKELETON, _dataset._DTYPES["|u1"], None, 256)]
             return self._fields
+        # (in a clean parent, in a throwaway fork of it: _dataset.probed)
+        self._fixed, self._var, fields, kept = _dataset.probed(
+            self._probe_fields, lambda out: out[:3] + (None,))
+        if kept is not None:
+            self._kept = kept
+        fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
+        self._fields = fields
+        return fields
+
+    def _probe_fields(self):
+        """(fixed, var, fields, kept item or None) from item 0 (see
+        __ferry_fields__)."""
+        self._fixed = {}
+        self._var = {}
+        fields = []
         with _probing(self) as reads, _probe_deadline(self):
             try:
                 if self.key_kind is not None:  # no item 0 to ask for: the structure only
@@ -206,9 +221,7 @@ class _Batches:
                                        reserve))
             except Exception:  # noqa: BLE001 - each batch meets it and says so
                 self._fixed, self._var, fields = {}, {}, []
-        fields.append((_SKELETON, _dataset._DTYPES["|u1"], None, 256))
-        self._fields = fields
-        return fields
+        return self._fixed, self._var, fields, self.__dict__.pop("_kept", None)
 
     def _probe_item(self, reads):
         """Item 0, built to probe the fields, and kept (``_kept``) to be
