@@ -1757,3 +1757,56 @@ def test_a_file_the_dataset_opens_at_its_first_item_is_each_workers_own(tmp_path
             assert all(bool(v) for b in got for v in b["own"])
         del loader
     assert ds.f is None  # the trainer's own object untouched
+
+
+class Numbers(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("make", [lambda g: SequentialSampler(range(5)),
+                                  lambda g: RandomSampler(range(6), generator=g)])
+def test_a_sampler_over_another_data_source_is_run_as_torch_runs_it(make):
+    """A SequentialSampler or RandomSampler over a data_source shorter than
+    the dataset gives that many indices, as in torch (ferry's own index
+    stream, over the whole dataset, gave all 20 items)."""
+    want = [b.tolist() for b in TorchLoader(Numbers(20), batch_size=4,
+                                            sampler=make(torch.Generator().manual_seed(3)))]
+    loader = DataLoader(Numbers(20), batch_size=4, num_workers=2,
+                        sampler=make(torch.Generator().manual_seed(3)))
+    assert len(loader) == len(want)
+    assert [b.tolist() for b in loader] == want
+
+
+def test_a_sampler_of_keys_that_are_not_ints_is_refused_not_flattened():
+    """A sampler yielding (index, scale) pairs: ferry's tasks carry int
+    indices, so it is a clear error as the sampler is drawn, never the
+    pairs read as twice as many indices (as it was); nor a float index
+    read as an int."""
+    class Pairs:
+        def __iter__(self):
+            return iter([(i, 50 + i) for i in range(8)])
+
+        def __len__(self):
+            return 8
+    for workers in (0, 2):
+        with pytest.raises(TypeError, match=r"the key \(0, 50\)"):
+            next(iter(DataLoader(Numbers(60), batch_size=2, sampler=Pairs(),
+                                 num_workers=workers)))
+    with pytest.raises(TypeError, match="the key 2.5"):
+        next(iter(DataLoader(Numbers(60), batch_size=2, sampler=[0, 1, 2.5], num_workers=0)))
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.0, True])
+def test_a_batch_size_torch_refuses_is_refused_with_its_error(batch_size):
+    with pytest.raises(ValueError) as theirs:
+        TorchLoader(Numbers(8), batch_size=batch_size)
+    with pytest.raises(ValueError) as ours:
+        DataLoader(Numbers(8), batch_size=batch_size, num_workers=2)
+    assert str(ours.value) == str(theirs.value)

@@ -23,7 +23,7 @@ import torch.utils.data as tud
 from .._mix import Mix
 from ._native import _native_imagefolder
 from ._once import _warn_once
-from ._sampler import _native_sampler, _Singles
+from ._sampler import _indices_of, _native_sampler, _Singles
 
 
 class _Unset:
@@ -169,6 +169,17 @@ class Plan:
         return "Plan(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__)
 
 
+def _over(sampler, dataset):
+    """Whether a SequentialSampler or RandomSampler runs over the
+    dataset's positions (its data_source has the dataset's length): only
+    then is it ferry's own index stream. One over another data_source
+    (range(5) for 20 items) is the user's, fed, as torch runs it."""
+    try:
+        return len(sampler.data_source) == len(dataset)
+    except TypeError:
+        return False
+
+
 def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
               num_workers=0, collate_fn=None, drop_last=False, timeout=0, worker_init_fn=None,
               multiprocessing_context=None, generator=None, prefetch_factor=None,
@@ -210,7 +221,7 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                              "shuffle, sampler, and drop_last")
         if isinstance(batch_sampler, tud.BatchSampler) and \
-                _native_sampler(batch_sampler.sampler):
+                _native_sampler(batch_sampler.sampler, dataset):
             batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
             sampler = batch_sampler.sampler
         else:
@@ -221,6 +232,13 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
                          "exclusive with drop_last")
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is None and batch_size is not None:  # torch's BatchSampler's checks
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError("batch_size should be a positive integer value, but got "
+                             "batch_size={}".format(batch_size))
+        if not isinstance(drop_last, bool):
+            raise ValueError("drop_last should be a boolean value, but got "
+                             "drop_last={}".format(drop_last))
     plan.batch_size, plan.drop_last = batch_size, drop_last
     plan.auto_batch = auto_batch = batch_size is not None
     shuffle = bool(shuffle)
@@ -231,11 +249,13 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
     # randperm as its iterator ends).
     if fed is not None:
         pass
-    elif sampler is None or isinstance(sampler, tud.SequentialSampler):
+    elif sampler is None:
         if shuffle:  # torch makes RandomSampler(dataset, generator=generator)
             plan.draw = (generator, 0 if generator is None else len(dataset), 2)
+    elif isinstance(sampler, tud.SequentialSampler) and _over(sampler, dataset):
+        pass
     elif isinstance(sampler, tud.RandomSampler) and not sampler.replacement and \
-            sampler._num_samples is None:
+            sampler._num_samples is None and _over(sampler, dataset):
         shuffle = True
         g = sampler.generator
         plan.draw = (g, 0 if g is None else len(sampler.data_source), 2)
@@ -255,7 +275,7 @@ def translate(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=N
         # without padding); padded, as by default, like ferry's.
         opts.setdefault("pad_shards", not sampler.drop_last)
     elif isinstance(sampler, (list, tuple, range, np.ndarray)):
-        indices = np.asarray(sampler, dtype=np.int64).reshape(-1)
+        indices = _indices_of(sampler)
     else:
         if not hasattr(sampler, "__iter__") or not hasattr(sampler, "__len__"):
             raise TypeError("ferry.torch.DataLoader: a sampler must be iterable and have "

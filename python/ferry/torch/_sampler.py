@@ -66,7 +66,7 @@ class _SamplerTable:
             s.set_epoch(epoch)
         if hasattr(s, "state_dict"):
             self.states[epoch] = s.state_dict()
-        out = [np.asarray(b, dtype=np.int64).reshape(-1) for b in self.batch_sampler]
+        out = [_indices_of(b) for b in self.batch_sampler]
         if len(out) != self.n:
             raise RuntimeError("ferry.torch.DataLoader: the batch sampler gave %d batches in "
                                "epoch %d, but its len() is %d: ferry needs as many batches in "
@@ -134,6 +134,31 @@ class _SamplerTable:
         self.written = epoch - 1
 
 
+def _indices_of(batch):
+    """A batch sampler's batch as int64 indices; a batch of other keys
+    (tuples, strings: a dataset indexed by them) is refused, not read as
+    ints (a batch of (index, scale) pairs was flattened into twice as many
+    indices)."""
+    if isinstance(batch, torch.Tensor):
+        batch = batch.tolist()
+    keys = batch if isinstance(batch, np.ndarray) else list(batch)
+    try:
+        arr = np.asarray(keys)
+    except (ValueError, TypeError):  # keys of uneven shapes
+        arr = None
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iub":
+        return arr.astype(np.int64, copy=False)
+    for key in keys:
+        if isinstance(key, torch.Tensor) and key.dim() == 0 and \
+                not key.dtype.is_floating_point and not key.dtype.is_complex:
+            continue
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
+            raise TypeError("ferry.torch.DataLoader: the sampler gave the key %r in a batch: "
+                            "ferry carries int indices only: read a dataset indexed by other "
+                            "keys (a tuple, a str) with torch.utils.data.DataLoader" % (key,))
+    return np.asarray([int(k) for k in keys], dtype=np.int64)
+
+
 class _Singles:
     """A sampler's keys as batches of one (batch_size=None): each key is
     what the dataset is indexed with, an int or (a bulk-loading sampler's)
@@ -191,10 +216,12 @@ def key_from(kind, indices):
     return np.array(indices, dtype=np.int64)
 
 
-def _native_sampler(sampler):
+def _native_sampler(sampler, dataset):
     """Whether ferry's own index stream does what `sampler` does."""
+    from ._args import _over
     return sampler is None or isinstance(sampler, (
-        tud.SequentialSampler, tud.SubsetRandomSampler, tud.distributed.DistributedSampler,
+        tud.SubsetRandomSampler, tud.distributed.DistributedSampler,
         list, tuple, range, np.ndarray)) or (
+        isinstance(sampler, tud.SequentialSampler) and _over(sampler, dataset)) or (
         isinstance(sampler, tud.RandomSampler) and not sampler.replacement and
-        sampler._num_samples is None)
+        sampler._num_samples is None and _over(sampler, dataset))
