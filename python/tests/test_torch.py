@@ -1810,3 +1810,20 @@ def test_a_batch_size_torch_refuses_is_refused_with_its_error(batch_size):
     with pytest.raises(ValueError) as ours:
         DataLoader(Numbers(8), batch_size=batch_size, num_workers=2)
     assert str(ours.value) == str(theirs.value)
+
+
+def test_a_shuffle_seeded_by_a_generator_reaches_every_order_of_a_small_dataset():
+    """shuffle=True with generator=: the order is seeded from the
+    generator's state, not from its permutation of the dataset (3 items
+    had 6 permutations, so 6 seeds, which gave 3 orders; 2 items always
+    came as [1, 0])."""
+    orders = collections.Counter()
+    for s in range(60):
+        loader = DataLoader(Numbers(3), batch_size=3, shuffle=True,
+                            generator=torch.Generator().manual_seed(s))
+        orders[tuple(next(iter(loader)).tolist())] += 1
+    assert len(orders) == 6
+    twos = {tuple(next(iter(DataLoader(Numbers(2), batch_size=2, shuffle=True,
+                                       generator=torch.Generator().manual_seed(s)))).tolist())
+            for s in range(20)}
+    assert twos == {(0, 1), (1, 0)}

@@ -304,10 +304,12 @@ class DataLoader(_Closes):
         torch's do.)"""
         self._draws_due = None  # the last `for` stopped early: not drawn
         drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-        perm = None
+        perm = state = None
         if self._sampler_draw is not None:
             g, n, k = self._sampler_draw
             if n:
+                if g is not None and self._base_seed is None:
+                    state = g.get_state()  # (what the draw below is a function of)
                 perm = torch.randperm(n, generator=g)
                 if k > 1:
                     self._draws_due = (g, n, k - 1)
@@ -317,11 +319,10 @@ class DataLoader(_Closes):
             if perm is not None and self._sampler_draw[0] is not None and \
                     "seed" not in self._opts:
                 # A sampler with a generator of its own: the order follows
-                # that generator, as torch's does (one seed from its draw).
-                # (of its first 4,096 places: another state of the
-                # generator gives another prefix; hashing all of a large
-                # one's took 15 ms a million items)
-                digest = hashlib.blake2b(perm[:4096].numpy().tobytes(), digest_size=8).digest()
+                # that generator, as torch's does: one seed from its state
+                # before the draw. (From the draw itself, a permutation of
+                # 2 items had 2 seeds, and 2 seeds gave one order.)
+                digest = hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest()
                 self._opts["seed"] = int.from_bytes(digest, "little") % 2**63
             self._set_base_seed(drawn)
 
