@@ -116,6 +116,7 @@ class DataLoader(_Closes):
         self._next_epoch = 0
         self._mid_epoch = False  # a `for` stopped inside an epoch
         self._epoch_got = 0  # batches of the epoch handed out (_leave_epoch)
+        self._iters = 0  # epoch iterators made: the newest one reads the stream
         self._batches = _Batches(dataset, plan.indices, collate_fn, plan.auto_batch,
                                  plan.base_seed, plan.reseed, worker_init_fn, self.num_workers,
                                  os.getpid(), self._table)
@@ -400,6 +401,7 @@ class DataLoader(_Closes):
             if self._table is not None:
                 self._table.fill_to(self._next_epoch + self._table.ahead)
         self._epoch_got = 0
+        self._iters += 1
         return _Epoch(ld, timeout), self._next_epoch
 
     def _structure(self, b):
@@ -491,15 +493,30 @@ class _MapEpoch(_EpochIterator):
     torch's does (a generator would end at the first error, and a loop that
     skips a bad batch would lose the rest of its epoch silently)."""
 
-    __slots__ = ("_it", "_epoch")
+    __slots__ = ("_it", "_epoch", "_nth", "_over")
 
     def __init__(self, dl):
         self._dl = dl
+        self._over = False
         with _as_torch_says(dl):
             self._it, self._epoch = dl._begin_epoch()
+        self._nth = dl._iters
 
     def __next__(self):
         dl = self._dl
+        if self._nth != dl._iters:
+            # A newer iter() of the loader started another epoch (a loop
+            # over the loader inside a loop over it; two iterators at
+            # once): the loader's one stream is the newer one's now.
+            if not self._over:
+                self._over = True
+                _warn_once("superseded", "an iterator was used after "
+                                         "a newer iter() of the same DataLoader started "
+                                         "another epoch; ferry runs one stream per "
+                                         "DataLoader, so the older iterator ends there (as "
+                                         "torch's does with persistent_workers=True). For "
+                                         "two epochs at once, use two DataLoaders")
+            raise StopIteration
         try:
             with _as_torch_says(dl):
                 b = next(self._it)
@@ -517,6 +534,7 @@ class _MapEpoch(_EpochIterator):
         dl._next_epoch = b.epoch + 1 if b.last_in_epoch else b.epoch
         dl._mid_epoch = not b.last_in_epoch
         if b.last_in_epoch:
+            self._over = True
             dl._end_draws()
         return dl._structure(b)
 
