@@ -441,6 +441,25 @@ static const char *on_off(uint32_t flags, uint32_t bit)
     return (flags & bit) ? "on" : "off";
 }
 
+int ferry__sampler_state_resize(const void *buf, size_t len, uint64_t n, void *out)
+{
+    saved_state st;
+    int rc = read_state(buf, len, &st);
+    if (rc != FERRY_OK)
+        return rc;
+    if (len != STATE_LEN || st.pos != 0 || (st.flags & FLAG_MIX))
+        return ferry__seterr(FERRY_ESTATE, "only a state at an epoch's start (not of a mix) "
+                                           "can be moved to a dataset of another length");
+    if (n == 0)
+        return ferry__seterr(FERRY_ESTATE, "a dataset of no items has no epoch to start");
+    unsigned char p[STATE_LEN];
+    memcpy(p, buf, STATE_LEN);
+    put_u64(p + 24, n);
+    put_u64(p + 72, state_checksum(p, 72));
+    memcpy(out, p, STATE_LEN);
+    return FERRY_OK;
+}
+
 /* Compares the order only: n, shuffle, seed. The seed is compared even with
  * shuffle off: it also seeds per-sample augmentation, so a different seed
  * gives different batches. The shape (world_size, rank, batch_size,

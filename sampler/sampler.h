@@ -127,6 +127,14 @@ int ferry__sampler_save(const ferry__sampler *s, uint64_t next_seq, void *buf, s
  * *next_seq are untouched on failure. */
 int ferry__sampler_restore(ferry__sampler *s, const void *buf, size_t len, uint64_t *next_seq);
 
+/* The blob of an epoch's start (a version 2 one, at position 0, not of a
+ * mix) for a dataset of n items: an epoch's order is a function of (seed,
+ * epoch, n) alone, so it is that epoch's start over the n items (the
+ * dataset grew or shrank between epochs, as a replay buffer does).
+ * FERRY_ESTATE when the blob is not such a start, or is malformed. out
+ * holds len bytes (it may be buf). */
+int ferry__sampler_state_resize(const void *buf, size_t len, uint64_t n, void *out);
+
 /* FERRY_OK when the `count` blobs are each valid and say the same thing:
  * one order, one shape, one position (what the ranks of one synchronous job
  * save at the same step), from distinct ranks. FERRY_ESTATE naming the first

@@ -392,6 +392,32 @@ static void test_padded_shards_cover_every_item(void **state)
     assert_int_equal(u.head_pos, 0); /* epoch 1 from its start */
 }
 
+/* An epoch's start moved to a dataset of another length (it grew between
+ * epochs) is that epoch's start over the new items: the same stream as a
+ * sampler of the new length from that epoch. Mid-epoch, it is refused. */
+static void test_an_epochs_start_moves_to_another_length(void **state)
+{
+    (void)state;
+    ferry__sampler_opts o = opts(4, 1, 11);
+    ferry__sampler s = make(40, &o), u = make(60, &o);
+    unsigned char blob[FERRY_STATE_MAX], moved[FERRY_STATE_MAX];
+    size_t len;
+    uint64_t next, a[64], b[64];
+    assert_int_equal(ferry__sampler_save(&s, 3 * s.batches_per_epoch, blob, sizeof blob, &len),
+                     FERRY_OK);
+    assert_int_equal(ferry__sampler_restore(&u, blob, len, &next), FERRY_ESTATE);
+    assert_int_equal(ferry__sampler_state_resize(blob, len, 60, moved), FERRY_OK);
+    assert_int_equal(ferry__sampler_restore(&u, moved, len, &next), FERRY_OK);
+    assert_int_equal(next, 3 * u.batches_per_epoch);
+    ferry__sampler fresh = make(60, &o);
+    assert_int_equal(collect(&u, next, 15, a), 60);
+    assert_int_equal(collect(&fresh, 3 * fresh.batches_per_epoch, 15, b), 60);
+    assert_memory_equal(a, b, sizeof a[0] * 60);
+    assert_int_equal(ferry__sampler_save(&s, 3 * s.batches_per_epoch + 2, blob, sizeof blob,
+                                         &len), FERRY_OK);
+    assert_int_equal(ferry__sampler_state_resize(blob, len, 60, moved), FERRY_ESTATE);
+}
+
 static void test_rank_takes_strided_positions(void **state)
 {
     ferry__sampler_opts o = opts(4, 0, 0);
@@ -1174,6 +1200,7 @@ int main(void)
         cmocka_unit_test(test_no_shuffle_is_identity),
         cmocka_unit_test(test_shuffle_is_not_close_to_identity),
         cmocka_unit_test(test_first_position_is_spread_over_epochs),
+        cmocka_unit_test(test_an_epochs_start_moves_to_another_length),
         cmocka_unit_test(test_shards_are_disjoint_and_cover_epoch),
         cmocka_unit_test(test_padded_shards_cover_every_item),
         cmocka_unit_test(test_rank_takes_strided_positions),

@@ -85,6 +85,27 @@ done:
     return out;
 }
 
+/* state_resized(blob, n) -> the blob of an epoch's start moved to a
+ * dataset of n items (ferry__sampler_state_resize); ferry.StateError when
+ * the blob is not an epoch's start. */
+static PyObject *state_resized_py(PyObject *self, PyObject *args)
+{
+    const char *buf;
+    Py_ssize_t len;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "y#K:state_resized", &buf, &len, &n))
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, len);
+    if (!out)
+        return NULL;
+    int rc = ferry__sampler_state_resize(buf, (size_t)len, n, PyBytes_AS_STRING(out));
+    if (rc != FERRY_OK) {
+        Py_DECREF(out);
+        return ferry_py_raise(rc, ferry_last_error());
+    }
+    return out;
+}
+
 /* dataset_length(spec) -> the items of a C dataset spec, opened here and
  * closed (what ferry.Mix of spec strings needs to know of each source). */
 static PyObject *dataset_length_py(PyObject *self, PyObject *args)
@@ -172,6 +193,8 @@ static PyMethodDef module_methods[] = {
      "mix_draw(spec, seed, shuffle, first, count) -> (uint64 indices, uint32 sources) as bytes"},
     {"epoch_batches", (PyCFunction)(void (*)(void))epoch_batches_py, METH_VARARGS | METH_KEYWORDS,
      "epoch_batches(n, batch_size, drop_last=False, rank=0, world_size=1, pad_shards=True)"},
+    {"state_resized", state_resized_py, METH_VARARGS,
+     "state_resized(blob, n) -> the blob of an epoch's start, for a dataset of n items"},
     {"state_check", state_check_py, METH_O,
      "state_check([state, ...]): the ranks' resume states agree, or StateError"},
     {"strerror", strerror_py, METH_VARARGS, "strerror(code) -> (name, description)"},

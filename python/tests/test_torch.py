@@ -1827,3 +1827,33 @@ def test_a_shuffle_seeded_by_a_generator_reaches_every_order_of_a_small_dataset(
                                        generator=torch.Generator().manual_seed(s)))).tolist())
             for s in range(20)}
     assert twos == {(0, 1), (1, 0)}
+
+
+class Growing(Dataset):
+    """A replay buffer: more items each epoch."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_dataset_that_grows_between_epochs_is_read_whole_each_epoch(shuffle):
+    """Without persistent_workers, each epoch reads the dataset as it is
+    at its iter(), as torch's does: one that grew has its new items in the
+    next epoch, and len() follows (it failed with a StateError about a
+    state the user never saved)."""
+    ds = Growing(4)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, shuffle=shuffle)
+    for n in (4, 6, 9):
+        ds.n = n
+        got = sorted(int(v) for b in loader for v in b)
+        assert got == list(range(n))
+        assert len(loader) == (n + 1) // 2

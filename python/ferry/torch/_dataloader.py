@@ -191,8 +191,14 @@ class DataLoader(_Closes):
         return self._loader
 
     def _restart_at(self, epoch, why):
-        """The workers start again at the first batch of `epoch`."""
+        """The workers start again at the first batch of `epoch`, over the
+        dataset's items as many as there are now (a dataset that grows
+        between epochs, a replay buffer, is read whole, as torch reads it)."""
         state = self._loader.state_at_epoch(epoch)
+        n = len(self._batches)
+        if self._table is None and n > 0 and n != self._loader._len[0]:
+            from .. import _state_blob, _state_dict
+            state.update(_state_dict(_ferry.state_resized(_state_blob(state), n)))
         state.update(epoch=epoch, base_seed=self._base_seed)
         if self._table is not None:
             state["sampler"] = self._table.states.get(epoch)
