@@ -8,6 +8,7 @@ an unknown option, ``ValueError`` for a bad value, ``TimeoutError``).
 
 import builtins
 import re
+import sys
 
 from . import _ferry
 
@@ -259,8 +260,10 @@ def make(code, detail):
     """The exception for C code ``code`` with ``detail``. A batch a Python
     dataset failed with a built-in exception (OSError, KeyError, ...) is
     both a ferry.BatchError and that exception: ``except OSError`` catches
-    it as it would in torch's DataLoader. Where no class can be both
-    (MemoryError, ExceptionGroup), a plain ferry.BatchError."""
+    it as it would in torch's DataLoader; so is a subclass of one whose
+    class is imported in this process (PIL.UnidentifiedImageError, an
+    OSError). Where no class can be both (MemoryError, ExceptionGroup), a
+    plain ferry.BatchError."""
     name = _ferry.strerror(code)[0]
     if code == _ferry.FERRY_ENOMEM:
         return MemoryError(detail)
@@ -269,11 +272,38 @@ def make(code, detail):
     if cls is BatchError and re.search(r"was given up after \d+ workers? died", detail):
         cls = BatchLost
     e = cls(detail, code)
-    base = _BUILTIN.get(e.exc_type) if isinstance(e, BatchError) and e.exc_type else None
+    if not isinstance(e, BatchError) or not e.exc_type:
+        return e
+    base = _BUILTIN.get(e.exc_type) or _imported_class(e.exc_type)
     if base is None or isinstance(e, base):
         return e
     # Where no class can be both, the plain ferry error: its message starts
     # with the dataset's "Type: message", and it keeps worker, index,
     # exc_type, exc_message and traceback.
     out = _as_both(e, cls, base, detail)
+    if out is None and base not in _BUILTIN.values():
+        # a class of the dataset's that refuses: its nearest built-in base
+        builtin = next((c for c in base.__mro__ if c in _BUILTIN.values()), None)
+        if builtin is not None and not isinstance(e, builtin):
+            out = _as_both(e, cls, builtin, detail)
     return e if out is None else out
+
+
+def _imported_class(name):
+    """The exception class a dataset's exception type name (``module.
+    Qualname``, as describe_exception writes it) names in this process, if
+    its module is imported here already (nothing is imported for it): a
+    PIL.UnidentifiedImageError is then caught by ``except OSError`` and by
+    ``except PIL.UnidentifiedImageError``, as with torch's DataLoader."""
+    parts = name.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        mod = sys.modules.get(".".join(parts[:k]))
+        if mod is None:
+            continue
+        obj = mod
+        for attr in parts[k:]:
+            obj = getattr(obj, attr, None)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            return obj
+        return None
+    return None
