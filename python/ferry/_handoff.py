@@ -285,6 +285,9 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None, inh
                 out = _reduce_inherited(o)
             else:
                 out = NotImplemented if _inherited_kind(o) is None else (_identity, (id(o),))
+                if out is NotImplemented and _is_torch_generator(o):
+                    # (no pickle of its own): what it draws next, its state
+                    out = (_identity, (bytes(o.get_state().numpy()),))
             if out is not NotImplemented:
                 return out
             out = _reduce_shared(o)
@@ -312,6 +315,11 @@ def _dumps(obj, buffer_callback, share_collections=True, persistent_id=None, inh
         # collection, past the loader's close (a host's shared copy too).
         done.clear()
     return f.getvalue()
+
+
+def _is_torch_generator(o):
+    t = type(o)
+    return t.__name__ == "Generator" and t.__module__ == "torch._C"
 
 
 def _identity(object_id):

@@ -611,8 +611,9 @@ def test_a_user_sampler_resumes_exactly():
         whole = list(dl) + list(dl) + list(dl)
     torch.manual_seed(0)
     with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2) as dl:
+        head = list(dl)
         it = iter(dl)
-        head = list(dl) + [next(it) for _ in range(3)]
+        head += [next(it) for _ in range(3)]
         state = dl.state_dict()
     torch.manual_seed(0)
     with DataLoader(ds, batch_size=4, sampler=weighted(), num_workers=2, state=state) as dl:
@@ -1857,3 +1858,113 @@ def test_a_dataset_that_grows_between_epochs_is_read_whole_each_epoch(shuffle):
         got = sorted(int(v) for b in loader for v in b)
         assert got == list(range(n))
         assert len(loader) == (n + 1) // 2
+
+
+class _Missing(KeyError):
+    pass
+
+
+class RaisesSubclasses(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import PIL
+        if i == 1:
+            raise PIL.UnidentifiedImageError("cannot identify image file 'x.jpg'")
+        if i == 2:
+            raise _Missing(i)
+        return torch.tensor(i)
+
+
+def test_a_subclass_of_a_built_in_exception_is_caught_as_that_class_and_its_base():
+    """PIL's UnidentifiedImageError (an OSError) raised by a worker is
+    caught by ``except OSError`` (the usual skip-a-bad-image handler) and
+    by ``except PIL.UnidentifiedImageError``, as with torch, where it was a
+    plain ferry.BatchError; so is a dataset's own KeyError subclass."""
+    import PIL
+    loader = DataLoader(RaisesSubclasses(), batch_size=1, num_workers=2)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    with pytest.raises(OSError) as e:
+        next(it)
+    assert isinstance(e.value, PIL.UnidentifiedImageError)
+    assert isinstance(e.value, ferry.BatchError)
+    with pytest.raises(_Missing):
+        next(it)
+    assert int(next(it)) == 3
+
+
+def test_an_iterator_a_newer_iter_superseded_ends_with_a_warning():
+    """A loop over the loader inside a loop over it: the inner iter()
+    starts another epoch on the loader's one stream, and the outer
+    iterator ends there with a warning (as torch's does with
+    persistent_workers=True), where it read the inner's stream and never
+    ended."""
+    from ferry.torch import _once
+    _once._warned.discard("superseded")  # (said once a process)
+    loader = DataLoader(Numbers(8), batch_size=2, num_workers=2)
+    outer = []
+    with pytest.warns(UserWarning, match="ends there"):
+        for step, x in enumerate(loader):
+            outer.append(x.tolist())
+            assert [y.tolist() for y in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+            assert step < 4
+    assert outer == [[0, 1]]
+    assert [y.tolist() for y in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_a_sampler_changed_between_epochs_is_drawn_again_as_it_is(caplog):
+    """A WeightedRandomSampler's weights reassigned after an epoch (hard
+    example mining) give the next epoch from the new weights, as torch,
+    which draws each epoch at its iter(), gives it; ferry had drawn it
+    ahead from the old ones (the change showed 1 to 5 epochs late). A
+    script's set_epoch(e) alone is not a change: nothing starts again. A
+    curriculum's sampler that grows gives its new length (it failed with
+    a StateError)."""
+    sampler = torch.utils.data.WeightedRandomSampler(
+        torch.ones(16), 16, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(Numbers(16), batch_size=4, sampler=sampler, num_workers=2)
+    caplog.set_level(logging.INFO, logger="ferry")
+    assert len([int(v) for b in loader for v in b]) == 16
+    sampler.weights = torch.zeros(16, dtype=torch.double)
+    sampler.weights[5] = 1
+    assert [int(v) for b in loader for v in b] == [5] * 16
+    assert [int(v) for b in loader for v in b] == [5] * 16
+
+    class Epochs(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = 0
+
+        def set_epoch(self, e):
+            self.epoch = e
+
+        def __iter__(self):
+            return iter(torch.randperm(16, generator=torch.Generator().manual_seed(self.epoch)
+                                       ).tolist())
+
+        def __len__(self):
+            return 16
+    caplog.clear()
+    sampler = Epochs()
+    loader = DataLoader(Numbers(16), batch_size=4, sampler=sampler, num_workers=2)
+    for e in range(4):
+        sampler.set_epoch(e)
+        want = torch.randperm(16, generator=torch.Generator().manual_seed(e)).tolist()
+        assert [int(v) for b in loader for v in b] == want
+    assert "start again" not in caplog.text
+
+    class Curriculum:  # the first `limit` items; the loop lets in more each epoch
+        limit = 2
+
+        def __iter__(self):
+            return iter(range(self.limit))
+
+        def __len__(self):
+            return self.limit
+    sampler = Curriculum()
+    loader = DataLoader(Numbers(16), batch_size=2, sampler=sampler, num_workers=2)
+    for limit in (2, 4, 6):
+        sampler.limit = limit
+        assert [int(v) for b in loader for v in b] == list(range(limit))
+        assert len(loader) == limit // 2

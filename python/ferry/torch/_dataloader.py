@@ -177,8 +177,11 @@ class DataLoader(_Closes):
             if isinstance(state, dict):
                 self._next_epoch = int(state.get("epoch", 0))
             if self._table is not None:
-                if state is not None or self._table.written >= 0:
+                if self._table.live_from == self._next_epoch:
+                    pass  # a restart within the run: the samplers go on as they are
+                elif state is not None or self._table.written >= 0:
                     self._table.skip_to(self._next_epoch, (state or {}).get("sampler"))
+                self._table.live_from = None
                 self._table.fill_to(self._next_epoch + self._table.ahead)
                 self._opts["batch_size"] = self._table.max_len  # the longest drawn
                 kind = getattr(self._table.batch_sampler, "key_kind", None)
@@ -195,13 +198,18 @@ class DataLoader(_Closes):
         dataset's items as many as there are now (a dataset that grows
         between epochs, a replay buffer, is read whole, as torch reads it)."""
         state = self._loader.state_at_epoch(epoch)
-        n = len(self._batches)
-        if self._table is None and n > 0 and n != self._loader._len[0]:
+        if self._table is not None:
+            # The samplers go on as they are now, drawing the epochs from
+            # `epoch` again (not replayed from their construction, which
+            # would drop what the script changed in them since).
+            self._table.redraw_from(epoch)
+            self._opts["feed_batches"] = n = self._table.n  # (the positions fed)
+        else:
+            n = len(self._batches)
+        if n > 0 and n != self._loader._len[0]:
             from .. import _state_blob, _state_dict
             state.update(_state_dict(_ferry.state_resized(_state_blob(state), n)))
         state.update(epoch=epoch, base_seed=self._base_seed)
-        if self._table is not None:
-            state["sampler"] = self._table.states.get(epoch)
         logging.getLogger("ferry").info("ferry.torch.DataLoader: %s: the workers start again at "
                                         "epoch %d", why, epoch)
         self.load_state_dict(state)
@@ -382,6 +390,10 @@ class DataLoader(_Closes):
             self._leave_epoch()
         if self._table is not None and self._loader is not None:
             want = self._next_epoch + (1 if self._mid_epoch else 0)
+            if self._table.written >= want and self._table.changed():
+                self._restart_at(want, "the sampler changed since its epoch %d was drawn "
+                                       "(ahead of the workers); it is drawn again as it is "
+                                       "now, as torch draws it at iter()" % want)
             self._table.fill_to(want + self._table.ahead)
             if not self._table.fits(want):
                 self._restart_at(want, "the sampler gave a batch of %d indices, longer than "

@@ -44,6 +44,8 @@ class _SamplerTable:
         self.max_len = 1    # the longest batch drawn
         self.loader = None  # the ferry.Loader fed, and the longest batch it takes
         self.room = 0
+        self.live_from = None  # an internal restart's epoch: go on, not replay (redraw_from)
+        self.print = None  # the samplers' fingerprint after the last draw (changed)
         # How the samplers were built, to draw the epochs again from (the
         # resume of a sampler without state_dict): a copy of them, or else
         # the state of the torch generators they draw from.
@@ -83,13 +85,51 @@ class _SamplerTable:
 
     def fill_to(self, epoch):
         """Draws every epoch up to `epoch`, and feeds what fits."""
+        drew = self.written < epoch
         while self.written < epoch:
             e = self.written + 1
             batches = self.pending[e] = self.batches_of(e)
             self.max_len = max([self.max_len] + [len(b) for b in batches])
             self.written = e
             self.states.pop(e - self.ahead - 2, None)
+        if drew:
+            self.print = self._fingerprint()
         self._feed()
+
+    def _fingerprint(self):
+        """The samplers as they are now (_handoff.fingerprint), or None when
+        they cannot be fingerprinted (a torch Generator in them)."""
+        from .._handoff import fingerprint
+        try:
+            return fingerprint((self.batch_sampler, self.sampler))
+        except Exception:  # noqa: BLE001 - not watched then
+            return None
+
+    def changed(self):
+        """Whether the script changed the sampler since its last epochs were
+        drawn (a WeightedRandomSampler's weights reassigned for hard-example
+        mining, a curriculum sampler's length): those epochs, drawn ahead,
+        are not what torch, which draws each at its iter(), would give."""
+        if self.print is None:
+            return False
+        if hasattr(self.sampler, "set_epoch"):
+            # The script's own set_epoch(e) before its `for` (as torch's
+            # docs ask of a DistributedSampler) changes nothing ferry draws:
+            # set as the last draw left it, it is not taken for a change.
+            self.sampler.set_epoch(self.written)
+        now = self._fingerprint()
+        return now is not None and now != self.print
+
+    def redraw_from(self, epoch):
+        """Goes on at `epoch` with the samplers as they are now, for a
+        restart of the workers within the run (the dataset or the sampler
+        changed): the epochs drawn from there are drawn again from them, not
+        replayed from the samplers as built (skip_to, for a resume)."""
+        self.pending.clear()
+        self.written = epoch - 1
+        self.live_from = epoch
+        self.max_len = 1
+        self.n = len(self.batch_sampler)  # (a curriculum's sampler may have grown)
 
     def attach(self, loader, room):
         """Feeds `loader` (which takes batches of up to `room` indices) from
