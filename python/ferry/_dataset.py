@@ -625,13 +625,42 @@ class FirstItem:
 def _probe(ds, gb, asked_before):
     """(sample, FirstItem or None): item 0 built for the schema."""
     rngs = _global_rngs()
+    state = shallow_state(ds)
     sample = gb(indices_array(b"\0" * 8), 0) if gb else ds[0]
     context = "any"
     if _info_asked[0] != asked_before:  # the dataset asked who builds it, opening or building
         context = _ferry.worker_state()  # None outside a worker: a task's differs
-    if context is None or _global_rngs() != rngs:
+    if context is None or _global_rngs() != rngs or shallow_state(ds) != state:
         return sample, None
     return sample, FirstItem(sample, context, gb is not None)
+
+
+def shallow_state(obj, depth=2):
+    """What building an item may change in a dataset, cheaply: each
+    attribute's identity and length, and the same of the attributes'
+    own, ``depth`` levels down. An item that changed it (a counter, a file
+    opened at the first item, a cache that grew) is not kept for the first
+    batch: the worker builds it itself, from the dataset as it got it, as
+    torch's worker would. (A change in place that keeps lengths is not
+    seen.)"""
+    out = []
+    todo = [(obj, depth)]
+    seen = set()
+    while todo:
+        o, d = todo.pop()
+        attrs = getattr(o, "__dict__", None)
+        if not isinstance(attrs, dict) or id(o) in seen:
+            continue
+        seen.add(id(o))
+        for k, v in list(attrs.items()):
+            try:
+                n = len(v) if isinstance(v, (list, dict, set, bytearray)) else None
+            except Exception:  # noqa: BLE001
+                n = None
+            out.append((id(o), k, id(v), n))
+            if d > 1:
+                todo.append((v, d - 1))
+    return out
 
 
 def reusable(first, indices, epoch):

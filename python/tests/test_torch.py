@@ -1968,3 +1968,26 @@ def test_a_sampler_changed_between_epochs_is_drawn_again_as_it_is(caplog):
         sampler.limit = limit
         assert [int(v) for b in loader for v in b] == list(range(limit))
         assert len(loader) == limit // 2
+
+
+class Counts(Dataset):
+    """Each item says how many items its process built before it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return self.calls
+
+
+def test_a_dataset_that_counts_its_items_counts_as_in_torchs_first_epoch():
+    """Item 0, built before the workers to learn the fields, is not handed
+    to worker 0's first batch when building it changed the dataset (here a
+    counter): worker 0 builds its own, from the dataset as it got it, as
+    torch's does (its first batch read [1, 1])."""
+    want = [b.tolist() for b in TorchLoader(Counts(), batch_size=2, num_workers=2)]
+    assert [b.tolist() for b in DataLoader(Counts(), batch_size=2, num_workers=2)] == want

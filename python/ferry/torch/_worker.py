@@ -245,6 +245,7 @@ class _Batches:
             return self._item(0)
         asked = _dataset._info_asked[0]
         saved = _rng_states()
+        state = _dataset.shallow_state(self.dataset)
         try:
             if self.reseed in ("batch", "sample"):
                 self._seed(_ferry.sample_seed(self.base_seed, 0, 0))
@@ -254,6 +255,8 @@ class _Batches:
             after = _rng_states()  # where the batch's next item goes on drawing from
         finally:
             _set_rng_states(saved)  # the process's generators as they were
+        if _dataset.shallow_state(self.dataset) != state:
+            return item  # building it changed the dataset: worker 0 builds its own
         if _dataset._info_asked[0] == asked and (not drew or self.reseed != "worker"):
             self._kept = (item, bool(reads), after if drew else None)
         return item
