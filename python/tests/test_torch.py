@@ -24,6 +24,7 @@ from torch.utils.data import (BatchSampler, DataLoader as TorchLoader, Dataset, 
 
 import ferry  # noqa: E402
 from ferry.torch import DataLoader  # noqa: E402
+from conftest import children  # noqa: E402
 
 Point = collections.namedtuple("Point", "x label")
 
@@ -1895,15 +1896,47 @@ def test_a_subclass_of_a_built_in_exception_is_caught_as_that_class_and_its_base
     assert int(next(it)) == 3
 
 
-def test_an_iterator_a_newer_iter_superseded_ends_with_a_warning():
-    """A loop over the loader inside a loop over it: the inner iter()
-    starts another epoch on the loader's one stream, and the outer
-    iterator ends there with a warning (as torch's does with
-    persistent_workers=True), where it read the inner's stream and never
-    ended."""
+def test_iterators_of_one_loader_go_on_apart_as_torchs_do():
+    """A loop over the loader inside a loop over it (evaluating on it
+    every few steps), or two iterators at once: without
+    persistent_workers each gets its own epoch, as torch gives each
+    iterator workers of its own (the older one reads the rest of its
+    epoch from a loader of its own). It read the newer one's stream
+    before, and the nested loop never ended."""
+    def nested(make):
+        loader, out = make(), []
+        for step, x in enumerate(loader):
+            out.append((x.tolist(), [y.tolist() for y in loader]))
+            assert step < 4
+        return out
+
+    def two(make):
+        loader = make()
+        a, b = iter(loader), iter(loader)
+        out = [next(a).tolist(), next(b).tolist(), next(a).tolist()]
+        return out + [[x.tolist() for x in b], [x.tolist() for x in a]]
+    for run in (nested, two):
+        want = run(lambda: TorchLoader(Numbers(8), batch_size=2, num_workers=2))
+        assert run(lambda: DataLoader(Numbers(8), batch_size=2, num_workers=2)) == want
+
+    def shuffled(cls):  # the outer's epoch, and what the script draws after
+        g = torch.Generator().manual_seed(1)
+        loader, outer = cls(Numbers(12), batch_size=3, num_workers=2, shuffle=True,
+                            generator=g), []
+        for x in loader:
+            outer += x.tolist()
+            assert sorted(int(y) for b in loader for y in b) == list(range(12))
+        return sorted(outer), int(torch.randint(0, 2**30, (1,), generator=g))
+    assert shuffled(DataLoader) == shuffled(TorchLoader)
+    assert children() == []
+
+
+def test_with_persistent_workers_an_iterator_a_newer_iter_superseded_ends_with_a_warning():
+    """persistent_workers=True: one stream, as torch's one reset iterator;
+    the outer loop ends after the inner, with a warning."""
     from ferry.torch import _once
     _once._warned.discard("superseded")  # (said once a process)
-    loader = DataLoader(Numbers(8), batch_size=2, num_workers=2)
+    loader = DataLoader(Numbers(8), batch_size=2, num_workers=2, persistent_workers=True)
     outer = []
     with pytest.warns(UserWarning, match="ends there"):
         for step, x in enumerate(loader):
@@ -1911,7 +1944,6 @@ def test_an_iterator_a_newer_iter_superseded_ends_with_a_warning():
             assert [y.tolist() for y in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
             assert step < 4
     assert outer == [[0, 1]]
-    assert [y.tolist() for y in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_a_sampler_changed_between_epochs_is_drawn_again_as_it_is(caplog):

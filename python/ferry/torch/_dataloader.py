@@ -19,6 +19,7 @@ import inspect
 import logging
 import os
 import types
+import weakref
 
 import torch
 import torch.utils.data as tud
@@ -82,6 +83,16 @@ class DataLoader(_Closes):
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed=None, native=True, **ferry_options):
+        # (for an iterator a newer iter() superseded: _apart)
+        self._made_with = dict(
+            ferry_options, dataset=dataset, batch_size=batch_size, shuffle=shuffle,
+            sampler=sampler, batch_sampler=batch_sampler, num_workers=num_workers,
+            collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+            timeout=timeout, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context, generator=generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order, reseed=reseed,
+            native=native)
         pin_slots = ferry_options.pop("pin_slots", True)
         plan = translate(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
@@ -117,6 +128,8 @@ class DataLoader(_Closes):
         self._mid_epoch = False  # a `for` stopped inside an epoch
         self._epoch_got = 0  # batches of the epoch handed out (_leave_epoch)
         self._iters = 0  # epoch iterators made: the newest one reads the stream
+        self._current = None  # (a weak reference to) the newest
+        self._quiet = False  # draws nothing from the script's generators (_apart)
         self._batches = _Batches(dataset, plan.indices, collate_fn, plan.auto_batch,
                                  plan.base_seed, plan.reseed, worker_init_fn, self.num_workers,
                                  os.getpid(), self._table)
@@ -266,6 +279,7 @@ class DataLoader(_Closes):
         does: the next `for` starts a new epoch. A batch the dataset failed
         on raises its error from next(), and the next call goes on with the
         batches after it, as torch's iterator does."""
+        self._due_before = self._draws_due  # (the older iterator's, if it goes on apart)
         self._torch_draws()
         if len(self) == 0:  # (drop_last and fewer items than a batch): torch's epoch is empty
             self._end_draws()  # and its sampler ran out at once
@@ -318,6 +332,8 @@ class DataLoader(_Closes):
         ahead, when ferry needs its batches: its draws do not fall where
         torch's do.)"""
         self._draws_due = None  # the last `for` stopped early: not drawn
+        if self._quiet:
+            return
         drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         perm = state = None
         if self._sampler_draw is not None:
@@ -386,6 +402,14 @@ class DataLoader(_Closes):
         """The ferry epoch iterator of a new `for`: what a `for` left early
         left of its epoch is left behind (_leave_epoch) or drained first.
         Returns (iterator, epoch)."""
+        old = self._current() if self._current is not None else None
+        if old is not None and not old._over and self._loader is not None and \
+                self._table is None and not self.persistent_workers:
+            # The iterator whose epoch is not over goes on apart, as torch's
+            # would with workers of its own (_MapEpoch.__next__), from the
+            # batch after its last.
+            old._resume = self.state_dict()
+            old._due = getattr(self, "_due_before", None)  # its sampler's end draws
         if self._mid_epoch:
             self._leave_epoch()
         if self._table is not None and self._loader is not None:
@@ -421,6 +445,18 @@ class DataLoader(_Closes):
         self._epoch_got = 0
         self._iters += 1
         return _Epoch(ld, timeout), self._next_epoch
+
+    def _apart(self, state):
+        """An iterator over the rest of the epoch `state` stands in, from a
+        loader of its own made with this one's arguments (workers of its
+        own): for an iterator a newer iter() of this loader superseded
+        mid-epoch, as torch gives each iterator of a loader without
+        persistent_workers its own workers. It draws nothing from the
+        script's generators (this one drew them); it goes at its epoch's
+        end or with the iterator."""
+        sibling = DataLoader(**dict(self._made_with, state=state, seed=self._opts["seed"]))
+        sibling._quiet = True
+        return iter(sibling)
 
     def _structure(self, b):
         """The user's batch of ferry batch b."""
@@ -511,14 +547,16 @@ class _MapEpoch(_EpochIterator):
     torch's does (a generator would end at the first error, and a loop that
     skips a bad batch would lose the rest of its epoch silently)."""
 
-    __slots__ = ("_it", "_epoch", "_nth", "_over")
+    __slots__ = ("_it", "_epoch", "_nth", "_over", "_resume", "_own", "_due", "__weakref__")
 
     def __init__(self, dl):
         self._dl = dl
         self._over = False
+        self._resume = self._own = self._due = None
         with _as_torch_says(dl):
             self._it, self._epoch = dl._begin_epoch()
         self._nth = dl._iters
+        dl._current = weakref.ref(self)
 
     def __next__(self):
         dl = self._dl
@@ -526,11 +564,25 @@ class _MapEpoch(_EpochIterator):
             # A newer iter() of the loader started another epoch (a loop
             # over the loader inside a loop over it; two iterators at
             # once): the loader's one stream is the newer one's now.
+            if self._resume is not None:  # the rest of this epoch, apart
+                if self._own is None:
+                    self._own = dl._apart(self._resume)
+                try:
+                    return next(self._own)
+                except StopIteration:
+                    own, self._own, self._resume, self._over = self._own, None, None, True
+                    own._dl.close()
+                    # what torch's sampler draws as this epoch's iterator runs out
+                    dl._draws_due, due = self._due, dl._draws_due
+                    dl._end_draws()
+                    dl._draws_due = due
+                    raise
             if not self._over:
                 self._over = True
                 _warn_once("superseded", "an iterator was used after "
                                          "a newer iter() of the same DataLoader started "
-                                         "another epoch; ferry runs one stream per "
+                                         "another epoch; with persistent_workers=True (or a "
+                                         "sampler of your own) ferry runs one stream per "
                                          "DataLoader, so the older iterator ends there (as "
                                          "torch's does with persistent_workers=True). For "
                                          "two epochs at once, use two DataLoaders")
