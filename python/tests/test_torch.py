@@ -2023,3 +2023,26 @@ def test_a_dataset_that_counts_its_items_counts_as_in_torchs_first_epoch():
     torch's does (its first batch read [1, 1])."""
     want = [b.tolist() for b in TorchLoader(Counts(), batch_size=2, num_workers=2)]
     assert [b.tolist() for b in DataLoader(Counts(), batch_size=2, num_workers=2)] == want
+
+
+class _Shards(IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, n = (info.id, info.num_workers) if info else (0, 1)
+        return iter(range(w, 8, n))
+
+
+def test_an_iterable_datasets_iterator_a_newer_one_superseded_ends_with_a_warning():
+    """Over an IterableDataset the workers run one stream: an older
+    iterator ends once a newer one began an epoch (a nested loop over the
+    loader ran for ever, the outer getting [0, 2] at every step)."""
+    from ferry.torch import _once
+    _once._warned.discard("superseded_stream")
+    loader = DataLoader(_Shards(), batch_size=2, num_workers=2)
+    outer = []
+    with pytest.warns(UserWarning, match="ends there"):
+        for step, x in enumerate(loader):
+            outer.append(x.tolist())
+            assert sorted(v for b in loader for v in b.tolist()) == list(range(8))
+            assert step < 4
+    assert outer == [[0, 2]]

@@ -26,6 +26,7 @@ from .. import Loader, _dataset, _ferry
 from .._errors import BatchError, NotReady
 from ._args import _UNSET, translate_iterable
 from ._dataloader import DataLoader, _EpochIterator
+from ._once import _warn_once
 from ._pin import _tcollate_pin
 from ._structure import _SKELETON, _load_structure, _Pickler
 from ._worker import _Batches
@@ -235,6 +236,7 @@ class _IterableDataLoader(DataLoader):
         self._seq = 0            # the next task's seq: delivered in order
         self._epoch = 0          # the epoch the next `for` hands out
         self._mid_epoch = False
+        self._iters = 0  # epochs begun: the newest iterator reads the workers' streams
         self._queues = [collections.deque() for _ in range(w)]  # this epoch's, per worker
         self._ended = set()      # workers whose iterator ended this epoch
         self._future = {}        # epoch -> ([deque per worker], set of ended workers)
@@ -379,6 +381,7 @@ class _IterableDataLoader(DataLoader):
         if self._mid_epoch:
             self._leave_epoch()
         self._mid_epoch = True
+        self._iters += 1
 
     def _end_epoch(self):
         self._mid_epoch = False
@@ -410,7 +413,7 @@ class _StreamEpoch(_EpochIterator):
     what len(loader) said (when it was asked before this iterator was
     made), torch's warning."""
 
-    __slots__ = ("_said", "_n", "_timeout", "_sync", "_state")
+    __slots__ = ("_said", "_n", "_timeout", "_sync", "_state", "_nth")
 
     def __init__(self, dl):
         self._dl = dl
@@ -450,6 +453,18 @@ class _StreamEpoch(_EpochIterator):
         if self._state == "new":
             dl._begin_epoch()
             self._state = "running"
+            self._nth = dl._iters
+        elif self._nth != dl._iters:
+            # A newer iterator of the loader began another epoch: the
+            # workers' streams are its now (an IterableDataset's stream
+            # cannot be taken up again where this one was).
+            self._state = "done"
+            _warn_once("superseded_stream", "an iterator was used after a newer iterator of "
+                                            "the same DataLoader over an IterableDataset "
+                                            "began another epoch; ferry's workers run one "
+                                            "stream, so the older iterator ends there. For "
+                                            "two epochs at once, use two DataLoaders")
+            raise StopIteration
         try:
             item = dl._next_item(self._timeout)
         except NotReady:
