@@ -404,10 +404,10 @@ class DataLoader(_Closes):
         Returns (iterator, epoch)."""
         old = self._current() if self._current is not None else None
         if old is not None and not old._over and self._loader is not None and \
-                self._table is None and not self.persistent_workers:
+                self._table is None and not self.persistent_workers and self.in_order:
             # The iterator whose epoch is not over goes on apart, as torch's
             # would with workers of its own (_MapEpoch.__next__), from the
-            # batch after its last.
+            # batch after its last (a position only in order).
             old._resume = self.state_dict()
             old._due = getattr(self, "_due_before", None)  # its sampler's end draws
         if self._mid_epoch:
@@ -582,7 +582,8 @@ class _MapEpoch(_EpochIterator):
                 _warn_once("superseded", "an iterator was used after "
                                          "a newer iter() of the same DataLoader started "
                                          "another epoch; with persistent_workers=True (or a "
-                                         "sampler of your own) ferry runs one stream per "
+                                         "sampler of your own, or in_order=False) ferry runs "
+                                         "one stream per "
                                          "DataLoader, so the older iterator ends there (as "
                                          "torch's does with persistent_workers=True). For "
                                          "two epochs at once, use two DataLoaders")
