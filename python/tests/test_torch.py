@@ -1984,6 +1984,13 @@ def test_a_sampler_changed_between_epochs_is_drawn_again_as_it_is(caplog):
         sampler.set_epoch(e)
         want = torch.randperm(16, generator=torch.Generator().manual_seed(e)).tolist()
         assert [int(v) for b in loader for v in b] == want
+    # nor the loader's own draws from a generator the sampler shares
+    g = torch.Generator().manual_seed(0)
+    loader = DataLoader(Numbers(16), batch_size=4, num_workers=2, generator=g,
+                        sampler=torch.utils.data.WeightedRandomSampler(torch.ones(16), 16,
+                                                                       generator=g))
+    for _ in range(3):
+        assert len([int(v) for b in loader for v in b]) == 16
     assert "start again" not in caplog.text
 
     class Curriculum:  # the first `limit` items; the loop lets in more each epoch

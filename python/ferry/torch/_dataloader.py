@@ -280,6 +280,11 @@ class DataLoader(_Closes):
         on raises its error from next(), and the next call goes on with the
         batches after it, as torch's iterator does."""
         self._due_before = self._draws_due  # (the older iterator's, if it goes on apart)
+        # Whether the script changed its sampler since ferry drew ahead, asked
+        # before this iter()'s own draws (from a generator the sampler may
+        # share): those are not the script's changes.
+        self._sampler_changed = self._table is not None and self._loader is not None and \
+            self._table.changed()
         self._torch_draws()
         if len(self) == 0:  # (drop_last and fewer items than a batch): torch's epoch is empty
             self._end_draws()  # and its sampler ran out at once
@@ -414,7 +419,7 @@ class DataLoader(_Closes):
             self._leave_epoch()
         if self._table is not None and self._loader is not None:
             want = self._next_epoch + (1 if self._mid_epoch else 0)
-            if self._table.written >= want and self._table.changed():
+            if self._table.written >= want and getattr(self, "_sampler_changed", False):
                 self._restart_at(want, "the sampler changed since its epoch %d was drawn "
                                        "(ahead of the workers); it is drawn again as it is "
                                        "now, as torch draws it at iter()" % want)
