@@ -202,6 +202,20 @@ static int spawn_process(ferry__pool *p, local_worker *w)
     return rc;
 }
 
+/* A new control socket pair for the clean parent: ours in p->ctl, *theirs
+ * to pass to it; both closed in any fork (forkfds). */
+static int control_pair(ferry__pool *p, int *theirs)
+{
+    ferry__forkfds_hold();
+    int rc = ferry__fork_socketpair(&p->ctl, theirs);
+    if (rc == FERRY_OK) {
+        ferry__forkfds_add(p->ctl);
+        ferry__forkfds_add(*theirs);
+    }
+    ferry__forkfds_release();
+    return rc;
+}
+
 /* Starts the clean parent: forked by the template at option fork_from (a
  * fork of the trainer the Python package makes per loader) when there is
  * one and it answers, else spawned. Its arguments: --fork-server, its
@@ -209,13 +223,7 @@ static int spawn_process(ferry__pool *p, local_worker *w)
 static int start_parent(ferry__pool *p)
 {
     local_worker *w = &p->w[p->o.n];
-    ferry__forkfds_hold();
-    int theirs, rc = ferry__fork_socketpair(&p->ctl, &theirs);
-    if (rc == FERRY_OK) {
-        ferry__forkfds_add(p->ctl);
-        ferry__forkfds_add(theirs);
-    }
-    ferry__forkfds_release();
+    int theirs, rc = control_pair(p, &theirs);
     if (rc != FERRY_OK)
         return rc;
     char parent_s[24], data_s[16];
@@ -256,13 +264,7 @@ static int start_parent(ferry__pool *p)
             ferry__forkfds_close(p->ctl);
             ferry__forkfds_close(theirs);
             p->ctl = -1;
-            ferry__forkfds_hold();
-            int again = ferry__fork_socketpair(&p->ctl, &theirs);
-            if (again == FERRY_OK) {
-                ferry__forkfds_add(p->ctl);
-                ferry__forkfds_add(theirs);
-            }
-            ferry__forkfds_release();
+            int again = control_pair(p, &theirs);
             if (again != FERRY_OK)
                 return again;
             pass[0] = theirs;

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -141,6 +142,31 @@ static void test_a_fork_while_a_log_callback_runs_can_log(void **state)
  * answer is awaited (a template forking a clean parent for another loader).
  */
 
+/* A child that waits to be killed (and dies with this process, should a
+ * failing test leave it). */
+static pid_t paused_child(void)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;)
+            pause();
+    }
+    return pid;
+}
+
+/* One answer, as the template would send it. */
+static void answer(int sock, const char *fmt, ...)
+{
+    char buf[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    assert_int_equal(send(sock, buf, (size_t)n, 0), n);
+}
+
 typedef struct {
     int ctl;
     int rc;
@@ -183,14 +209,13 @@ static void test_a_fork_while_a_template_is_asked_can_ask_its_own(void **state)
     /* The request has come: the asking thread holds the lock until the
      * answer below. */
     wait_readable(theirs, 10000);
-    char buf[256], answer[64];
+    char buf[256];
     assert_true(recv(theirs, buf, sizeof buf, 0) > 0);
     assert_int_equal(buf[0], 'A');
 
     in_a_fork(child_asks);
 
-    int n = snprintf(answer, sizeof answer, "p4242 %s", buf + 1);
-    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
+    answer(theirs, "p4242 %s", buf + 1);
     assert_int_equal(pthread_join(t, NULL), 0);
     assert_int_equal(a.rc, FERRY_OK);
     assert_int_equal(a.pid, 4242);
@@ -213,35 +238,20 @@ static void test_an_answer_to_another_ask_is_not_taken_and_its_child_is_reaped(v
     ft_begin(&snap, 60);
     int ours, theirs;
     assert_int_equal(ferry__fork_socketpair(&ours, &theirs), FERRY_OK);
-    pid_t stale = fork();
-    assert_true(stale >= 0);
-    if (stale == 0) {
-        for (;;)
-            pause();
-    }
-    pid_t bystander = fork();
-    assert_true(bystander >= 0);
-    if (bystander == 0) {
-        for (;;)
-            pause();
-    }
+    pid_t stale = paused_child(), bystander = paused_child();
     ask a = {.ctl = ours};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, ask_template, &a), 0);
     wait_readable(theirs, 10000);
-    char buf[256], answer[64];
+    char buf[256];
     assert_true(recv(theirs, buf, sizeof buf, 0) > 0);
     assert_int_equal(buf[0], 'A');
     unsigned long long id = strtoull(buf + 1, NULL, 10);
     assert_true(id > 0);
-    int n = snprintf(answer, sizeof answer, "p%d %llu", (int)stale, id + 1000);
-    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
-    n = snprintf(answer, sizeof answer, "e%llu not this ask's error", id + 1000);
-    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
-    n = snprintf(answer, sizeof answer, "P%d", (int)bystander);
-    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
-    n = snprintf(answer, sizeof answer, "p4343 %llu", id);
-    assert_int_equal(send(theirs, answer, (size_t)n, 0), n);
+    answer(theirs, "p%d %llu", (int)stale, id + 1000);
+    answer(theirs, "e%llu not this ask's error", id + 1000);
+    answer(theirs, "P%d", (int)bystander);
+    answer(theirs, "p4343 %llu", id);
     assert_int_equal(pthread_join(t, NULL), 0);
     assert_int_equal(a.rc, FERRY_OK);
     assert_int_equal(a.pid, 4343);

@@ -558,14 +558,10 @@ def probed(fn, lighter=None):
             chunks.append(b)
     finally:
         os.close(r)
-        while True:
-            try:
-                os.waitpid(pid, 0)
-                break
-            except InterruptedError:
-                continue
-            except ChildProcessError:
-                break
+        try:
+            os.waitpid(pid, 0)  # (retried on EINTR by Python itself)
+        except ChildProcessError:  # reaped by the trainer's own handler
+            pass
     if not chunks:
         raise RuntimeError("ferry: the fork that built item 0 to learn the batch's fields "
                            "died before it answered")

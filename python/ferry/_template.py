@@ -167,12 +167,7 @@ class Template:
                 if pidfd is not None:
                     os.close(pidfd)
             try:
-                while True:
-                    try:
-                        os.waitpid(pid, 0)
-                        break
-                    except InterruptedError:
-                        continue
+                os.waitpid(pid, 0)  # (retried on EINTR by Python itself)
             except ChildProcessError:  # reaped by the trainer's own handler
                 pass
         if self.sock is not None:
@@ -204,12 +199,7 @@ def _reap_unclaimed(sock):
             continue
         try:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            while True:
-                try:
-                    os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-                    break
-                except InterruptedError:
-                    continue
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         except OSError:
             pass
         finally:

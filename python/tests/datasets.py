@@ -559,3 +559,18 @@ class OpensLazily:
         self.f.seek(i * self.K)
         time.sleep(0.001)  # (item work, so that workers' reads interleave)
         return {"y": np.int64(self.f.read(self.K)[0]), "own": self.opener == os.getpid()}
+
+
+class CountsItsCalls:
+    """{"calls": how many items its process built, this one included,
+    "i": the index}: what building an item did to the dataset shows."""
+
+    def __init__(self, n=8):
+        self.n, self.calls = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return {"calls": self.calls, "i": i}

@@ -16,7 +16,7 @@ import pytest
 
 import ferry
 from conftest import children, wait_for
-from datasets import Items, KillsItsCleanParentAfterAFork, OpensLazily
+from datasets import CountsItsCalls, Items, KillsItsCleanParentAfterAFork, OpensLazily
 
 
 def ppid_of(pid):
@@ -890,23 +890,11 @@ def test_item_0_built_before_the_workers_leaves_them_nothing_of_its_own(tmp_path
     assert children() == []
 
 
-class _Counts:
-    def __init__(self):
-        self.calls = 0
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        self.calls += 1
-        return {"calls": self.calls, "i": i}
-
-
 def test_item_0_is_not_kept_for_the_first_batch_when_building_it_changed_the_dataset():
     """The probe's item 0 serves worker 0's first batch only when building
     it left the dataset as it was: a counter's item 0 is built again in
     the worker, which counts from its own start (1, 2 in its first batch,
     not the probe's 1 and then 1 again)."""
-    with ferry.Loader(_Counts(), batch_size=2, workers=1, epochs=1) as ld:
+    with ferry.Loader(CountsItsCalls(), batch_size=2, workers=1, epochs=1) as ld:
         got = [(int(i), int(c)) for b in ld for i, c in zip(b["i"], b["calls"])]
     assert got == [(i, i + 1) for i in range(8)]

@@ -25,6 +25,7 @@ from torch.utils.data import (BatchSampler, DataLoader as TorchLoader, Dataset, 
 import ferry  # noqa: E402
 from ferry.torch import DataLoader  # noqa: E402
 from conftest import children  # noqa: E402
+from datasets import CountsItsCalls, OpensLazily  # noqa: E402
 
 Point = collections.namedtuple("Point", "x label")
 
@@ -1747,9 +1748,6 @@ def test_a_file_the_dataset_opens_at_its_first_item_is_each_workers_own(tmp_path
     built in a fork that is thrown away: the file the dataset opens
     lazily is each worker's, as in torch, not one file with one offset
     shared by all (reads then got another item's bytes)."""
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
-    from datasets import OpensLazily
     ds = OpensLazily(str(tmp_path / "records"))
     for persistent in (False, True):
         loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=persistent)
@@ -1831,28 +1829,13 @@ def test_a_shuffle_seeded_by_a_generator_reaches_every_order_of_a_small_dataset(
     assert twos == {(0, 1), (1, 0)}
 
 
-class Growing(Dataset):
-    """A replay buffer: more items each epoch."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i >= self.n:
-            raise IndexError(i)
-        return torch.tensor(i)
-
-
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_dataset_that_grows_between_epochs_is_read_whole_each_epoch(shuffle):
     """Without persistent_workers, each epoch reads the dataset as it is
     at its iter(), as torch's does: one that grew has its new items in the
     next epoch, and len() follows (it failed with a StateError about a
     state the user never saved)."""
-    ds = Growing(4)
+    ds = Numbers(4)  # a replay buffer: more items each epoch
     loader = DataLoader(ds, batch_size=2, num_workers=2, shuffle=shuffle)
     for n in (4, 6, 9):
         ds.n = n
@@ -2009,27 +1992,14 @@ def test_a_sampler_changed_between_epochs_is_drawn_again_as_it_is(caplog):
         assert len(loader) == limit // 2
 
 
-class Counts(Dataset):
-    """Each item says how many items its process built before it."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        self.calls += 1
-        return self.calls
-
-
 def test_a_dataset_that_counts_its_items_counts_as_in_torchs_first_epoch():
     """Item 0, built before the workers to learn the fields, is not handed
     to worker 0's first batch when building it changed the dataset (here a
     counter): worker 0 builds its own, from the dataset as it got it, as
     torch's does (its first batch read [1, 1])."""
-    want = [b.tolist() for b in TorchLoader(Counts(), batch_size=2, num_workers=2)]
-    assert [b.tolist() for b in DataLoader(Counts(), batch_size=2, num_workers=2)] == want
+    def batches(cls):
+        return [b["calls"].tolist() for b in cls(CountsItsCalls(), batch_size=2, num_workers=2)]
+    assert batches(DataLoader) == batches(TorchLoader)
 
 
 class _Shards(IterableDataset):

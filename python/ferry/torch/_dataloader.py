@@ -83,16 +83,11 @@ class DataLoader(_Closes):
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=_UNSET, pin_memory_device="",
                  in_order=True, reseed=None, native=True, **ferry_options):
-        # (for an iterator a newer iter() superseded: _apart)
-        self._made_with = dict(
-            ferry_options, dataset=dataset, batch_size=batch_size, shuffle=shuffle,
-            sampler=sampler, batch_sampler=batch_sampler, num_workers=num_workers,
-            collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
-            timeout=timeout, worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context, generator=generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order, reseed=reseed,
-            native=native)
+        # The arguments as given (for an iterator a newer iter() superseded: _apart)
+        made_with = dict(locals())
+        self._made_with = {k: v for k, v in made_with.items()
+                           if k not in ("self", "ferry_options", "__class__")}
+        self._made_with.update(ferry_options)
         pin_slots = ferry_options.pop("pin_slots", True)
         plan = translate(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
@@ -130,6 +125,8 @@ class DataLoader(_Closes):
         self._iters = 0  # epoch iterators made: the newest one reads the stream
         self._current = None  # (a weak reference to) the newest
         self._quiet = False  # draws nothing from the script's generators (_apart)
+        self._due_before = None  # the older iterator's end draws, at an iter() (_begin_epoch)
+        self._sampler_changed = False  # asked at each iter(), before its draws
         self._batches = _Batches(dataset, plan.indices, collate_fn, plan.auto_batch,
                                  plan.base_seed, plan.reseed, worker_init_fn, self.num_workers,
                                  os.getpid(), self._table)
@@ -414,12 +411,12 @@ class DataLoader(_Closes):
             # would with workers of its own (_MapEpoch.__next__), from the
             # batch after its last (a position only in order).
             old._resume = self.state_dict()
-            old._due = getattr(self, "_due_before", None)  # its sampler's end draws
+            old._due = self._due_before  # its sampler's end draws
         if self._mid_epoch:
             self._leave_epoch()
         if self._table is not None and self._loader is not None:
             want = self._next_epoch + (1 if self._mid_epoch else 0)
-            if self._table.written >= want and getattr(self, "_sampler_changed", False):
+            if self._table.written >= want and self._sampler_changed:
                 self._restart_at(want, "the sampler changed since its epoch %d was drawn "
                                        "(ahead of the workers); it is drawn again as it is "
                                        "now, as torch draws it at iter()" % want)
